@@ -1,0 +1,32 @@
+# inboxcrm: two commands on a fresh machine — `make up` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: up test lint typecheck unit chaos bench test-ui clean-data
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+## up: the whole stack on the embedded defaults (Ctrl-C stops it; data stays in .data/)
+up: $(STAMP)
+	$(BIN)/inboxcrm up
+
+## test: lint, types, and the full suite against real PostgreSQL, Temporal and the sandbox
+test: $(STAMP) lint typecheck
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+clean-data:
+	rm -rf .data/test-stack .data/test-pg

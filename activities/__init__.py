@@ -1,0 +1,1 @@
+"""Activities: all I/O lives here, one file per kind of side effect."""

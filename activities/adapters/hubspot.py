@@ -1,0 +1,74 @@
+"""HubSpot-compatible CRM adapter (also the sandbox's contract).
+
+Upserts go through batch upsert with `idProperty` = a unique custom property holding our
+integration contact ID, so repeating the call can never create a second record.
+"""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from activities.adapters.base import AdapterError, ContactFields, CrmRecord
+from activities.adapters.http import json_field, send_request
+from activities.errors import Category, Classified
+
+_EXISTING_ID = re.compile(r"Existing ID:\s*(\d+)")
+
+
+def _reason(response: httpx.Response) -> str | None:
+    category = json_field(response, "category")
+    return f"http_{response.status_code}:{category}" if category else None
+
+
+def _split_name(name: str | None) -> tuple[str | None, str | None]:
+    if not name:
+        return None, None
+    first, _, last = name.strip().partition(" ")
+    return first or None, last or None
+
+
+class HubSpotCrm:
+    name = "hubspot"
+
+    def __init__(self, base_url: str, token: str | None, id_property: str, timeout: float) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
+        self._id_property = id_property
+
+    async def upsert_contact(self, external_id: str, fields: ContactFields) -> CrmRecord:
+        first, last = _split_name(fields.name)
+        properties = {"email": fields.email, self._id_property: external_id}
+        for key, value in (("firstname", first), ("lastname", last), ("company", fields.company)):
+            if value:
+                properties[key] = value
+        body = {"inputs": [{"idProperty": self._id_property, "id": external_id,
+                            "properties": properties}]}
+        response = await send_request(
+            self._client, "POST", "/crm/v3/objects/contacts/batch/upsert",
+            json=body, passthrough=(409,), reason=_reason,
+        )
+        if response.status_code == 409:
+            # An existing contact already owns this email: adopt it, never create another.
+            match = _EXISTING_ID.search(json_field(response, "message") or "")
+            if match is None:
+                raise AdapterError(Classified(Category.PERMANENT, "http_409:CONFLICT", None, 409))
+            return CrmRecord(record_id=match.group(1), created=False, adopted=True)
+        results = response.json().get("results") or []
+        if len(results) != 1 or "id" not in results[0]:
+            # The CRM answered success without the record: we cannot tell what it did.
+            raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None, 200))
+        return CrmRecord(record_id=str(results[0]["id"]), created=results[0].get("new"))
+
+    async def find_contact(self, external_id: str) -> CrmRecord | None:
+        response = await send_request(
+            self._client, "GET", f"/crm/v3/objects/contacts/{external_id}",
+            params={"idProperty": self._id_property}, passthrough=(404,), reason=_reason,
+        )
+        if response.status_code == 404:
+            return None
+        return CrmRecord(record_id=str(response.json()["id"]))
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

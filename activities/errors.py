@@ -1,0 +1,146 @@
+"""The one error classifier every adapter uses (DESIGN.md section 4).
+
+Every outcome of an external call is one of three categories:
+- transient: the request did not take effect; retrying with the same key is safe;
+- permanent: retrying cannot help (invalid field, bad credential, not found): stop, block;
+- unknown:   the request was sent and we do not know whether it took effect: reconcile first.
+
+Activities turn a classified failure into an `ApplicationError` whose `type` the workflow
+understands (see ErrorType). Messages never carry payloads or personal data.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+
+import httpx
+from temporalio.exceptions import ApplicationError
+
+
+class Category(StrEnum):
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+    UNKNOWN = "unknown"
+
+
+class ErrorType(StrEnum):
+    """`ApplicationError.type` values the workflow branches on."""
+
+    TRANSIENT = "TransientError"        # retried by the activity's RetryPolicy
+    UNKNOWN_OUTCOME = "UnknownOutcome"  # retried; the next attempt reconciles first
+    PERMANENT = "PermanentError"        # non-retryable: item becomes `blocked`
+    AMBIGUOUS = "AmbiguousOutcome"      # non-retryable: item becomes `ambiguous`, held
+
+
+@dataclass(frozen=True)
+class Classified:
+    category: Category
+    reason: str                        # short, payload-free, e.g. "http_429", "connect_error"
+    retry_after: float | None = None   # seconds the provider asked us to wait
+    status_code: int | None = None
+
+
+PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 405, 409, 410, 413, 415, 422})
+TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+# Provider-specific answers whose status alone would mislead.
+TRANSIENT_REASONS = frozenset({
+    "http_409:concurrent_idempotent_requests",  # Resend: the first request is still running
+})
+
+# Errors raised before any byte of the request reached the peer: nothing can have happened.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+# Errors after the request may have been received: the side effect may exist.
+_MAYBE_SENT = (
+    httpx.ReadTimeout,
+    httpx.WriteTimeout,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+    httpx.CloseError,
+)
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Retry-After as seconds: either delta-seconds or an HTTP date."""
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        parsed = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, parsed.timestamp() - (time.time() if now is None else now))
+
+
+def classify_status(
+    status_code: int, retry_after: str | None = None, reason: str | None = None
+) -> Classified:
+    """Classify an HTTP answer that was received (so the request reached the peer)."""
+    label = reason or f"http_{status_code}"
+    if label in TRANSIENT_REASONS:
+        return Classified(Category.TRANSIENT, label, parse_retry_after(retry_after), status_code)
+    if status_code in TRANSIENT_STATUSES:
+        # A 5xx *answer* means the peer processed the request and reports failure; providers
+        # document these as "not applied". A gateway timeout (504) may hide a commit.
+        category = Category.UNKNOWN if status_code == 504 else Category.TRANSIENT
+        return Classified(category, label, parse_retry_after(retry_after), status_code)
+    if status_code in PERMANENT_STATUSES:
+        return Classified(Category.PERMANENT, label, None, status_code)
+    if 500 <= status_code < 600:
+        return Classified(Category.TRANSIENT, label, parse_retry_after(retry_after), status_code)
+    if 400 <= status_code < 500:
+        return Classified(Category.PERMANENT, label, None, status_code)
+    # 1xx/3xx where a 2xx was expected: we cannot tell what the peer did.
+    return Classified(Category.UNKNOWN, label, None, status_code)
+
+
+def classify_response(response: httpx.Response, reason: str | None = None) -> Classified:
+    return classify_status(response.status_code, response.headers.get("retry-after"), reason)
+
+
+def classify_exception(exc: BaseException) -> Classified:
+    """Classify an exception raised by an HTTP call (or a socket-level library)."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return classify_response(exc.response)
+    if isinstance(exc, _NOT_SENT):
+        return Classified(Category.TRANSIENT, _name(exc))
+    if isinstance(exc, _MAYBE_SENT):
+        return Classified(Category.UNKNOWN, _name(exc))
+    if isinstance(exc, ConnectionRefusedError):
+        return Classified(Category.TRANSIENT, "connection_refused")
+    if isinstance(exc, TimeoutError):
+        return Classified(Category.UNKNOWN, "timeout")
+    return Classified(Category.UNKNOWN, _name(exc))
+
+
+def _name(exc: BaseException) -> str:
+    return type(exc).__name__
+
+
+def to_application_error(
+    classified: Classified, *, max_retry_after: float, reconcilable: bool = True
+) -> ApplicationError:
+    """Turn a classification into the error the workflow and RetryPolicy act on.
+
+    `reconcilable` is False where the destination can neither be searched nor deduplicate
+    by key (SMTP): an unknown outcome there is ambiguous and must wait for a person.
+    """
+    message = f"{classified.category.value}: {classified.reason}"
+    if classified.category is Category.PERMANENT:
+        return ApplicationError(message, type=ErrorType.PERMANENT.value, non_retryable=True)
+    if classified.category is Category.UNKNOWN:
+        if not reconcilable:
+            return ApplicationError(message, type=ErrorType.AMBIGUOUS.value, non_retryable=True)
+        return ApplicationError(message, type=ErrorType.UNKNOWN_OUTCOME.value)
+    delay = None
+    if classified.retry_after is not None:
+        delay = timedelta(seconds=min(classified.retry_after, max_retry_after))
+    return ApplicationError(message, type=ErrorType.TRANSIENT.value, next_retry_delay=delay)

@@ -1,0 +1,78 @@
+"""extract_message: reads the stored raw message (never passed through workflow history),
+runs the configured extractor and the deterministic validation/routing, stores the
+validated record on the event and returns only the route and its reasons."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import store
+from activities.errors import ErrorType
+from inboxcrm.extraction import Extractor, ExtractorUnavailable, extract_and_route
+from inboxcrm.policy import get_policy
+from schemas.models import ExtractResult, ItemRef, ItemState
+
+LOAD_RAW = "SELECT raw FROM inbound_events WHERE event_id = $1"
+
+STORE_EXTRACTION = """
+UPDATE inbound_events
+SET extraction = $2, route = $3, route_reasons = $4, canonical_email = $5, updated_at = now()
+WHERE event_id = $1
+"""
+
+
+class ExtractActivities:
+    def __init__(self, pool: asyncpg.Pool, extractor: Extractor, max_retry_after: float) -> None:
+        self._pool = pool
+        self._extractor = extractor
+        self._max_retry_after = max_retry_after
+
+    @activity.defn(name="extract_message")
+    async def extract_message(self, item: ItemRef) -> ExtractResult:
+        async with self._pool.acquire() as conn:
+            raw = await conn.fetchval(LOAD_RAW, item.event_id)
+            await store.set_event_state(conn, item.event_id, ItemState.EXTRACTING, None)
+        if raw is None:
+            raise ApplicationError(
+                "raw message missing (purged?)", type=ErrorType.PERMANENT.value,
+                non_retryable=True,
+            )
+        try:
+            policy = get_policy(item.tenant)
+            outcome = await extract_and_route(bytes(raw), policy, self._extractor)
+        except ExtractorUnavailable as exc:
+            delay = None
+            if exc.retry_after is not None:
+                delay = timedelta(seconds=min(exc.retry_after, self._max_retry_after))
+            raise ApplicationError(
+                "extractor unavailable", type=ErrorType.TRANSIENT.value, next_retry_delay=delay
+            ) from None
+        record: dict[str, Any] = outcome.extraction.model_dump(mode="json")
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                STORE_EXTRACTION, item.event_id, record, outcome.route, outcome.reasons,
+                outcome.canonical_email,
+            )
+            await store.audit(
+                conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+                actor="extractor", action="extracted",
+                detail={
+                    "extractor": outcome.extractor,
+                    "extractor_version": outcome.extractor_version,
+                    "route": outcome.route,
+                    "reasons": outcome.reasons,
+                    "intent": record.get("intent"),
+                    "confidence": {
+                        name: (record.get(name) or {}).get("confidence")
+                        for name in ("sender_email", "contact_name", "company")
+                    },
+                },
+            )
+        return ExtractResult(route=outcome.route, reasons=list(outcome.reasons),
+                             extractor=outcome.extractor, review_owner=policy.review_owner,
+                             escalation_hours=policy.escalation_hours)

@@ -1,0 +1,306 @@
+"""match_and_plan: ONE PostgreSQL transaction that decides who this is and what to do.
+
+Contact upsert, match decision, follow-up intent and the outbox rows commit together or not
+at all. Concurrent events for the same identity serialise on the contact row: the upsert's
+`ON CONFLICT DO UPDATE` holds that row's lock until commit, so the quiet-period check of
+the second transaction sees the first one's intent. Re-running the activity after a crash
+is safe: every insert is `ON CONFLICT DO NOTHING` on the keys of DESIGN.md section 2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from temporalio import activity
+
+from activities import store
+from inboxcrm.policy import FollowupRule, TenantPolicy, get_policy
+from schemas.models import Action, ItemState, PlanInput, PlanResult, operation_key
+
+LOAD_EVENT = """
+SELECT event_id, tenant, extraction, route, route_reasons, canonical_email
+FROM inbound_events WHERE event_id = $1 FOR UPDATE
+"""
+
+UPSERT_CONTACT = """
+INSERT INTO contacts (tenant, canonical_email, email, name, company)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (tenant, canonical_email) DO UPDATE SET updated_at = now()
+RETURNING contact_id, name, company, status, (xmax = 0) AS inserted
+"""
+
+FIND_CONTACT = "SELECT contact_id FROM contacts WHERE tenant = $1 AND canonical_email = $2"
+
+FIND_NAME_CANDIDATES = """
+SELECT contact_id FROM contacts
+WHERE tenant = $1 AND lower(name) = lower($2)
+LIMIT 10
+"""
+
+FILL_CONTACT_FIELDS = """
+UPDATE contacts SET name = COALESCE($2, name), company = COALESCE($3, company),
+    updated_at = now()
+WHERE contact_id = $1
+"""
+
+RECORD_MATCH_DECISION = """
+INSERT INTO match_decisions (event_id, tenant, decision, rule, contact_id, candidates)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (event_id) DO UPDATE
+SET decision = EXCLUDED.decision, rule = EXCLUDED.rule, contact_id = EXCLUDED.contact_id,
+    candidates = EXCLUDED.candidates
+"""
+
+IS_SUPPRESSED = """
+SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant = $1 AND canonical_email = $2)
+"""
+
+RECENT_INTENT = """
+SELECT EXISTS (
+    SELECT 1 FROM followup_intents
+    WHERE contact_id = $1 AND rule_id = $2 AND event_id <> $3 AND status <> 'cancelled'
+      AND created_at > now() - make_interval(secs => $4)
+)
+"""
+
+INSERT_INTENT = """
+INSERT INTO followup_intents (event_id, tenant, contact_id, rule_id, rule_version, template_id,
+                              status, needs_approval)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (event_id, rule_id, rule_version) DO NOTHING
+"""
+
+GET_INTENT = """
+SELECT intent_id, status, needs_approval FROM followup_intents
+WHERE event_id = $1 AND rule_id = $2 AND rule_version = $3
+"""
+
+INSERT_OPERATION = """
+INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, external_ref)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (op_key) DO NOTHING
+"""
+
+ADD_SUPPRESSION = """
+INSERT INTO suppressions (tenant, canonical_email, reason, source)
+VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING
+"""
+
+CANCEL_QUEUED_INTENTS = """
+UPDATE followup_intents AS i SET status = 'cancelled', cancel_reason = $3
+FROM contacts AS c
+WHERE i.contact_id = c.contact_id AND c.tenant = $1 AND c.canonical_email = $2
+  AND i.status IN ('queued', 'awaiting_approval')
+RETURNING i.intent_id
+"""
+
+MARK_CONTACT_SUPPRESSED = """
+UPDATE contacts SET status = 'suppressed', updated_at = now()
+WHERE tenant = $1 AND canonical_email = $2
+"""
+
+SET_EVENT_CONTACT = "UPDATE inbound_events SET contact_id = $2 WHERE event_id = $1"
+
+
+def followup_rule_for(policy: TenantPolicy, intent: str | None) -> FollowupRule | None:
+    for rule in policy.followup_rules:
+        if intent in rule.intents:
+            return rule
+    return None
+
+
+def _value(extraction: dict[str, Any], name: str) -> str | None:
+    field = extraction.get(name) or {}
+    value = field.get("value")
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+class MatchActivities:
+    def __init__(self, pool: asyncpg.Pool, crm_max_attempts: int, send_max_attempts: int) -> None:
+        self._pool = pool
+        self._crm_max_attempts = crm_max_attempts
+        self._send_max_attempts = send_max_attempts
+
+    @activity.defn(name="match_and_plan")
+    async def match_and_plan(self, plan: PlanInput) -> PlanResult:
+        item = plan.item
+        policy = get_policy(item.tenant)
+        async with self._pool.acquire() as conn, conn.transaction():
+            event = await conn.fetchrow(LOAD_EVENT, item.event_id)
+            if event is None:
+                raise LookupError("event not found")
+            await store.set_event_state(conn, item.event_id, ItemState.MATCHING, None)
+            extraction: dict[str, Any] = event["extraction"] or {}
+            identity: str | None = event["canonical_email"]
+            tx = _Planner(conn, plan, policy, extraction, self._crm_max_attempts,
+                          self._send_max_attempts)
+            if identity is None:
+                return await tx.without_identity()
+            if event["route"] == "opt_out":
+                return await tx.record_opt_out(identity)
+            return await tx.plan_contact(identity)
+
+
+class _Planner:
+    """The steps of one match_and_plan transaction."""
+
+    def __init__(
+        self, conn: Any, plan: PlanInput, policy: TenantPolicy, extraction: dict[str, Any],
+        crm_max_attempts: int, send_max_attempts: int,
+    ) -> None:
+        self.conn = conn
+        self.item = plan.item
+        self.approved_by = plan.approved_by
+        self.policy = policy
+        self.extraction = extraction
+        self.crm_max_attempts = crm_max_attempts
+        self.send_max_attempts = send_max_attempts
+
+    async def audit(self, action: str, detail: dict[str, Any], contact_id: Any = None) -> None:
+        await store.audit(
+            self.conn, tenant=self.item.tenant, event_id=self.item.event_id,
+            workflow_id=self.item.workflow_id, contact_id=contact_id, actor="planner",
+            action=action, detail=detail,
+        )
+
+    async def needs_review(
+        self, reason: str, *, decision: str, candidates: list[str] | None = None,
+        contact_id: Any = None,
+    ) -> PlanResult:
+        await self.conn.execute(
+            RECORD_MATCH_DECISION, self.item.event_id, self.item.tenant, decision,
+            f"review:{reason}", contact_id, candidates or [],
+        )
+        await self.audit("match_needs_review", {"reason": reason, "decision": decision,
+                                                "candidates": candidates or []}, contact_id)
+        return PlanResult(outcome="review", reason=reason, candidates=len(candidates or []))
+
+    async def without_identity(self) -> PlanResult:
+        """No trusted address: a matching name is a *candidate* for a person to confirm,
+        never a merge. Either way a reviewer must supply or confirm the identity."""
+        name = _value(self.extraction, "contact_name")
+        rows = await self.conn.fetch(FIND_NAME_CANDIDATES, self.item.tenant, name) if name else []
+        if rows:
+            return await self.needs_review("candidates", decision="candidates",
+                                           candidates=[str(r["contact_id"]) for r in rows])
+        return await self.needs_review("no_identity", decision="no_identity")
+
+    async def record_opt_out(self, identity: str) -> PlanResult:
+        """Suppression and cancellation of every queued intent for the identity, together."""
+        await self.conn.execute(ADD_SUPPRESSION, self.item.tenant, identity, "opt_out_request",
+                                f"event:{self.item.event_id}")
+        cancelled = await self.conn.fetch(CANCEL_QUEUED_INTENTS, self.item.tenant, identity,
+                                          "opt_out")
+        await self.conn.execute(MARK_CONTACT_SUPPRESSED, self.item.tenant, identity)
+        contact_id = await self.conn.fetchval(FIND_CONTACT, self.item.tenant, identity)
+        await self.conn.execute(
+            RECORD_MATCH_DECISION, self.item.event_id, self.item.tenant,
+            "existing_contact" if contact_id else "no_contact", "opt_out", contact_id, [],
+        )
+        await self.audit("suppression_recorded", {
+            "reason": "opt_out_request",
+            "cancelled_intents": [str(r["intent_id"]) for r in cancelled],
+        }, contact_id)
+        return PlanResult(outcome="opted_out", reason="opt_out_recorded",
+                          contact_id=str(contact_id) if contact_id else None)
+
+    async def plan_contact(self, identity: str) -> PlanResult:
+        name = _value(self.extraction, "contact_name")
+        company = _value(self.extraction, "company")
+        email_as_written = _value(self.extraction, "sender_email") or identity
+        contact = await self.conn.fetchrow(
+            UPSERT_CONTACT, self.item.tenant, identity, email_as_written, name, company
+        )
+        contact_id = contact["contact_id"]
+        inserted = bool(contact["inserted"])
+        if not inserted:
+            conflict = self._conflicting_field(contact, name, company)
+            if conflict and self.approved_by is None:
+                return await self.needs_review(
+                    f"field_conflict:{conflict}", decision="existing_contact",
+                    contact_id=contact_id,
+                )
+            await self._fill_fields(contact, name, company)
+        await self.conn.execute(
+            RECORD_MATCH_DECISION, self.item.event_id, self.item.tenant,
+            "new_contact" if inserted else "existing_contact", "exact_canonical_email",
+            contact_id, [],
+        )
+        await self.conn.execute(SET_EVENT_CONTACT, self.item.event_id, contact_id)
+        await self.audit("contact_matched", {
+            "decision": "new_contact" if inserted else "existing_contact",
+            "rule": "exact_canonical_email", "approved_by": self.approved_by,
+        }, contact_id)
+
+        crm_key = operation_key(self.item.workflow_id, Action.CRM_UPSERT)
+        await self.conn.execute(INSERT_OPERATION, crm_key, self.item.workflow_id,
+                                self.item.event_id, Action.CRM_UPSERT.value,
+                                self.crm_max_attempts, str(contact_id))
+        result = PlanResult(outcome="planned", contact_id=str(contact_id), crm_op_key=crm_key)
+        return await self._plan_followup(result, contact_id, identity, inserted,
+                                         contact["status"])
+
+    def _conflicting_field(self, contact: Any, name: str | None, company: str | None) -> str | None:
+        proposed = {"name": name, "company": company}
+        for field in self.policy.review_on_conflict:
+            new, old = proposed.get(field), contact[field] if field in proposed else None
+            if new and old and new.casefold() != str(old).casefold():
+                return field
+        return None
+
+    async def _fill_fields(self, contact: Any, name: str | None, company: str | None) -> None:
+        allowed = set(self.policy.updatable_fields)
+        new_name = name if "name" in allowed and name != contact["name"] else None
+        new_company = company if "company" in allowed and company != contact["company"] else None
+        if new_name or new_company:
+            await self.conn.execute(FILL_CONTACT_FIELDS, contact["contact_id"], new_name,
+                                    new_company)
+            await self.audit("contact_updated", {
+                "fields": [f for f, v in (("name", new_name), ("company", new_company)) if v]
+            }, contact["contact_id"])
+
+    async def _plan_followup(
+        self, result: PlanResult, contact_id: Any, identity: str, new_contact: bool,
+        contact_status: str,
+    ) -> PlanResult:
+        rule = followup_rule_for(self.policy, self.extraction.get("intent"))
+        if rule is None:
+            await self.audit("followup_not_planned", {"reason": "no_rule_for_intent"}, contact_id)
+            return result
+        if contact_status != "active" or await self.conn.fetchval(
+            IS_SUPPRESSED, self.item.tenant, identity
+        ):
+            await self.audit("followup_not_planned", {"reason": "suppressed"}, contact_id)
+            result.reason = "suppressed"
+            return result
+        recent = await self.conn.fetchval(
+            RECENT_INTENT, contact_id, rule.rule_id, self.item.event_id,
+            float(rule.quiet_period_hours * 3600),
+        )
+        if recent:
+            await self.audit("followup_not_planned", {"reason": "quiet_period",
+                                                      "rule_id": rule.rule_id}, contact_id)
+            result.reason = "quiet_period"
+            return result
+        needs_approval = new_contact and rule.new_prospect_requires_approval
+        await self.conn.execute(
+            INSERT_INTENT, self.item.event_id, self.item.tenant, contact_id, rule.rule_id,
+            rule.version, rule.template_id, "awaiting_approval" if needs_approval else "queued",
+            needs_approval,
+        )
+        intent = await self.conn.fetchrow(GET_INTENT, self.item.event_id, rule.rule_id,
+                                          rule.version)
+        intent_id = str(intent["intent_id"])
+        send_key = operation_key(self.item.workflow_id, Action.SEND)
+        await self.conn.execute(INSERT_OPERATION, send_key, self.item.workflow_id,
+                                self.item.event_id, Action.SEND.value, self.send_max_attempts,
+                                intent_id)
+        await self.audit("intent_created", {"intent_id": intent_id, "rule_id": rule.rule_id,
+                                            "rule_version": rule.version,
+                                            "needs_approval": intent["needs_approval"]},
+                         contact_id)
+        result.send_op_key = send_key
+        result.intent_id = intent_id
+        result.intent_needs_approval = intent["status"] == "awaiting_approval"
+        return result

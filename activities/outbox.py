@@ -1,0 +1,116 @@
+"""The attempt protocol every side-effecting activity follows, written once.
+
+claim the operation row → (completed? return it) → (paused? park) → reconcile if a
+previous attempt may have taken effect → call the destination → record the result before
+reporting success. Failures are classified once (`activities.errors`) and stored on the row
+without payload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import ledger, store
+from activities.adapters.base import AdapterError
+from activities.errors import Category, ErrorType, to_application_error
+from schemas.models import OperationInput, OperationResult
+
+_STATUS_FOR_CATEGORY = {
+    Category.TRANSIENT: "waiting",
+    Category.UNKNOWN: "waiting",
+    Category.PERMANENT: "blocked",
+}
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one attempt needs to know; handed to the action-specific callbacks."""
+
+    op: OperationInput
+    claim: ledger.Claim
+
+
+class OutboxRunner:
+    def __init__(self, pool: asyncpg.Pool, *, action: str, pause_scope: str,
+                 max_retry_after: float) -> None:
+        self.pool = pool
+        self.action = action
+        self.pause_scope = pause_scope
+        self.max_retry_after = max_retry_after
+
+    async def run(
+        self,
+        op: OperationInput,
+        *,
+        reconcile: Callable[[Attempt], Awaitable[str | None]] | None,
+        perform: Callable[[Attempt], Awaitable[str | OperationResult]],
+        record_success: Callable[[Any, Attempt, str, bool], Awaitable[None]],
+        running_state: str,
+    ) -> OperationResult:
+        """Run one attempt. `reconcile` is None where the destination cannot be asked
+        (then an uncertain previous attempt makes the operation ambiguous)."""
+        item = op.item
+        async with self.pool.acquire() as conn:
+            if await store.is_paused(conn, item.tenant, self.pause_scope):
+                return OperationResult(status="parked", reason="paused")
+            claim = await ledger.claim(conn, op.op_key)
+            if claim.already_completed:
+                return OperationResult(status="completed", destination_id=claim.destination_id,
+                                       reason="already_completed")
+            if claim.exhausted:
+                raise ApplicationError("attempt budget exhausted", type=ErrorType.TRANSIENT.value,
+                                       non_retryable=True)
+            await store.set_event_state(conn, item.event_id, running_state, None)
+        attempt = Attempt(op, claim)
+        activity.logger.info("operation attempt %s #%d", op.op_key, claim.attempts)
+        try:
+            if claim.needs_reconcile:
+                if reconcile is None:
+                    await self._mark(op, "ambiguous", "unknown", "unreconcilable_previous_attempt")
+                    raise ApplicationError("previous attempt unconfirmed",
+                                           type=ErrorType.AMBIGUOUS.value, non_retryable=True)
+                found = await reconcile(attempt)
+                if found is not None:
+                    await self._succeed(attempt, found, True, record_success)
+                    return OperationResult(status="completed", destination_id=found,
+                                           reconciled=True)
+            outcome = await perform(attempt)
+        except AdapterError as exc:
+            classified = exc.classified
+            error = to_application_error(classified, max_retry_after=self.max_retry_after,
+                                         reconcilable=reconcile is not None)
+            status = _STATUS_FOR_CATEGORY[classified.category]
+            if error.type == ErrorType.AMBIGUOUS.value:
+                status = "ambiguous"
+            async with self.pool.acquire() as conn:
+                await ledger.record_failure(conn, op.op_key, classified, status)
+                await store.audit(
+                    conn, tenant=item.tenant, event_id=item.event_id,
+                    workflow_id=item.workflow_id, actor=self.action, action="attempt_failed",
+                    detail={"op_key": op.op_key, "attempt": claim.attempts,
+                            "category": classified.category.value, "reason": classified.reason,
+                            "retry_after": classified.retry_after},
+                )
+            raise error from None
+        if isinstance(outcome, OperationResult):
+            return outcome
+        await self._succeed(attempt, outcome, False, record_success)
+        return OperationResult(status="completed", destination_id=outcome)
+
+    async def _succeed(
+        self, attempt: Attempt, destination_id: str, reconciled: bool,
+        record_success: Callable[[Any, Attempt, str, bool], Awaitable[None]],
+    ) -> None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            await ledger.complete(conn, attempt.op.op_key, destination_id)
+            await record_success(conn, attempt, destination_id, reconciled)
+
+    async def _mark(self, op: OperationInput, status: str, category: str, reason: str) -> None:
+        async with self.pool.acquire() as conn:
+            await conn.execute(ledger.RECORD_FAILURE, op.op_key, status, category, reason)

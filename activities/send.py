@@ -1,0 +1,135 @@
+"""submit_followup_email: one follow-up per intent, with the intent's UUID as the provider
+idempotency key.
+
+Eligibility is decided *now*, immediately before submitting, not at extraction time: a
+suppression, a cancelled intent or an inactive contact stops the send even if the workflow
+was already waiting (for example on a paused send) when the opt-out arrived.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import ledger, store
+from activities.adapters.base import MailClient, OutgoingEmail
+from activities.errors import ErrorType
+from activities.outbox import Attempt, OutboxRunner
+from activities.templates import render
+from schemas.models import Action, ItemState, OperationInput, OperationResult
+
+LEASE_SECONDS = 60
+
+CLAIM_INTENT = """
+SELECT i.intent_id, i.status, i.template_id, i.lease_owner, i.lease_until > now() AS leased,
+       c.status AS contact_status, c.email, c.name, c.tenant, c.canonical_email,
+       EXISTS (SELECT 1 FROM suppressions s
+               WHERE s.tenant = c.tenant AND s.canonical_email = c.canonical_email)
+           AS suppressed
+FROM followup_intents i JOIN contacts c ON c.contact_id = i.contact_id
+WHERE i.intent_id = $1::uuid
+FOR UPDATE OF i
+"""
+
+TAKE_LEASE = """
+UPDATE followup_intents
+SET status = 'sending', lease_owner = $2, lease_until = now() + make_interval(secs => $3)
+WHERE intent_id = $1::uuid
+"""
+
+CANCEL_INTENT = """
+UPDATE followup_intents SET status = 'cancelled', cancel_reason = $2 WHERE intent_id = $1::uuid
+"""
+
+MARK_SENT = """
+UPDATE followup_intents
+SET status = 'sent', provider_message_id = $2, sent_at = now(), lease_owner = NULL,
+    lease_until = NULL
+WHERE intent_id = $1::uuid
+"""
+
+
+class SendActivities:
+    def __init__(self, pool: asyncpg.Pool, mail: MailClient, max_retry_after: float) -> None:
+        self._pool = pool
+        self._mail = mail
+        self._runner = OutboxRunner(pool, action=Action.SEND.value, pause_scope="send",
+                                    max_retry_after=max_retry_after)
+
+    @activity.defn(name="submit_followup_email")
+    async def submit_followup_email(self, op: OperationInput) -> OperationResult:
+        return await self._runner.run(
+            op, reconcile=self._find if self._mail.reconcilable else None,
+            perform=self._submit, record_success=self._record,
+            running_state=ItemState.SEND_PENDING,
+        )
+
+    async def _find(self, attempt: Attempt) -> str | None:
+        sent = await self._mail.find_sent(_intent_id(attempt))
+        return sent.message_id if sent else None
+
+    async def _submit(self, attempt: Attempt) -> str | OperationResult:
+        intent_id = _intent_id(attempt)
+        item = attempt.op.item
+        attempt_name = f"{attempt.op.op_key}#{attempt.claim.attempts}"
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(CLAIM_INTENT, intent_id)
+            if row is None:
+                raise LookupError("intent not found")
+            refusal = _ineligible(row)
+            await store.audit(
+                conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+                actor="send", action="eligibility_checked",
+                detail={"intent_id": intent_id, "eligible": refusal is None, "reason": refusal},
+            )
+            if refusal is not None:
+                if row["status"] != "cancelled":
+                    await conn.execute(CANCEL_INTENT, intent_id, refusal)
+                await ledger.set_status(conn, attempt.op.op_key, "cancelled")
+                return OperationResult(status="cancelled", reason=refusal)
+            if row["status"] == "awaiting_approval":
+                raise ApplicationError("follow-up not approved", type=ErrorType.PERMANENT.value,
+                                       non_retryable=True)
+            if row["leased"] and row["lease_owner"] not in (None, attempt_name):
+                # Another attempt (a zombie of a timed-out one) holds the lease: wait for it.
+                raise ApplicationError("intent lease held", type=ErrorType.UNKNOWN_OUTCOME.value)
+            await conn.execute(TAKE_LEASE, intent_id, attempt_name, LEASE_SECONDS)
+        subject, text = render(row["template_id"], row["name"])
+        sent = await self._mail.send(
+            intent_id,
+            OutgoingEmail(to=row["email"], subject=subject, text=text,
+                          headers={"Auto-Submitted": "auto-replied"}),
+        )
+        return sent.message_id
+
+    async def _record(self, conn: Any, attempt: Attempt, message_id: str, reconciled: bool) -> None:
+        item = attempt.op.item
+        await conn.execute(MARK_SENT, _intent_id(attempt), message_id)
+        await store.audit(
+            conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+            actor="send", action="followup_sent",
+            detail={"op_key": attempt.op.op_key, "intent_id": _intent_id(attempt),
+                    "idempotency_key": _intent_id(attempt), "provider": self._mail.name,
+                    "provider_message_id": message_id, "attempt": attempt.claim.attempts,
+                    "reconciled": reconciled},
+        )
+
+
+def _ineligible(row: Any) -> str | None:
+    if row["status"] == "cancelled":
+        return "intent_cancelled"
+    if row["suppressed"]:
+        return "suppressed"
+    if row["contact_status"] != "active":
+        return f"contact_{row['contact_status']}"
+    return None
+
+
+def _intent_id(attempt: Attempt) -> str:
+    ref = attempt.claim.external_ref
+    if ref is None:
+        raise LookupError("operation has no intent reference")
+    return ref

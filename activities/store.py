@@ -1,0 +1,55 @@
+"""Small named queries shared by several activities: item state, audit entries, pause
+switches. Each is one parameterised statement."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+SET_EVENT_STATE = """
+UPDATE inbound_events SET state = $2, reason = $3, updated_at = now() WHERE event_id = $1
+"""
+
+INSERT_AUDIT = """
+INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+"""
+
+IS_PAUSED = """
+SELECT EXISTS (
+    SELECT 1 FROM settings
+    WHERE tenant IN ('*', $1) AND key IN ($2, 'paused.all') AND value = 'true'::jsonb
+)
+"""
+
+if TYPE_CHECKING:
+    Conn = asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any]
+
+
+async def set_event_state(conn: Conn, event_id: str, state: str, reason: str | None) -> None:
+    await conn.execute(SET_EVENT_STATE, event_id, state, reason)
+
+
+async def audit(
+    conn: Conn,
+    *,
+    tenant: str | None,
+    event_id: str | None,
+    workflow_id: str | None,
+    actor: str,
+    action: str,
+    detail: dict[str, Any] | None = None,
+    contact_id: str | None = None,
+) -> None:
+    """One audit entry. `detail` holds references and decisions, never a message body."""
+    await conn.execute(
+        INSERT_AUDIT, tenant, event_id, workflow_id, contact_id, actor, action,
+        json.loads(json.dumps(detail or {}, default=str)),
+    )
+
+
+async def is_paused(conn: Conn, tenant: str, scope: str) -> bool:
+    """True while the global or the tenant's switch pauses `scope` ('crm' or 'send')."""
+    return bool(await conn.fetchval(IS_PAUSED, tenant, f"paused.{scope}"))

@@ -1,0 +1,1 @@
+"""inboxcrm: inbound email to CRM contacts and follow-ups without duplicates."""

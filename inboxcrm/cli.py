@@ -1,0 +1,421 @@
+"""`inboxcrm` command line (DESIGN.md section 10)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from inboxcrm import db, operator
+from inboxcrm.config import Settings, get_settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="inboxcrm: inbound email to CRM contacts and follow-ups, no duplicates.")
+review_app = typer.Typer(no_args_is_help=True, help="Reviewer decisions (signals).")
+app.add_typer(review_app, name="review")
+out = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def fail(message: str, code: int = 1) -> None:
+    err.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+def _with_db(settings: Settings, fn: Callable[[Any], Awaitable[T]]) -> T:
+    async def run() -> T:
+        try:
+            conn = await db.connect(settings.database_url)
+        except (OSError, Exception) as exc:  # noqa: BLE001 - say what is wrong, no traceback
+            fail(f"cannot connect to the database ({type(exc).__name__}); is the stack up? "
+                 "(`make up`, or set DATABASE_URL)")
+            raise
+        try:
+            return await fn(conn)
+        finally:
+            await conn.close()
+    return asyncio.run(run())
+
+
+# --- up --------------------------------------------------------------------------------
+@app.command()
+def up() -> None:
+    """Start the whole local stack (embedded defaults) and keep it running until Ctrl-C."""
+    from inboxcrm.stack.processes import StackError
+    from inboxcrm.stack.stack import Stack, StackConfig
+
+    def port(name: str, default: int) -> int:
+        return int(os.environ.get(name, default))
+
+    config = StackConfig(
+        pg_port=port("INBOXCRM_PG_PORT", 55432),
+        temporal_port=port("INBOXCRM_TEMPORAL_PORT", 7233),
+        temporal_ui_port=port("INBOXCRM_TEMPORAL_UI_PORT", 8233),
+        sandbox_port=port("INBOXCRM_SANDBOX_PORT", 8090),
+        relay_port=port("INBOXCRM_RELAY_PORT", 8080),
+        database_url=os.environ.get("DATABASE_URL") or None,
+        temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None,
+    )
+    stack = Stack(config)
+    started = time.monotonic()
+    try:
+        with out.status("starting PostgreSQL, Temporal, sandbox, worker and relay…"):
+            stack.start_all()
+    except StackError as exc:
+        stack.stop()
+        fail(str(exc), 2)
+    except KeyboardInterrupt:
+        stack.stop()
+        raise typer.Exit(130) from None
+    env_path = stack.write_stack_env()
+    out.print(f"[green]inboxcrm is up[/green] in {time.monotonic() - started:.1f}s\n")
+    for key, value in stack.stack_env().items():
+        out.print(f"{key}={value}", highlight=False, soft_wrap=True)
+    out.print(f"\n(written to {env_path}; logs in {stack.log_dir})\n")
+    out.print("Send a first signed test email:\n  [bold]inboxcrm send-test[/bold]\n"
+              "then look at it:\n  inboxcrm status <workflow_id>   and the Temporal UI at "
+              f"{stack.temporal_ui_url or '(your Temporal UI)'}\n\nCtrl-C stops everything; "
+              "data stays under .data/ for the next `make up`.")
+    try:
+        while True:
+            time.sleep(1)
+            for name, proc in stack.processes.items():
+                if not proc.alive():
+                    err.print(f"[red]{name} exited[/red]; see {proc.log_path}:\n{proc.tail(800)}")
+                    raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        out.print("stopping…")
+    finally:
+        stack.stop()
+
+
+def _stack_env() -> dict[str, str]:
+    """Values from .data/stack.env (written by `make up`) not already in the environment."""
+    path = Path(os.environ.get("INBOXCRM_STACK_ENV", Path.cwd() / ".data" / "stack.env"))
+    values: dict[str, str] = {}
+    if path.exists():
+        import shlex
+
+        for line in path.read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key:
+                values[key] = shlex.split(value)[0] if value else ""
+    return values
+
+
+def settings_from_env() -> Settings:
+    for key, value in _stack_env().items():
+        os.environ.setdefault(key, value)
+    get_settings.cache_clear()
+    return get_settings()
+
+
+# --- status ----------------------------------------------------------------------------
+@app.command()
+def status(workflow_id: str) -> None:
+    """One item's state, reason, operations and review task, as JSON."""
+    settings = settings_from_env()
+
+    async def load(conn: Any) -> dict[str, Any] | None:
+        return await operator.item_status(conn, workflow_id)
+
+    found = _with_db(settings, load)
+    if found is None:
+        fail(f"no item with workflow ID {workflow_id!r}")
+    out.print_json(json.dumps(found))
+
+
+# --- extract ---------------------------------------------------------------------------
+@app.command()
+def extract(
+    file: Annotated[Path, typer.Argument(help="An RFC 5322 message (.eml).")],
+    tenant: Annotated[str, typer.Option(help="Tenant whose policy applies.")] = "acme",
+    as_json: JsonOpt = False,
+) -> None:
+    """Offline extraction + validation + routing. Writes nothing."""
+    from inboxcrm.extraction import run_extract_command
+
+    raise typer.Exit(run_extract_command(file, tenant, as_json))
+
+
+# --- send-test -------------------------------------------------------------------------
+@app.command("send-test")
+def send_test(
+    sender: Annotated[str, typer.Option("--from")] = "Jane Doe <jane.doe@example.com>",
+    delivery_id: Annotated[str | None, typer.Option()] = None,
+    eml: Annotated[Path | None, typer.Option(help="Send this .eml instead of a sample.")] = None,
+) -> None:
+    """Post one signed inbound email to the running relay (a first end-to-end check)."""
+    from inboxcrm.signing import sample_message, signed_headers, standard_body
+
+    settings = settings_from_env()
+    raw = eml.read_text(errors="replace") if eml else sample_message(sender)
+    body = standard_body("acme", "sales@acme.test", delivery_id or f"test-{uuid.uuid4().hex[:12]}",
+                         raw)
+    relay = os.environ.get("RELAY_URL", f"http://{settings.relay_host}:{settings.relay_port}")
+    try:
+        response = httpx.post(f"{relay}/v1/inbound/standard", content=body,
+                              headers=signed_headers(settings.webhook_secret, body), timeout=30)
+    except httpx.HTTPError as exc:
+        fail(f"relay not reachable at {relay} ({type(exc).__name__}); is `make up` running?")
+        return
+    out.print(f"HTTP {response.status_code}")
+    out.print_json(response.text)
+
+
+# --- queue -----------------------------------------------------------------------------
+@app.command()
+def queue(tenant: Annotated[str | None, typer.Option()] = None, as_json: JsonOpt = False) -> None:
+    """The owned review queue, oldest first (references and reasons, never bodies)."""
+    settings = settings_from_env()
+
+    async def load(conn: Any) -> list[dict[str, Any]]:
+        return await operator.review_queue(conn, tenant)
+
+    items = _with_db(settings, load)
+    if as_json:
+        out.print_json(json.dumps(items))
+        return
+    table = Table(title=f"review queue ({len(items)} open)")
+    for column in ("age", "state", "reason", "owner", "overdue", "workflow_id"):
+        table.add_column(column)
+    for item in items:
+        table.add_row(_age(item["age_seconds"]), item["state"], item["reason"], item["owner"],
+                      "yes" if item["overdue"] else "", item["workflow_id"])
+    out.print(table)
+
+
+def _age(seconds: int) -> str:
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"
+
+
+# --- review ----------------------------------------------------------------------------
+def _signal(action: str, workflow_id: str, reviewer: str, note: str | None,
+            evidence: str | None, corrections: list[str] | None = None) -> None:
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.service import RPCError
+
+    from inboxcrm import temporal
+
+    body: dict[str, Any] = {"reviewer": reviewer}
+    if note:
+        body["note"] = note
+    if evidence:
+        body["evidence"] = evidence
+    if corrections:
+        pairs = [c.partition("=") for c in corrections]
+        if any(not sep or not key for key, sep, _ in pairs):
+            fail("--set takes FIELD=VALUE")
+        body["corrections"] = {key: value for key, _, value in pairs}
+    settings = settings_from_env()
+
+    async def send() -> None:
+        client = await temporal.connect(settings)
+        handle = client.get_workflow_handle(workflow_id)
+        try:
+            description = await handle.describe()
+        except RPCError:
+            fail(f"no workflow with ID {workflow_id!r}")
+            return
+        if description.status != WorkflowExecutionStatus.RUNNING:
+            fail(f"workflow {workflow_id!r} is not running "
+                 f"({description.status.name if description.status else 'unknown'})")
+        await handle.signal(action, body)
+
+    asyncio.run(send())
+    out.print(f"sent {action} to {workflow_id}")
+
+
+ReviewerOpt = Annotated[str, typer.Option("--reviewer", help="Who decides (recorded).")]
+NoteOpt = Annotated[str | None, typer.Option("--note")]
+EvidenceOpt = Annotated[str | None, typer.Option("--evidence")]
+
+
+@review_app.command("approve")
+def review_approve(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
+                   evidence: EvidenceOpt = None,
+                   set_: Annotated[list[str] | None, typer.Option(
+                       "--set", help="Corrected field, e.g. --set sender_email=a@b.test")] = None,
+                   ) -> None:
+    """Approve an item waiting in review (optionally with corrected fields)."""
+    _signal("approve", workflow_id, reviewer, note, evidence, set_)
+
+
+@review_app.command("hold")
+def review_hold(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
+                evidence: EvidenceOpt = None) -> None:
+    """Keep the item parked (state `held`) until another decision."""
+    _signal("hold", workflow_id, reviewer, note, evidence)
+
+
+@review_app.command("reject")
+def review_reject(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
+                  evidence: EvidenceOpt = None) -> None:
+    """End the item as `rejected`: nothing more is sent or written."""
+    _signal("reject", workflow_id, reviewer, note, evidence)
+
+
+@review_app.command("retry")
+def review_retry(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
+                 evidence: EvidenceOpt = None) -> None:
+    """Retry a blocked/ambiguous step with the same operation key (a fresh bounded budget)."""
+    _signal("retry", workflow_id, reviewer, note, evidence)
+
+
+@review_app.command("resolve")
+def review_resolve(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
+                   evidence: EvidenceOpt = None) -> None:
+    """Mark the blocked/ambiguous side effect as done, with evidence (e.g. the CRM record ID)."""
+    if not evidence:
+        fail("resolve needs --evidence (e.g. the CRM record ID or provider message ID)")
+    _signal("resolve", workflow_id, reviewer, note, evidence)
+
+
+# --- pause / resume --------------------------------------------------------------------
+ScopeOpt = Annotated[str, typer.Option("--scope", help="crm | send | all")]
+
+
+def _switch(tenant: str | None, scope: str, paused: bool) -> None:
+    if scope not in operator.SCOPES:
+        fail(f"--scope must be one of {', '.join(operator.SCOPES)}")
+    settings = settings_from_env()
+    actor = os.environ.get("USER", "operator")
+
+    async def apply(conn: Any) -> None:
+        await operator.set_pause(conn, tenant, scope, paused, actor)
+
+    _with_db(settings, apply)
+    out.print(f"{'paused' if paused else 'resumed'} {scope} for {tenant or 'all tenants'}")
+
+
+@app.command()
+def pause(tenant: Annotated[str | None, typer.Option()] = None, scope: ScopeOpt = "all") -> None:
+    """Park CRM writes and/or sends (nothing fails; items wait and resume)."""
+    _switch(tenant, scope, True)
+
+
+@app.command()
+def resume(tenant: Annotated[str | None, typer.Option()] = None, scope: ScopeOpt = "all") -> None:
+    """Lift a pause."""
+    _switch(tenant, scope, False)
+
+
+# --- audit -----------------------------------------------------------------------------
+@app.command()
+def audit(
+    email: Annotated[str | None, typer.Option("--email")] = None,
+    workflow: Annotated[str | None, typer.Option("--workflow")] = None,
+    tenant: Annotated[str, typer.Option()] = "acme",
+    as_json: JsonOpt = False,
+) -> None:
+    """The whole story of a person (--email) or an event (--workflow)."""
+    if (email is None) == (workflow is None):
+        fail("give exactly one of --email or --workflow")
+    settings = settings_from_env()
+    canonical: str | None = None
+    if email is not None:
+        from inboxcrm.policy import InvalidAddress, canonical_email, get_policy
+
+        try:
+            canonical = canonical_email(email, get_policy(tenant))
+        except InvalidAddress:
+            fail("not a valid email address")
+
+    async def load(conn: Any) -> list[dict[str, Any]]:
+        return await operator.audit_story(conn, workflow_id=workflow, canonical=canonical)
+
+    entries = _with_db(settings, load)
+    if as_json:
+        out.print_json(json.dumps(entries))
+        return
+    if not entries:
+        fail("no audit entries found")
+    table = Table(title="audit story")
+    for column in ("at", "workflow", "actor", "action", "detail"):
+        table.add_column(column, overflow="fold")
+    for entry in entries:
+        table.add_row(entry["at"], (entry["workflow_id"] or "").rsplit("/", 1)[-1],
+                      entry["actor"], entry["action"], json.dumps(entry["detail"]))
+    out.print(table)
+
+
+# --- replay ----------------------------------------------------------------------------
+@app.command()
+def replay(workflow_id: str, reviewer: ReviewerOpt,
+           reason: Annotated[str, typer.Option("--reason")]) -> None:
+    """Run a failed or terminated item again under the same workflow ID and operation keys.
+    Completed operations are not repeated (the ledger returns their stored results)."""
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.common import WorkflowIDReusePolicy
+    from temporalio.service import RPCError
+
+    from inboxcrm import temporal
+    from schemas.models import InboundEmailInput
+
+    settings = settings_from_env()
+
+    async def run() -> None:
+        conn = await db.connect(settings.database_url)
+        try:
+            row = await conn.fetchrow(
+                "SELECT event_id, tenant FROM inbound_events WHERE workflow_id = $1", workflow_id)
+            if row is None:
+                fail(f"no item with workflow ID {workflow_id!r}")
+                return
+            client = await temporal.connect(settings)
+            try:
+                description = await client.get_workflow_handle(workflow_id).describe()
+            except RPCError:
+                description = None
+            allowed = {WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.TERMINATED,
+                       WorkflowExecutionStatus.TIMED_OUT, WorkflowExecutionStatus.CANCELED}
+            if description is not None and description.status not in allowed:
+                name = description.status.name if description.status else "unknown"
+                fail(f"only failed or terminated runs can be replayed; this one is {name}")
+            await client.start_workflow(
+                "InboundEmailWorkflow",
+                InboundEmailInput(event_id=str(row["event_id"]), tenant=row["tenant"]),
+                id=workflow_id, task_queue=settings.task_queue,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+            )
+            await conn.execute(
+                "INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)"
+                " VALUES ($1, $2, $3, $4, 'replayed', $5)",
+                row["tenant"], row["event_id"], workflow_id, reviewer, {"reason": reason},
+            )
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+    out.print(f"replaying {workflow_id}")
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Typed settings: `INBOXCRM_*` environment variables; DATABASE_URL and TEMPORAL_ADDRESS keep
+their usual names. One object, read once per process."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="INBOXCRM_", extra="ignore")
+
+    database_url: str = Field(
+        "postgresql://postgres@127.0.0.1:55432/postgres",
+        validation_alias=AliasChoices("DATABASE_URL", "INBOXCRM_DATABASE_URL"),
+    )
+    temporal_address: str = Field(
+        "127.0.0.1:7233",
+        validation_alias=AliasChoices("TEMPORAL_ADDRESS", "INBOXCRM_TEMPORAL_ADDRESS"),
+    )
+    temporal_namespace: str = "default"
+    task_queue: str = "inboxcrm"
+
+    # Relay
+    relay_host: str = "127.0.0.1"
+    relay_port: int = 8080
+    webhook_secret: str = "whsec_ZGV2LW9ubHktc2VjcmV0LWNoYW5nZS1tZS0xMjM0NTY3OA=="
+    webhook_tolerance_seconds: int = 300
+    max_body_bytes: int = 10 * 1024 * 1024
+    sweeper_interval_seconds: float = 5.0
+
+    # Destinations (the sandbox by default)
+    sandbox_url: str = "http://127.0.0.1:8090"
+    crm_url: str | None = None
+    crm_token: str | None = None
+    crm_id_property: str = "inboxcrm_contact_id"
+    mail_url: str | None = None
+    mail_token: str | None = None
+    mail_from: str = "Acme Sales <sales@acme.test>"
+    http_timeout_seconds: float = 10.0
+    max_retry_after_seconds: float = 300.0
+
+    # Extraction
+    extractor: str = "rules"
+    llm_base_url: str | None = None
+    llm_api_key: str | None = None
+    llm_model: str = "gpt-4o-mini"
+    llm_timeout_seconds: float = 30.0
+    llm_max_schema_retries: int = 2
+
+    # Worker
+    max_concurrent_activities: int = 50
+    max_concurrent_workflow_tasks: int = 50
+
+    @property
+    def crm_base_url(self) -> str:
+        return self.crm_url or self.sandbox_url
+
+    @property
+    def mail_base_url(self) -> str:
+        return self.mail_url or self.sandbox_url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,29 @@
+"""PostgreSQL connection pool shared by the relay, the worker and the CLI."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+
+async def _init_connection(conn: asyncpg.Connection[Any]) -> None:
+    for name in ("json", "jsonb"):
+        await conn.set_type_codec(
+            name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
+
+
+async def create_pool(database_url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    pool = await asyncpg.create_pool(
+        database_url, min_size=min_size, max_size=max_size, init=_init_connection
+    )
+    assert pool is not None
+    return pool
+
+
+async def connect(database_url: str) -> asyncpg.Connection[Any]:
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(database_url)
+    await _init_connection(conn)
+    return conn

@@ -1,0 +1,669 @@
+"""Minimisation: what any extractor (LLM or rules) is allowed to see of an inbound email.
+
+The raw message is untrusted bytes. This module turns it into a small, bounded, decoded
+record: the headers that matter, the body as plain text (HTML converted), quoted history
+and reply chains stripped. It never raises on bad input: broken MIME, unknown charsets,
+raw 8-bit headers, garbage bytes and oversized messages all produce a (possibly empty)
+MinimisedMessage with flags saying what happened.
+
+Nothing here logs; nothing here puts message content in an exception.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import codecs
+import contextlib
+import re
+import unicodedata
+from email import message_from_bytes
+from email import policy as email_policy
+from email.message import Message
+from email.utils import getaddresses
+from html.parser import HTMLParser
+
+from pydantic import BaseModel, ConfigDict
+
+from .signals import words
+
+# Headers the model sees (issue #4, item 2).
+MODEL_HEADERS = (
+    "From",
+    "Reply-To",
+    "Sender",
+    "To",
+    "Subject",
+    "Auto-Submitted",
+    "Precedence",
+    "List-Id",
+    "Content-Type",
+)
+# Headers only the deterministic router looks at (never shown to the model).
+ROUTING_HEADERS = (
+    "Return-Path",
+    "X-Autoreply",
+    "X-Autorespond",
+    "X-Auto-Response-Suppress",
+    "List-Unsubscribe",
+    "List-Post",
+    "List-Help",
+    "List-Subscribe",
+    "List-Owner",
+    "List-Archive",
+    "X-Failed-Recipients",
+)
+
+MAX_RAW_BYTES = 5 * 1024 * 1024  # parse at most this much of a message
+MAX_PART_BYTES = 2 * 1024 * 1024  # decode at most this much of one part
+MAX_HTML_CHARS = 1_000_000
+MAX_TEXT_CHARS = 200_000  # text considered for quote stripping
+MAX_PARTS = 200
+MAX_DEPTH = 8
+MAX_HEADER_CHARS = 1000
+MAX_RAW_HEADER_CHARS = 8000
+MAX_ADDRESSES = 50
+MAX_HIDDEN_CHARS = 4000
+
+
+class Mailbox(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    address: str
+
+
+class MinimisedMessage(BaseModel):
+    """The bounded, decoded view of one message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    headers: dict[str, str]  # MODEL_HEADERS present in the message, decoded, bounded
+    routing_headers: dict[str, str]  # ROUTING_HEADERS present, decoded, bounded
+    from_addrs: list[Mailbox] = []
+    reply_to: list[Mailbox] = []
+    sender: list[Mailbox] = []
+    to: list[Mailbox] = []
+    from_header_count: int = 0
+    content_type: str = "text/plain"
+    body: str = ""  # own text, then (if any) the forwarded block
+    own_text_chars: int = 0  # body[:own_text_chars] is the writer's own text
+    forwarded: bool = False
+    forwarded_from: list[Mailbox] = []
+    quoted_removed: bool = False
+    truncated: bool = False
+    is_html_only: bool = False
+    has_report_part: bool = False
+    hidden_text: str = ""  # HTML text hidden from the reader (scanned, never shown)
+    defects: int = 0
+    raw_size: int = 0
+    parse_failed: bool = False
+
+    @property
+    def own_text(self) -> str:
+        return self.body[: self.own_text_chars]
+
+    @property
+    def forwarded_text(self) -> str:
+        return self.body[self.own_text_chars :]
+
+    @property
+    def subject(self) -> str:
+        return self.headers.get("Subject", "")
+
+    def header_text(self) -> str:
+        return "\n".join(f"{name}: {self.headers[name]}" for name in MODEL_HEADERS
+                         if name in self.headers)
+
+    def as_text(self) -> str:
+        """Exactly what a model is shown; evidence must occur in this text."""
+        return f"{self.header_text()}\n\n{self.body}"
+
+
+# --------------------------------------------------------------------------- decoding
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_SURROGATES = re.compile(r"[\udc80-\udcff]")
+_ENCODED_WORD = re.compile(r"=\?([^?\s]+?)(?:\*[^?\s]*)?\?([QqBb])\?([^?\s]*)\?=")
+_HEX = re.compile(rb"=([0-9A-Fa-f]{2})")
+
+
+def _codec(charset: str | None) -> str | None:
+    if not charset:
+        return None
+    name = charset.strip().strip('"').lower()
+    if not name or len(name) > 40:
+        return None
+    try:
+        info = codecs.lookup(name)
+    except LookupError:
+        return None
+    if not getattr(info, "_is_text_encoding", True):
+        return None  # base64, rot13, zlib ... are not charsets
+    if info.name == "latin-1" or info.name == "iso8859-1":
+        return "cp1252"  # what "latin-1" senders actually mean; superset for printables
+    return info.name
+
+
+def decode_bytes(data: bytes, charset: str | None = None) -> str:
+    """Bytes to text: the declared charset if it works, else UTF-8, else cp1252/latin-1.
+    Never raises."""
+    candidates: list[str] = []
+    declared = _codec(charset)
+    if declared:
+        candidates.append(declared)
+    candidates.append("utf-8")
+    for name in candidates:
+        try:
+            return data.decode(name)
+        except (UnicodeError, LookupError, ValueError):
+            continue
+    if declared:
+        try:
+            return data.decode(declared, errors="replace")
+        except (UnicodeError, LookupError, ValueError):
+            pass
+    try:
+        return data.decode("cp1252")
+    except UnicodeError:
+        return data.decode("latin-1")
+
+
+def _recover_8bit(value: str) -> str:
+    """The email parser keeps raw 8-bit header bytes as surrogate escapes; decode them."""
+    if not _SURROGATES.search(value):
+        return value
+    try:
+        data = value.encode("utf-8", errors="surrogateescape")
+    except UnicodeError:
+        return _SURROGATES.sub("\ufffd", value)
+    return decode_bytes(data)
+
+
+def _decode_encoded_word(match: re.Match[str]) -> str:
+    charset, encoding, text = match.group(1), match.group(2).upper(), match.group(3)
+    try:
+        if encoding == "B":
+            padded = text + "=" * (-len(text) % 4)
+            data = base64.b64decode(padded.encode("ascii", errors="ignore"), validate=False)
+        else:
+            raw = text.replace("_", " ").encode("utf-8", errors="replace")
+            data = _HEX.sub(lambda m: bytes([int(m.group(1), 16)]), raw)
+    except (binascii.Error, ValueError):
+        return match.group(0)
+    return decode_bytes(data, charset)
+
+
+def decode_header_value(raw: object, limit: int = MAX_HEADER_CHARS) -> str:
+    """RFC 2047 encoded words, raw 8-bit bytes, folding and control characters handled.
+    Never raises."""
+    try:
+        value = raw if isinstance(raw, str) else str(raw)
+    except Exception:  # an exotic header object whose str() fails
+        return ""
+    value = _recover_8bit(value[:MAX_RAW_HEADER_CHARS])
+    value = re.sub(r"\r?\n[ \t]*", " ", value)
+    out: list[str] = []
+    pos = 0
+    previous_was_word = False
+    for match in _ENCODED_WORD.finditer(value):
+        between = value[pos : match.start()]
+        if not (previous_was_word and not between.strip()):
+            out.append(between)
+        out.append(_decode_encoded_word(match))
+        pos = match.end()
+        previous_was_word = True
+    out.append(value[pos:])
+    text = _CONTROL.sub(" ", "".join(out)).replace("\r", " ").replace("\n", " ")
+    text = unicodedata.normalize("NFC", text).strip()
+    return text[:limit]
+
+
+def _parse_mailboxes(raw_values: list[str]) -> list[Mailbox]:
+    out: list[Mailbox] = []
+    for raw in raw_values:
+        value = re.sub(r"\r?\n[ \t]*", " ", _recover_8bit(raw[:MAX_RAW_HEADER_CHARS]))
+        try:
+            pairs = getaddresses([value])
+        except Exception:  # the stdlib parser on adversarial input
+            pairs = []
+        for name, address in pairs:
+            address = _CONTROL.sub("", address).strip().strip("<>").strip()
+            if "@" not in address or len(address) > 320:
+                continue
+            out.append(
+                Mailbox(name=decode_header_value(name, 200), address=unicodedata.normalize(
+                    "NFC", address))
+            )
+            if len(out) >= MAX_ADDRESSES:
+                return out
+    return out
+
+
+def clean_text(text: str) -> str:
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = _CONTROL.sub("", text)
+    text = _SURROGATES.sub("\ufffd", text)
+    return unicodedata.normalize("NFC", text)
+
+
+# --------------------------------------------------------------------------- HTML
+
+_BLOCK_TAGS = words(
+    "p div br tr li h1 h2 h3 h4 h5 h6 table section article header footer pre hr ul ol dl "
+    "dt dd address center form fieldset td th tbody thead title caption"
+)
+_SKIP_TAGS = words("script style head template noscript svg object iframe math")
+_VOID_TAGS = words(
+    "br hr img input meta link area base col embed param source track wbr"
+)
+_HIDDEN_STYLE = re.compile(
+    r"display\s*:\s*none|visibility\s*:\s*hidden|font-size\s*:\s*0(?![.\d]*[1-9])|"
+    r"opacity\s*:\s*0(?![.\d]*[1-9])|max-height\s*:\s*0(?![.\d]*[1-9])|"
+    r"(?<![-\w])color\s*:\s*(?:#fff\b|#ffffff\b|white\b|transparent\b)",
+    re.IGNORECASE,
+)
+
+
+class _HTMLToText(HTMLParser):
+    """Visible text of an HTML body. Script/style dropped; blockquotes (quoted replies)
+    dropped; text hidden with CSS collected separately so it can be scanned for
+    instructions but is never shown to a model."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.hidden: list[str] = []
+        self.hidden_chars = 0
+        self.stack: list[tuple[str, bool, bool, bool]] = []  # tag, skip, hidden, quote
+        self.skip = 0
+        self.hidden_depth = 0
+        self.quote = 0
+        self.pre = 0
+        self.quoted_removed = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        tag = tag.lower()
+        if tag in _BLOCK_TAGS:
+            self.parts.append("\n")
+        if tag in _VOID_TAGS or len(self.stack) > 500:
+            return
+        attributes = {k.lower(): (v or "") for k, v in attrs}
+        skip = tag in _SKIP_TAGS
+        hidden = "hidden" in attributes or bool(_HIDDEN_STYLE.search(attributes.get("style", "")))
+        quote = tag == "blockquote"
+        self.stack.append((tag, skip, hidden, quote))
+        self.skip += skip
+        self.hidden_depth += hidden
+        self.quote += quote
+        if tag == "pre":
+            self.pre += 1
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag.lower() in _BLOCK_TAGS:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        tag = tag.lower()
+        if tag in _BLOCK_TAGS:
+            self.parts.append("\n")
+        if not any(entry[0] == tag for entry in self.stack):
+            return
+        while self.stack:
+            name, skip, hidden, quote = self.stack.pop()
+            self.skip -= skip
+            self.hidden_depth -= hidden
+            self.quote -= quote
+            if name == "pre":
+                self.pre -= 1
+            if name == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        if self.skip:
+            return
+        if not self.pre:
+            data = re.sub(r"\s+", " ", data)
+        if self.hidden_depth:
+            if self.hidden_chars < MAX_HIDDEN_CHARS:
+                self.hidden.append(data)
+                self.hidden_chars += len(data)
+            return
+        if self.quote:
+            if data.strip():
+                self.quoted_removed = True
+            return
+        self.parts.append(data)
+
+
+def html_to_text(html: str) -> tuple[str, str, bool]:
+    """(visible text, hidden text, quoted_removed). Never raises."""
+    parser = _HTMLToText()
+    try:
+        parser.feed(html[:MAX_HTML_CHARS])
+        parser.close()
+    except Exception:  # html.parser is lenient, but be certain
+        pass
+    text = "".join(parser.parts)
+    lines = [line.strip() for line in text.split("\n")]
+    text = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+    hidden = re.sub(r"\s+", " ", " ".join(parser.hidden)).strip()[:MAX_HIDDEN_CHARS]
+    return text, hidden, parser.quoted_removed
+
+
+# --------------------------------------------------------------------------- quotes
+
+_FORWARD_MARKERS = re.compile(
+    r"^\s*(?:"
+    r"-{2,}\s*(?:forwarded message|weitergeleitete nachricht|message transf[ée]r[ée]|"
+    r"mensaje reenviado|mensagem encaminhada|messaggio inoltrato|doorgestuurd bericht)"
+    r"\s*-{2,}"
+    r"|begin forwarded message\s*:"
+    r"|anfang der weitergeleiteten nachricht\s*:"
+    r"|d[ée]but du message r[ée]exp[ée]di[ée]\s*:"
+    r")",
+    re.IGNORECASE,
+)
+_ORIGINAL_MARKERS = re.compile(
+    r"^\s*-{2,}\s*(?:original message|urspr[üu]ngliche nachricht|message d'origine|"
+    r"mensaje original|mensagem original|messaggio originale|oorspronkelijk bericht)\s*-{2,}",
+    re.IGNORECASE,
+)
+_ATTRIBUTION = re.compile(
+    r"^\s*(?:on|am|le|el|em|il|op)\b.{0,300}?"
+    r"(?:wrote|schrieb|a [ée]crit|escribi[óo]|escreveu|ha scritto|schreef)\s*:?\s*$",
+    re.IGNORECASE,
+)
+_HEADER_FROM = re.compile(r"^\s*\*?(?:from|von|de|da|van)\s*:\*?\s*(.+)$", re.IGNORECASE)
+_HEADER_SENT = re.compile(
+    r"^\s*\*?(?:sent|date|gesendet|datum|envoy[ée]|date d'envoi|enviado|fecha|data|inviato|"
+    r"verzonden|datum)\s*:",
+    re.IGNORECASE,
+)
+_FORWARD_SUBJECT = re.compile(
+    r"^\s*(?:(?:re|aw|sv|antw|r|rif)\s*:\s*)*(?:fwd?|wg|tr|rv|enc|doorst)\s*:",
+    re.IGNORECASE,
+)
+_QUOTE_LINE = re.compile(r"^\s*>")
+_ATTRIBUTION_START = re.compile(r"^\s*(?:on|am|le|el|em|il|op)\b", re.IGNORECASE)
+
+
+def _is_attribution(line: str) -> bool:
+    """"On <date>, <person> wrote:" in the supported languages; a date or an address must be
+    present so that ordinary sentences are not mistaken for one."""
+    return bool(_ATTRIBUTION.match(line)) and bool(re.search(r"\d|@", line))
+
+
+def _outlook_header_at(lines: list[str], i: int) -> bool:
+    if not _HEADER_FROM.match(lines[i]):
+        return False
+    return any(_HEADER_SENT.match(line) for line in lines[i + 1 : i + 5])
+
+
+def _forwarded_from(block: list[str]) -> list[Mailbox]:
+    for line in block[:12]:
+        match = _HEADER_FROM.match(line)
+        if match:
+            return _parse_mailboxes([match.group(1).strip()])
+    return []
+
+
+def _cut_replies(lines: list[str]) -> tuple[list[str], bool, bool]:
+    """Drop `>` lines and everything from the first reply attribution / reply header.
+    Returns (kept lines, quoted lines dropped, reply chain cut)."""
+    removed = False
+    kept: list[str] = []
+    for i, line in enumerate(lines):
+        joined = line + " " + lines[i + 1] if i + 1 < len(lines) else line
+        if (
+            _is_attribution(line)
+            or (len(line) < 200 and _ATTRIBUTION_START.match(line) and _is_attribution(joined))
+            or _ORIGINAL_MARKERS.match(line)
+            or _outlook_header_at(lines, i)
+        ):
+            return kept, removed, True
+        if _QUOTE_LINE.match(line):
+            removed = True
+            continue
+        kept.append(line)
+    return kept, removed, False
+
+
+def strip_quoted(text: str, subject: str) -> tuple[str, str, list[Mailbox], bool, bool]:
+    """(own text, forwarded block, forwarded_from, forwarded, quoted_removed)."""
+    lines = text.split("\n")
+    is_forward_subject = bool(_FORWARD_SUBJECT.match(subject))
+    forward_at: int | None = None
+    for i, line in enumerate(lines):
+        if _FORWARD_MARKERS.match(line) or (
+            is_forward_subject and (_ORIGINAL_MARKERS.match(line) or _outlook_header_at(lines, i))
+        ):
+            forward_at = i
+            break
+    own_lines = lines if forward_at is None else lines[:forward_at]
+    own_kept, removed, chain_cut = _cut_replies(own_lines)
+    own = "\n".join(own_kept).strip()
+    if forward_at is None or chain_cut:
+        # no forward, or the forward sits inside quoted reply history
+        return own, "", [], False, removed or chain_cut
+    block = lines[forward_at:]
+    forwarded_from = _forwarded_from(block)
+    # the forwarded header block: skip blank lines after the marker, then up to a blank line
+    j = 1
+    while j < len(block) and j < 4 and not block[j].strip():
+        j += 1
+    header_end = min(len(block), j + 12)
+    for k in range(j, min(len(block), j + 12)):
+        if not block[k].strip():
+            header_end = k
+            break
+    body_kept, removed_inner, cut_inner = _cut_replies(block[header_end:])
+    forwarded = "\n".join(block[:header_end] + body_kept).strip()
+    return own, forwarded, forwarded_from, True, removed or removed_inner or cut_inner
+
+
+# --------------------------------------------------------------------------- MIME walk
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.plain: list[str] = []
+        self.html: list[str] = []
+        self.attached: list[Message] = []
+        self.parts = 0
+        self.report = False
+        self.defects = 0
+
+
+def _payload_bytes(part: Message) -> bytes:
+    try:
+        payload = part.get_payload(decode=True)
+    except Exception:  # malformed transfer encodings
+        payload = None
+    if isinstance(payload, bytes):
+        return payload[:MAX_PART_BYTES]
+    try:
+        raw = part.get_payload()
+    except Exception:
+        return b""
+    if isinstance(raw, str):
+        return raw[:MAX_PART_BYTES].encode("utf-8", errors="surrogateescape")
+    return b""
+
+
+def _part_text(part: Message) -> str:
+    try:
+        charset = part.get_content_charset()
+    except Exception:
+        charset = None
+    return clean_text(decode_bytes(_payload_bytes(part), charset))
+
+
+def _content_type(part: Message) -> str:
+    try:
+        return str(part.get_content_type()).lower()
+    except Exception:
+        return "text/plain"
+
+
+def _walk(part: Message, out: _Collector, depth: int) -> None:
+    out.parts += 1
+    if out.parts > MAX_PARTS or depth > MAX_DEPTH:
+        return
+    with contextlib.suppress(TypeError):
+        out.defects += len(getattr(part, "defects", []) or [])
+    ctype = _content_type(part)
+    if ctype in ("multipart/report", "message/delivery-status", "message/disposition-notification",
+                 "message/feedback-report"):
+        out.report = True
+    try:
+        disposition = part.get_content_disposition()
+    except Exception:
+        disposition = None
+    if ctype == "message/rfc822":
+        payload = part.get_payload()
+        if isinstance(payload, list) and payload and isinstance(payload[0], Message):
+            out.attached.append(payload[0])
+        return
+    if part.is_multipart():
+        payload = part.get_payload()
+        if isinstance(payload, list):
+            for child in payload:
+                if isinstance(child, Message):
+                    _walk(child, out, depth + 1)
+        return
+    if disposition == "attachment":
+        return
+    if ctype == "text/html":
+        out.html.append(_part_text(part))
+    elif ctype == "text/plain" or ctype.startswith("multipart/") or ctype == "text/enriched":
+        # a multipart without a usable boundary is text for our purposes
+        out.plain.append(_part_text(part))
+
+
+def _headers(msg: Message) -> tuple[dict[str, list[str]], int]:
+    raw: dict[str, list[str]] = {}
+    try:
+        items = msg.raw_items()
+        for name, value in items:
+            key = str(name).strip().lower()
+            if len(raw) > 500:
+                break
+            raw.setdefault(key, []).append(value if isinstance(value, str) else str(value))
+    except Exception:
+        pass
+    return raw, len(raw.get("from", []))
+
+
+def _empty(raw_size: int, parse_failed: bool) -> MinimisedMessage:
+    return MinimisedMessage(headers={}, routing_headers={}, raw_size=raw_size,
+                            parse_failed=parse_failed)
+
+
+def _bounded(text: str, limit: int) -> tuple[str, bool]:
+    if len(text) <= limit:
+        return text, False
+    cut = text[:limit]
+    space = cut.rfind(" ", max(0, limit - 200))
+    return (cut[:space] if space > 0 else cut).rstrip(), True
+
+
+def minimise(raw: bytes, max_body_chars: int = 8000) -> MinimisedMessage:
+    """Decode and minimise one raw RFC 5322 message. Never raises on bad input."""
+    if not isinstance(raw, bytes | bytearray | memoryview):
+        return _empty(0, True)
+    raw = bytes(raw)
+    raw_size = len(raw)
+    try:
+        return _minimise(raw[:MAX_RAW_BYTES], raw_size, max(200, max_body_chars), 0)
+    except Exception:  # last line of defence: untrusted input must not crash the caller
+        return _empty(raw_size, True)
+
+
+def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> MinimisedMessage:
+    msg = message_from_bytes(raw, policy=email_policy.compat32)
+    raw_headers, from_count = _headers(msg)
+
+    headers: dict[str, str] = {}
+    for name in MODEL_HEADERS:
+        values = raw_headers.get(name.lower())
+        if values:
+            headers[name] = decode_header_value(values[0])
+    routing: dict[str, str] = {}
+    for name in ROUTING_HEADERS:
+        values = raw_headers.get(name.lower())
+        if values:
+            routing[name] = decode_header_value(values[0], 500)
+
+    collector = _Collector()
+    _walk(msg, collector, 0)
+    content_type = _content_type(msg)
+
+    hidden = ""
+    quoted_html = False
+    is_html_only = False
+    if any(text.strip() for text in collector.plain):
+        text = "\n\n".join(t for t in collector.plain if t.strip())
+    elif collector.html:
+        is_html_only = True
+        texts, hiddens = [], []
+        for html in collector.html:
+            visible, hid, quoted = html_to_text(html)
+            texts.append(visible)
+            hiddens.append(hid)
+            quoted_html = quoted_html or quoted
+        text = "\n\n".join(t for t in texts if t)
+        hidden = " ".join(h for h in hiddens if h)[:MAX_HIDDEN_CHARS]
+    else:
+        text = ""
+    text = text[:MAX_TEXT_CHARS]
+
+    own, forwarded_block, forwarded_from, forwarded, quoted = strip_quoted(
+        text, headers.get("Subject", "")
+    )
+
+    # A message forwarded as an attachment: render it as a forwarded block.
+    if collector.attached and not collector.report and depth < 1 and not forwarded:
+        inner_msg = collector.attached[0]
+        try:
+            inner_raw = inner_msg.as_bytes(policy=email_policy.compat32)
+        except Exception:
+            inner_raw = b""
+        inner = _minimise(inner_raw[:MAX_RAW_BYTES], len(inner_raw), max_body_chars, depth + 1)
+        forwarded = True
+        forwarded_from = inner.from_addrs
+        forwarded_block = "---------- Forwarded message ---------\n" + inner.as_text()
+
+    own, own_truncated = _bounded(own, max_body_chars)
+    remaining = max(0, max_body_chars - len(own))
+    forwarded_block, fwd_truncated = _bounded(forwarded_block, remaining)
+    if forwarded and forwarded_block:
+        body = own + "\n\n" + forwarded_block if own else forwarded_block
+        own_chars = len(own)
+    else:
+        body = own
+        own_chars = len(own)
+
+    return MinimisedMessage(
+        headers=headers,
+        routing_headers=routing,
+        from_addrs=_parse_mailboxes(raw_headers.get("from", [])),
+        reply_to=_parse_mailboxes(raw_headers.get("reply-to", [])),
+        sender=_parse_mailboxes(raw_headers.get("sender", [])),
+        to=_parse_mailboxes(raw_headers.get("to", [])),
+        from_header_count=from_count,
+        content_type=content_type,
+        body=body,
+        own_text_chars=own_chars,
+        forwarded=forwarded,
+        forwarded_from=forwarded_from,
+        quoted_removed=quoted or quoted_html,
+        truncated=own_truncated or fwd_truncated or raw_size > MAX_RAW_BYTES
+        or len(text) >= MAX_TEXT_CHARS,
+        is_html_only=is_html_only,
+        has_report_part=collector.report or content_type == "multipart/report",
+        hidden_text=hidden,
+        defects=collector.defects,
+        raw_size=raw_size,
+        parse_failed=False,
+    )

@@ -1,0 +1,119 @@
+"""What operators and reviewers ask of the store: an item's status, the owned review queue,
+pause switches, the audit story. Used by the CLI (and the rehearsal)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+ITEM_STATUS = """
+SELECT e.event_id, e.workflow_id, e.tenant, e.source, e.mailbox, e.delivery_id, e.state,
+       e.reason, e.route, e.route_reasons, e.received_at, e.workflow_started_at, e.contact_id,
+       c.crm_record_id
+FROM inbound_events e LEFT JOIN contacts c ON c.contact_id = e.contact_id
+WHERE e.workflow_id = $1
+"""
+
+ITEM_OPERATIONS = """
+SELECT op_key, action, status, attempts, max_attempts, last_error_category, last_error,
+       destination_id, first_seen, last_transition
+FROM operations WHERE workflow_id = $1 ORDER BY first_seen
+"""
+
+ITEM_REVIEW = """
+SELECT reason, owner, status, first_seen, latest_attempt, destination_ref, escalate_at,
+       escalated_at, resolved_by
+FROM review_tasks WHERE workflow_id = $1 ORDER BY task_id DESC LIMIT 1
+"""
+
+REVIEW_QUEUE = """
+SELECT r.workflow_id, r.tenant, r.reason, r.owner, r.first_seen, r.latest_attempt,
+       r.destination_ref, r.escalate_at, r.escalated_at, e.state
+FROM review_tasks r JOIN inbound_events e ON e.event_id = r.event_id
+WHERE r.status = 'open' AND ($1::text IS NULL OR r.tenant = $1)
+ORDER BY r.first_seen
+"""
+
+SET_SWITCH = """
+INSERT INTO settings (tenant, key, value, updated_by) VALUES ($1, $2, $3, $4)
+ON CONFLICT (tenant, key) DO UPDATE
+SET value = EXCLUDED.value, updated_by = EXCLUDED.updated_by, updated_at = now()
+"""
+
+AUDIT_BY_WORKFLOW = """
+SELECT at, actor, action, detail, workflow_id FROM audit_log
+WHERE workflow_id = $1 ORDER BY audit_id
+"""
+
+AUDIT_BY_IDENTITY = """
+SELECT a.at, a.actor, a.action, a.detail, a.workflow_id FROM audit_log a
+WHERE a.workflow_id IN (SELECT workflow_id FROM inbound_events
+                        WHERE canonical_email = $1)
+   OR a.contact_id IN (SELECT contact_id FROM contacts WHERE canonical_email = $1)
+ORDER BY a.audit_id
+"""
+
+SCOPES = ("crm", "send", "all")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat()
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def record_dict(record: asyncpg.Record) -> dict[str, Any]:
+    return {key: _jsonable(record[key]) for key in record.keys()}  # noqa: SIM118
+
+
+async def item_status(conn: asyncpg.Connection[Any], workflow_id: str) -> dict[str, Any] | None:
+    row = await conn.fetchrow(ITEM_STATUS, workflow_id)
+    if row is None:
+        return None
+    status = record_dict(row)
+    status["operations"] = [record_dict(r) for r in await conn.fetch(ITEM_OPERATIONS, workflow_id)]
+    review = await conn.fetchrow(ITEM_REVIEW, workflow_id)
+    status["review"] = record_dict(review) if review else None
+    return status
+
+
+async def review_queue(conn: asyncpg.Connection[Any], tenant: str | None = None
+                       ) -> list[dict[str, Any]]:
+    now = datetime.now(UTC)
+    items = []
+    for row in await conn.fetch(REVIEW_QUEUE, tenant):
+        item = record_dict(row)
+        item["age_seconds"] = int((now - row["first_seen"]).total_seconds())
+        item["overdue"] = row["escalate_at"] <= now
+        items.append(item)
+    return items
+
+
+async def set_pause(conn: asyncpg.Connection[Any], tenant: str | None, scope: str, paused: bool,
+                    actor: str) -> None:
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}")
+    await conn.execute(SET_SWITCH, tenant or "*", f"paused.{scope}", json.loads(
+        "true" if paused else "false"), actor)
+    await conn.execute(
+        "INSERT INTO audit_log (tenant, actor, action, detail) VALUES ($1, $2, $3, $4)",
+        tenant, actor, "paused" if paused else "resumed", {"scope": scope, "tenant": tenant or "*"},
+    )
+
+
+async def audit_story(conn: asyncpg.Connection[Any], *, workflow_id: str | None = None,
+                      canonical: str | None = None) -> list[dict[str, Any]]:
+    if workflow_id is not None:
+        rows = await conn.fetch(AUDIT_BY_WORKFLOW, workflow_id)
+    else:
+        rows = await conn.fetch(AUDIT_BY_IDENTITY, canonical)
+    return [record_dict(r) for r in rows]

@@ -1,0 +1,320 @@
+"""The relay: verifies inbound webhooks, records each delivery once in the ledger, and starts
+one workflow per delivery.
+
+Two guards with two lifetimes: the `inbound_events` unique key answers redeliveries for as
+long as the row exists (months after Temporal forgot the workflow); the workflow ID
+(`USE_EXISTING` / `REJECT_DUPLICATE`) stops concurrent starts. A crash or a Temporal outage
+between the insert and the start is healed by the sweeper, never by a second insert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import contextlib
+import hashlib
+import json
+import logging
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
+
+from activities import store
+from inboxcrm import db, temporal
+from inboxcrm.config import Settings
+from inboxcrm.policy import UnknownTenant, get_policy
+from schemas.models import InboundEmailInput, inbound_workflow_id
+
+log = logging.getLogger("inboxcrm.relay")
+
+WORKFLOW_NAME = "InboundEmailWorkflow"
+START_RPC_TIMEOUT = timedelta(seconds=5)
+_DELIVERY_ID = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
+
+INSERT_EVENT = """
+INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, raw,
+                            content_sha256, size_bytes)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (tenant, source, mailbox, delivery_id) DO NOTHING
+RETURNING event_id
+"""
+
+FIND_EVENT = """
+SELECT event_id, workflow_id, state, content_sha256, workflow_started_at IS NOT NULL AS started
+FROM inbound_events WHERE tenant = $1 AND source = $2 AND mailbox = $3 AND delivery_id = $4
+"""
+
+MARK_STARTED = """
+UPDATE inbound_events SET workflow_started_at = COALESCE(workflow_started_at, now()),
+    start_attempts = start_attempts + 1
+WHERE event_id = $1
+"""
+
+COUNT_START_FAILURE = """
+UPDATE inbound_events SET start_attempts = start_attempts + 1 WHERE event_id = $1
+"""
+
+UNSTARTED_EVENTS = """
+SELECT event_id, tenant, workflow_id FROM inbound_events
+WHERE workflow_started_at IS NULL AND received_at < now() - make_interval(secs => $1)
+ORDER BY received_at LIMIT $2
+"""
+
+
+class BadRequest(Exception):
+    """Malformed input: answered 422 with this (payload-free) message."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    tenant: str
+    source: str
+    mailbox: str
+    delivery_id: str
+    raw: bytes
+
+    @property
+    def workflow_id(self) -> str:
+        return inbound_workflow_id(self.tenant, self.source, self.mailbox, self.delivery_id)
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    status: str          # accepted | duplicate | unavailable
+    workflow_id: str
+    state: str
+
+
+class TemporalHandle:
+    """A Temporal client that may not exist yet: the relay keeps accepting (and storing)
+    deliveries while Temporal is down, and connects when it is back."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._client: Client | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> Client:
+        if self._client is not None:
+            return self._client
+        async with self._lock:
+            if self._client is None:
+                self._client = await asyncio.wait_for(temporal.connect(self._settings), 5)
+            return self._client
+
+
+class Ingestor:
+    """Ledger insert + workflow start, shared by every inbound source and the sweeper."""
+
+    def __init__(self, pool: asyncpg.Pool, temporal_handle: TemporalHandle,
+                 task_queue: str) -> None:
+        self.pool = pool
+        self.temporal = temporal_handle
+        self.task_queue = task_queue
+
+    async def ingest(self, delivery: Delivery) -> IngestResult:
+        digest = hashlib.sha256(delivery.raw).hexdigest()
+        workflow_id = delivery.workflow_id
+        async with self.pool.acquire() as conn:
+            event_id = await conn.fetchval(
+                INSERT_EVENT, delivery.tenant, delivery.source, delivery.mailbox,
+                delivery.delivery_id, workflow_id, delivery.raw, digest, len(delivery.raw),
+            )
+            if event_id is not None:
+                await store.audit(
+                    conn, tenant=delivery.tenant, event_id=str(event_id),
+                    workflow_id=workflow_id, actor=f"relay:{delivery.source}", action="received",
+                    detail={"source": delivery.source, "delivery_id": delivery.delivery_id,
+                            "content_sha256": digest, "size_bytes": len(delivery.raw),
+                            "content_ref": f"inbound_events.raw:{event_id}"},
+                )
+                started = await self.start(str(event_id), delivery.tenant, workflow_id)
+                return IngestResult("accepted" if started else "unavailable", workflow_id,
+                                    "received")
+            row = await conn.fetchrow(FIND_EVENT, delivery.tenant, delivery.source,
+                                      delivery.mailbox, delivery.delivery_id)
+        assert row is not None
+        if row["content_sha256"] != digest:
+            async with self.pool.acquire() as conn:
+                await store.audit(
+                    conn, tenant=delivery.tenant, event_id=str(row["event_id"]),
+                    workflow_id=workflow_id, actor=f"relay:{delivery.source}",
+                    action="redelivery_content_differs",
+                    detail={"delivery_id": delivery.delivery_id, "content_sha256": digest},
+                )
+        if not row["started"]:
+            # The first delivery was stored but its start failed: heal it now.
+            await self.start(str(row["event_id"]), delivery.tenant, workflow_id)
+        return IngestResult("duplicate", workflow_id, row["state"])
+
+    async def start(self, event_id: str, tenant: str, workflow_id: str) -> bool:
+        """Start the item's workflow (idempotent). False when Temporal is unavailable."""
+        try:
+            client = await self.temporal.get()
+            await client.start_workflow(
+                WORKFLOW_NAME, InboundEmailInput(event_id=event_id, tenant=tenant),
+                id=workflow_id, task_queue=self.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                rpc_timeout=START_RPC_TIMEOUT,
+            )
+        except WorkflowAlreadyStartedError:
+            pass  # closed earlier under this ID: it ran; never start it twice
+        except (TimeoutError, RPCError, OSError, RuntimeError) as exc:
+            log.warning("workflow start deferred: %s", type(exc).__name__)
+            async with self.pool.acquire() as conn:
+                await conn.execute(COUNT_START_FAILURE, event_id)
+            return False
+        async with self.pool.acquire() as conn:
+            await conn.execute(MARK_STARTED, event_id)
+        return True
+
+    async def sweep(self, min_age_seconds: float = 2.0, limit: int = 200) -> int:
+        """Start stored-but-unstarted events. Returns how many were started."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(UNSTARTED_EVENTS, min_age_seconds, limit)
+        started = 0
+        for row in rows:
+            if not await self.start(str(row["event_id"]), row["tenant"], row["workflow_id"]):
+                break
+            started += 1
+        return started
+
+
+def parse_standard_body(payload: Any, max_raw_bytes: int) -> Delivery:
+    """Validate the Standard Webhooks body of DESIGN.md section 10; messages name the field."""
+    if not isinstance(payload, dict):
+        raise BadRequest("body must be a JSON object")
+    for name in ("tenant", "mailbox", "delivery_id", "raw"):
+        if not isinstance(payload.get(name), str) or not payload[name]:
+            raise BadRequest(f"field '{name}' is required and must be a non-empty string")
+    tenant, mailbox = payload["tenant"], payload["mailbox"].strip().lower()
+    if not _DELIVERY_ID.match(payload["delivery_id"]):
+        raise BadRequest("field 'delivery_id' must be 1-255 printable ASCII characters")
+    try:
+        policy = get_policy(tenant)
+    except UnknownTenant:
+        raise BadRequest("unknown tenant") from None
+    if mailbox not in {m.lower() for m in policy.mailboxes}:
+        raise BadRequest("mailbox is not one of the tenant's mailboxes")
+    raw = payload["raw"].encode("utf-8", errors="surrogateescape")
+    if len(raw) > max_raw_bytes:
+        raise BadRequest("field 'raw' is too large")
+    return Delivery(tenant, "standard", mailbox, payload["delivery_id"], raw)
+
+
+async def read_body(request: Request, limit: int) -> bytes | None:
+    """The body, or None when it exceeds `limit` (checked before and while reading)."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _answer(result: IngestResult) -> JSONResponse:
+    if result.status == "unavailable":
+        return JSONResponse(
+            {"status": "error", "message": "stored; Temporal is unavailable, the workflow will "
+             "be started when it is back", "workflow_id": result.workflow_id},
+            status_code=503,
+        )
+    return JSONResponse({"status": result.status, "workflow_id": result.workflow_id,
+                         "state": result.state})
+
+
+def _error(status_code: int, message: str) -> JSONResponse:
+    return JSONResponse({"status": "error", "message": message}, status_code=status_code)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    webhook = Webhook(settings.webhook_secret)
+    handle = TemporalHandle(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool = await db.create_pool(settings.database_url, max_size=20)
+        app.state.ingestor = Ingestor(pool, handle, settings.task_queue)
+        sweeper = asyncio.create_task(_sweep_forever(app.state.ingestor, settings))
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+            await pool.close()
+
+    app = FastAPI(title="inboxcrm relay", lifespan=lifespan)
+
+    @app.get("/healthz")
+    async def healthz(request: Request) -> JSONResponse:
+        ingestor: Ingestor = request.app.state.ingestor
+        database = temporal_ok = False
+        with contextlib.suppress(Exception):
+            async with ingestor.pool.acquire() as conn:
+                database = await asyncio.wait_for(conn.fetchval("SELECT true"), 3) is True
+        with contextlib.suppress(Exception):
+            client = await handle.get()
+            temporal_ok = await asyncio.wait_for(client.service_client.check_health(), 3)
+        ok = database and temporal_ok
+        return JSONResponse({"ok": ok, "database": database, "temporal": temporal_ok},
+                            status_code=200 if ok else 503)
+
+    @app.post("/v1/inbound/standard")
+    async def inbound_standard(request: Request) -> JSONResponse:
+        body = await read_body(request, settings.max_body_bytes)
+        if body is None:
+            return _error(413, f"body exceeds {settings.max_body_bytes} bytes")
+        try:
+            webhook.verify(body, dict(request.headers), json_parse=False)
+        except (WebhookVerificationError, UnicodeDecodeError, ValueError, binascii.Error):
+            return _error(401, "invalid or missing webhook signature")
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            return _error(422, "body is not valid JSON")
+        try:
+            delivery = parse_standard_body(parsed, settings.max_body_bytes)
+        except BadRequest as exc:
+            return _error(422, str(exc))
+        return await _ingest(request, delivery)
+
+    return app
+
+
+async def _ingest(request: Request, delivery: Delivery) -> JSONResponse:
+    ingestor: Ingestor = request.app.state.ingestor
+    try:
+        result = await ingestor.ingest(delivery)
+    except (TimeoutError, asyncpg.PostgresError, OSError):
+        log.warning("ledger unavailable")
+        return _error(503, "ledger unavailable; retry later")
+    return _answer(result)
+
+
+async def _sweep_forever(ingestor: Ingestor, settings: Settings) -> None:
+    while True:
+        await asyncio.sleep(settings.sweeper_interval_seconds)
+        try:
+            started = await ingestor.sweep()
+            if started:
+                log.info("sweeper started %d stored event(s)", started)
+        except Exception:  # noqa: BLE001 - the sweeper must outlive any single failure
+            log.exception("sweeper pass failed")

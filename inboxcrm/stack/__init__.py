@@ -1,0 +1,1 @@
+"""Local stack: embedded PostgreSQL, Temporal dev server, sandbox, worker and relay."""

@@ -1,0 +1,179 @@
+"""The whole local stack, as `inboxcrm up` runs it and as the tests run it.
+
+Every component is a real process on loopback: embedded PostgreSQL (unless DATABASE_URL),
+the Temporal dev server (unless TEMPORAL_ADDRESS), the sandbox CRM/mail service, the worker
+and the relay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inboxcrm.migrate import apply_migrations
+from inboxcrm.stack import postgres
+from inboxcrm.stack.processes import (
+    ROOT,
+    ManagedProcess,
+    http_ok,
+    python,
+    require_free,
+    tcp_open,
+    temporal_dev_server_argv,
+)
+
+WORKER_READY = "worker running on task queue"
+
+
+@dataclass
+class StackConfig:
+    data_dir: Path = ROOT / ".data"
+    pg_port: int = 55432
+    temporal_port: int = 7233
+    temporal_ui_port: int | None = 8233
+    temporal_db_file: bool = True            # file-backed under data_dir (False: in memory)
+    sandbox_port: int = 8090
+    relay_port: int = 8080
+    database_url: str | None = None          # external PostgreSQL
+    temporal_address: str | None = None      # external Temporal
+    task_queue: str = "inboxcrm"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Stack:
+    config: StackConfig
+    database_url: str = ""
+    temporal_address: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    processes: dict[str, ManagedProcess] = field(default_factory=dict)
+    started_postgres: bool = False
+
+    @property
+    def log_dir(self) -> Path:
+        return self.config.data_dir / "logs"
+
+    @property
+    def relay_url(self) -> str:
+        return f"http://127.0.0.1:{self.config.relay_port}"
+
+    @property
+    def sandbox_url(self) -> str:
+        return f"http://127.0.0.1:{self.config.sandbox_port}"
+
+    @property
+    def temporal_ui_url(self) -> str:
+        if self.config.temporal_address or self.config.temporal_ui_port is None:
+            return ""
+        return f"http://127.0.0.1:{self.config.temporal_ui_port}"
+
+    def start_infrastructure(self) -> None:
+        """PostgreSQL, Temporal and the sandbox; then migrations and the environment."""
+        cfg = self.config
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.database_url:
+            self.database_url = cfg.database_url
+        else:
+            pg_dir = cfg.data_dir / "pg"
+            if not postgres.is_running(pg_dir):
+                require_free("PostgreSQL", "127.0.0.1", cfg.pg_port, "INBOXCRM_PG_PORT")
+            self.database_url = postgres.start(pg_dir, cfg.pg_port)
+            self.started_postgres = True
+        asyncio.run(apply_migrations(self.database_url))
+        if cfg.temporal_address:
+            self.temporal_address = cfg.temporal_address
+        else:
+            require_free("Temporal", "127.0.0.1", cfg.temporal_port, "INBOXCRM_TEMPORAL_PORT")
+            if cfg.temporal_ui_port is not None:
+                require_free("Temporal UI", "127.0.0.1", cfg.temporal_ui_port,
+                             "INBOXCRM_TEMPORAL_UI_PORT")
+            db_file = cfg.data_dir / "temporal.db" if cfg.temporal_db_file else None
+            argv = temporal_dev_server_argv(cfg.temporal_port, cfg.temporal_ui_port, db_file)
+            self._start("temporal", argv, tcp_open("127.0.0.1", cfg.temporal_port), env=os.environ)
+            self.temporal_address = f"127.0.0.1:{cfg.temporal_port}"
+        self.env = self._app_env()
+        require_free("sandbox", "127.0.0.1", cfg.sandbox_port, "INBOXCRM_SANDBOX_PORT")
+        self._start("sandbox", python("sandbox") + ["--port", str(cfg.sandbox_port)],
+                    http_ok(f"{self.sandbox_url}/healthz"))
+
+    def start_worker(self, name: str = "worker") -> ManagedProcess:
+        proc = self._start(name, python("inboxcrm.worker"), None)
+        proc.wait_ready(proc.log_has(WORKER_READY, since=proc.log_offset))
+        return proc
+
+    def start_relay(self) -> ManagedProcess:
+        require_free("relay", "127.0.0.1", self.config.relay_port, "INBOXCRM_RELAY_PORT")
+        return self._start("relay", python("inboxcrm.relay_main"),
+                           http_ok(f"{self.relay_url}/healthz"))
+
+    def start_all(self) -> None:
+        self.start_infrastructure()
+        self.start_worker()
+        self.start_relay()
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.processes.values())):
+            proc.stop()
+        if self.started_postgres:
+            postgres.stop(self.config.data_dir / "pg")
+
+    def _start(self, name: str, argv: list[str], ready: object,
+               env: os._Environ[str] | dict[str, str] | None = None) -> ManagedProcess:
+        proc = ManagedProcess(name, argv, dict(env if env is not None else self.env),
+                              self.log_dir).start()
+        self.processes[name] = proc
+        if callable(ready):
+            proc.wait_ready(ready)
+        return proc
+
+    def _app_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "DATABASE_URL": self.database_url,
+            "TEMPORAL_ADDRESS": self.temporal_address,
+            "INBOXCRM_SANDBOX_URL": self.sandbox_url,
+            "INBOXCRM_RELAY_PORT": str(self.config.relay_port),
+            "INBOXCRM_TASK_QUEUE": self.config.task_queue,
+            "INBOXCRM_WEBHOOK_SECRET": webhook_secret(self.config.data_dir),
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update(self.config.extra_env)
+        return env
+
+    def stack_env(self) -> dict[str, str]:
+        """What `.data/stack.env` holds (DESIGN.md section 10)."""
+        return {
+            "DATABASE_URL": self.database_url,
+            "TEMPORAL_ADDRESS": self.temporal_address,
+            "TEMPORAL_UI_URL": self.temporal_ui_url,
+            "RELAY_URL": self.relay_url,
+            "SANDBOX_URL": self.sandbox_url,
+            "INBOXCRM_WEBHOOK_SECRET": self.env["INBOXCRM_WEBHOOK_SECRET"],
+            "INBOXCRM_TASK_QUEUE": self.config.task_queue,
+        }
+
+    def write_stack_env(self) -> Path:
+        path = self.config.data_dir / "stack.env"
+        lines = [f"{key}={shlex.quote(value)}" for key, value in self.stack_env().items()]
+        path.write_text("\n".join(lines) + "\n")
+        path.chmod(0o600)
+        return path
+
+
+def webhook_secret(data_dir: Path) -> str:
+    """The relay's Standard Webhooks secret: from the environment, else generated once per
+    data directory (kept in .data/, never in the repository)."""
+    if os.environ.get("INBOXCRM_WEBHOOK_SECRET"):
+        return os.environ["INBOXCRM_WEBHOOK_SECRET"]
+    path = data_dir / "webhook.secret"
+    if not path.exists():
+        import base64
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text("whsec_" + base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
+        path.chmod(0o600)
+    return path.read_text().strip()

@@ -1,0 +1,88 @@
+"""The worker process: runs InboundEmailWorkflow and every activity on one task queue.
+
+Stateless: any number of replicas may run; PostgreSQL constraints and the operation keys,
+not the worker, decide what is a duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from temporalio.worker import Worker
+
+from activities.adapters.hubspot import HubSpotCrm
+from activities.adapters.resend import ResendMail
+from activities.crm import CrmActivities
+from activities.extract import ExtractActivities
+from activities.match import MatchActivities
+from activities.review import ReviewActivities
+from activities.send import SendActivities
+from inboxcrm import db, temporal
+from inboxcrm.config import Settings, get_settings
+from inboxcrm.extraction import build_extractor
+from workflows.inbound_email import CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS, InboundEmailWorkflow
+
+log = logging.getLogger("inboxcrm.worker")
+
+
+async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
+    client = await temporal.connect(settings)
+    await temporal.ensure_search_attributes(client, settings.temporal_namespace)
+    pool = await db.create_pool(settings.database_url, max_size=20)
+    crm = HubSpotCrm(settings.crm_base_url, settings.crm_token, settings.crm_id_property,
+                     settings.http_timeout_seconds)
+    mail = ResendMail(settings.mail_base_url, settings.mail_token, settings.mail_from,
+                      settings.http_timeout_seconds)
+    cap = settings.max_retry_after_seconds
+    extract = ExtractActivities(pool, build_extractor(settings), cap)
+    match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
+    crm_acts = CrmActivities(pool, crm, cap)
+    send = SendActivities(pool, mail, cap)
+    review = ReviewActivities(pool)
+    worker = Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=[InboundEmailWorkflow],
+        activities=[
+            extract.extract_message,
+            match.match_and_plan,
+            crm_acts.upsert_contact_in_crm,
+            send.submit_followup_email,
+            review.record_item_state,
+            review.record_audit,
+            review.mark_review_escalated,
+            review.resolve_operation,
+            review.grant_operation_retry,
+            review.apply_review_corrections,
+            review.approve_followup_intent,
+        ],
+        max_concurrent_activities=settings.max_concurrent_activities,
+        max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
+    )
+    try:
+        async with worker:
+            log.info("worker running on task queue %s", settings.task_queue)
+            await stop.wait()
+    finally:
+        await crm.aclose()
+        await mail.aclose()
+        await pool.close()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    stop = asyncio.Event()
+
+    async def _main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_worker(get_settings(), stop)
+
+    asyncio.run(_main())
+
+
+if __name__ == "__main__":
+    main()

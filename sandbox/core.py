@@ -1,0 +1,262 @@
+"""Plumbing shared by the CRM and mail routes: settings, faults, the call log, auth.
+
+Every CRM/mail call goes through `Sandbox.run`, so auth, fault injection and the call log
+behave the same way on every endpoint and the endpoint code only does the real work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import asyncpg
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+Target = Literal["crm.upsert", "crm.search", "mail.send"]
+Mode = Literal[
+    "rate_limit",
+    "server_error",
+    "invalid_field",
+    "unauthorized",
+    "timeout_before_commit",
+    "timeout_after_commit",
+]
+IMMEDIATE_MODES = frozenset({"rate_limit", "server_error", "invalid_field", "unauthorized"})
+
+# Lease on an in-flight idempotency key beyond the configured hang: long enough for any
+# real request, short enough that a crashed process frees the key soon.
+LEASE_MARGIN_SECONDS = 30.0
+
+Release = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Config:
+    search_lag_seconds: float
+    hang_seconds: float
+
+
+@dataclass(frozen=True)
+class Fault:
+    id: int
+    mode: str
+    retry_after: int
+
+
+@dataclass
+class Outcome:
+    """What an endpoint did: the response, a log label, and work to do after any hold."""
+
+    response: Response
+    label: str = "ok"
+    finalize: Release | None = None
+
+
+def iso(moment: datetime) -> str:
+    """HubSpot-style UTC timestamp with milliseconds."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def now_iso() -> str:
+    return iso(datetime.now(UTC))
+
+
+async def read_json(request: Request) -> Any:
+    """The parsed body, or None when it is empty or not JSON (callers reject None)."""
+    raw = await request.body()
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def crm_error(status: int, category: str, message: str, **extra: Any) -> JSONResponse:
+    body = {
+        "status": "error",
+        "message": message,
+        "correlationId": str(uuid.uuid4()),
+        "category": category,
+        **extra,
+    }
+    return JSONResponse(body, status_code=status)
+
+
+def mail_error(status: int, name: str, message: str) -> JSONResponse:
+    return JSONResponse(
+        {"statusCode": status, "name": name, "message": message}, status_code=status
+    )
+
+
+def _is_crm(target: str) -> bool:
+    return target.startswith("crm.")
+
+
+def unauthorized(target: str, name: str = "invalid_api_key") -> JSONResponse:
+    """401 in the shape of the service behind `target`."""
+    if _is_crm(target):
+        return crm_error(
+            401,
+            "INVALID_AUTHENTICATION",
+            "Authentication credentials not found or invalid.",
+        )
+    message = (
+        "Missing API key in the authorization header."
+        if name == "missing_api_key"
+        else "API key is invalid."
+    )
+    return mail_error(401, name, message)
+
+
+def fault_response(target: str, fault: Fault) -> JSONResponse:
+    """The error a real service answers with for an immediate fault mode."""
+    crm = _is_crm(target)
+    if fault.mode == "rate_limit":
+        headers = {"Retry-After": str(fault.retry_after)}
+        if crm:
+            body: dict[str, Any] = {
+                "status": "error",
+                "message": "You have reached your secondly limit.",
+                "errorType": "RATE_LIMIT",
+                "correlationId": str(uuid.uuid4()),
+                "policyName": "SECONDLY",
+                "category": "RATE_LIMITS",
+            }
+        else:
+            body = {
+                "statusCode": 429,
+                "name": "rate_limit_exceeded",
+                "message": "Too many requests. Please limit the number of requests per second.",
+            }
+        return JSONResponse(body, status_code=429, headers=headers)
+    if fault.mode == "server_error":
+        if crm:
+            return crm_error(500, "INTERNAL_ERROR", "Internal error.")
+        return mail_error(500, "internal_server_error", "An unexpected error occurred.")
+    if fault.mode == "invalid_field":
+        if crm:
+            return crm_error(400, "VALIDATION_ERROR", "Property values were not valid.")
+        return mail_error(422, "validation_error", "Invalid field value.")
+    return unauthorized(target)
+
+
+def gateway_timeout(target: str) -> JSONResponse:
+    if _is_crm(target):
+        return crm_error(504, "GATEWAY_TIMEOUT", "The request timed out.")
+    return mail_error(504, "gateway_timeout", "The request timed out.")
+
+
+_CONSUME_FAULT = """
+UPDATE sandbox.faults AS f
+SET remaining = f.remaining - 1
+WHERE f.id = (
+    SELECT id FROM sandbox.faults
+    WHERE target = $1 AND remaining > 0
+    ORDER BY id
+    LIMIT 1
+)
+  AND f.remaining > 0
+RETURNING f.id, f.mode, f.retry_after
+"""
+
+
+class Sandbox:
+    """Per-process handle: the pool and the API key. All other state lives in Postgres."""
+
+    def __init__(self, pool: asyncpg.Pool, api_key: str | None) -> None:
+        self.pool = pool
+        self.api_key = api_key
+
+    async def config(self) -> Config:
+        row = await self.pool.fetchrow(
+            "SELECT search_lag_seconds, hang_seconds FROM sandbox.config WHERE id"
+        )
+        if row is None:
+            raise RuntimeError("sandbox.config row missing")
+        return Config(row["search_lag_seconds"], row["hang_seconds"])
+
+    async def consume_fault(self, target: str) -> Fault | None:
+        """Take one unit of the oldest pending fault for `target`, atomically.
+
+        The decrement re-checks `remaining > 0` on the locked row, so concurrent callers
+        never take more than `count`; a caller that lost a race retries while any fault is
+        still pending, so none take fewer either.
+        """
+        for _ in range(100):
+            row = await self.pool.fetchrow(_CONSUME_FAULT, target)
+            if row is not None:
+                return Fault(row["id"], row["mode"], row["retry_after"])
+            pending = await self.pool.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM sandbox.faults WHERE target = $1 AND remaining > 0)",
+                target,
+            )
+            if not pending:
+                return None
+        return None
+
+    async def log_call(self, target: str, outcome: str, status_code: int) -> None:
+        await self.pool.execute(
+            "INSERT INTO sandbox.calls (target, outcome, status_code) VALUES ($1, $2, $3)",
+            target,
+            outcome,
+            status_code,
+        )
+
+    def denied(self, request: Request, target: str) -> Response | None:
+        """A 401 when an API key is configured and the request does not carry it."""
+        if self.api_key is None:
+            return None
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return unauthorized(target, "missing_api_key")
+        if not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            return unauthorized(target, "invalid_api_key")
+        return None
+
+    async def run(
+        self,
+        request: Request,
+        target: str,
+        operation: Callable[[], Awaitable[Outcome]],
+        reserve: Callable[[], Awaitable[Release | None]] | None = None,
+    ) -> Response:
+        """Auth, then the next queued fault (if any), then the real operation; log the call.
+
+        `reserve` lets an endpoint mark work as in flight while a timeout_before_commit
+        hold is running (the mail idempotency key), and returns how to release it.
+        """
+        if (denial := self.denied(request, target)) is not None:
+            await self.log_call(target, "unauthenticated", denial.status_code)
+            return denial
+        fault = await self.consume_fault(target)
+        mode = fault.mode if fault else None
+        if fault is not None and fault.mode in IMMEDIATE_MODES:
+            response = fault_response(target, fault)
+            await self.log_call(target, fault.mode, response.status_code)
+            return response
+        if mode == "timeout_before_commit":
+            hang = (await self.config()).hang_seconds
+            await self.log_call(target, mode, 504)
+            release = await reserve() if reserve is not None else None
+            try:
+                await asyncio.sleep(hang)
+            finally:
+                if release is not None:
+                    await release()
+            return gateway_timeout(target)
+        outcome = await operation()
+        await self.log_call(target, mode or outcome.label, outcome.response.status_code)
+        try:
+            if mode == "timeout_after_commit":
+                await asyncio.sleep((await self.config()).hang_seconds)
+        finally:
+            if outcome.finalize is not None:
+                await outcome.finalize()
+        return outcome.response

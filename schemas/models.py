@@ -1,0 +1,176 @@
+"""Workflow and activity inputs/outputs: small dataclasses, one per call, so fields can be
+added without breaking running workflows. None of them carries message bodies or personal
+data: activities read those from PostgreSQL by event ID."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class ItemState(StrEnum):
+    """Per-item states (DESIGN.md section 3)."""
+
+    RECEIVED = "received"
+    EXTRACTING = "extracting"
+    AWAITING_REVIEW = "awaiting_review"
+    MATCHING = "matching"
+    CRM_PENDING = "crm_pending"
+    SEND_PENDING = "send_pending"
+    COMPLETED = "completed"
+    IGNORED = "ignored"
+    SUPPRESSED = "suppressed"
+    REJECTED = "rejected"
+    BLOCKED = "blocked"
+    AMBIGUOUS = "ambiguous"
+    HELD = "held"
+    FAILED = "failed"
+
+
+TERMINAL_STATES = frozenset(
+    {ItemState.COMPLETED, ItemState.IGNORED, ItemState.SUPPRESSED, ItemState.REJECTED,
+     ItemState.FAILED}
+)
+# States in which the item waits for a person (it is in the owned review queue).
+REVIEW_STATES = frozenset(
+    {ItemState.AWAITING_REVIEW, ItemState.BLOCKED, ItemState.AMBIGUOUS, ItemState.HELD}
+)
+
+
+class Action(StrEnum):
+    CRM_UPSERT = "crm-upsert"
+    SEND = "send"
+
+
+def operation_key(workflow_id: str, action: str) -> str:
+    """`{workflow_id}:{action}`: built from the workflow ID, never the run ID, so a replay
+    or reset of the same item reuses every key."""
+    return f"{workflow_id}:{action}"
+
+
+def inbound_workflow_id(tenant: str, source: str, mailbox: str, delivery_id: str) -> str:
+    return f"inbound/{tenant}/{source}/{mailbox}/{delivery_id}"
+
+
+@dataclass
+class InboundEmailInput:
+    event_id: str
+    tenant: str
+
+
+@dataclass
+class ItemRef:
+    """Identifies the item an activity works on."""
+
+    event_id: str
+    workflow_id: str
+    tenant: str
+
+
+@dataclass
+class ExtractResult:
+    route: str                      # auto | review | ignore | opt_out
+    reasons: list[str] = field(default_factory=list)
+    extractor: str = "rules"
+    # From the tenant's policy, so the workflow needs no I/O to know who owns its reviews.
+    review_owner: str = "sales-ops"
+    escalation_hours: float = 24.0
+
+
+@dataclass
+class PlanInput:
+    item: ItemRef
+    approved_by: str | None = None  # a reviewer approved the item (review reasons cleared)
+
+
+@dataclass
+class PlanResult:
+    outcome: str                    # planned | review | suppressed | opted_out
+    reason: str | None = None
+    contact_id: str | None = None
+    crm_op_key: str | None = None
+    send_op_key: str | None = None
+    intent_id: str | None = None
+    intent_needs_approval: bool = False
+    candidates: int = 0
+
+
+@dataclass
+class OperationInput:
+    item: ItemRef
+    op_key: str
+
+
+@dataclass
+class OperationResult:
+    status: str                     # completed | parked | cancelled
+    destination_id: str | None = None
+    reason: str | None = None
+    reconciled: bool = False
+
+
+@dataclass
+class StateChange:
+    item: ItemRef
+    state: str
+    reason: str | None = None
+    # Opening a review task (when the state waits for a person):
+    review_reason: str | None = None
+    review_owner: str | None = None
+    destination_ref: str | None = None
+    escalation_hours: float | None = None
+
+
+@dataclass
+class AuditEntry:
+    item: ItemRef
+    actor: str
+    action: str
+    detail: dict[str, str | int | bool | None] = field(default_factory=dict)
+
+
+@dataclass
+class ReviewDecision:
+    """A reviewer's signal body. `reviewer` is required."""
+
+    action: str                     # approve | hold | reject | retry | resolve
+    reviewer: str
+    note: str | None = None
+    evidence: str | None = None
+    corrections: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ResolveInput:
+    item: ItemRef
+    op_key: str
+    reviewer: str
+    evidence: str
+
+
+@dataclass
+class CorrectionInput:
+    item: ItemRef
+    reviewer: str
+    corrections: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RetryGrant:
+    item: ItemRef
+    op_key: str
+    reviewer: str
+    budget: int
+
+
+@dataclass
+class EscalationInput:
+    item: ItemRef
+    reason: str
+
+
+@dataclass
+class IntentApproval:
+    item: ItemRef
+    intent_id: str
+    reviewer: str

@@ -1,0 +1,121 @@
+"""Session fixtures: real PostgreSQL (embedded unless DATABASE_URL is set).
+
+Each test session gets a fresh database so runs never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import asyncpg
+import pytest
+
+from inboxcrm.stack import postgres
+
+if TYPE_CHECKING:
+    from inboxcrm.stack.stack import Stack
+    from tests.helpers import StackClient
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> Iterator[str]:
+    """URL of a PostgreSQL server's maintenance database."""
+    if os.environ.get("DATABASE_URL"):
+        yield os.environ["DATABASE_URL"]
+        return
+    data_dir = ROOT / ".data" / "test-pg"
+    already_running = postgres.is_running(data_dir)
+    url = postgres.start(data_dir, free_port())
+    yield url
+    if not already_running:
+        postgres.stop(data_dir)
+
+
+@pytest.fixture(scope="session")
+async def database_url(postgres_server_url: str) -> AsyncIterator[str]:
+    """A fresh, empty database for this test session."""
+    name = f"inboxcrm_test_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(postgres_server_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    base, _, _ = postgres_server_url.rpartition("/")
+    yield f"{base}/{name}"
+    admin = await asyncpg.connect(postgres_server_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+# --- the whole stack: real Temporal dev server, sandbox, worker and relay processes -----
+TEST_WEBHOOK_SECRET = "whsec_dGVzdC1zZWNyZXQtZm9yLWluYm94Y3JtLXRlc3RzLTAwMDA="
+# Short client timeouts so timeout faults resolve quickly; the sandbox holds a hung request
+# longer than the client waits, as a slow real provider would.
+TEST_HTTP_TIMEOUT = "2"
+TEST_SANDBOX_HANG = "6"
+
+
+@pytest.fixture(scope="session")
+def stack(database_url: str) -> Iterator[Stack]:
+    from inboxcrm.stack.processes import free_port as any_free_port
+    from inboxcrm.stack.stack import Stack, StackConfig
+
+    config = StackConfig(
+        data_dir=ROOT / ".data" / "test-stack",
+        temporal_port=any_free_port(),
+        temporal_ui_port=None,
+        temporal_db_file=False,
+        sandbox_port=any_free_port(),
+        relay_port=any_free_port(),
+        database_url=database_url,
+        temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None,
+        task_queue=f"inboxcrm-test-{uuid.uuid4().hex[:6]}",
+        extra_env={
+            "INBOXCRM_WEBHOOK_SECRET": TEST_WEBHOOK_SECRET,
+            "INBOXCRM_HTTP_TIMEOUT_SECONDS": TEST_HTTP_TIMEOUT,
+            "INBOXCRM_SWEEPER_INTERVAL_SECONDS": "1",
+            "SANDBOX_HANG_SECONDS": TEST_SANDBOX_HANG,
+            "SANDBOX_SEARCH_LAG_SECONDS": "2",
+        },
+    )
+    running = Stack(config)
+    try:
+        running.start_all()
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+async def db(database_url: str, stack: Stack) -> AsyncIterator[asyncpg.Pool]:
+    from inboxcrm import db as inboxcrm_db
+
+    pool = await inboxcrm_db.create_pool(database_url, max_size=5)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+async def env(stack: Stack, db: asyncpg.Pool) -> AsyncIterator[StackClient]:
+    from tests.helpers import StackClient
+
+    client = StackClient(stack, db)
+    await client.reset_faults()
+    yield client
+    await client.reset_faults()
+    await client.aclose()
