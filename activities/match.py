@@ -15,7 +15,7 @@ import asyncpg
 from temporalio import activity
 
 from activities import store
-from inboxcrm.policy import FollowupRule, TenantPolicy, get_policy
+from inboxcrm.policy import TenantPolicy, get_policy
 from schemas.models import Action, ItemState, PlanInput, PlanResult, operation_key
 
 LOAD_EVENT = """
@@ -101,13 +101,6 @@ WHERE tenant = $1 AND canonical_email = $2
 """
 
 SET_EVENT_CONTACT = "UPDATE inbound_events SET contact_id = $2 WHERE event_id = $1"
-
-
-def followup_rule_for(policy: TenantPolicy, intent: str | None) -> FollowupRule | None:
-    for rule in policy.followup_rules:
-        if intent in rule.intents:
-            return rule
-    return None
 
 
 def _value(extraction: dict[str, Any], name: str) -> str | None:
@@ -264,7 +257,7 @@ class _Planner:
         self, result: PlanResult, contact_id: Any, identity: str, new_contact: bool,
         contact_status: str,
     ) -> PlanResult:
-        rule = followup_rule_for(self.policy, self.extraction.get("intent"))
+        rule = self.policy.rule_for_intent(str(self.extraction.get("intent")))
         if rule is None:
             await self.audit("followup_not_planned", {"reason": "no_rule_for_intent"}, contact_id)
             return result

@@ -58,6 +58,7 @@ class OutboxRunner:
         item = op.item
         async with self.pool.acquire() as conn:
             if await store.is_paused(conn, item.tenant, self.pause_scope):
+                await store.set_event_state(conn, item.event_id, running_state, "paused")
                 return OperationResult(status="parked", reason="paused")
             claim = await ledger.claim(conn, op.op_key)
             if claim.already_completed:

@@ -10,16 +10,16 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandbox import crm, mail
-from sandbox.core import Mode, Sandbox, Target, iso
+from sandbox.core import Mode, Sandbox, SandboxDep, Target, iso
 
 SCHEMA_LOCK_KEY = 0x5A4D_B0C5  # advisory lock: concurrent starts must not race on DDL
 
@@ -93,7 +93,6 @@ def _fault_json(row: asyncpg.Record) -> dict[str, Any]:
 
 
 _FAULT_COLUMNS = "id, target, mode, count, remaining, retry_after"
-SandboxDep = Annotated[Sandbox, Depends(crm.get_sandbox)]
 
 
 def create_app(

@@ -13,10 +13,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import asyncpg
-from fastapi import Request
+from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 Target = Literal["crm.upsert", "crm.search", "mail.send"]
@@ -260,3 +260,11 @@ class Sandbox:
             if outcome.finalize is not None:
                 await outcome.finalize()
         return outcome.response
+
+
+def get_sandbox(request: Request) -> Sandbox:
+    sandbox: Sandbox = request.app.state.sandbox
+    return sandbox
+
+
+SandboxDep = Annotated[Sandbox, Depends(get_sandbox)]

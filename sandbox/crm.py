@@ -11,13 +11,13 @@ import asyncio
 import random
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 import asyncpg
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from sandbox.core import Outcome, Sandbox, crm_error, iso, now_iso, read_json
+from sandbox.core import Outcome, SandboxDep, crm_error, iso, now_iso, read_json
 
 router = APIRouter(prefix="/crm/v3/objects/contacts")
 
@@ -27,14 +27,6 @@ MAX_SEARCH_LIMIT = 200
 # Properties the sandbox cannot use as an upsert idProperty (not custom unique properties).
 RESERVED_ID_PROPERTIES = frozenset({"email", "hs_object_id"})
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
-
-
-def get_sandbox(request: Request) -> Sandbox:
-    sandbox: Sandbox = request.app.state.sandbox
-    return sandbox
-
-
-SandboxDep = Annotated[Sandbox, Depends(get_sandbox)]
 
 
 def validation_error(message: str) -> JSONResponse:
@@ -149,14 +141,15 @@ async def upsert(pool: asyncpg.Pool, inputs: list[UpsertInput]) -> Outcome:
         current: UpsertInput | None = None
         try:
             async with pool.acquire() as conn, conn.transaction():
-                rows = []
+                rows: list[asyncpg.Record] = []
                 for item in inputs:
                     current = item
-                    rows.append(
-                        await conn.fetchrow(
-                            _UPSERT, item.id_property, item.id_value, item.properties
-                        )
+                    row = await conn.fetchrow(
+                        _UPSERT, item.id_property, item.id_value, item.properties
                     )
+                    if row is None:
+                        raise RuntimeError("INSERT ... RETURNING returned no row")
+                    rows.append(row)
         except asyncpg.DeadlockDetectedError:
             await asyncio.sleep(random.uniform(0, 0.01 * (attempt + 1)))
             continue
@@ -223,21 +216,23 @@ def _filter_sql(flt: Any, args: list[Any]) -> str | None:
     if operator in ("HAS_PROPERTY", "NOT_HAS_PROPERTY"):
         test = f"coalesce({column}, '') <> ''"
         return test if operator == "HAS_PROPERTY" else f"NOT ({test})"
-    fold = (lambda v: v.lower()) if name == "email" else (lambda v: v)
+
+    def fold(value: Any) -> str:
+        text = _as_text(value)
+        return text.lower() if name == "email" else text
+
     if operator in ("EQ", "NEQ"):
         if "value" not in flt:
             return None
-        value = fold(_as_text(flt["value"]))
-        return (
-            f"{column} = {arg(value)}"
-            if operator == "EQ"
-            else (f"{column} IS DISTINCT FROM {arg(value)}")
-        )
+        value = fold(flt["value"])
+        if operator == "EQ":
+            return f"{column} = {arg(value)}"
+        return f"{column} IS DISTINCT FROM {arg(value)}"
     if operator in ("IN", "NOT_IN"):
         values = flt.get("values")
         if not isinstance(values, list):
             return None
-        texts = [fold(_as_text(v)) for v in values]
+        texts = [fold(v) for v in values]
         test = f"{column} = ANY({arg(texts)}::text[])"
         return test if operator == "IN" else f"NOT coalesce({test}, false)"
     return None

@@ -12,10 +12,10 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 import asyncpg
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from sandbox.core import (
@@ -23,6 +23,7 @@ from sandbox.core import (
     Outcome,
     Release,
     Sandbox,
+    SandboxDep,
     mail_error,
     read_json,
 )
@@ -31,14 +32,6 @@ router = APIRouter()
 
 MAX_RECIPIENTS = 50
 MAX_KEY_LENGTH = 256
-
-
-def get_sandbox(request: Request) -> Sandbox:
-    sandbox: Sandbox = request.app.state.sandbox
-    return sandbox
-
-
-SandboxDep = Annotated[Sandbox, Depends(get_sandbox)]
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ import pytest
 from inboxcrm.stack import postgres
 
 if TYPE_CHECKING:
+    from inboxcrm.probe import StackClient
     from inboxcrm.stack.stack import Stack
-    from tests.helpers import StackClient
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -112,9 +112,10 @@ async def db(database_url: str, stack: Stack) -> AsyncIterator[asyncpg.Pool]:
 
 @pytest.fixture
 async def env(stack: Stack, db: asyncpg.Pool) -> AsyncIterator[StackClient]:
-    from tests.helpers import StackClient
+    from inboxcrm.probe import Endpoints, StackClient
 
-    client = StackClient(stack, db)
+    client = StackClient(Endpoints(stack.relay_url, stack.sandbox_url, stack.temporal_address,
+                                   stack.env["INBOXCRM_WEBHOOK_SECRET"]), db)
     await client.reset_faults()
     yield client
     await client.reset_faults()

@@ -7,7 +7,7 @@ import asyncio
 import json
 import time
 
-from tests.helpers import StackClient, message_from, unique_email
+from inboxcrm.probe import StackClient, message_from, unique_email
 
 
 async def test_happy_path_one_contact_one_record_one_email(env: StackClient) -> None:
@@ -85,7 +85,7 @@ async def test_bad_signatures_are_rejected_and_nothing_is_stored(env: StackClien
         await env.post(raw, headers={"webhook-signature": "v1,AAAA"}),
         await env.post(raw, headers={"webhook-signature": "garbage"}),
     ]
-    unsigned = await env.http.post(f"{env.stack.relay_url}/v1/inbound/standard",
+    unsigned = await env.http.post(f"{env.endpoints.relay_url}/v1/inbound/standard",
                                    content=b'{"tenant":"acme"}',
                                    headers={"content-type": "application/json"})
     cases.append(unsigned)

@@ -27,7 +27,7 @@ from .base import (
     ExtractorUnavailable,
 )
 from .minimise import MinimisedMessage, minimise
-from .route import ignore_reasons, validate_and_route
+from .route import Decision, ignore_reasons, validate_and_route
 from .rules import RULES_VERSION, RulesExtractor
 
 __all__ = [
@@ -93,7 +93,15 @@ async def extract_and_route(
     except ExtractionInvalid:
         extraction = Extraction.empty()
         extra_reasons.append("schema_invalid")
-    decision = validate_and_route(message, extraction, policy, precomputed_ignore=ignore)
+    except ExtractorError:
+        raise  # transient or permanent: the caller's retry policy decides
+    except Exception:  # a defect must not turn untrusted input into a crash: a person looks
+        extraction = Extraction.empty()
+        extra_reasons.append("extractor_failed")
+    try:
+        decision = validate_and_route(message, extraction, policy, precomputed_ignore=ignore)
+    except Exception:
+        decision = Decision("review", ["routing_failed"], None, Extraction.empty())
     route: RouteName = decision.route
     reasons = list(decision.reasons)
     canonical = decision.canonical_email

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 import secrets
 from typing import Any
 
@@ -142,7 +143,8 @@ class LLMExtractor:
         self.backoff_seconds = backoff_seconds
         self.client = client or openai.AsyncOpenAI(
             base_url=base_url,
-            api_key=api_key or "not-needed",  # local servers (vLLM, Ollama) ignore it
+            # local servers (vLLM, Ollama) accept any key; the SDK insists on one
+            api_key=api_key or os.environ.get("OPENAI_API_KEY") or "not-needed",
             timeout=timeout_seconds,
             max_retries=0,  # retries are ours: bounded and classified
         )
@@ -195,8 +197,9 @@ class LLMExtractor:
                     raise ExtractorMisconfigured(
                         f"model server rejected the request ({status})", status_code=status
                     ) from None
-            except openai.APIResponseValidationError:
-                return None  # an unparseable envelope counts as invalid output
+            except (openai.APIResponseValidationError, ValueError, TypeError, KeyError,
+                    AttributeError):
+                return None  # an unparseable response envelope counts as invalid output
             attempt += 1
             delay = error.retry_after
             if attempt > self.max_transient_retries or (

@@ -158,13 +158,14 @@ def decode_bytes(data: bytes, charset: str | None = None) -> str:
             return data.decode(name)
         except (UnicodeError, LookupError, ValueError):
             continue
-    if declared:
+    if declared and declared != "utf-8":
+        # a real multi-byte charset with a few broken bytes: keep what decodes
         try:
             return data.decode(declared, errors="replace")
         except (UnicodeError, LookupError, ValueError):
             pass
     try:
-        return data.decode("cp1252")
+        return data.decode("cp1252")  # undeclared or mislabelled 8-bit Western text
     except UnicodeError:
         return data.decode("latin-1")
 
@@ -281,6 +282,7 @@ class _HTMLToText(HTMLParser):
         self.quote = 0
         self.pre = 0
         self.quoted_removed = False
+        self.pending_mailto = ""
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         tag = tag.lower()
@@ -292,6 +294,12 @@ class _HTMLToText(HTMLParser):
         skip = tag in _SKIP_TAGS
         hidden = "hidden" in attributes or bool(_HIDDEN_STYLE.search(attributes.get("style", "")))
         quote = tag == "blockquote"
+        if tag == "a":
+            href = attributes.get("href", "").strip()
+            if href.lower().startswith("mailto:"):
+                address = href[7:].split("?", 1)[0].strip()
+                if address:
+                    self.pending_mailto = address
         self.stack.append((tag, skip, hidden, quote))
         self.skip += skip
         self.hidden_depth += hidden
@@ -305,6 +313,12 @@ class _HTMLToText(HTMLParser):
 
     def handle_endtag(self, tag: str) -> None:
         tag = tag.lower()
+        if tag == "a" and self.pending_mailto:
+            # show a mailto target the link text hides, so readers and checks see it
+            address, self.pending_mailto = self.pending_mailto, ""
+            if not (self.skip or self.hidden_depth or self.quote) and address.lower() not in \
+                    "".join(self.parts[-20:]).lower():
+                self.parts.append(f" <{address}>")
         if tag in _BLOCK_TAGS:
             self.parts.append("\n")
         if not any(entry[0] == tag for entry in self.stack):
@@ -371,7 +385,7 @@ _ORIGINAL_MARKERS = re.compile(
 )
 _ATTRIBUTION = re.compile(
     r"^\s*(?:on|am|le|el|em|il|op)\b.{0,300}?"
-    r"(?:wrote|schrieb|a [ée]crit|escribi[óo]|escreveu|ha scritto|schreef)\s*:?\s*$",
+    r"(?:wrote|schrieb|a [ée]crit|escribi[óo]|escreveu|ha scritto|schreef)\b.{0,200}?:\s*$",
     re.IGNORECASE,
 )
 _HEADER_FROM = re.compile(r"^\s*\*?(?:from|von|de|da|van)\s*:\*?\s*(.+)$", re.IGNORECASE)

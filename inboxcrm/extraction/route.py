@@ -290,7 +290,7 @@ def validate_and_route(
     # 7. Text that tries to instruct the system, anywhere a model could read it.
     names = " | ".join(m.name for m in msg.from_addrs + msg.reply_to + msg.sender)
     if signals.looks_like_instruction(
-        msg.subject, names, msg.own_text, msg.forwarded_text, msg.hidden_text,
+        msg.header_text(), names, msg.own_text, msg.forwarded_text, msg.hidden_text,
         fields["contact_name"].value or "", fields["company"].value or "",
     ):
         _add(reasons, "prompt_injection")
@@ -304,11 +304,16 @@ def validate_and_route(
         _add(reasons, "extractor_flagged")
     if not msg.body.strip() and not msg.subject.strip():
         _add(reasons, "empty_message")
+    if signals.out_of_office_text(msg.own_text):
+        _add(reasons, "auto_reply_suspected")
 
     # 9. Opt-out is decided by deterministic phrases, never by the model alone.
     subject_for_opt_out = "" if msg.forwarded else msg.subject
     opt_out = signals.opt_out_language(msg.own_text, subject_for_opt_out) is not None
-    if not opt_out and (extraction.possible_opt_out or extraction.intent == "opt_out"):
+    if not opt_out and (
+        extraction.possible_opt_out or extraction.intent == "opt_out"
+        or signals.soft_opt_out(msg.own_text, subject_for_opt_out)
+    ):
         _add(reasons, "possible_opt_out")
 
     doubt = any(r in IDENTITY_DOUBT or r.startswith("evidence_not_found:sender")

@@ -121,12 +121,26 @@ OPT_OUT_SUBJECTS = phrases(
     afmelden|uitschrijven|cancelar suscripcion"""
 )
 _OPT_OUT = {lang: _compile(p) for lang, p in OPT_OUT_PATTERNS.items()}
+SOFT_OPT_OUT = _compile((
+    r"\bnot interested\b", r"\bno interest\b", r"\bno,? thanks?\b(?! (?:needed|necessary|required))",
+    r"\bnein,? danke\b", r"\bnon merci\b", r"\bno,? gracias\b", r"\bnao,? obrigad[oa]\b",
+    r"\bno,? grazie\b", r"\bnee,? dank(?:je|u)\b", r"\bkein(?:e|en)? interesse\b",
+    r"\bpas interesse", r"\bno (?:estoy|estamos) interesad[oa]s?\b",
+    r"\bnao (?:tenho|temos) interesse\b", r"\bnon (?:sono|siamo) interessat[oi]\b",
+    r"\bgeen interesse\b",
+))
 _OPT_OUT_LINE = re.compile(
     r"^(?:please |bitte |por favor |s'il vous plait |per favore |alstublieft )?"
     r"(?:unsubscribe|remove me|stop|opt out|abmelden|desabonner|baja|descadastrar|cancellami|"
     r"afmelden|uitschrijven)[.!]*(?: please| bitte| por favor)?[.!]*$"
 )
 _REPLY_PREFIX = re.compile(r"^(?:(?:re|aw|sv|antw|r|rif|wg|fwd?|tr|rv)\s*:\s*)+")
+
+
+def soft_opt_out(own_text: str, subject: str) -> bool:
+    """"Not interested" and the like: not a request to be suppressed, but a follow-up would
+    be wrong - a person decides."""
+    return bool(SOFT_OPT_OUT.search(fold(subject + "\n" + own_text[:20000])))
 
 
 def opt_out_language(own_text: str, subject: str) -> str | None:
@@ -152,6 +166,8 @@ INJECTION_PATTERNS: tuple[str, ...] = (
     r"every )*(?:previous|prior|above|earlier|preceding|system|original|existing|other|"
     r"safety)? ?(?:instructions?|prompts?|rules|directions|guidelines|guardrails|"
     r"constraints|policies|checks)\b",
+    r"\b(?:ignore|disregard|forget) (?:all |any |the |everything |of )*(?:previous|prior|above|"
+    r"earlier|preceding)\b",
     r"\bsystem prompt\b",
     r"\b(?:developer|system|admin|god|jailbreak) (?:mode|message|override|instructions?)\b",
     r"\byou are (?:now )?(?:an? |the )?(?:ai|assistant|language model|llm|chatgpt|gpt|model|"
@@ -188,6 +204,25 @@ INJECTION_PATTERNS: tuple[str, ...] = (
 )
 _INJECTION = _compile(INJECTION_PATTERNS)
 _ROLE_LINE = re.compile(r"(?m)^\s*(?:system|assistant|developer)\s*:\s*\S")
+_COMPACT_INJECTION = re.compile(
+    r"(?:ignore|disregard|forget)(?:all|any|the|your|every|of)*(?:previous|prior|above|earlier|"
+    r"preceding|system)|systemprompt|newinstructions|developermode|youarenowan?(?:ai|assistant)"
+)
+# Latin look-alikes from Cyrillic and Greek ("Іgnore" with a Cyrillic I).
+_CONFUSABLES = str.maketrans({
+    "а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "у": "y", "х": "x", "і": "i",
+    "ј": "j", "ѕ": "s", "ԁ": "d", "ɡ": "g", "һ": "h", "ⅼ": "l", "ո": "n", "ԛ": "q",
+    "ѵ": "v", "ԝ": "w", "А": "A", "В": "B", "Е": "E", "К": "K", "М": "M", "Н": "H",
+    "О": "O", "Р": "P", "С": "C", "Т": "T", "Х": "X", "І": "I", "Ј": "J", "Ѕ": "S",
+    "α": "a", "ο": "o", "ν": "v", "ι": "i", "κ": "k", "ρ": "p", "τ": "t", "υ": "u",
+    "Α": "A", "Β": "B", "Ε": "E", "Ζ": "Z", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M",
+    "Ν": "N", "Ο": "O", "Ρ": "P", "Τ": "T", "Υ": "Y", "Χ": "X",
+})
+
+
+def skeleton(text: str) -> str:
+    """fold() after mapping Cyrillic / Greek look-alikes to Latin letters."""
+    return fold(text.translate(_CONFUSABLES))
 
 
 def looks_like_instruction(*texts: str) -> bool:
@@ -196,7 +231,10 @@ def looks_like_instruction(*texts: str) -> bool:
         if not text:
             continue
         sample = text[:30000]
-        if _INJECTION.search(fold(sample)) or _ROLE_LINE.search(sample.casefold()):
+        folded = skeleton(sample)
+        if _INJECTION.search(folded) or _ROLE_LINE.search(sample.casefold()):
+            return True
+        if _COMPACT_INJECTION.search(re.sub(r"[\W_]+", "", folded)):
             return True
     return False
 
@@ -364,6 +402,24 @@ AUTO_REPLY_SUBJECT = re.compile(
     r"resposta automatica|ausente do escritorio|risposta automatica|fuori sede|"
     r"automatisch antwoord|afwezig\b)",
 )
+
+
+_OUT_OF_OFFICE_BODY = _compile((
+    r"\b(?:i am|i'm|i will be) (?:currently )?(?:out of (?:the )?office|away from (?:the )?office|"
+    r"on (?:annual |parental |sick )?leave|on vacation|on holiday)",
+    r"\bthis is an automat(?:ic|ed) (?:reply|response|message)",
+    r"\bich bin (?:derzeit |zurzeit |bis )?.{0,30}(?:nicht im buro|abwesend|im urlaub)",
+    r"\bje suis (?:actuellement )?(?:absent|en conges)",
+    r"\b(?:estoy|estare) (?:fuera de la oficina|de vacaciones|ausente)",
+    r"\b(?:estou|estarei) (?:fora do escritorio|de ferias|ausente)",
+    r"\bsono (?:attualmente )?(?:fuori (?:sede|ufficio)|in ferie|assente)",
+    r"\bik ben (?:momenteel |tot )?.{0,30}(?:afwezig|op vakantie|niet op kantoor)",
+))
+
+
+def out_of_office_text(own_text: str) -> bool:
+    """An auto-reply without the headers that say so (checked on short texts only)."""
+    return len(own_text) < 1500 and bool(_OUT_OF_OFFICE_BODY.search(fold(own_text)))
 
 
 def auto_reply_subject(subject: str) -> bool:

@@ -1,11 +1,13 @@
-"""Test-side client of a running stack: posts signed deliveries, injects sandbox faults,
-reads the destination's records and the store's state. Tests read as scenarios on top."""
+"""A client of a running stack: posts signed deliveries, injects sandbox faults, reads the
+destination's records and the store's state. The rehearsal, the chaos driver, the
+benchmarks and the tests are all scenarios written on top of it."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -13,7 +15,6 @@ import httpx
 from temporalio.client import Client
 
 from inboxcrm.signing import sample_message, signed_headers, standard_body
-from inboxcrm.stack.stack import Stack
 
 TERMINAL = {"completed", "ignored", "suppressed", "rejected", "failed"}
 
@@ -31,12 +32,20 @@ def message_from(email: str, name: str = "Jane Doe", subject: str = "Pricing for
     return raw
 
 
+@dataclass(frozen=True)
+class Endpoints:
+    relay_url: str
+    sandbox_url: str
+    temporal_address: str
+    webhook_secret: str
+
+
 class StackClient:
-    def __init__(self, stack: Stack, db: asyncpg.Pool) -> None:
-        self.stack = stack
+    def __init__(self, endpoints: Endpoints, db: asyncpg.Pool) -> None:
+        self.endpoints = endpoints
         self.db = db
         self.http = httpx.AsyncClient(timeout=60)
-        self.secret = stack.env["INBOXCRM_WEBHOOK_SECRET"]
+        self.secret = endpoints.webhook_secret
         self._temporal: Client | None = None
 
     async def aclose(self) -> None:
@@ -51,7 +60,7 @@ class StackClient:
         payload = body if body is not None else standard_body(tenant, mailbox, delivery_id, raw)
         sig = signed_headers(secret or self.secret, payload, timestamp=timestamp)
         sig.update(headers or {})
-        return await self.http.post(f"{self.stack.relay_url}/v1/inbound/standard",
+        return await self.http.post(f"{self.endpoints.relay_url}/v1/inbound/standard",
                                     content=payload, headers=sig)
 
     async def deliver(self, raw: str, delivery_id: str | None = None) -> str:
@@ -101,7 +110,7 @@ class StackClient:
 
     # --- destination ---------------------------------------------------------------------
     async def sandbox_state(self) -> dict[str, Any]:
-        response = await self.http.get(f"{self.stack.sandbox_url}/_sandbox/state")
+        response = await self.http.get(f"{self.endpoints.sandbox_url}/_sandbox/state")
         response.raise_for_status()
         return dict(response.json())
 
@@ -115,7 +124,7 @@ class StackClient:
         return [m for m in state["emails"] if email.lower() in [t.lower() for t in m["to"]]]
 
     async def calls(self, target: str) -> list[dict[str, Any]]:
-        response = await self.http.get(f"{self.stack.sandbox_url}/_sandbox/calls",
+        response = await self.http.get(f"{self.endpoints.sandbox_url}/_sandbox/calls",
                                        params={"target": target})
         response.raise_for_status()
         return list(response.json()["calls"])
@@ -125,21 +134,22 @@ class StackClient:
         body: dict[str, Any] = {"target": target, "mode": mode, "count": count}
         if retry_after is not None:
             body["retry_after"] = retry_after
-        response = await self.http.post(f"{self.stack.sandbox_url}/_sandbox/faults", json=body)
+        response = await self.http.post(f"{self.endpoints.sandbox_url}/_sandbox/faults", json=body)
         response.raise_for_status()
 
     async def reset_faults(self) -> None:
-        await self.http.delete(f"{self.stack.sandbox_url}/_sandbox/faults")
+        await self.http.delete(f"{self.endpoints.sandbox_url}/_sandbox/faults")
         await self.sandbox_config(search_lag_seconds=2, hang_seconds=6)
 
     async def sandbox_config(self, **values: float) -> None:
-        response = await self.http.post(f"{self.stack.sandbox_url}/_sandbox/config", json=values)
+        response = await self.http.post(f"{self.endpoints.sandbox_url}/_sandbox/config",
+                                        json=values)
         response.raise_for_status()
 
     # --- Temporal ------------------------------------------------------------------------
     async def temporal(self) -> Client:
         if self._temporal is None:
-            self._temporal = await Client.connect(self.stack.temporal_address)
+            self._temporal = await Client.connect(self.endpoints.temporal_address)
         return self._temporal
 
     async def signal(self, workflow_id: str, action: str, body: Any) -> None:

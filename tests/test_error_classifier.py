@@ -1,0 +1,111 @@
+"""The one error classifier: every status code and exception type it handles, as a table."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import httpx
+import pytest
+
+from activities.errors import (
+    Category,
+    ErrorType,
+    classify_exception,
+    classify_status,
+    parse_retry_after,
+    to_application_error,
+)
+
+T, P, U = Category.TRANSIENT, Category.PERMANENT, Category.UNKNOWN
+
+STATUS_TABLE = [
+    # (status, reason label from the adapter, expected category)
+    (400, None, P), (401, None, P), (403, None, P), (404, None, P), (405, None, P),
+    (409, None, P), (410, None, P), (413, None, P), (415, None, P), (422, None, P),
+    (418, None, P), (451, None, P),
+    (408, None, T), (425, None, T), (429, None, T),
+    (500, None, T), (502, None, T), (503, None, T), (507, None, T), (599, None, T),
+    (504, None, U),                                   # a gateway timeout may hide a commit
+    (302, None, U), (100, None, U),                   # not what a write expects: unknown
+    (409, "http_409:concurrent_idempotent_requests", T),  # Resend: first request in flight
+    (409, "http_409:invalid_idempotent_request", P),      # Resend: key reused, a bug
+    (409, "http_409:CONFLICT", P),
+]
+
+
+@pytest.mark.parametrize(("status", "reason", "expected"), STATUS_TABLE)
+def test_status_codes(status: int, reason: str | None, expected: Category) -> None:
+    assert classify_status(status, None, reason).category is expected
+
+
+def _request() -> httpx.Request:
+    return httpx.Request("POST", "http://crm.test/x")
+
+
+EXCEPTION_TABLE = [
+    # Never sent: nothing can have happened.
+    (httpx.ConnectError("refused", request=_request()), T),
+    (httpx.ConnectTimeout("slow connect", request=_request()), T),
+    (httpx.PoolTimeout("pool", request=_request()), T),
+    (httpx.UnsupportedProtocol("ftp", request=_request()), T),
+    (ConnectionRefusedError(), T),
+    # Sent, answer lost: the side effect may exist.
+    (httpx.ReadTimeout("read", request=_request()), U),
+    (httpx.WriteTimeout("write", request=_request()), U),
+    (httpx.ReadError("reset", request=_request()), U),
+    (httpx.WriteError("broken pipe", request=_request()), U),
+    (httpx.RemoteProtocolError("dropped", request=_request()), U),
+    (httpx.CloseError("close", request=_request()), U),
+    (TimeoutError(), U),
+    (ConnectionResetError(), U),
+    (RuntimeError("anything else"), U),
+]
+
+
+@pytest.mark.parametrize(("exc", "expected"), EXCEPTION_TABLE,
+                         ids=[type(e).__name__ for e, _ in EXCEPTION_TABLE])
+def test_exceptions(exc: BaseException, expected: Category) -> None:
+    assert classify_exception(exc).category is expected
+
+
+def test_http_status_error_uses_the_status_table() -> None:
+    response = httpx.Response(429, headers={"Retry-After": "7"}, request=_request())
+    classified = classify_exception(httpx.HTTPStatusError("x", request=_request(),
+                                                          response=response))
+    assert (classified.category, classified.retry_after) == (T, 7.0)
+
+
+@pytest.mark.parametrize(("header", "seconds"), [
+    ("3", 3.0), ("0", 0.0), ("1.5", 1.5), (" 10 ", 10.0), ("-4", 0.0), ("", None), (None, None),
+    ("soon", None),
+    ("Sun, 29 Nov 2026 10:00:30 GMT", 30.0),
+])
+def test_retry_after_forms(header: str | None, seconds: float | None) -> None:
+    now = 1795946400.0  # Sun, 29 Nov 2026 10:00:00 GMT
+    assert parse_retry_after(header, now=now) == seconds
+
+
+def test_retry_after_is_honoured_and_capped() -> None:
+    polite = to_application_error(classify_status(429, "20"), max_retry_after=300)
+    assert polite.type == ErrorType.TRANSIENT.value and not polite.non_retryable
+    assert polite.next_retry_delay == timedelta(seconds=20)
+    greedy = to_application_error(classify_status(503, "86400"), max_retry_after=300)
+    assert greedy.next_retry_delay == timedelta(seconds=300)
+    assert to_application_error(classify_status(500), max_retry_after=300).next_retry_delay is None
+
+
+def test_application_errors_by_category() -> None:
+    permanent = to_application_error(classify_status(401), max_retry_after=60)
+    assert (permanent.type, permanent.non_retryable) == (ErrorType.PERMANENT.value, True)
+    unknown = to_application_error(classify_status(504), max_retry_after=60)
+    assert (unknown.type, unknown.non_retryable) == (ErrorType.UNKNOWN_OUTCOME.value, False)
+    # Where the destination cannot be reconciled (SMTP), unknown means held for a person.
+    ambiguous = to_application_error(classify_status(504), max_retry_after=60,
+                                     reconcilable=False)
+    assert (ambiguous.type, ambiguous.non_retryable) == (ErrorType.AMBIGUOUS.value, True)
+
+
+def test_messages_carry_no_payload() -> None:
+    error = to_application_error(classify_status(422, None, "http_422:validation_error"),
+                                 max_retry_after=60)
+    assert error.message == "permanent: http_422:validation_error"

@@ -1,0 +1,297 @@
+"""Failure semantics (DESIGN.md section 4): each scenario injects the fault for real — sandbox
+fault injection or kill -9 of the real worker process — and counts records on the
+destination side. Nothing duplicated, nothing lost, nothing silently repeated."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from datetime import datetime
+
+import pytest
+
+from inboxcrm.probe import StackClient, message_from, unique_email
+from inboxcrm.stack.stack import Stack
+
+CRM_KEY = "{}:crm-upsert"
+SEND_KEY = "{}:send"
+
+
+def cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the operator CLI against the test stack, as an operator would."""
+    return subprocess.run([sys.executable, "-m", "inboxcrm.cli", *args], env=stack.env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.fixture
+def restart_worker(stack: Stack):  # type: ignore[no-untyped-def]
+    """kill -9 the running worker process; return a function that starts a new one."""
+    def kill_and_restart() -> None:
+        stack.processes["worker"].kill()
+        stack.start_worker()
+    yield kill_and_restart
+    if not stack.processes["worker"].alive():
+        stack.start_worker()
+
+
+@pytest.fixture
+def resumed(stack: Stack):  # type: ignore[no-untyped-def]
+    yield
+    for tenant in ("acme", "rehearsal"):
+        cli(stack, "resume", "--tenant", tenant, "--scope", "all")
+
+
+async def test_crm_rate_limit_honours_retry_after(env: StackClient) -> None:
+    email = unique_email("ratelimited")
+    await env.inject("crm.upsert", "rate_limit", count=2, retry_after=2)
+
+    workflow_id = await env.deliver(message_from(email))
+
+    await env.wait_state(workflow_id, "completed")
+    assert len(await env.crm_records_for(email)) == 1
+    calls = [c for c in await env.calls("crm.upsert")][-3:]
+    assert [c["outcome"] for c in calls] == ["rate_limit", "rate_limit", "ok"]
+    gaps = [(datetime.fromisoformat(b["at"]) - datetime.fromisoformat(a["at"])).total_seconds()
+            for a, b in zip(calls, calls[1:], strict=False)]
+    assert all(gap >= 1.9 for gap in gaps), gaps  # the provider's delay, not our 1 s backoff
+    op = await env.operation(CRM_KEY.format(workflow_id))
+    assert op is not None and op["attempts"] == 3 and op["status"] == "completed"
+
+
+async def test_invalid_field_blocks_after_one_attempt_then_reviewer_retry(
+    env: StackClient, stack: Stack,
+) -> None:
+    email = unique_email("invalid")
+    await env.inject("crm.upsert", "invalid_field")
+    before = len(await env.calls("crm.upsert"))
+
+    workflow_id = await env.deliver(message_from(email))
+
+    state, reason = await env.wait_state(workflow_id, "blocked")
+    assert reason == "http_400:VALIDATION_ERROR"
+    await asyncio.sleep(2)  # a permanent error is never retried on its own
+    assert len(await env.calls("crm.upsert")) - before == 1
+    assert await env.crm_records_for(email) == []
+    queue = cli(stack, "queue", "--json")
+    assert workflow_id in queue.stdout
+
+    result = cli(stack, "review", "retry", workflow_id, "--reviewer", "dana",
+                 "--note", "fixed the field mapping")
+    assert result.returncode == 0, result.stderr
+
+    await env.wait_state(workflow_id, "completed")
+    assert len(await env.crm_records_for(email)) == 1
+    assert len(await env.emails_to(email)) == 1
+    assert workflow_id not in cli(stack, "queue", "--json").stdout
+
+
+async def test_expired_credential_blocks(env: StackClient, stack: Stack) -> None:
+    email = unique_email("expired")
+    await env.inject("crm.upsert", "unauthorized")
+
+    workflow_id = await env.deliver(message_from(email))
+
+    state, reason = await env.wait_state(workflow_id, "blocked")
+    assert reason == "http_401:INVALID_AUTHENTICATION"
+    assert await env.crm_records_for(email) == []
+    assert await env.emails_to(email) == []
+    cli(stack, "review", "reject", workflow_id, "--reviewer", "dana", "--note", "rotate key")
+    assert (await env.wait_state(workflow_id, "rejected"))[0] == "rejected"
+    assert await env.emails_to(email) == []
+
+
+async def test_retries_exhausted_is_a_visible_state(env: StackClient, stack: Stack) -> None:
+    email = unique_email("exhausted")
+    await env.inject("crm.upsert", "rate_limit", count=6, retry_after=0)
+
+    workflow_id = await env.deliver(message_from(email))
+
+    assert await env.wait_state(workflow_id, "blocked") == ("blocked", "retries_exhausted")
+    op = await env.operation(CRM_KEY.format(workflow_id))
+    assert op is not None and op["attempts"] == op["max_attempts"] == 6
+    assert op["status"] == "waiting" and op["last_error_category"] == "transient"
+
+    cli(stack, "review", "retry", workflow_id, "--reviewer", "dana")
+    await env.wait_state(workflow_id, "completed")
+    assert len(await env.crm_records_for(email)) == 1
+    op = await env.operation(CRM_KEY.format(workflow_id))
+    assert op is not None and op["attempts"] == 7 and op["attempts"] <= op["max_attempts"]
+
+
+async def test_crm_timeout_after_successful_write(env: StackClient) -> None:
+    email = unique_email("crmtimeout")
+    await env.inject("crm.upsert", "timeout_after_commit")
+
+    workflow_id = await env.deliver(message_from(email))
+
+    await env.wait_state(workflow_id, "completed")
+    assert len(await env.crm_records_for(email)) == 1
+    op = await env.operation(CRM_KEY.format(workflow_id))
+    assert op is not None and op["destination_id"] == (await env.crm_records_for(email))[0]["id"]
+
+
+async def test_mail_timeout_after_successful_send(env: StackClient) -> None:
+    email = unique_email("mailtimeout")
+    await env.inject("mail.send", "timeout_after_commit")
+
+    workflow_id = await env.deliver(message_from(email))
+
+    await env.wait_state(workflow_id, "completed")
+    assert len(await env.emails_to(email)) == 1
+
+
+async def test_search_index_lag_during_reconciliation(env: StackClient) -> None:
+    email = unique_email("lagging")
+    await env.sandbox_config(search_lag_seconds=120)
+    await env.inject("crm.upsert", "timeout_after_commit")
+
+    workflow_id = await env.deliver(message_from(email))
+
+    await env.wait_state(workflow_id, "completed")
+    # The search index still does not show the record...
+    search = await env.http.post(
+        f"{env.endpoints.sandbox_url}/crm/v3/objects/contacts/search",
+        json={"filterGroups": [{"filters": [
+            {"propertyName": "email", "operator": "EQ", "value": email}]}]})
+    assert search.json()["total"] == 0
+    # ...and yet there is exactly one record: a lagging "not found" never creates a second.
+    assert len(await env.crm_records_for(email)) == 1
+
+
+@pytest.mark.slow
+async def test_worker_killed_inside_the_crm_call(env: StackClient, restart_worker) -> None:  # type: ignore[no-untyped-def]
+    email = unique_email("killedcall")
+    await env.sandbox_config(hang_seconds=30)
+    await env.inject("crm.upsert", "timeout_before_commit")
+
+    workflow_id = await env.deliver(message_from(email))
+    await env.wait_operation(CRM_KEY.format(workflow_id), "in_progress")
+    restart_worker()
+
+    await env.wait_state(workflow_id, "completed", timeout=90)
+    assert len(await env.crm_records_for(email)) == 1
+    assert len(await env.emails_to(email)) == 1
+
+
+@pytest.mark.slow
+async def test_worker_killed_after_crm_commit_before_ledger_write(
+    env: StackClient, restart_worker,  # type: ignore[no-untyped-def]
+) -> None:
+    email = unique_email("killedcommit")
+    await env.sandbox_config(hang_seconds=30)
+    await env.inject("crm.upsert", "timeout_after_commit")
+    before = len(await env.calls("crm.upsert"))
+
+    workflow_id = await env.deliver(message_from(email))
+    while not await env.crm_records_for(email):  # the CRM has committed...
+        await asyncio.sleep(0.05)
+    op = await env.operation(CRM_KEY.format(workflow_id))
+    assert op is not None and op["status"] == "in_progress"  # ...our ledger has not
+    restart_worker()
+
+    await env.wait_state(workflow_id, "completed", timeout=90)
+    assert len(await env.crm_records_for(email)) == 1
+    assert len(await env.calls("crm.upsert")) - before == 1  # reconciled, not re-sent
+    assert len(await env.emails_to(email)) == 1
+
+
+@pytest.mark.slow
+async def test_worker_killed_after_provider_accepted_email(
+    env: StackClient, restart_worker,  # type: ignore[no-untyped-def]
+) -> None:
+    email = unique_email("killedsend")
+    await env.sandbox_config(hang_seconds=30)
+    await env.inject("mail.send", "timeout_after_commit")
+
+    workflow_id = await env.deliver(message_from(email))
+    while not await env.emails_to(email):
+        await asyncio.sleep(0.05)
+    restart_worker()
+
+    state, _ = await env.wait_state(workflow_id, {"completed", "ambiguous"}, timeout=90)
+    assert len(await env.emails_to(email)) == 1  # one email or ambiguous, never two
+    assert state == "completed"  # the sandbox can be searched by key: reconciled
+
+
+async def test_opt_out_cancels_a_queued_intent_while_sends_are_paused(
+    env: StackClient, stack: Stack, resumed: None,
+) -> None:
+    email = unique_email("optout")
+    assert cli(stack, "pause", "--tenant", "acme", "--scope", "send").returncode == 0
+
+    first = await env.deliver(message_from(email))
+    await env.wait_state(first, "send_pending")
+    assert await env.state(first) == ("send_pending", "paused")
+    opt_out = await env.deliver(message_from(
+        email, subject="unsubscribe", body="Please unsubscribe me from all emails.\n"))
+    assert (await env.wait_state(opt_out, "suppressed"))[0] == "suppressed"
+
+    assert cli(stack, "resume", "--tenant", "acme", "--scope", "send").returncode == 0
+    # The opt-out's transaction cancelled the queued intent; the send re-read it and stopped.
+    assert await env.wait_state(first, "suppressed") == ("suppressed", "intent_cancelled")
+    assert await env.emails_to(email) == []
+    assert len(await env.crm_records_for(email)) == 1
+    assert await env.count(
+        "SELECT count(*) FROM followup_intents i JOIN inbound_events e USING (event_id)"
+        " WHERE e.workflow_id = $1 AND i.status = 'cancelled'", first) == 1
+
+
+async def test_unrelated_new_event_for_existing_contact_is_processed(env: StackClient) -> None:
+    email = unique_email("returning")
+    first = await env.deliver(message_from(email))
+    await env.wait_state(first, "completed")
+
+    second = await env.deliver(message_from(email, subject="Another question"))
+
+    assert await env.wait_state(second, "completed") == ("completed", "quiet_period")
+    op = await env.operation(CRM_KEY.format(second))
+    assert op is not None and op["status"] == "completed"  # the CRM was updated again
+    assert len(await env.crm_records_for(email)) == 1
+    assert len(await env.emails_to(email)) == 1  # one acknowledgment per quiet period
+
+
+async def test_pause_holds_everything_until_resume(
+    env: StackClient, stack: Stack, resumed: None,
+) -> None:
+    email = unique_email("paused")
+    assert cli(stack, "pause", "--tenant", "acme", "--scope", "all").returncode == 0
+    before = len(await env.calls("crm.upsert"))
+
+    workflow_id = await env.deliver(message_from(email))
+    await env.wait_state(workflow_id, "crm_pending")
+    await asyncio.sleep(6)  # at least one pause re-check
+
+    assert await env.state(workflow_id) == ("crm_pending", "paused")
+    assert len(await env.calls("crm.upsert")) == before
+    assert await env.emails_to(email) == []
+    assert cli(stack, "resume", "--tenant", "acme", "--scope", "all").returncode == 0
+    await env.wait_state(workflow_id, "completed")
+    assert len(await env.crm_records_for(email)) == 1
+    assert len(await env.emails_to(email)) == 1
+
+
+async def test_replay_of_a_terminated_run_repeats_no_completed_step(
+    env: StackClient, stack: Stack, resumed: None,
+) -> None:
+    email = unique_email("replayed")
+    cli(stack, "pause", "--tenant", "acme", "--scope", "send")
+    workflow_id = await env.deliver(message_from(email))
+    await env.wait_state(workflow_id, "send_pending")
+    client = await env.temporal()
+    await client.get_workflow_handle(workflow_id).terminate("operator test")
+    crm_calls = len(await env.calls("crm.upsert"))
+
+    refused = cli(stack, "replay", "inbound/acme/standard/sales@acme.test/none", "--reviewer",
+                  "dana", "--reason", "x")
+    assert refused.returncode == 1
+    result = cli(stack, "replay", workflow_id, "--reviewer", "dana", "--reason", "terminated")
+    assert result.returncode == 0, result.stderr
+    cli(stack, "resume", "--tenant", "acme", "--scope", "send")
+
+    await env.wait_state(workflow_id, "completed")
+    assert len(await env.calls("crm.upsert")) == crm_calls  # completed CRM op not repeated
+    assert len(await env.crm_records_for(email)) == 1
+    assert len(await env.emails_to(email)) == 1
+    again = cli(stack, "replay", workflow_id, "--reviewer", "dana", "--reason", "again")
+    assert again.returncode == 1 and "only failed or terminated" in again.stderr
