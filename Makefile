@@ -30,3 +30,8 @@ typecheck: $(STAMP)
 
 clean-data:
 	rm -rf .data/test-stack .data/test-pg
+
+## chaos: >=1,000 events with sandbox faults, worker kill -9s and a relay restart, on a fresh
+## stack of its own under .data/chaos (free ports); exit 1 on an invariant violation
+chaos: $(STAMP)
+	$(BIN)/inboxcrm chaos --events $${CHAOS_EVENTS:-1000} --seed $${CHAOS_SEED:-1} --kills $${CHAOS_KILLS:-5}

@@ -13,7 +13,12 @@ from temporalio.exceptions import ApplicationError
 
 from activities import store
 from activities.errors import ErrorType
-from inboxcrm.extraction import Extractor, ExtractorUnavailable, extract_and_route
+from inboxcrm.extraction import (
+    Extractor,
+    ExtractorMisconfigured,
+    ExtractorUnavailable,
+    extract_and_route,
+)
 from inboxcrm.policy import get_policy
 from schemas.models import ExtractResult, ItemRef, ItemState
 
@@ -51,6 +56,12 @@ class ExtractActivities:
                 delay = timedelta(seconds=min(exc.retry_after, self._max_retry_after))
             raise ApplicationError(
                 "extractor unavailable", type=ErrorType.TRANSIENT.value, next_retry_delay=delay
+            ) from None
+        except ExtractorMisconfigured as exc:
+            # A wrong key, model or URL: retrying cannot help; an operator must fix settings.
+            raise ApplicationError(
+                f"extractor misconfigured: http_{exc.status_code}",
+                type=ErrorType.PERMANENT.value, non_retryable=True,
             ) from None
         record: dict[str, Any] = outcome.extraction.model_dump(mode="json")
         async with self._pool.acquire() as conn, conn.transaction():

@@ -410,6 +410,146 @@ def replay(workflow_id: str, reviewer: ReviewerOpt,
     out.print(f"replaying {workflow_id}")
 
 
+# --- rehearse --------------------------------------------------------------------------
+@app.command()
+def rehearse(timeout: Annotated[float, typer.Option(help="Seconds per scenario.")] = 90) -> None:
+    """Run the synthetic failure rehearsal against the running stack; exit 1 on any failure."""
+    from inboxcrm.probe import Endpoints, StackClient
+    from inboxcrm.rehearsal import Rehearsal
+
+    settings = settings_from_env()
+    if settings.crm_url or settings.mail_url:
+        fail("the rehearsal injects faults into the sandbox; it refuses to run while a real "
+             "CRM or mail provider is configured (INBOXCRM_CRM_URL / INBOXCRM_MAIL_URL)")
+    relay = os.environ.get("RELAY_URL", f"http://{settings.relay_host}:{settings.relay_port}")
+    endpoints = Endpoints(relay, settings.sandbox_url, settings.temporal_address,
+                          settings.webhook_secret)
+
+    async def run() -> list[Any]:
+        pool = await db.create_pool(settings.database_url, max_size=5)
+        client = StackClient(endpoints, pool, settings)
+        try:
+            return await Rehearsal(client, timeout).run()
+        finally:
+            await client.aclose()
+            await pool.close()
+
+    outcomes = asyncio.run(run())
+    table = Table(title="inboxcrm rehearsal")
+    for column in ("scenario", "expected", "CRM records", "emails", "final state", "result",
+                   "note"):
+        table.add_column(column)
+    for o in outcomes:
+        table.add_row(o.scenario, o.expected, str(o.crm_records), str(o.emails), o.final_state,
+                      "[green]pass[/green]" if o.passed else "[red]FAIL[/red]", o.note)
+    out.print(table)
+    failed = [o for o in outcomes if not o.passed]
+    out.print(f"{len(outcomes) - len(failed)} passed, {len(failed)} failed")
+    if failed:
+        raise typer.Exit(1)
+
+
+# --- check -----------------------------------------------------------------------------
+@app.command()
+def check(
+    as_json: JsonOpt = False,
+    settled: Annotated[bool, typer.Option(
+        "--settled", help="Items still in flight count as violations (once all is quiet).")
+    ] = False,
+    scope: Annotated[str | None, typer.Option(
+        "--scope", help="Only items whose workflow ID starts with this, e.g. inbound/acme/.")
+    ] = None,
+    sandbox_url: Annotated[str | None, typer.Option(
+        "--sandbox-url", help="Destination to inspect (default: the stack's sandbox).")] = None,
+    no_destination: Annotated[bool, typer.Option(
+        "--no-destination", help="Skip the destination checks.")] = False,
+) -> None:
+    """Invariant checker: duplicates, lost or unowned items, attempt bounds (IDs only, never
+    addresses). Exit 1 on any violation, 2 if the destination cannot be read."""
+    from inboxcrm import check as checker
+
+    settings = settings_from_env()
+    url: str | None = None
+    if not no_destination:
+        # Only the sandbox can be inspected; with a real CRM or mail provider the
+        # destination checks are skipped (and the report says so).
+        url = sandbox_url or (None if settings.crm_url or settings.mail_url else (
+            os.environ.get("INBOXCRM_SANDBOX_URL") or os.environ.get("SANDBOX_URL")
+            or settings.sandbox_url))
+
+    async def run(conn: Any) -> Any:
+        try:
+            return await checker.check_invariants(
+                conn, url, settled=settled, scope=scope,
+                crm_id_property=settings.crm_id_property)
+        except checker.CheckError as exc:
+            fail(f"{exc} (--no-destination skips it)", 2)
+            raise
+
+    report = _with_db(settings, run)
+    if as_json:
+        out.print_json(json.dumps(report.to_json()))
+    else:
+        table = Table(title="inboxcrm invariants" + (" (settled)" if settled else "")
+                      + (f" — scope {scope}" if scope else ""))
+        for column in ("check", "examined", "violations", "note"):
+            table.add_column(column, overflow="fold")
+        for name, examined, count, note in checker.summary_rows(report):
+            table.add_row(name, examined, count if count == "0" else f"[red]{count}[/red]",
+                          note)
+        out.print(table)
+        out.print(report.destination_note)
+        for result in report.results:
+            for item in sorted(result.violations)[:checker.MAX_IDS]:
+                out.print(f"[red]violation[/red] {result.name}: {item}", highlight=False)
+        out.print(f"{report.violations} violation(s); {len(report.in_flight)} in flight")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+# --- chaos -----------------------------------------------------------------------------
+@app.command()
+def chaos(
+    events: Annotated[int, typer.Option(min=1, help="Distinct deliveries.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Seed of the event mix and of the faults.")] = 1,
+    kills: Annotated[int, typer.Option(min=0, help="Worker kill -9s.")] = 3,
+    concurrency: Annotated[int, typer.Option(min=1, help="Posts in flight at once.")] = 20,
+    rate: Annotated[float, typer.Option(help="Deliveries started per second.")] = 10.0,
+    data_dir: Annotated[Path, typer.Option(help="The stack's own data directory.")] = Path(
+        ".data/chaos"),
+    keep_database: Annotated[bool, typer.Option(
+        "--keep-database", help="Keep the run's database when a violation is found.")] = False,
+) -> None:
+    """Chaos run on a fresh stack of its own (free ports, fresh database): concurrent
+    deliveries and redeliveries, sandbox faults, worker kill -9s, a relay restart, then
+    operator resolution and the settled invariant check. Exit 1 on a violation, 2 if the run
+    did not reach its targets (fault share, kills, restart, drained queue)."""
+    from inboxcrm.chaos import ChaosConfig, run_on_fresh_stack, summary_rows
+    from inboxcrm.stack.processes import StackError
+
+    config = ChaosConfig(events=events, seed=seed, kills=kills, concurrency=concurrency,
+                         rate=rate, deadline=max(1800.0, events * 3.0))
+    try:
+        result = run_on_fresh_stack(config, data_dir.resolve(),
+                                    lambda line: out.print(line, highlight=False),
+                                    keep_database=keep_database)
+    except StackError as exc:
+        fail(str(exc), 2)
+        return
+    table = Table(title=f"inboxcrm chaos (events {events}, seed {seed})")
+    table.add_column("metric")
+    table.add_column("value", overflow="fold")
+    for metric, value in summary_rows(result):
+        table.add_row(metric, value)
+    out.print(table)
+    for item in result.stats.notes[:20]:
+        out.print(f"note: {item}", highlight=False)
+    for check_result in result.report.results:
+        for item in sorted(check_result.violations)[:50]:
+            out.print(f"[red]violation[/red] {check_result.name}: {item}", highlight=False)
+    raise typer.Exit(result.exit_code)
+
+
 def main() -> None:
     try:
         app()

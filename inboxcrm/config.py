@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +56,12 @@ class Settings(BaseSettings):
     # Worker
     max_concurrent_activities: int = 50
     max_concurrent_workflow_tasks: int = 50
+
+    # Payload encryption (DESIGN.md section 7; inboxcrm/codec.py). No key file: codec off.
+    codec_keys_file: str | None = None
+    codec_token: SecretStr | None = None
+    codec_cors_origins: str = "http://127.0.0.1:8233,http://localhost:8233"
+    codec_namespaces: str | None = None  # comma-separated; default: temporal_namespace
 
     @property
     def crm_base_url(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,8 @@ import asyncpg
 import httpx
 from temporalio.client import Client
 
+from inboxcrm import temporal
+from inboxcrm.config import Settings
 from inboxcrm.signing import sample_message, signed_headers, standard_body
 
 TERMINAL = {"completed", "ignored", "suppressed", "rejected", "failed"}
@@ -41,9 +44,11 @@ class Endpoints:
 
 
 class StackClient:
-    def __init__(self, endpoints: Endpoints, db: asyncpg.Pool) -> None:
+    def __init__(self, endpoints: Endpoints, db: asyncpg.Pool,
+                 settings: Settings | None = None) -> None:
         self.endpoints = endpoints
         self.db = db
+        self.settings = settings
         self.http = httpx.AsyncClient(timeout=60)
         self.secret = endpoints.webhook_secret
         self._temporal: Client | None = None
@@ -55,17 +60,20 @@ class StackClient:
     async def post(self, raw: str, delivery_id: str | None = None, *, tenant: str = "acme",
                    mailbox: str = "sales@acme.test", secret: str | None = None,
                    timestamp: float | None = None, body: bytes | None = None,
-                   headers: dict[str, str] | None = None) -> httpx.Response:
+                   headers: dict[str, str] | None = None,
+                   relay_url: str | None = None) -> httpx.Response:
         delivery_id = delivery_id or f"D-{uuid.uuid4().hex[:12]}"
         payload = body if body is not None else standard_body(tenant, mailbox, delivery_id, raw)
         sig = signed_headers(secret or self.secret, payload, timestamp=timestamp)
         sig.update(headers or {})
-        return await self.http.post(f"{self.endpoints.relay_url}/v1/inbound/standard",
+        relay = relay_url or self.endpoints.relay_url
+        return await self.http.post(f"{relay}/v1/inbound/standard",
                                     content=payload, headers=sig)
 
-    async def deliver(self, raw: str, delivery_id: str | None = None) -> str:
+    async def deliver(self, raw: str, delivery_id: str | None = None, *, tenant: str = "acme",
+                      mailbox: str = "sales@acme.test") -> str:
         """Post and expect `accepted`; returns the workflow ID."""
-        response = await self.post(raw, delivery_id)
+        response = await self.post(raw, delivery_id, tenant=tenant, mailbox=mailbox)
         assert response.status_code == 200, response.text
         assert response.json()["status"] == "accepted", response.text
         return str(response.json()["workflow_id"])
@@ -88,6 +96,17 @@ class StackClient:
                 return state, reason
             await asyncio.sleep(0.2)
         raise AssertionError(f"{workflow_id} stayed {state} ({reason}); wanted {wanted}")
+
+    async def wait_for(self, probe: Callable[[], Awaitable[Any]], timeout: float = 30,
+                       what: str = "condition") -> Any:
+        """Poll `probe` until it returns something truthy; return that."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = await probe()
+            if value:
+                return value
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{what} not reached within {timeout:.0f}s")
 
     async def operation(self, op_key: str) -> asyncpg.Record | None:
         return await self.db.fetchrow("SELECT * FROM operations WHERE op_key = $1", op_key)
@@ -149,7 +168,10 @@ class StackClient:
     # --- Temporal ------------------------------------------------------------------------
     async def temporal(self) -> Client:
         if self._temporal is None:
-            self._temporal = await Client.connect(self.endpoints.temporal_address)
+            if self.settings is not None:  # the stack's own data converter (codec)
+                self._temporal = await temporal.connect(self.settings)
+            else:
+                self._temporal = await Client.connect(self.endpoints.temporal_address)
         return self._temporal
 
     async def signal(self, workflow_id: str, action: str, body: Any) -> None:

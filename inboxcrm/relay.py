@@ -250,7 +250,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = await db.create_pool(settings.database_url, max_size=20)
+        # min_size=0: the relay starts (and answers 503) even while the database is down.
+        pool = await db.create_pool(settings.database_url, min_size=0, max_size=20)
         app.state.ingestor = Ingestor(pool, handle, settings.task_queue)
         sweeper = asyncio.create_task(_sweep_forever(app.state.ingestor, settings))
         try:
@@ -262,6 +263,9 @@ def create_app(settings: Settings) -> FastAPI:
             await pool.close()
 
     app = FastAPI(title="inboxcrm relay", lifespan=lifespan)
+    from inboxcrm.codec import codec_router  # POST /codec/encode, /codec/decode
+
+    app.include_router(codec_router(settings))
 
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:

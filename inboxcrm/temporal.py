@@ -28,8 +28,11 @@ DEV_SERVER_FLAGS = [
 
 
 async def connect(settings: Settings, *, lazy: bool = False) -> Client:
+    from inboxcrm.codec import data_converter  # payload encryption (DESIGN.md section 7)
+
     return await Client.connect(
-        settings.temporal_address, namespace=settings.temporal_namespace, lazy=lazy
+        settings.temporal_address, namespace=settings.temporal_namespace, lazy=lazy,
+        data_converter=data_converter(settings),
     )
 
 

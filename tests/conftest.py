@@ -18,6 +18,7 @@ import pytest
 from inboxcrm.stack import postgres
 
 if TYPE_CHECKING:
+    from inboxcrm.config import Settings
     from inboxcrm.probe import StackClient
     from inboxcrm.stack.stack import Stack
 
@@ -111,12 +112,26 @@ async def db(database_url: str, stack: Stack) -> AsyncIterator[asyncpg.Pool]:
 
 
 @pytest.fixture
-async def env(stack: Stack, db: asyncpg.Pool) -> AsyncIterator[StackClient]:
+async def env(stack: Stack, db: asyncpg.Pool, app_settings: Settings
+              ) -> AsyncIterator[StackClient]:
     from inboxcrm.probe import Endpoints, StackClient
 
     client = StackClient(Endpoints(stack.relay_url, stack.sandbox_url, stack.temporal_address,
-                                   stack.env["INBOXCRM_WEBHOOK_SECRET"]), db)
+                                   stack.env["INBOXCRM_WEBHOOK_SECRET"]), db, app_settings)
     await client.reset_faults()
     yield client
     await client.reset_faults()
     await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def app_settings(stack: Stack) -> Settings:
+    """The settings the stack's own processes run with (same codec keys, same queue)."""
+    from inboxcrm.config import Settings
+
+    keys = {k for k in stack.env if k.startswith("INBOXCRM_") or k in (
+        "DATABASE_URL", "TEMPORAL_ADDRESS")}
+    with pytest.MonkeyPatch.context() as patch:
+        for key in keys:
+            patch.setenv(key, stack.env[key])
+        return Settings()

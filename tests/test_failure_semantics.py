@@ -184,8 +184,7 @@ async def test_worker_killed_after_crm_commit_before_ledger_write(
     before = len(await env.calls("crm.upsert"))
 
     workflow_id = await env.deliver(message_from(email))
-    while not await env.crm_records_for(email):  # the CRM has committed...
-        await asyncio.sleep(0.05)
+    await env.wait_for(lambda: env.crm_records_for(email), what="CRM commit")
     op = await env.operation(CRM_KEY.format(workflow_id))
     assert op is not None and op["status"] == "in_progress"  # ...our ledger has not
     restart_worker()
@@ -205,8 +204,7 @@ async def test_worker_killed_after_provider_accepted_email(
     await env.inject("mail.send", "timeout_after_commit")
 
     workflow_id = await env.deliver(message_from(email))
-    while not await env.emails_to(email):
-        await asyncio.sleep(0.05)
+    await env.wait_for(lambda: env.emails_to(email), what="provider accepted the email")
     restart_worker()
 
     state, _ = await env.wait_state(workflow_id, {"completed", "ambiguous"}, timeout=90)
@@ -295,3 +293,9 @@ async def test_replay_of_a_terminated_run_repeats_no_completed_step(
     assert len(await env.emails_to(email)) == 1
     again = cli(stack, "replay", workflow_id, "--reviewer", "dana", "--reason", "again")
     assert again.returncode == 1 and "only failed or terminated" in again.stderr
+
+
+def test_rehearse_passes_on_the_running_stack(stack: Stack) -> None:
+    result = cli(stack, "rehearse")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "11 passed, 0 failed" in result.stdout

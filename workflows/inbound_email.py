@@ -79,7 +79,8 @@ SEND_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coeffici
 BOOKKEEPING_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
                                 maximum_interval=timedelta(seconds=30), maximum_attempts=20)
 
-EXTRACT_TIMEOUT = timedelta(seconds=90)
+# Worst case of the LLM extractor: its own bounded retries of a 30 s call.
+EXTRACT_TIMEOUT = timedelta(seconds=120)
 PLAN_TIMEOUT = timedelta(seconds=30)
 # Outlives the adapter's HTTP timeout plus one reconciliation lookup.
 OPERATION_TIMEOUT = timedelta(seconds=25)

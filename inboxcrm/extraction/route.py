@@ -9,7 +9,7 @@ quoted reply or an instruction) and only when nothing casts doubt on it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import jsonschema
@@ -22,6 +22,23 @@ from .minimise import Mailbox, MinimisedMessage
 
 Route = Literal["auto", "review", "ignore", "opt_out"]
 FIELDS = ("sender_email", "contact_name", "company")
+
+# Every reason the router can give (field-specific ones as "<reason>:<field>").
+IGNORE_REASONS = frozenset({
+    "auto_submitted", "auto_reply", "null_return_path", "multipart_report", "mailer_daemon",
+    "bounce", "bulk_list", "bulk_precedence", "own_mailbox", "own_domain",
+})
+REVIEW_REASONS = frozenset({
+    "unparseable", "schema_invalid", "extractor_failed", "routing_failed", "missing_sender",
+    "invalid_sender", "sender_not_corroborated", "several_identities", "noreply_sender",
+    "shared_mailbox", "forwarded_sender_unknown", "forwarded_sender_mismatch",
+    "different_contact_address", "prompt_injection", "complaint", "legal_threat",
+    "extractor_flagged", "empty_message", "auto_reply_suspected", "possible_opt_out",
+    *(f"{kind}:{name}" for kind in ("evidence_not_found", "low_confidence")
+      for name in ("sender_email", "contact_name", "company")),
+})
+OPT_OUT_REASONS = frozenset({"opt_out_phrase"})
+ALL_REASONS = IGNORE_REASONS | REVIEW_REASONS | OPT_OUT_REASONS
 
 # Reasons that mean the sender identity itself is in doubt: no canonical email then.
 IDENTITY_DOUBT = frozenset({
@@ -171,19 +188,11 @@ class Decision:
     reasons: list[str]
     canonical_email: str | None
     extraction: Extraction
-    details: dict[str, Any] = field(default_factory=dict)
 
 
 def _add(reasons: list[str], reason: str) -> None:
     if reason not in reasons:
         reasons.append(reason)
-
-
-def _display_name_addresses(boxes: list[Mailbox]) -> list[str]:
-    out = []
-    for box in boxes:
-        out += signals.addresses_in_text(box.name)
-    return out
 
 
 def validate_and_route(

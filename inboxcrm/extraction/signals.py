@@ -122,7 +122,8 @@ OPT_OUT_SUBJECTS = phrases(
 )
 _OPT_OUT = {lang: _compile(p) for lang, p in OPT_OUT_PATTERNS.items()}
 SOFT_OPT_OUT = _compile((
-    r"\bnot interested\b", r"\bno interest\b", r"\bno,? thanks?\b(?! (?:needed|necessary|required))",
+    r"\bnot interested\b", r"\bno interest\b",
+    r"\bno,? thanks?\b(?! (?:needed|necessary|required))",
     r"\bnein,? danke\b", r"\bnon merci\b", r"\bno,? gracias\b", r"\bnao,? obrigad[oa]\b",
     r"\bno,? grazie\b", r"\bnee,? dank(?:je|u)\b", r"\bkein(?:e|en)? interesse\b",
     r"\bpas interesse", r"\bno (?:estoy|estamos) interesad[oa]s?\b",

@@ -128,6 +128,14 @@ def http_ok(url: str) -> Callable[[], bool]:
     return check
 
 
+def http_answers(url: str) -> Callable[[], bool]:
+    """Ready once it answers at all (a relay reporting an unhealthy dependency is up)."""
+    def check() -> bool:
+        httpx.get(url, timeout=1.0)
+        return True
+    return check
+
+
 def tcp_open(host: str, port: int) -> Callable[[], bool]:
     return lambda: port_in_use(host, port)
 

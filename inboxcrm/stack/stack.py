@@ -92,7 +92,10 @@ class Stack:
                 require_free("Temporal UI", "127.0.0.1", cfg.temporal_ui_port,
                              "INBOXCRM_TEMPORAL_UI_PORT")
             db_file = cfg.data_dir / "temporal.db" if cfg.temporal_db_file else None
-            argv = temporal_dev_server_argv(cfg.temporal_port, cfg.temporal_ui_port, db_file)
+            # The UI decodes payloads through the relay's codec endpoint (inboxcrm/codec.py).
+            codec_endpoint = self.relay_url if cfg.temporal_ui_port is not None else None
+            argv = temporal_dev_server_argv(cfg.temporal_port, cfg.temporal_ui_port, db_file,
+                                            codec_endpoint=codec_endpoint)
             self._start("temporal", argv, tcp_open("127.0.0.1", cfg.temporal_port), env=os.environ)
             self.temporal_address = f"127.0.0.1:{cfg.temporal_port}"
         self.env = self._app_env()
@@ -131,7 +134,17 @@ class Stack:
         return proc
 
     def _app_env(self) -> dict[str, str]:
+        from inboxcrm.codec import ensure_key_file
+
+        # Payload encryption keys: kept in .data/ (mode 0600), never in the repository.
+        keys_file = Path(self.config.extra_env.get("INBOXCRM_CODEC_KEYS_FILE")
+                         or os.environ.get("INBOXCRM_CODEC_KEYS_FILE")
+                         or self.config.data_dir / "codec-keys.json")
+        ensure_key_file(keys_file)
         env = dict(os.environ)
+        if self.temporal_ui_url and not env.get("INBOXCRM_CODEC_CORS_ORIGINS"):
+            port = self.config.temporal_ui_port
+            env["INBOXCRM_CODEC_CORS_ORIGINS"] = f"http://127.0.0.1:{port},http://localhost:{port}"
         env.update({
             "DATABASE_URL": self.database_url,
             "TEMPORAL_ADDRESS": self.temporal_address,
@@ -139,6 +152,7 @@ class Stack:
             "INBOXCRM_RELAY_PORT": str(self.config.relay_port),
             "INBOXCRM_TASK_QUEUE": self.config.task_queue,
             "INBOXCRM_WEBHOOK_SECRET": webhook_secret(self.config.data_dir),
+            "INBOXCRM_CODEC_KEYS_FILE": str(keys_file),
             "PYTHONUNBUFFERED": "1",
         })
         env.update(self.config.extra_env)
@@ -154,6 +168,7 @@ class Stack:
             "SANDBOX_URL": self.sandbox_url,
             "INBOXCRM_WEBHOOK_SECRET": self.env["INBOXCRM_WEBHOOK_SECRET"],
             "INBOXCRM_TASK_QUEUE": self.config.task_queue,
+            "INBOXCRM_CODEC_KEYS_FILE": self.env["INBOXCRM_CODEC_KEYS_FILE"],
         }
 
     def write_stack_env(self) -> Path:

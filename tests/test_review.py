@@ -1,0 +1,172 @@
+"""People in the loop: review tasks, signal validation, hold/reject/resolve, escalation, and
+the relay's recovery when Temporal or the ledger is down."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+from inboxcrm.probe import StackClient, message_from, unique_email
+from inboxcrm.signing import sample_message
+from inboxcrm.stack.processes import free_port, http_answers
+from inboxcrm.stack.stack import Stack
+from tests.test_failure_semantics import cli
+
+
+def no_sender_message(body: str = "Hi, pricing for 20 seats please.\n\nJane") -> str:
+    return (f"To: sales@acme.test\r\nSubject: pricing\r\nMessage-ID: <{uuid.uuid4().hex}@x>\r\n"
+            f"Content-Type: text/plain; charset=utf-8\r\n\r\n{body}\r\n")
+
+
+async def audit_actions(env: StackClient, workflow_id: str) -> list[tuple[str, dict]]:  # type: ignore[type-arg]
+    rows = await env.db.fetch(
+        "SELECT action, detail FROM audit_log WHERE workflow_id = $1 ORDER BY audit_id",
+        workflow_id)
+    return [(r["action"], r["detail"]) for r in rows]
+
+
+async def test_invalid_signals_are_recorded_and_ignored_then_approve_with_corrections(
+    env: StackClient, stack: Stack,
+) -> None:
+    email = unique_email("corrected")
+    workflow_id = await env.deliver(no_sender_message())
+    assert await env.wait_state(workflow_id, "awaiting_review") == (
+        "awaiting_review", "missing_sender")
+    task = await env.db.fetchrow("SELECT * FROM review_tasks WHERE workflow_id = $1", workflow_id)
+    assert task["status"] == "open" and task["owner"] == "sales-ops"
+
+    await env.signal(workflow_id, "approve", "not an object")
+    await env.signal(workflow_id, "approve", {"note": "no reviewer"})
+    await env.signal(workflow_id, "approve", {"reviewer": "dana", "surprise": 1})
+    await env.signal(workflow_id, "retry", {"reviewer": "dana"})  # not a review decision
+    await env.signal(workflow_id, "approve", {"reviewer": "dana",
+                                              "corrections": {"sender_email": email}})
+
+    await env.wait_state(workflow_id, "completed")
+    signals = [d for a, d in await audit_actions(env, workflow_id) if a.startswith("signal_")]
+    assert [(d["accepted"], d["ignored_reason"]) for d in signals] == [
+        (False, "body_not_an_object"), (False, "reviewer_required"), (False, "unknown_fields"),
+        (False, "not_allowed_while_review"), (True, None)]
+    assert len(await env.crm_records_for(email)) == 1
+    assert len(await env.emails_to(email)) == 1
+    task = await env.db.fetchrow("SELECT * FROM review_tasks WHERE workflow_id = $1", workflow_id)
+    assert task["status"] == "resolved" and task["resolved_by"] == "dana"
+
+
+async def test_hold_keeps_the_item_owned_then_reject_ends_it(
+    env: StackClient, stack: Stack,
+) -> None:
+    workflow_id = await env.deliver(no_sender_message())
+    await env.wait_state(workflow_id, "awaiting_review")
+
+    assert cli(stack, "review", "hold", workflow_id, "--reviewer", "dana",
+               "--note", "asking the sender").returncode == 0
+    await env.wait_state(workflow_id, "held")
+    queue = json.loads(cli(stack, "queue", "--json").stdout)
+    assert workflow_id in [item["workflow_id"] for item in queue]
+    client = await env.temporal()
+    held = [w.id async for w in client.list_workflows(
+        f'NeedsReview = true AND InboxState = "held" AND WorkflowId = "{workflow_id}"')]
+    assert held == [workflow_id]
+
+    assert cli(stack, "review", "reject", workflow_id, "--reviewer", "dana").returncode == 0
+    assert (await env.wait_state(workflow_id, "rejected"))[0] == "rejected"
+    queue = json.loads(cli(stack, "queue", "--json").stdout)
+    assert workflow_id not in [item["workflow_id"] for item in queue]
+    assert await env.count("SELECT count(*) FROM followup_intents i JOIN inbound_events e "
+                           "USING (event_id) WHERE e.workflow_id = $1", workflow_id) == 0
+
+
+async def test_resolve_records_a_side_effect_confirmed_by_a_person(
+    env: StackClient, stack: Stack,
+) -> None:
+    email = unique_email("resolved")
+    await env.inject("crm.upsert", "invalid_field")
+    workflow_id = await env.deliver(message_from(email))
+    await env.wait_state(workflow_id, "blocked")
+
+    missing = cli(stack, "review", "resolve", workflow_id, "--reviewer", "dana")
+    assert missing.returncode == 1 and "--evidence" in missing.stderr
+    assert cli(stack, "review", "resolve", workflow_id, "--reviewer", "dana",
+               "--evidence", "CRM-4711").returncode == 0
+
+    await env.wait_state(workflow_id, "completed")
+    op = await env.operation(f"{workflow_id}:crm-upsert")
+    assert op is not None and (op["status"], op["destination_id"]) == ("completed", "CRM-4711")
+    assert await env.crm_records_for(email) == []  # we did not write it again
+    assert len(await env.emails_to(email)) == 1
+
+
+async def test_escalation_marks_overdue_items(env: StackClient, stack: Stack) -> None:
+    # The `rehearsal` tenant escalates after 7.2 s (policies/rehearsal.json).
+    workflow_id = await env.deliver(no_sender_message().replace(
+        "sales@acme.test", "inbox@rehearsal.test"), tenant="rehearsal",
+        mailbox="inbox@rehearsal.test")
+    await env.wait_state(workflow_id, "awaiting_review")
+    client = await env.temporal()
+    query = f'ReviewOverdue = true AND WorkflowId = "{workflow_id}"'
+    for _ in range(60):
+        if [w async for w in client.list_workflows(query)]:
+            break
+        await asyncio.sleep(0.5)
+    else:
+        raise AssertionError("never marked overdue")
+    task = await env.db.fetchrow("SELECT * FROM review_tasks WHERE workflow_id = $1", workflow_id)
+    assert task["escalated_at"] is not None
+    assert "review_escalated" in [a for a, _ in await audit_actions(env, workflow_id)]
+    queue = json.loads(cli(stack, "queue", "--json", "--tenant", "rehearsal").stdout)
+    assert [i["overdue"] for i in queue if i["workflow_id"] == workflow_id] == [True]
+    await env.signal(workflow_id, "reject", {"reviewer": "dana"})
+    await env.wait_state(workflow_id, "rejected")
+
+
+async def test_temporal_down_stores_then_sweeper_starts(env: StackClient, stack: Stack) -> None:
+    """A relay that cannot reach Temporal stores the event and answers 503; the sweeper (of
+    any relay) starts it later. The provider's redelivery is answered as a duplicate."""
+    email = unique_email("sweeper")
+    port = free_port()
+    isolated = stack.env | {"TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}",
+                            "INBOXCRM_RELAY_PORT": str(port)}
+    from inboxcrm.stack.processes import ManagedProcess, python
+
+    relay = ManagedProcess("relay-no-temporal", python("inboxcrm.relay_main"), isolated,
+                           stack.log_dir).start()
+    try:
+        relay.wait_ready(http_answers(f"http://127.0.0.1:{port}/healthz"))
+        health = await env.http.get(f"http://127.0.0.1:{port}/healthz")
+        assert health.json() == {"ok": False, "database": True, "temporal": False}
+        raw = message_from(email)
+        delivery_id = f"E-sweep-{uuid.uuid4().hex[:8]}"
+        response = await env.post(raw, delivery_id, relay_url=f"http://127.0.0.1:{port}")
+        assert response.status_code == 503
+        workflow_id = response.json()["workflow_id"]
+        assert await env.count("SELECT count(*) FROM inbound_events WHERE workflow_id = $1 "
+                               "AND workflow_started_at IS NULL", workflow_id) == 1
+    finally:
+        relay.stop()
+    await env.wait_state(workflow_id, "completed", timeout=60)  # the main relay's sweeper
+    again = await env.post(raw, delivery_id)
+    assert again.json()["status"] == "duplicate"
+    assert len(await env.crm_records_for(email)) == 1
+    assert len(await env.emails_to(email)) == 1
+
+
+async def test_ledger_down_answers_503(env: StackClient, stack: Stack) -> None:
+    from inboxcrm.stack.processes import ManagedProcess, python
+
+    port = free_port()
+    dead_db = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
+    relay = ManagedProcess("relay-no-db", python("inboxcrm.relay_main"),
+                           stack.env | {"DATABASE_URL": dead_db,
+                                        "INBOXCRM_RELAY_PORT": str(port)},
+                           stack.log_dir).start()
+    try:
+        relay.wait_ready(http_answers(f"http://127.0.0.1:{port}/healthz"))
+        health = await env.http.get(f"http://127.0.0.1:{port}/healthz")
+        assert health.status_code == 503 and health.json()["database"] is False
+        response = await env.post(sample_message(), relay_url=f"http://127.0.0.1:{port}")
+        assert response.status_code == 503
+        assert "ledger" in response.json()["message"]
+    finally:
+        relay.stop()
