@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 import uuid
@@ -24,7 +25,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="inboxcrm: inbound email to CRM contacts and follow-ups, no duplicates.")
 review_app = typer.Typer(no_args_is_help=True, help="Reviewer decisions (signals).")
 app.add_typer(review_app, name="review")
-out = Console()
+# Wide tables when piped (rich would wrap at 80 columns).
+out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 T = TypeVar("T")
 
@@ -72,6 +74,12 @@ def up() -> None:
     )
     stack = Stack(config)
     started = time.monotonic()
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)  # `kill` or a supervisor stops it cleanly too
+    signal.signal(signal.SIGHUP, interrupted)
     try:
         with out.status("starting PostgreSQL, Temporal, sandbox, worker and relay…"):
             stack.start_all()

