@@ -418,6 +418,51 @@ def replay(workflow_id: str, reviewer: ReviewerOpt,
     out.print(f"replaying {workflow_id}")
 
 
+# --- retention -------------------------------------------------------------------------
+@app.command()
+def purge(older_than: Annotated[int, typer.Option("--older-than", help="Days.")]) -> None:
+    """Delete raw content of settled items older than DAYS; hashes and the decision trail
+    stay."""
+    from inboxcrm import retention
+
+    if older_than < 1:
+        fail("--older-than must be at least 1 day")
+    settings = settings_from_env()
+    actor = os.environ.get("USER", "operator")
+    count = _with_db(settings, lambda conn: retention.purge(conn, older_than, actor))
+    out.print(f"purged raw content of {count} event(s) older than {older_than} day(s)")
+
+
+@app.command()
+def forget(email: Annotated[str, typer.Option("--email")],
+           tenant: Annotated[str | None, typer.Option(help="Default: every tenant.")] = None,
+           ) -> None:
+    """Data-subject request: remove a person's personal data from the store (recorded)."""
+    from inboxcrm import retention
+    from inboxcrm.policy import InvalidAddress, canonical_email, get_policy, load_policies
+
+    settings = settings_from_env()
+    tenants = [tenant] if tenant else sorted(load_policies())
+    canonical = set()
+    for name in tenants:
+        try:
+            canonical.add(canonical_email(email, get_policy(name)))
+        except InvalidAddress:
+            fail("not a valid email address")
+    actor = os.environ.get("USER", "operator")
+
+    async def run(conn: Any) -> tuple[int, int]:
+        contacts = events = 0
+        for address in canonical:
+            report = await retention.forget(conn, tenants, address, actor)
+            contacts, events = contacts + report.contacts, events + report.events
+        return contacts, events
+
+    contacts, events = _with_db(settings, run)
+    out.print(f"forgot {contacts} contact(s) and the content of {events} event(s); the CRM's "
+              "own record must be deleted in the CRM")
+
+
 # --- rehearse --------------------------------------------------------------------------
 @app.command()
 def rehearse(timeout: Annotated[float, typer.Option(help="Seconds per scenario.")] = 90) -> None:

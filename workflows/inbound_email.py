@@ -263,6 +263,7 @@ class InboundEmailWorkflow:
     async def _wait_for_person(self, waiting: _Waiting, state: ItemState) -> ReviewDecision:
         waiting.since = workflow.now().isoformat()
         self._waiting = waiting
+        workflow.set_current_details(_details(waiting, state))
         await self._enter(state, waiting.reason, review=True)
         deadline = timedelta(hours=self._escalation_hours)
         try:
@@ -284,6 +285,7 @@ class InboundEmailWorkflow:
                 return decision
         finally:
             self._waiting = None
+            workflow.set_current_details("")
             workflow.upsert_search_attributes([SA_NEEDS_REVIEW.value_set(False),
                                                SA_OVERDUE.value_set(False)])
 
@@ -309,27 +311,40 @@ class InboundEmailWorkflow:
                                 EscalationInput(self.item, reason))
 
     # --- signals and query ---------------------------------------------------------------
-    @workflow.signal(name="approve")
+    @workflow.signal(name="approve", description=(
+        "Approve an item awaiting review; processing continues. Body: {\"reviewer\": "
+        "\"name\" (required), \"note\": \"...\", \"corrections\": {\"sender_email\": \"...\", "
+        "\"name\": \"...\", \"company\": \"...\"}}"))
     def approve(self, body: Any) -> None:
         self._signals.append(_Signal("approve", body))
 
-    @workflow.signal(name="hold")
+    @workflow.signal(name="hold", description=(
+        "Park the item (state held) until another decision; it stays in the review queue. "
+        "Body: {\"reviewer\": \"name\" (required), \"note\": \"...\"}"))
     def hold(self, body: Any) -> None:
         self._signals.append(_Signal("hold", body))
 
-    @workflow.signal(name="reject")
+    @workflow.signal(name="reject", description=(
+        "Reject the item: it ends as rejected and nothing more is written or sent. "
+        "Body: {\"reviewer\": \"name\" (required), \"note\": \"...\"}"))
     def reject(self, body: Any) -> None:
         self._signals.append(_Signal("reject", body))
 
-    @workflow.signal(name="retry")
+    @workflow.signal(name="retry", description=(
+        "Blocked or ambiguous step: run it again with the same operation key and a fresh, "
+        "bounded attempt budget. Body: {\"reviewer\": \"name\" (required), \"note\": \"...\"}"))
     def retry(self, body: Any) -> None:
         self._signals.append(_Signal("retry", body))
 
-    @workflow.signal(name="resolve")
+    @workflow.signal(name="resolve", description=(
+        "Blocked or ambiguous side effect already exists: mark it complete with evidence "
+        "(e.g. the CRM record ID) and continue. Body: {\"reviewer\": \"name\" (required), "
+        "\"evidence\": \"...\" (required), \"note\": \"...\"}"))
     def resolve(self, body: Any) -> None:
         self._signals.append(_Signal("resolve", body))
 
-    @workflow.query(name="status")
+    @workflow.query(name="status", description=(
+        "State, reason, operation keys and destination IDs, and the open review (if any)."))
     def status(self) -> dict[str, Any]:
         waiting = self._waiting
         return {
@@ -376,6 +391,26 @@ class InboundEmailWorkflow:
     async def _bookkeeping(self, fn: Any, arg: Any) -> Any:
         return await workflow.execute_local_activity_method(
             fn, arg, start_to_close_timeout=BOOKKEEPING_TIMEOUT, retry_policy=BOOKKEEPING_RETRY)
+
+
+_CHOICES = {
+    "approve": "approve: continue processing (optionally with corrected fields)",
+    "hold": "hold: keep it parked in the queue",
+    "reject": "reject: end it; nothing more is written or sent",
+    "retry": "retry: run the step again with the same operation key",
+    "resolve": "resolve: the side effect exists; record the evidence and continue",
+}
+
+
+def _details(waiting: _Waiting, state: ItemState) -> str:
+    """What the UI shows on the workflow page: why it waits and what each choice does.
+    References and reasons only, never personal data."""
+    lines = [f"**Waiting for a person** ({state.value}): `{waiting.reason}`"]
+    if waiting.op_key:
+        lines.append(f"Operation: `{waiting.op_key.rsplit(':', 1)[-1]}`")
+    lines.append("Send a signal with body `{\"reviewer\": \"your name\", \"note\": \"...\"}`:")
+    lines += [f"- {_CHOICES[action]}" for action in sorted(waiting.allowed)]
+    return "\n".join(lines)
 
 
 def _first(reasons: list[str], default: str) -> str:
