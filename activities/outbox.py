@@ -69,7 +69,8 @@ class OutboxRunner:
                                        non_retryable=True)
             await store.set_event_state(conn, item.event_id, running_state, None)
         attempt = Attempt(op, claim)
-        activity.logger.info("operation attempt %s #%d", op.op_key, claim.attempts)
+        activity.logger.info("operation attempt #%d", claim.attempts,
+                             extra={"op_key": op.op_key})
         try:
             if claim.needs_reconcile:
                 if reconcile is None:
@@ -84,6 +85,7 @@ class OutboxRunner:
             outcome = await perform(attempt)
         except AdapterError as exc:
             classified = exc.classified
+            _count("inboxcrm_operation_failures", self.action, classified.category.value)
             error = to_application_error(classified, max_retry_after=self.max_retry_after,
                                          reconcilable=reconcile is not None)
             status = _STATUS_FOR_CATEGORY[classified.category]
@@ -104,6 +106,8 @@ class OutboxRunner:
         await self._succeed(attempt, outcome, False, record_success)
         return OperationResult(status="completed", destination_id=outcome)
 
+
+
     async def _succeed(
         self, attempt: Attempt, destination_id: str, reconciled: bool,
         record_success: Callable[[Any, Attempt, str, bool], Awaitable[None]],
@@ -111,7 +115,16 @@ class OutboxRunner:
         async with self.pool.acquire() as conn, conn.transaction():
             await ledger.complete(conn, attempt.op.op_key, destination_id)
             await record_success(conn, attempt, destination_id, reconciled)
+        _count("inboxcrm_operations_completed", self.action,
+               "reconciled" if reconciled else "sent")
 
     async def _mark(self, op: OperationInput, status: str, category: str, reason: str) -> None:
         async with self.pool.acquire() as conn:
             await conn.execute(ledger.RECORD_FAILURE, op.op_key, status, category, reason)
+
+
+def _count(name: str, action: str, outcome: str) -> None:
+    """An app counter on the worker's Prometheus endpoint (Temporal runtime meter).
+    Labels are enums only."""
+    activity.metric_meter().create_counter(name).add(
+        1, {"action": action, "outcome": outcome})

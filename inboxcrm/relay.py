@@ -23,7 +23,8 @@ from typing import Any
 
 import asyncpg
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
@@ -33,6 +34,7 @@ from temporalio.service import RPCError
 from activities import store
 from inboxcrm import db, temporal
 from inboxcrm.config import Settings
+from inboxcrm.metrics import RelayMetrics
 from inboxcrm.policy import UnknownTenant, get_policy
 from schemas.models import InboundEmailInput, inbound_workflow_id
 
@@ -246,6 +248,7 @@ def _error(status_code: int, message: str) -> JSONResponse:
 
 def create_app(settings: Settings) -> FastAPI:
     webhook = Webhook(settings.webhook_secret)
+    metrics = RelayMetrics()
     handle = TemporalHandle(settings)
 
     @contextlib.asynccontextmanager
@@ -253,6 +256,7 @@ def create_app(settings: Settings) -> FastAPI:
         # min_size=0: the relay starts (and answers 503) even while the database is down.
         pool = await db.create_pool(settings.database_url, min_size=0, max_size=20)
         app.state.ingestor = Ingestor(pool, handle, settings.task_queue)
+        app.state.metrics = metrics
         sweeper = asyncio.create_task(_sweep_forever(app.state.ingestor, settings))
         try:
             yield
@@ -266,6 +270,11 @@ def create_app(settings: Settings) -> FastAPI:
     from inboxcrm.codec import codec_router  # POST /codec/encode, /codec/decode
 
     app.include_router(codec_router(settings))
+
+    @app.get("/metrics")
+    async def prometheus_metrics(request: Request) -> Response:
+        body = await metrics.render(request.app.state.ingestor.pool)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:
@@ -289,6 +298,7 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             webhook.verify(body, dict(request.headers), json_parse=False)
         except (WebhookVerificationError, UnicodeDecodeError, ValueError, binascii.Error):
+            metrics.signature_failures.labels("standard").inc()
             return _error(401, "invalid or missing webhook signature")
         try:
             parsed = json.loads(body)
@@ -304,12 +314,16 @@ def create_app(settings: Settings) -> FastAPI:
 
 
 async def _ingest(request: Request, delivery: Delivery) -> JSONResponse:
+    """Ledger + start for any source; counts the outcome by source (no other labels)."""
     ingestor: Ingestor = request.app.state.ingestor
+    counter = request.app.state.metrics.deliveries
     try:
         result = await ingestor.ingest(delivery)
     except (TimeoutError, asyncpg.PostgresError, OSError):
         log.warning("ledger unavailable")
+        counter.labels(delivery.source, "ledger_unavailable").inc()
         return _error(503, "ledger unavailable; retry later")
+    counter.labels(delivery.source, result.status).inc()
     return _answer(result)
 
 

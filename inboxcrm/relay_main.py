@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import socket
 import sys
 
 import uvicorn
 
 from inboxcrm.config import get_settings
+from inboxcrm.logs import configure_logging
 from inboxcrm.relay import create_app
 
 
@@ -24,7 +24,7 @@ def port_free(host: str, port: int) -> bool:
 
 def main() -> None:
     settings = get_settings()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging("relay")
     if not port_free(settings.relay_host, settings.relay_port):
         print(  # noqa: T201
             f"inboxcrm relay: port {settings.relay_port} on {settings.relay_host} is already in "

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import (
     AddSearchAttributesRequest,
     ListSearchAttributesRequest,
 )
 from temporalio.client import Client
+from temporalio.service import TLSConfig
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from inboxcrm.config import Settings
+
+log = logging.getLogger("inboxcrm.temporal")
 
 SEARCH_ATTRIBUTES: dict[str, IndexedValueType.ValueType] = {
     "InboxState": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
@@ -27,13 +34,50 @@ DEV_SERVER_FLAGS = [
 ]
 
 
-async def connect(settings: Settings, *, lazy: bool = False) -> Client:
+async def connect(settings: Settings, *, lazy: bool = False,
+                  runtime: Runtime | None = None) -> Client:
     from inboxcrm.codec import data_converter  # payload encryption (DESIGN.md section 7)
 
     return await Client.connect(
         settings.temporal_address, namespace=settings.temporal_namespace, lazy=lazy,
-        data_converter=data_converter(settings),
+        data_converter=data_converter(settings), runtime=runtime,
+        tls=tls_config(settings),
+        api_key=settings.temporal_api_key.get_secret_value() if settings.temporal_api_key
+        else None,
     )
+
+
+def tls_config(settings: Settings) -> TLSConfig | bool | None:
+    """TLS for a remote cluster: mTLS with a client certificate and key (PEM files; Temporal
+    Cloud or self-hosted), optionally a private CA; plain TLS with an API key (Temporal
+    Cloud). None (the SDK default, no TLS) when nothing is configured: the local dev server."""
+    cert, key = settings.temporal_tls_cert, settings.temporal_tls_key
+    if bool(cert) != bool(key):
+        raise ValueError("INBOXCRM_TEMPORAL_TLS_CERT and INBOXCRM_TEMPORAL_TLS_KEY go together")
+    ca = settings.temporal_tls_ca
+    if not (cert or ca or settings.temporal_tls_server_name):
+        return True if settings.temporal_api_key else None
+    return TLSConfig(
+        client_cert=Path(cert).read_bytes() if cert else None,
+        client_private_key=Path(key).read_bytes() if key else None,
+        server_root_ca_cert=Path(ca).read_bytes() if ca else None,
+        domain=settings.temporal_tls_server_name or None,
+    )
+
+
+def metrics_runtime(bind_address: str | None) -> Runtime | None:
+    """A runtime exporting the SDK's metrics (and the worker's own, via the activity
+    metric meter) in Prometheus format at `bind_address` (e.g. 127.0.0.1:9464)."""
+    if not bind_address:
+        return None
+    try:
+        return Runtime(telemetry=TelemetryConfig(
+            metrics=PrometheusConfig(bind_address=bind_address)))
+    except ValueError:
+        # Another worker on this host holds the port: run (and process work) without the
+        # exporter rather than not at all.
+        log.warning("metrics exporter not started: %s is in use", bind_address)
+        return None
 
 
 async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:

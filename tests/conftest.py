@@ -83,6 +83,7 @@ def stack(database_url: str) -> Iterator[Stack]:
         temporal_db_file=False,
         sandbox_port=any_free_port(),
         relay_port=any_free_port(),
+        worker_metrics_port=any_free_port(),
         database_url=database_url,
         temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None,
         task_queue=f"inboxcrm-test-{uuid.uuid4().hex[:6]}",

@@ -38,6 +38,7 @@ class StackConfig:
     temporal_db_file: bool = True            # file-backed under data_dir (False: in memory)
     sandbox_port: int = 8090
     relay_port: int = 8080
+    worker_metrics_port: int = 9464
     database_url: str | None = None          # external PostgreSQL
     temporal_address: str | None = None      # external Temporal
     task_queue: str = "inboxcrm"
@@ -151,6 +152,7 @@ class Stack:
             "INBOXCRM_SANDBOX_URL": self.sandbox_url,
             "INBOXCRM_RELAY_PORT": str(self.config.relay_port),
             "INBOXCRM_TASK_QUEUE": self.config.task_queue,
+            "INBOXCRM_WORKER_METRICS_ADDRESS": f"127.0.0.1:{self.config.worker_metrics_port}",
             "INBOXCRM_WEBHOOK_SECRET": webhook_secret(self.config.data_dir),
             "INBOXCRM_CODEC_KEYS_FILE": str(keys_file),
             "PYTHONUNBUFFERED": "1",
@@ -169,6 +171,8 @@ class Stack:
             "INBOXCRM_WEBHOOK_SECRET": self.env["INBOXCRM_WEBHOOK_SECRET"],
             "INBOXCRM_TASK_QUEUE": self.config.task_queue,
             "INBOXCRM_CODEC_KEYS_FILE": self.env["INBOXCRM_CODEC_KEYS_FILE"],
+            "RELAY_METRICS_URL": f"{self.relay_url}/metrics",
+            "WORKER_METRICS_URL": f"http://{self.env['INBOXCRM_WORKER_METRICS_ADDRESS']}/metrics",
         }
 
     def write_stack_env(self) -> Path:

@@ -1,0 +1,105 @@
+"""Prometheus metrics of the relay. Counters for what the relay sees; gauges read from
+PostgreSQL at scrape time, so every relay replica reports the same truth about the store.
+
+Labels are low-cardinality enums (source, outcome, state) — never addresses, subjects,
+delivery IDs or tenants' customers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import asyncpg
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+DELIVERIES = "inboxcrm_deliveries_received"
+SIGNATURE_FAILURES = "inboxcrm_signature_failures"
+
+STORE_GAUGES = """
+SELECT
+  (SELECT coalesce(jsonb_object_agg(state, n), '{}') FROM
+     (SELECT state, count(*) AS n FROM inbound_events GROUP BY state) s) AS items,
+  (SELECT count(*) FROM review_tasks WHERE status = 'open') AS queue_size,
+  (SELECT coalesce(extract(epoch FROM now() - min(first_seen)), 0)
+     FROM review_tasks WHERE status = 'open') AS oldest_age,
+  (SELECT count(*) FROM review_tasks WHERE status = 'open' AND escalate_at <= now())
+     AS overdue,
+  (SELECT count(*) FROM followup_intents WHERE status = 'sending' AND lease_until < now())
+     AS stuck_sending,
+  (SELECT count(*) FROM (SELECT provider_message_id FROM followup_intents
+     WHERE provider_message_id IS NOT NULL GROUP BY provider_message_id
+     HAVING count(*) > 1) d) AS duplicate_message_ids,
+  (SELECT count(*) FROM followup_intents
+     WHERE status = 'cancelled' AND cancel_reason IN ('suppressed', 'opt_out',
+                                                      'intent_cancelled')) AS suppression_blocks,
+  (SELECT count(*) FROM audit_log WHERE action = 'redelivery_content_differs')
+     AS redelivery_mismatches,
+  (SELECT count(*) FROM audit_log WHERE action = 'attempt_failed'
+     AND detail ->> 'reason' = 'response_mismatch') AS provider_response_mismatches,
+  (SELECT count(*) FROM inbound_events WHERE workflow_started_at IS NULL) AS unstarted
+"""
+
+
+class RelayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.deliveries = Counter(
+            DELIVERIES, "Inbound deliveries by source and outcome "
+            "(accepted, duplicate, unavailable, rejected)", ["source", "outcome"],
+            registry=self.registry)
+        self.signature_failures = Counter(
+            SIGNATURE_FAILURES, "Deliveries rejected for a bad or missing signature",
+            ["source"], registry=self.registry)
+        self._store = _StoreCollector()
+        self.registry.register(self._store)
+
+    async def render(self, pool: asyncpg.Pool) -> bytes:
+        """Refresh the store gauges (one query), then render everything."""
+        try:
+            async with pool.acquire() as conn:
+                row = await conn.fetchrow(STORE_GAUGES)
+            self._store.snapshot = dict(row) if row is not None else None
+        except (OSError, asyncpg.PostgresError):
+            self._store.snapshot = None
+        return bytes(generate_latest(self.registry))
+
+
+class _StoreCollector(Collector):
+    def __init__(self) -> None:
+        self.snapshot: dict[str, Any] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily("inboxcrm_store_up", "1 if the store answered this scrape")
+        up.add_metric([], 0 if self.snapshot is None else 1)
+        yield up
+        snap = self.snapshot
+        if snap is None:
+            return
+        items = GaugeMetricFamily("inboxcrm_items", "Items per state", labels=["state"])
+        for state, count in sorted((snap["items"] or {}).items()):
+            items.add_metric([state], count)
+        yield items
+        for name, key, text in (
+            ("inboxcrm_review_queue_size", "queue_size", "Open review tasks"),
+            ("inboxcrm_review_oldest_age_seconds", "oldest_age",
+             "Age of the oldest unresolved review task"),
+            ("inboxcrm_review_overdue", "overdue", "Open review tasks past escalation"),
+            ("inboxcrm_intents_stuck_sending", "stuck_sending",
+             "Follow-ups in 'sending' whose lease expired"),
+            ("inboxcrm_duplicate_provider_message_ids", "duplicate_message_ids",
+             "Provider message IDs recorded for more than one intent (must be 0)"),
+            ("inboxcrm_suppression_blocks", "suppression_blocks",
+             "Follow-ups stopped by a suppression or opt-out"),
+            ("inboxcrm_redelivery_content_mismatches", "redelivery_mismatches",
+             "Redeliveries whose content differed from the stored delivery"),
+            ("inboxcrm_provider_response_mismatches", "provider_response_mismatches",
+             "Provider answers that claimed success without the record"),
+            ("inboxcrm_unstarted_events", "unstarted",
+             "Stored deliveries whose workflow is not started yet (sweeper backlog)"),
+        ):
+            gauge = GaugeMetricFamily(name, text)
+            gauge.add_metric([], float(snap[key] or 0))
+            yield gauge
