@@ -82,6 +82,11 @@ class ExtractActivities:
                         name: (record.get(name) or {}).get("confidence")
                         for name in ("sender_email", "contact_name", "company")
                     },
+                    # Quoted from the message: personal data, removed by `inboxcrm forget`.
+                    "evidence": {
+                        name: (record.get(name) or {}).get("evidence")
+                        for name in ("sender_email", "contact_name", "company")
+                    },
                 },
             )
         return ExtractResult(route=outcome.route, reasons=list(outcome.reasons),

@@ -16,6 +16,7 @@ from schemas.models import (
     CorrectionInput,
     EscalationInput,
     IntentApproval,
+    ItemState,
     ResolveInput,
     RetryGrant,
     StateChange,
@@ -37,6 +38,16 @@ WHERE workflow_id = $1 AND status = 'open'
 
 RECORD_RESOLVER = """
 UPDATE review_tasks SET resolved_by = $2 WHERE workflow_id = $1 AND status = 'open'
+"""
+
+CANCEL_EVENT_INTENTS = """
+UPDATE followup_intents SET status = 'cancelled', cancel_reason = 'rejected'
+WHERE event_id = $1 AND status IN ('queued', 'awaiting_approval')
+"""
+
+CANCEL_EVENT_OPERATIONS = """
+UPDATE operations SET status = 'cancelled', last_transition = now()
+WHERE workflow_id = $1 AND status <> 'completed'
 """
 
 MARK_ESCALATED = """
@@ -78,6 +89,10 @@ class ReviewActivities:
                 )
             elif change.state not in REVIEW_STATES:
                 await conn.execute(CLOSE_REVIEW_TASKS, item.workflow_id, change.state)
+            if change.state == ItemState.REJECTED:
+                # Nothing more is written or sent for a rejected item.
+                await conn.execute(CANCEL_EVENT_INTENTS, item.event_id)
+                await conn.execute(CANCEL_EVENT_OPERATIONS, item.workflow_id)
             await store.audit(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor="workflow", action="state_changed",

@@ -359,13 +359,18 @@ def audit(
         return
     if not entries:
         fail("no audit entries found")
-    table = Table(title="audit story")
-    for column in ("at", "workflow", "actor", "action", "detail"):
-        table.add_column(column, overflow="fold")
+    from inboxcrm.audit_story import sentence, summary
+
+    for line in summary(entries):
+        out.print(f"[bold]{line}[/bold]", highlight=False)
+    current = None
     for entry in entries:
-        table.add_row(entry["at"], (entry["workflow_id"] or "").rsplit("/", 1)[-1],
-                      entry["actor"], entry["action"], json.dumps(entry["detail"]))
-    out.print(table)
+        if entry["workflow_id"] != current:
+            current = entry["workflow_id"]
+            out.print(f"\n[bold]{current or '(operator actions)'}[/bold]", highlight=False)
+        at = entry["at"][:23].replace("T", " ")
+        out.print(f"  {at}  {entry['actor']:<16} {sentence(entry['action'], entry['detail'])}",
+                  highlight=False, soft_wrap=True)
 
 
 # --- replay ----------------------------------------------------------------------------
@@ -602,6 +607,34 @@ def chaos(
         for item in sorted(check_result.violations)[:50]:
             out.print(f"[red]violation[/red] {check_result.name}: {item}", highlight=False)
     raise typer.Exit(result.exit_code)
+
+
+# --- hubspot-setup ---------------------------------------------------------------------
+@app.command("hubspot-setup")
+def hubspot_setup(
+    property_name: Annotated[str | None, typer.Option(
+        "--property", help="Default: INBOXCRM_CRM_ID_PROPERTY.")] = None,
+    url: Annotated[str | None, typer.Option(
+        help="HubSpot API base URL. Default: INBOXCRM_CRM_URL, else https://api.hubapi.com.")
+    ] = None,
+) -> None:
+    """Create the unique contact property HubSpot upserts are keyed by (once per portal;
+    idempotent). Needs INBOXCRM_CRM_TOKEN with the crm.schemas.contacts.write scope."""
+    from inboxcrm.hubspot_setup import HUBSPOT_API, SetupError, run_setup
+
+    settings = get_settings()
+    if not settings.crm_token:
+        fail("set INBOXCRM_CRM_TOKEN (a HubSpot private-app token)", 2)
+        return
+    name = property_name or settings.crm_id_property
+    try:
+        result = asyncio.run(run_setup(url or settings.crm_url or HUBSPOT_API,
+                                       settings.crm_token, name,
+                                       timeout=settings.http_timeout_seconds))
+    except SetupError as exc:
+        fail(str(exc))
+        return
+    out.print(f"contact property {result.name}: {result.status} (unique)", highlight=False)
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ SET raw = NULL,
 WHERE received_at < now() - make_interval(days => $1)
   AND raw IS NOT NULL
   AND state IN ('completed', 'ignored', 'suppressed', 'rejected', 'failed')
-RETURNING event_id
+RETURNING event_id, workflow_id
 """
 
 FORGET_CONTACTS = """
@@ -42,6 +42,11 @@ UPDATE inbound_events
 SET raw = NULL, extraction = NULL, canonical_email = NULL, updated_at = now()
 WHERE tenant = ANY($1::text[]) AND (canonical_email = $2 OR contact_id = ANY($3::uuid[]))
 RETURNING event_id, workflow_id, tenant
+"""
+
+REDACT_AUDIT = """
+UPDATE audit_log SET detail = detail - 'evidence'
+WHERE workflow_id = ANY($1::text[]) AND detail ? 'evidence'
 """
 
 CANCEL_OPEN_INTENTS = """
@@ -65,6 +70,7 @@ async def purge(conn: asyncpg.Connection[Any], older_than_days: int, actor: str)
         raise ValueError("--older-than must be at least 1 day")
     async with conn.transaction():
         rows = await conn.fetch(PURGE_RAW, older_than_days)
+        await conn.execute(REDACT_AUDIT, [r["workflow_id"] for r in rows])
         await conn.execute(RECORD, None, actor, "purged",
                            {"older_than_days": older_than_days, "events": len(rows)})
     return len(rows)
@@ -77,6 +83,7 @@ async def forget(conn: asyncpg.Connection[Any], tenants: list[str], canonical: s
         contact_ids = [r["contact_id"] for r in contacts]
         events = await conn.fetch(FORGET_EVENTS, tenants, canonical, contact_ids)
         await conn.execute(CANCEL_OPEN_INTENTS, contact_ids)
+        await conn.execute(REDACT_AUDIT, [e["workflow_id"] for e in events])
         for tenant in tenants:
             await conn.execute(RECORD, tenant, actor, "forgotten", {
                 "contacts": [str(c["contact_id"]) for c in contacts if c["tenant"] == tenant],

@@ -1,0 +1,138 @@
+"""The audit trail as a readable timeline: one sentence per step, so an operator can answer
+"why did this person get two replies?" or "why none?" without reading JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Detail = dict[str, Any]
+
+
+def _short(value: Any, n: int = 8) -> str:
+    text = str(value or "")
+    return text[:n] + "…" if len(text) > n + 1 else text
+
+
+def _received(d: Detail) -> str:
+    return (f"received via {d.get('source')} (delivery {d.get('delivery_id')}, "
+            f"{d.get('size_bytes')} bytes, sha256 {_short(d.get('content_sha256'), 12)})")
+
+
+def _extracted(d: Detail) -> str:
+    conf = d.get("confidence") or {}
+    reasons = ", ".join(d.get("reasons") or []) or "none"
+    return (f"extracted by {d.get('extractor_version')}: route {d.get('route')} "
+            f"(reasons: {reasons}), intent {d.get('intent')}, confidence sender "
+            f"{conf.get('sender_email')} / name {conf.get('contact_name')} / company "
+            f"{conf.get('company')}")
+
+
+def _state(d: Detail) -> str:
+    text = f"state → {d.get('state')}"
+    if d.get("reason"):
+        text += f" ({d['reason']})"
+    if d.get("review_reason"):
+        text += f"; waits for {d.get('owner')}"
+    return text
+
+
+def _attempt_failed(d: Detail) -> str:
+    retry = f", provider asked to wait {d['retry_after']}s" if d.get("retry_after") else ""
+    return (f"{_action_of(d)} attempt {d.get('attempt')} failed: {d.get('category')} "
+            f"{d.get('reason')}{retry}")
+
+
+def _action_of(d: Detail) -> str:
+    return str(d.get("op_key", "")).rsplit(":", 1)[-1] or "operation"
+
+
+def _signal(action: str) -> Callable[[Detail], str]:
+    def describe(d: Detail) -> str:
+        verb = action.removeprefix("signal_")
+        if d.get("accepted"):
+            note = f": {d['note']}" if d.get("note") else ""
+            return f"reviewer decision {verb} accepted{note}"
+        return f"reviewer signal {verb} ignored ({d.get('ignored_reason')})"
+    return describe
+
+
+SENTENCES: dict[str, Callable[[Detail], str]] = {
+    "received": _received,
+    "redelivery_content_differs": lambda d: (
+        f"redelivery of {d.get('delivery_id')} with DIFFERENT content (not processed)"),
+    "extracted": _extracted,
+    "match_needs_review": lambda d: (
+        f"matching needs review: {d.get('reason')} ({len(d.get('candidates') or [])} "
+        "candidate(s))"),
+    "contact_matched": lambda d: (
+        f"matched: {str(d.get('decision')).replace('_', ' ')} by {d.get('rule')}"
+        + (f", approved by {d['approved_by']}" if d.get("approved_by") else "")),
+    "contact_updated": lambda d: f"contact fields updated: {', '.join(d.get('fields') or [])}",
+    "suppression_recorded": lambda d: (
+        f"opt-out recorded; cancelled {len(d.get('cancelled_intents') or [])} queued "
+        "follow-up(s)"),
+    "intent_created": lambda d: (
+        f"follow-up intent {_short(d.get('intent_id'))} created (rule {d.get('rule_id')} "
+        f"v{d.get('rule_version')}" + (", needs approval)" if d.get("needs_approval") else ")")),
+    "followup_not_planned": lambda d: f"no follow-up planned: {d.get('reason')}",
+    "followup_approved": lambda d: f"follow-up {_short(d.get('intent_id'))} approved",
+    "eligibility_checked": lambda d: (
+        f"send eligibility for {_short(d.get('intent_id'))}: "
+        + ("eligible" if d.get("eligible") else f"NOT eligible ({d.get('reason')})")),
+    "crm_upserted": lambda d: (
+        f"CRM ({d.get('crm')}) record {d.get('crm_record_id')} written, attempt "
+        f"{d.get('attempt')}" + (" (found by reconciliation, not re-sent)"
+                                 if d.get("reconciled") else "")),
+    "followup_sent": lambda d: (
+        f"follow-up sent via {d.get('provider')}: message {d.get('provider_message_id')}, "
+        f"idempotency key {_short(d.get('idempotency_key'))}, attempt {d.get('attempt')}"
+        + (" (found by reconciliation, not re-sent)" if d.get("reconciled") else "")),
+    "attempt_failed": _attempt_failed,
+    "state_changed": _state,
+    "operation_resolved": lambda d: (
+        f"{_action_of(d)} resolved by a person with evidence {d.get('evidence')}"),
+    "operation_retry_granted": lambda d: (
+        f"{_action_of(d)} retry granted ({d.get('budget')} more attempts)"),
+    "review_corrections_applied": lambda d: (
+        f"reviewer corrected: {', '.join(d.get('fields') or []) or 'nothing'}"
+        + (f" (rejected: {', '.join(d['rejected'])})" if d.get("rejected") else "")),
+    "review_escalated": lambda d: f"review overdue: escalated ({d.get('reason')})",
+    "replayed": lambda d: f"run replayed: {d.get('reason')}",
+    "paused": lambda d: f"{d.get('scope')} paused for {d.get('tenant')}",
+    "resumed": lambda d: f"{d.get('scope')} resumed for {d.get('tenant')}",
+    "forgotten": lambda d: "personal data forgotten on request",
+    "purged": lambda d: f"raw content purged ({d.get('events')} events)",
+}
+
+
+def sentence(action: str, detail: Detail) -> str:
+    if action.startswith("signal_"):
+        return _signal(action)(detail)
+    describe = SENTENCES.get(action)
+    if describe is None:
+        return f"{action}: {detail}"
+    try:
+        return describe(detail)
+    except (KeyError, TypeError, ValueError):
+        return f"{action}: {detail}"
+
+
+def summary(entries: list[dict[str, Any]]) -> list[str]:
+    """Counts that answer the usual questions first."""
+    workflows = sorted({e["workflow_id"] for e in entries if e.get("workflow_id")})
+    sent = [e for e in entries if e["action"] == "followup_sent"]
+    not_planned = [e["detail"].get("reason") for e in entries
+                   if e["action"] == "followup_not_planned"]
+    refused = [e["detail"].get("reason") for e in entries
+               if e["action"] == "eligibility_checked" and not e["detail"].get("eligible")]
+    lines = [f"{len(workflows)} inbound item(s); {len(sent)} follow-up(s) sent"]
+    if len(sent) > 1:
+        keys = {e["detail"].get("idempotency_key") for e in sent}
+        lines.append(f"follow-ups came from {len(keys)} distinct intent(s): each intent is at "
+                     "most one email; several intents mean several items outside each "
+                     "other's quiet period")
+    if not_planned or refused:
+        lines.append("follow-ups not sent because: "
+                     + ", ".join(str(r) for r in not_planned + refused))
+    return lines
