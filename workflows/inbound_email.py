@@ -85,8 +85,11 @@ PLAN_TIMEOUT = timedelta(seconds=30)
 # Outlives the adapter's HTTP timeout plus one reconciliation lookup.
 OPERATION_TIMEOUT = timedelta(seconds=25)
 BOOKKEEPING_TIMEOUT = timedelta(seconds=10)
-# While a tenant's CRM or send switch is paused, the step is re-checked at this interval.
+# While a tenant's CRM or send switch is paused, the step is re-checked: first after
+# PAUSE_POLL, then backing off to PAUSE_POLL_MAX so a long pause cannot bloat the history
+# (a day costs ~1.5k timers, not 17k).
 PAUSE_POLL = timedelta(seconds=5)
+PAUSE_POLL_MAX = timedelta(seconds=60)
 
 REVIEW_ACTIONS = {"approve", "hold", "reject"}
 RECOVERY_ACTIONS = {"retry", "resolve", "hold", "reject"}
@@ -206,6 +209,7 @@ class InboundEmailWorkflow:
         completed or confirmed, and never runs again once completed."""
         action = op_key.rsplit(":", 1)[-1]
         op = OperationInput(self.item, op_key)
+        pause_poll = PAUSE_POLL
         while True:
             self._show(state)
             try:
@@ -219,7 +223,10 @@ class InboundEmailWorkflow:
                 continue
             if result.status == "parked":
                 self._show(state, "paused")
-                await workflow.sleep(PAUSE_POLL)
+                await workflow.sleep(pause_poll)
+                # Introduced while workflows were running: old histories keep the fixed poll.
+                if workflow.patched("pause-poll-backoff"):
+                    pause_poll = min(pause_poll * 2, PAUSE_POLL_MAX)
                 continue
             self._status.operations[action].update(
                 status=result.status, destination_id=result.destination_id)
