@@ -11,8 +11,8 @@ from temporalio.api.operatorservice.v1 import (
     ListSearchAttributesRequest,
 )
 from temporalio.client import Client
-from temporalio.service import TLSConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.service import TLSConfig
 
 from inboxcrm.config import Settings
 
