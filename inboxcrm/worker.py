@@ -12,7 +12,8 @@ import signal
 
 from temporalio.worker import Worker
 
-from activities.adapters.factory import build_crm, build_mail
+from activities.adapters.hubspot import HubSpotCrm
+from activities.adapters.resend import ResendMail
 from activities.crm import CrmActivities
 from activities.extract import ExtractActivities
 from activities.match import MatchActivities
@@ -32,8 +33,10 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
     await temporal.ensure_search_attributes(client, settings.temporal_namespace)
     pool = await db.create_pool(settings.database_url, max_size=20)
-    crm = build_crm(settings)  # INBOXCRM_CRM_PROVIDER / INBOXCRM_MAIL_PROVIDER
-    mail = build_mail(settings)
+    crm = HubSpotCrm(settings.crm_base_url, settings.crm_token, settings.crm_id_property,
+                     settings.http_timeout_seconds)
+    mail = ResendMail(settings.mail_base_url, settings.mail_token, settings.mail_from,
+                      settings.http_timeout_seconds)
     cap = settings.max_retry_after_seconds
     extract = ExtractActivities(pool, build_extractor(settings), cap)
     match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
