@@ -35,3 +35,15 @@ clean-data:
 ## stack of its own under .data/chaos (free ports); exit 1 on an invariant violation
 chaos: $(STAMP)
 	$(BIN)/inboxcrm chaos --events $${CHAOS_EVENTS:-1000} --seed $${CHAOS_SEED:-1} --kills $${CHAOS_KILLS:-5}
+
+## test-ui: the review desk in a real browser (tests/ui): the Temporal Web UI driven by
+## Playwright in Debian's headless chromium (`apt-get install chromium`; no browser download),
+## on a UI-enabled stack of its own under .data/ui-stack. Screenshots: test-artifacts/ui/
+UI_STAMP := $(VENV)/.installed-ui
+
+$(UI_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,ui]'
+	touch $(UI_STAMP)
+
+test-ui: $(UI_STAMP)
+	INBOXCRM_UI_TESTS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/ui $(PYTEST_ARGS)

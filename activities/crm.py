@@ -7,6 +7,7 @@ first (read-after-write consistent, not the lagging search index).
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import asyncpg
@@ -21,6 +22,13 @@ LOAD_CONTACT = """
 SELECT contact_id, email, name, company FROM contacts WHERE contact_id = $1::uuid
 """
 
+LOAD_NOTE_CONTEXT = """
+SELECT c.crm_record_id, e.source, e.received_at, e.route, e.extraction ->> 'intent' AS intent,
+       e.delivery_id
+FROM inbound_events e JOIN contacts c ON c.contact_id = e.contact_id
+WHERE e.event_id = $1::uuid
+"""
+
 SET_CRM_RECORD = """
 UPDATE contacts SET crm_record_id = $2, updated_at = now() WHERE contact_id = $1::uuid
 """
@@ -32,6 +40,41 @@ class CrmActivities:
         self._crm = crm
         self._runner = OutboxRunner(pool, action=Action.CRM_UPSERT.value, pause_scope="crm",
                                     max_retry_after=max_retry_after)
+        self._note_runner = OutboxRunner(pool, action=Action.CRM_NOTE.value, pause_scope="crm",
+                                         max_retry_after=max_retry_after)
+
+    @activity.defn(name="log_email_on_contact")
+    async def log_email_on_contact(self, op: OperationInput) -> OperationResult:
+        """The inbound email as a note on the CRM contact: a side effect of its own, with its
+        own key (`…:crm-note`), so retrying one never repeats the other."""
+        return await self._note_runner.run(
+            op, reconcile=self._find_note, perform=self._log_note,
+            record_success=self._record_note, running_state=ItemState.CRM_PENDING,
+        )
+
+    async def _find_note(self, attempt: Attempt) -> str | None:
+        return await self._crm.find_note(note_key(attempt.op.op_key))
+
+    async def _log_note(self, attempt: Attempt) -> str:
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(LOAD_NOTE_CONTEXT, attempt.op.item.event_id)
+        if row is None or row["crm_record_id"] is None:
+            raise LookupError("no CRM record to log the email on")
+        text = (f"Inbound email received via {row['source']} at "
+                f"{row['received_at'].isoformat(timespec='seconds')} (delivery "
+                f"{row['delivery_id']}); intent: {row['intent'] or 'unknown'}; handled by "
+                "inboxcrm.")
+        return await self._crm.log_note(note_key(attempt.op.op_key), row["crm_record_id"], text)
+
+    async def _record_note(self, conn: Any, attempt: Attempt, note_id: str,
+                           reconciled: bool) -> None:
+        item = attempt.op.item
+        await store.audit(
+            conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+            actor="crm", action="crm_note_logged",
+            detail={"op_key": attempt.op.op_key, "crm": self._crm.name, "note_id": note_id,
+                    "attempt": attempt.claim.attempts, "reconciled": reconciled},
+        )
 
     @activity.defn(name="upsert_contact_in_crm")
     async def upsert_contact_in_crm(self, op: OperationInput) -> OperationResult:
@@ -72,3 +115,9 @@ def _contact_id(attempt: Attempt) -> str:
     if ref is None:
         raise LookupError("operation has no contact reference")
     return ref
+
+
+def note_key(op_key: str) -> str:
+    """The note's unique external ID: derived from the operation key (so every retry and
+    replay reuses it) but opaque, URL-safe and free of any address."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"inboxcrm:{op_key}"))

@@ -230,7 +230,12 @@ class _Planner:
         await self.conn.execute(INSERT_OPERATION, crm_key, self.item.workflow_id,
                                 self.item.event_id, Action.CRM_UPSERT.value,
                                 self.crm_max_attempts, str(contact_id))
-        result = PlanResult(outcome="planned", contact_id=str(contact_id), crm_op_key=crm_key)
+        note_key = operation_key(self.item.workflow_id, Action.CRM_NOTE)
+        await self.conn.execute(INSERT_OPERATION, note_key, self.item.workflow_id,
+                                self.item.event_id, Action.CRM_NOTE.value,
+                                self.crm_max_attempts, str(self.item.event_id))
+        result = PlanResult(outcome="planned", contact_id=str(contact_id), crm_op_key=crm_key,
+                            note_op_key=note_key)
         return await self._plan_followup(result, contact_id, identity, inserted,
                                          contact["status"])
 

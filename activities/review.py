@@ -62,6 +62,12 @@ UPDATE inbound_events SET extraction = $2, canonical_email = COALESCE($3, canoni
 WHERE event_id = $1
 """
 
+RECORD_RESOLVED_CRM_ID = """
+UPDATE contacts SET crm_record_id = $2, updated_at = now()
+FROM operations o
+WHERE o.op_key = $1 AND o.action = 'crm-upsert' AND contacts.contact_id = o.external_ref::uuid
+"""
+
 APPROVE_INTENT = """
 UPDATE followup_intents SET status = 'queued', approved_by = $2
 WHERE intent_id = $1::uuid AND status = 'awaiting_approval'
@@ -127,6 +133,8 @@ class ReviewActivities:
         item = resolve.item
         async with self._pool.acquire() as conn, conn.transaction():
             await ledger.complete(conn, resolve.op_key, resolve.evidence, resolve.evidence)
+            # A resolved CRM upsert names the contact's record: later steps (the note) use it.
+            await conn.execute(RECORD_RESOLVED_CRM_ID, resolve.op_key, resolve.evidence)
             await store.audit(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=resolve.reviewer, action="operation_resolved",

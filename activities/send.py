@@ -19,12 +19,15 @@ from activities.adapters.base import MailClient, OutgoingEmail
 from activities.errors import ErrorType
 from activities.outbox import Attempt, OutboxRunner
 from activities.templates import render
+from inboxcrm.unsubscribe import list_unsubscribe_headers
 from schemas.models import Action, ItemState, OperationInput, OperationResult
 
-LEASE_SECONDS = 60
+# Fallback when the activity has no start-to-close timeout (it always has one here).
+LEASE_SECONDS = 30.0
 
 CLAIM_INTENT = """
-SELECT i.intent_id, i.status, i.template_id, i.lease_owner, i.lease_until > now() AS leased,
+SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.lease_owner,
+       i.lease_until > now() AS leased,
        c.status AS contact_status, c.email, c.name, c.tenant, c.canonical_email,
        EXISTS (SELECT 1 FROM suppressions s
                WHERE s.tenant = c.tenant AND s.canonical_email = c.canonical_email)
@@ -96,12 +99,18 @@ class SendActivities:
             if row["leased"] and row["lease_owner"] not in (None, attempt_name):
                 # Another attempt (a zombie of a timed-out one) holds the lease: wait for it.
                 raise ApplicationError("intent lease held", type=ErrorType.UNKNOWN_OUTCOME.value)
-            await conn.execute(TAKE_LEASE, intent_id, attempt_name, LEASE_SECONDS)
+            # The lease lasts as long as this attempt may: after its start-to-close timeout
+            # Temporal starts the next attempt, which must be able to take over.
+            timeout = activity.info().start_to_close_timeout
+            lease = timeout.total_seconds() if timeout else LEASE_SECONDS
+            await conn.execute(TAKE_LEASE, intent_id, attempt_name, lease)
         subject, text = render(row["template_id"], row["name"])
         sent = await self._mail.send(
             intent_id,
             OutgoingEmail(to=row["email"], subject=subject, text=text,
-                          headers={"Auto-Submitted": "auto-replied"}),
+                          headers={"Auto-Submitted": "auto-replied",
+                                   **list_unsubscribe_headers(row["tenant"],
+                                                              row["contact_id"])}),
         )
         return sent.message_id
 

@@ -127,8 +127,11 @@ def _stack_env() -> dict[str, str]:
 
 
 def settings_from_env() -> Settings:
-    for key, value in _stack_env().items():
-        os.environ.setdefault(key, value)
+    """Settings from the environment; where the environment names no database, the values
+    `make up` wrote to .data/stack.env fill in (so the CLI just works next to a stack)."""
+    if not os.environ.get("DATABASE_URL"):
+        for key, value in _stack_env().items():
+            os.environ.setdefault(key, value)
     get_settings.cache_clear()
     return get_settings()
 
@@ -528,19 +531,26 @@ def check(
     from inboxcrm import check as checker
 
     settings = settings_from_env()
+    sandbox = (os.environ.get("INBOXCRM_SANDBOX_URL") or os.environ.get("SANDBOX_URL")
+               or settings.sandbox_url)
+    salesforce = getattr(settings, "crm_provider", "sandbox") == "salesforce"
+    instance = getattr(settings, "salesforce_instance_url", None) or ""
+    real_destination = bool(settings.crm_url or settings.mail_url or (
+        salesforce and instance and not instance.startswith(sandbox)))
     url: str | None = None
     if not no_destination:
         # Only the sandbox can be inspected; with a real CRM or mail provider the
         # destination checks are skipped (and the report says so).
-        url = sandbox_url or (None if settings.crm_url or settings.mail_url else (
-            os.environ.get("INBOXCRM_SANDBOX_URL") or os.environ.get("SANDBOX_URL")
-            or settings.sandbox_url))
+        url = sandbox_url or (None if real_destination else sandbox)
+    id_fields = {"crm_id_property": settings.crm_id_property}
+    if salesforce:
+        id_fields = {"crm_id_property": settings.salesforce_external_id_field,
+                     "note_id_property": settings.salesforce_note_external_id_field}
 
     async def run(conn: Any) -> Any:
         try:
             return await checker.check_invariants(
-                conn, url, settled=settled, scope=scope,
-                crm_id_property=settings.crm_id_property)
+                conn, url, settled=settled, scope=scope, **id_fields)
         except checker.CheckError as exc:
             fail(f"{exc} (--no-destination skips it)", 2)
             raise
@@ -590,7 +600,7 @@ def chaos(
                          rate=rate, deadline=max(1800.0, events * 3.0))
     try:
         result = run_on_fresh_stack(config, data_dir.resolve(),
-                                    lambda line: out.print(line, highlight=False),
+                                    lambda line: out.print(line, highlight=False, markup=False),
                                     keep_database=keep_database)
     except StackError as exc:
         fail(str(exc), 2)
@@ -602,7 +612,7 @@ def chaos(
         table.add_row(metric, value)
     out.print(table)
     for item in result.stats.notes[:20]:
-        out.print(f"note: {item}", highlight=False)
+        out.print(f"note: {item}", highlight=False, markup=False)
     for check_result in result.report.results:
         for item in sorted(check_result.violations)[:50]:
             out.print(f"[red]violation[/red] {check_result.name}: {item}", highlight=False)
@@ -638,10 +648,19 @@ def hubspot_setup(
 
 
 def main() -> None:
+    code: int = 0
     try:
         app()
+    except SystemExit as exc:  # typer's standalone mode ends every command with one
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:
-        sys.exit(130)
+        code = 130
+    # Exit without interpreter teardown: the Temporal SDK's native threads can crash a
+    # normal shutdown after the work is done (temporalio/sdk-python#300), which would turn
+    # a success into a signal exit code.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

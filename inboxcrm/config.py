@@ -72,6 +72,7 @@ class Settings(BaseSettings):
     salesforce_api_version: str = "62.0"
     salesforce_external_id_field: str = "Inboxcrm_Contact_Id__c"  # External ID + Unique
     salesforce_company_field: str = "Inboxcrm_Company__c"  # text field; "" sends no company
+    salesforce_note_external_id_field: str = "Inboxcrm_Note_Id__c"  # on Activity (Task)
     # SMTP (activities/adapters/smtp.py): not reconcilable, unknown outcomes are held.
     smtp_host: str | None = None
     smtp_port: int = 587

@@ -45,11 +45,20 @@ START_RPC_TIMEOUT = timedelta(seconds=5)
 _DELIVERY_ID = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
 
 INSERT_EVENT = """
-INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, raw,
-                            content_sha256, size_bytes)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-ON CONFLICT (tenant, source, mailbox, delivery_id) DO NOTHING
-RETURNING event_id
+WITH inserted AS (
+    INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, raw,
+                                content_sha256, size_bytes)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    ON CONFLICT (tenant, source, mailbox, delivery_id) DO NOTHING
+    RETURNING event_id
+), received AS (
+    INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
+    SELECT $1, event_id, $5, $9, 'received', jsonb_build_object(
+        'source', $2::text, 'delivery_id', $4::text, 'content_sha256', $7::text,
+        'size_bytes', $8::int, 'content_ref', 'inbound_events.raw:' || event_id)
+    FROM inserted
+)
+SELECT event_id FROM inserted
 """
 
 FIND_EVENT = """
@@ -129,18 +138,13 @@ class Ingestor:
         digest = hashlib.sha256(delivery.raw).hexdigest()
         workflow_id = delivery.workflow_id
         async with self.pool.acquire() as conn:
+            # One statement: the event and its "received" audit entry, or neither.
             event_id = await conn.fetchval(
                 INSERT_EVENT, delivery.tenant, delivery.source, delivery.mailbox,
                 delivery.delivery_id, workflow_id, delivery.raw, digest, len(delivery.raw),
+                f"relay:{delivery.source}",
             )
             if event_id is not None:
-                await store.audit(
-                    conn, tenant=delivery.tenant, event_id=str(event_id),
-                    workflow_id=workflow_id, actor=f"relay:{delivery.source}", action="received",
-                    detail={"source": delivery.source, "delivery_id": delivery.delivery_id,
-                            "content_sha256": digest, "size_bytes": len(delivery.raw),
-                            "content_ref": f"inbound_events.raw:{event_id}"},
-                )
                 started = await self.start(str(event_id), delivery.tenant, workflow_id)
                 return IngestResult("accepted" if started else "unavailable", workflow_id,
                                     "received")
@@ -270,6 +274,11 @@ def create_app(settings: Settings) -> FastAPI:
     from inboxcrm.codec import codec_router  # POST /codec/encode, /codec/decode
 
     app.include_router(codec_router(settings))
+    from inboxcrm.sources import sources_router  # POST /v1/inbound/postmark, /mailgun
+    from inboxcrm.unsubscribe import unsubscribe_router  # POST /v1/unsubscribe/{token}
+
+    app.include_router(sources_router(settings))
+    app.include_router(unsubscribe_router(settings))
 
     @app.get("/metrics")
     async def prometheus_metrics(request: Request) -> Response:

@@ -12,8 +12,7 @@ import signal
 
 from temporalio.worker import Worker
 
-from activities.adapters.hubspot import HubSpotCrm
-from activities.adapters.resend import ResendMail
+from activities.adapters.factory import build_crm, build_mail
 from activities.crm import CrmActivities
 from activities.extract import ExtractActivities
 from activities.match import MatchActivities
@@ -33,10 +32,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
     await temporal.ensure_search_attributes(client, settings.temporal_namespace)
     pool = await db.create_pool(settings.database_url, max_size=20)
-    crm = HubSpotCrm(settings.crm_base_url, settings.crm_token, settings.crm_id_property,
-                     settings.http_timeout_seconds)
-    mail = ResendMail(settings.mail_base_url, settings.mail_token, settings.mail_from,
-                      settings.http_timeout_seconds)
+    crm = build_crm(settings)  # INBOXCRM_CRM_PROVIDER / INBOXCRM_MAIL_PROVIDER
+    mail = build_mail(settings)
     cap = settings.max_retry_after_seconds
     extract = ExtractActivities(pool, build_extractor(settings), cap)
     match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
@@ -51,6 +48,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
             extract.extract_message,
             match.match_and_plan,
             crm_acts.upsert_contact_in_crm,
+            crm_acts.log_email_on_contact,
             send.submit_followup_email,
             review.record_item_state,
             review.record_audit,

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sandbox import crm, mail
+from sandbox import crm, mail, notes, salesforce
 from sandbox.core import Mode, Sandbox, SandboxDep, Target, iso
 
 SCHEMA_LOCK_KEY = 0x5A4D_B0C5  # advisory lock: concurrent starts must not race on DDL
@@ -119,6 +119,8 @@ def create_app(
     app = FastAPI(title="inboxcrm sandbox", lifespan=lifespan, docs_url="/_sandbox/docs")
     app.include_router(crm.router)
     app.include_router(mail.router)
+    app.include_router(notes.router)
+    app.include_router(salesforce.router)  # same table, same Sandbox.run faults
 
     @app.get("/healthz")
     async def healthz(sandbox: SandboxDep) -> JSONResponse:
@@ -163,12 +165,17 @@ def create_app(
             contacts = await conn.fetch(
                 "SELECT id, properties, created_at, updated_at FROM sandbox.contacts ORDER BY id"
             )
+            note_rows = await conn.fetch(
+                "SELECT id, id_value, contact_id, body, created_at, updated_at "
+                "FROM sandbox.notes ORDER BY id"
+            )
             emails = await conn.fetch(
                 "SELECT id, sender, recipients, subject, idempotency_key, created_at "
                 "FROM sandbox.emails ORDER BY created_at, id"
             )
         return {
             "contacts": [crm.contact_json(r) for r in contacts],
+            "notes": [notes.note_json(r) for r in note_rows],
             "emails": [
                 {
                     "id": str(r["id"]),
@@ -226,7 +233,7 @@ def create_app(
     async def reset(sandbox: SandboxDep) -> dict[str, bool]:
         """Forget all records, faults and calls; keep the settings. Ids are never reused."""
         await sandbox.pool.execute(
-            "TRUNCATE sandbox.contacts, sandbox.emails, sandbox.email_requests, "
+            "TRUNCATE sandbox.notes, sandbox.contacts, sandbox.emails, sandbox.email_requests, "
             "sandbox.faults, sandbox.calls"
         )
         return {"ok": True}

@@ -19,7 +19,7 @@ import asyncpg
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-Target = Literal["crm.upsert", "crm.search", "mail.send"]
+Target = Literal["crm.upsert", "crm.search", "crm.note", "mail.send"]
 Mode = Literal[
     "rate_limit",
     "server_error",

@@ -39,6 +39,7 @@ REVIEW_STATES = frozenset(
 
 class Action(StrEnum):
     CRM_UPSERT = "crm-upsert"
+    CRM_NOTE = "crm-note"
     SEND = "send"
 
 
@@ -89,6 +90,7 @@ class PlanResult:
     reason: str | None = None
     contact_id: str | None = None
     crm_op_key: str | None = None
+    note_op_key: str | None = None
     send_op_key: str | None = None
     intent_id: str | None = None
     intent_needs_approval: bool = False

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import smtplib
+import socket
+import ssl
 from datetime import timedelta
 
 import httpx
@@ -30,6 +33,18 @@ STATUS_TABLE = [
     (409, "http_409:concurrent_idempotent_requests", T),  # Resend: first request in flight
     (409, "http_409:invalid_idempotent_request", P),      # Resend: key reused, a bug
     (409, "http_409:CONFLICT", P),
+    (403, "http_403:REQUEST_LIMIT_EXCEEDED", T),          # Salesforce: org API limit
+    (403, "http_403:INSUFFICIENT_ACCESS", P),             # Salesforce: a real permission
+    (401, "http_401:INVALID_SESSION_ID", P),              # Salesforce: expired credential
+    (400, "http_400:UNABLE_TO_LOCK_ROW", T),              # Salesforce: row locked, retry
+    (400, "http_400:INVALID_FIELD", P),
+    (404, "http_404:NOT_FOUND", P),
+    (300, "http_300:MULTIPLE_MATCHES", P),                # Salesforce: never pick one
+    (300, None, U),
+    (429, "http_429:SECONDLY", T), (429, "http_429:TEN_SECONDLY_ROLLING", T),  # HubSpot
+    (207, "http_207:VALIDATION_ERROR", P),                # HubSpot multi-status
+    (207, "http_207:RATE_LIMITS", T),
+    (207, "http_207:SOMETHING_NEW", U),                   # unknown: reconcile first
 ]
 
 
@@ -59,6 +74,23 @@ EXCEPTION_TABLE = [
     (TimeoutError(), U),
     (ConnectionResetError(), U),
     (RuntimeError("anything else"), U),
+    # SMTP (smtplib): 4xx replies were not taken, 5xx never will be; a drop is unknown.
+    (smtplib.SMTPConnectError(421, b"busy"), T),
+    (smtplib.SMTPSenderRefused(451, b"try later", "a@x.test"), T),
+    (smtplib.SMTPRecipientsRefused({"a@x.test": (450, b"busy")}), T),
+    (smtplib.SMTPRecipientsRefused({"a@x.test": (550, b"no such user")}), P),
+    (smtplib.SMTPRecipientsRefused({"a@x.test": (450, b"b"), "b@x.test": (550, b"n")}), P),
+    (smtplib.SMTPDataError(451, b"local error"), T),
+    (smtplib.SMTPDataError(421, b"closing"), T),
+    (smtplib.SMTPDataError(554, b"rejected"), P),
+    (smtplib.SMTPAuthenticationError(535, b"bad credentials"), P),
+    (smtplib.SMTPHeloError(501, b"bad helo"), P),
+    (smtplib.SMTPResponseException(-1, b"garbled"), U),
+    (smtplib.SMTPServerDisconnected("Connection unexpectedly closed"), U),
+    (smtplib.SMTPNotSupportedError("STARTTLS extension not supported"), P),
+    (smtplib.SMTPException("anything else"), U),
+    (ssl.SSLCertVerificationError("self-signed"), P),
+    (socket.gaierror(-2, "Name or service not known"), T),
 ]
 
 
@@ -109,3 +141,36 @@ def test_messages_carry_no_payload() -> None:
     error = to_application_error(classify_status(422, None, "http_422:validation_error"),
                                  max_retry_after=60)
     assert error.message == "permanent: http_422:validation_error"
+
+
+@pytest.mark.parametrize(("reason", "seconds"), [
+    ("http_429:SECONDLY", 1.0), ("http_429:TEN_SECONDLY_ROLLING", 10.0),
+    ("http_403:REQUEST_LIMIT_EXCEEDED", 60.0), ("http_429", None),
+])
+def test_documented_windows_without_retry_after(reason: str, seconds: float | None) -> None:
+    status = int(reason.split(":")[0].removeprefix("http_"))
+    assert classify_status(status, None, reason).retry_after == seconds
+    assert classify_status(status, "3", reason).retry_after in (3.0, None)  # the header wins
+
+
+@pytest.mark.parametrize(("exc", "expected"), [
+    (smtplib.SMTPServerDisconnected("dropped"), T),   # before the data: nothing delivered
+    (TimeoutError(), T),
+    (httpx.ReadTimeout("read", request=_request()), T),
+    (smtplib.SMTPRecipientsRefused({"a@x.test": (550, b"no")}), P),  # an answer stays one
+])
+def test_not_sent_is_never_unknown(exc: BaseException, expected: Category) -> None:
+    assert classify_exception(exc, sent=False).category is expected
+
+
+def test_smtp_read_timeout_is_named() -> None:
+    """smtplib raises SMTPServerDisconnected while handling the socket timeout."""
+    assert classify_exception(smtplib.SMTPServerDisconnected("x")).reason == "smtp_disconnected"
+    try:
+        try:
+            raise TimeoutError("timed out")
+        except OSError:
+            raise smtplib.SMTPServerDisconnected("Connection unexpectedly closed")  # noqa: B904
+    except smtplib.SMTPServerDisconnected as caught:
+        classified = classify_exception(caught)
+    assert (classified.category, classified.reason) == (U, "smtp_timeout")

@@ -299,3 +299,22 @@ def test_rehearse_passes_on_the_running_stack(stack: Stack) -> None:
     result = cli(stack, "rehearse")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "11 passed, 0 failed" in result.stdout
+
+
+async def test_crm_note_is_a_side_effect_of_its_own(env: StackClient) -> None:
+    """Logging the email on the contact has its own key: a timeout after the note was
+    written is reconciled, and retrying the note never repeats the contact upsert."""
+    email = unique_email("noted")
+    await env.inject("crm.note", "timeout_after_commit")
+    upserts_before = len(await env.calls("crm.upsert"))
+
+    workflow_id = await env.deliver(message_from(email))
+
+    await env.wait_state(workflow_id, "completed")
+    [record] = await env.crm_records_for(email)
+    notes = [n for n in (await env.sandbox_state())["notes"]
+             if n["associations"]["contacts"] == [record["id"]]]
+    assert len(notes) == 1
+    assert len(await env.calls("crm.upsert")) - upserts_before == 1
+    op = await env.operation(f"{workflow_id}:crm-note")
+    assert op is not None and (op["status"], op["destination_id"]) == ("completed", notes[0]["id"])

@@ -86,15 +86,24 @@ async def test_resolve_records_a_side_effect_confirmed_by_a_person(
     workflow_id = await env.deliver(message_from(email))
     await env.wait_state(workflow_id, "blocked")
 
+    # The operator fixes it by hand in the CRM, then tells inboxcrm which record it is.
+    manual = await env.http.post(
+        f"{env.endpoints.sandbox_url}/crm/v3/objects/contacts/batch/upsert",
+        json={"inputs": [{"idProperty": "created_by_hand", "id": email,
+                          "properties": {"email": email}}]})
+    record_id = manual.json()["results"][0]["id"]
     missing = cli(stack, "review", "resolve", workflow_id, "--reviewer", "dana")
     assert missing.returncode == 1 and "--evidence" in missing.stderr
     assert cli(stack, "review", "resolve", workflow_id, "--reviewer", "dana",
-               "--evidence", "CRM-4711").returncode == 0
+               "--evidence", record_id).returncode == 0
 
     await env.wait_state(workflow_id, "completed")
     op = await env.operation(f"{workflow_id}:crm-upsert")
-    assert op is not None and (op["status"], op["destination_id"]) == ("completed", "CRM-4711")
-    assert await env.crm_records_for(email) == []  # we did not write it again
+    assert op is not None and (op["status"], op["destination_id"]) == ("completed", record_id)
+    assert [r["id"] for r in await env.crm_records_for(email)] == [record_id]  # no second
+    notes = (await env.sandbox_state())["notes"]
+    assert [n["associations"]["contacts"] for n in notes
+            if n["associations"]["contacts"] == [record_id]] == [[record_id]]
     assert len(await env.emails_to(email)) == 1
 
 

@@ -168,6 +168,10 @@ class InboundEmailWorkflow:
         assert plan.crm_op_key is not None
         await self._operation(CrmActivities.upsert_contact_in_crm, plan.crm_op_key,
                               ItemState.CRM_PENDING, CRM_RETRY)
+        # Added while workflows were running: their histories have no note step.
+        if plan.note_op_key and workflow.patched("crm-note"):
+            await self._operation(CrmActivities.log_email_on_contact, plan.note_op_key,
+                                  ItemState.CRM_PENDING, CRM_RETRY)
         if plan.send_op_key is None or plan.intent_id is None:
             final = ItemState.SUPPRESSED if plan.reason == "suppressed" else ItemState.COMPLETED
             await self._enter(final, plan.reason or "no_followup")
@@ -188,7 +192,8 @@ class InboundEmailWorkflow:
         plan: PlanResult = await self._step(
             MatchActivities.match_and_plan, PlanInput(self.item, approved_by), PLAN_TIMEOUT,
             PLAN_RETRY)
-        for action, key in (("crm-upsert", plan.crm_op_key), ("send", plan.send_op_key)):
+        for action, key in (("crm-upsert", plan.crm_op_key), ("crm-note", plan.note_op_key),
+                            ("send", plan.send_op_key)):
             if key:
                 self._status.operations.setdefault(action, {"op_key": key, "status": "pending",
                                                             "destination_id": None})
@@ -252,7 +257,7 @@ class InboundEmailWorkflow:
                 self.item, op_key, decision.reviewer, decision.evidence or ""))
             return "resolved"
         if op_key:
-            budget = CRM_MAX_ATTEMPTS if op_key.endswith("crm-upsert") else SEND_MAX_ATTEMPTS
+            budget = SEND_MAX_ATTEMPTS if op_key.endswith(":send") else CRM_MAX_ATTEMPTS
             await self._bookkeeping(ReviewActivities.grant_operation_retry,
                                     RetryGrant(self.item, op_key, decision.reviewer, budget))
         return "retry"
@@ -273,28 +278,24 @@ class InboundEmailWorkflow:
         workflow.set_current_details(_details(waiting, state))
         await self._enter(state, waiting.reason, review=True)
         deadline = timedelta(hours=self._escalation_hours)
-        try:
-            while True:
-                try:
-                    await workflow.wait_condition(lambda: bool(self._signals), timeout=deadline)
-                except TimeoutError:
-                    await self._escalate(waiting.reason)
-                    deadline = timedelta(days=3650)
-                    continue
-                decision = await self._take_decision(waiting)
-                if decision is None:
-                    continue
-                if decision.action == "reject":
-                    raise Rejected()
-                if decision.action == "hold":
-                    await self._enter(ItemState.HELD, waiting.reason, review=True)
-                    continue
-                return decision
-        finally:
+        while True:
+            try:
+                await workflow.wait_condition(lambda: bool(self._signals), timeout=deadline)
+            except TimeoutError:
+                await self._escalate(waiting.reason)
+                deadline = timedelta(days=3650)
+                continue
+            decision = await self._take_decision(waiting)
+            if decision is None:
+                continue
+            if decision.action == "hold":
+                await self._enter(ItemState.HELD, waiting.reason, review=True)
+                continue
             self._waiting = None
-            workflow.set_current_details("")
-            workflow.upsert_search_attributes([SA_NEEDS_REVIEW.value_set(False),
-                                               SA_OVERDUE.value_set(False)])
+            if decision.action == "reject":
+                raise Rejected()  # run() records `rejected`, which leaves the review
+            self._leave_review()
+            return decision
 
     async def _take_decision(self, waiting: _Waiting) -> ReviewDecision | None:
         """Validate the oldest signal; record it either way. Invalid bodies never crash."""
@@ -382,6 +383,8 @@ class InboundEmailWorkflow:
         """A state the workflow itself decides: mirrored to PostgreSQL and the UI."""
         self._show(state, reason)
         needs_review = state in REVIEW_STATES
+        if not needs_review:
+            self._leave_review()
         updates: list[SearchAttributeUpdate[Any]] = [SA_NEEDS_REVIEW.value_set(needs_review)]
         if needs_review:
             updates += [SA_REVIEW_REASON.value_set(reason or state.value),
@@ -394,6 +397,11 @@ class InboundEmailWorkflow:
             review_owner=self._owner if review else None,
             destination_ref=waiting.op_key if waiting else None,
             escalation_hours=self._escalation_hours))
+
+    def _leave_review(self) -> None:
+        workflow.set_current_details("")
+        workflow.upsert_search_attributes([SA_NEEDS_REVIEW.value_set(False),
+                                           SA_OVERDUE.value_set(False)])
 
     async def _bookkeeping(self, fn: Any, arg: Any) -> Any:
         return await workflow.execute_local_activity_method(

@@ -41,6 +41,14 @@ class CrmClient(Protocol):
         """Look the contact up by external ID; read-after-write consistent where possible."""
         ...
 
+    async def log_note(self, note_key: str, record_id: str, text: str) -> str:
+        """Log the inbound email on the contact, keyed by `note_key`. Safe to repeat."""
+        ...
+
+    async def find_note(self, note_key: str) -> str | None:
+        """The note logged under `note_key`, if any (reconciliation)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

@@ -93,8 +93,8 @@ class Stack:
                 require_free("Temporal UI", "127.0.0.1", cfg.temporal_ui_port,
                              "INBOXCRM_TEMPORAL_UI_PORT")
             db_file = cfg.data_dir / "temporal.db" if cfg.temporal_db_file else None
-            # The UI decodes payloads through the relay's codec endpoint (inboxcrm/codec.py).
-            codec_endpoint = self.relay_url if cfg.temporal_ui_port is not None else None
+            # The UI calls <endpoint>/decode and /encode: the relay's codec routes (codec.py).
+            codec_endpoint = f"{self.relay_url}/codec" if cfg.temporal_ui_port is not None else None
             argv = temporal_dev_server_argv(cfg.temporal_port, cfg.temporal_ui_port, db_file,
                                             codec_endpoint=codec_endpoint)
             self._start("temporal", argv, tcp_open("127.0.0.1", cfg.temporal_port), env=os.environ)
@@ -136,6 +136,7 @@ class Stack:
 
     def _app_env(self) -> dict[str, str]:
         from inboxcrm.codec import ensure_key_file
+        from inboxcrm.sources import generated_credentials
 
         # Payload encryption keys: kept in .data/ (mode 0600), never in the repository.
         keys_file = Path(self.config.extra_env.get("INBOXCRM_CODEC_KEYS_FILE")
@@ -151,9 +152,12 @@ class Stack:
             "TEMPORAL_ADDRESS": self.temporal_address,
             "INBOXCRM_SANDBOX_URL": self.sandbox_url,
             "INBOXCRM_RELAY_PORT": str(self.config.relay_port),
+            "RELAY_URL": self.relay_url,
             "INBOXCRM_TASK_QUEUE": self.config.task_queue,
             "INBOXCRM_WORKER_METRICS_ADDRESS": f"127.0.0.1:{self.config.worker_metrics_port}",
             "INBOXCRM_WEBHOOK_SECRET": webhook_secret(self.config.data_dir),
+            # Postmark basic auth, Mailgun signing key, unsubscribe secret (.data/, 0600)
+            **generated_credentials(self.config.data_dir),
             "INBOXCRM_CODEC_KEYS_FILE": str(keys_file),
             "PYTHONUNBUFFERED": "1",
         })
@@ -169,6 +173,9 @@ class Stack:
             "RELAY_URL": self.relay_url,
             "SANDBOX_URL": self.sandbox_url,
             "INBOXCRM_WEBHOOK_SECRET": self.env["INBOXCRM_WEBHOOK_SECRET"],
+            "INBOXCRM_POSTMARK_USER": self.env["INBOXCRM_POSTMARK_USER"],
+            "INBOXCRM_POSTMARK_PASSWORD": self.env["INBOXCRM_POSTMARK_PASSWORD"],
+            "INBOXCRM_MAILGUN_SIGNING_KEY": self.env["INBOXCRM_MAILGUN_SIGNING_KEY"],
             "INBOXCRM_TASK_QUEUE": self.config.task_queue,
             "INBOXCRM_CODEC_KEYS_FILE": self.env["INBOXCRM_CODEC_KEYS_FILE"],
             "RELAY_METRICS_URL": f"{self.relay_url}/metrics",

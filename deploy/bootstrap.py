@@ -1,0 +1,47 @@
+"""One-shot deployment job: apply the database migrations and register the Temporal search
+attributes before (a new version of) the workers and relays start.
+
+    python deploy/bootstrap.py [--skip-search-attributes]
+
+Safe to run repeatedly and concurrently: migrations run under an advisory lock and are
+recorded once each; registration adds only missing attribute names. Settings come from the
+usual environment (DATABASE_URL, TEMPORAL_ADDRESS, INBOXCRM_*). On Temporal Cloud, create the
+search attributes with `tcld namespace search-attributes add` (or the Cloud UI) and pass
+--skip-search-attributes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from inboxcrm import temporal
+from inboxcrm.config import get_settings
+from inboxcrm.migrate import apply_migrations
+
+
+async def bootstrap(skip_search_attributes: bool) -> None:
+    settings = get_settings()
+    applied = await apply_migrations(settings.database_url)
+    print(f"migrations applied now: {', '.join(applied) or 'none (up to date)'}")  # noqa: T201
+    if skip_search_attributes:
+        return
+    client = await temporal.connect(settings)
+    added = await temporal.ensure_search_attributes(client, settings.temporal_namespace)
+    print(f"search attributes added: {', '.join(added) or 'none (all present)'}")  # noqa: T201
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-search-attributes", action="store_true")
+    args = parser.parse_args()
+    try:
+        asyncio.run(bootstrap(args.skip_search_attributes))
+    except Exception as exc:  # noqa: BLE001 - one line for the job log, exit non-zero
+        print(f"bootstrap failed: {type(exc).__name__}: {exc}", file=sys.stderr)  # noqa: T201
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,404 @@
+"""Deployment configuration, validated without Docker or a cluster: deploy/docker-compose.yml,
+deploy/.env.example, deploy/k8s/, the Dockerfile, and the Temporal TLS settings they feed."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import AliasChoices, SecretStr
+from temporalio.service import TLSConfig
+
+from activities.adapters.factory import build_crm, build_mail
+from inboxcrm.config import Settings
+from inboxcrm.temporal import tls_config
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+COMPOSE = DEPLOY / "docker-compose.yml"
+ENV_EXAMPLE = DEPLOY / ".env.example"
+K8S = DEPLOY / "k8s"
+
+# Variables that configure the containers around the application, not the application.
+COMPOSE_ONLY = {
+    "INBOXCRM_IMAGE", "INBOXCRM_WORKER_REPLICAS", "INBOXCRM_RELAY_PUBLISH_PORT",
+    "INBOXCRM_POLICY_HOST_DIR", "INBOXCRM_DB_PASSWORD", "INBOXCRM_CODEC_KEYS_PATH",
+    "POSTGRES_VERSION", "TEMPORAL_VERSION", "TEMPORAL_UI_VERSION", "TEMPORAL_UI_PORT",
+    "TEMPORAL_UI_PUBLIC_URL", "TEMPORAL_RETENTION", "TEMPORAL_DB_PASSWORD",
+}
+# Environment variables the application reads outside Settings.
+KNOWN_APP_VARIABLES = {"INBOXCRM_POLICY_DIR"}
+APP_SERVICES = ("bootstrap", "worker", "relay")
+SECRET_NAME = re.compile(r"PASSWORD|PWD|SECRET|TOKEN|API_KEY|SIGNING_KEY|PRIVATE")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)((?::?[-?])([^}]*))?\}")
+
+
+def settings_env_names() -> set[str]:
+    names: set[str] = set()
+    for name, field in Settings.model_fields.items():
+        names.add(f"INBOXCRM_{name.upper()}")
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices):
+            names.update(a for a in alias.choices if isinstance(a, str))
+    return names
+
+
+def load_compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def env_example() -> dict[str, str]:
+    values: dict[str, str] = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        assert sep and re.fullmatch(r"[A-Z_][A-Z0-9_]*", key), f"bad line: {line!r}"
+        assert key not in values, f"{key} documented twice"
+        values[key] = value
+    return values
+
+
+def strings(node: Any) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, Mapping):
+        for key, value in node.items():
+            yield str(key)
+            yield from strings(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from strings(item)
+
+
+def referenced_variables() -> dict[str, str | None]:
+    """Every ${VAR...} in the compose file -> its operator (":-", ":?", ...) or None."""
+    found: dict[str, str | None] = {}
+    text = "\n".join(strings(load_compose()))  # parsed: comments do not count
+    for match in _VAR.finditer(text):
+        operator = match.group(2)[:2].rstrip("{}") if match.group(2) else None
+        found.setdefault(match.group(1), operator)
+        if operator and "?" in operator:
+            found[match.group(1)] = operator
+    return found
+
+
+class Unset(Exception):
+    pass
+
+
+def interpolate(value: Any, env: Mapping[str, str]) -> str:
+    """Compose's interpolation: ${V}, ${V:-d}, ${V-d}, ${V:?msg}, ${V?msg}."""
+    text = str(value)
+
+    def one(match: re.Match[str]) -> str:
+        name, spec = match.group(1), match.group(2) or ""
+        current = env.get(name)
+        if spec.startswith(":-"):
+            return current if current else spec[2:]
+        if spec.startswith("-"):
+            return current if current is not None else spec[1:]
+        if spec.startswith(":?"):
+            if not current:
+                raise Unset(name)
+            return current
+        if spec.startswith("?"):
+            if current is None:
+                raise Unset(name)
+            return current
+        return current or ""
+
+    return _VAR.sub(one, text)
+
+
+def filled_env() -> dict[str, str]:
+    """.env.example as an operator would complete it: the empty required values set."""
+    env = env_example()
+    for name, operator in referenced_variables().items():
+        if operator and "?" in operator and not env.get(name):
+            env[name] = f"test-{name.lower()}-value"
+    env["INBOXCRM_WEBHOOK_SECRET"] = "whsec_dGVzdC1zZWNyZXQtZm9yLWRlcGxveS1jb25maWctdGVzdHM="
+    return env
+
+
+def service_environment(service: str, env: Mapping[str, str]) -> dict[str, str]:
+    raw = load_compose()["services"][service].get("environment") or {}
+    assert isinstance(raw, dict), f"{service}: environment must be a mapping"
+    return {key: interpolate(value, env) for key, value in raw.items()}
+
+
+# --- compose -----------------------------------------------------------------------------------
+def test_compose_has_the_production_services() -> None:
+    services = load_compose()["services"]
+    assert set(services) >= {"postgres", "temporal-db", "temporal", "temporal-ui", "bootstrap",
+                             "worker", "relay"}
+    assert services["temporal"]["environment"]["DB"] == "postgres12"  # PostgreSQL persistence
+    assert services["temporal"]["depends_on"]["temporal-db"]["condition"] == "service_healthy"
+    assert services["temporal-ui"]["environment"]["TEMPORAL_ADDRESS"] == "temporal:7233"
+    assert "inboxcrm.worker" in services["worker"]["command"]
+    assert "inboxcrm.relay_main" in services["relay"]["command"]
+    assert "replicas" in services["worker"]["deploy"]
+    assert interpolate(services["worker"]["deploy"]["replicas"], env_example()) == "2"
+    for name in ("worker", "relay"):
+        assert services[name]["depends_on"]["bootstrap"]["condition"] == \
+            "service_completed_successfully"
+        assert services[name]["build"]["dockerfile"] == "Dockerfile"
+    assert services["sandbox"]["profiles"] == ["sandbox"]  # only on request
+
+
+def test_every_long_running_service_has_a_healthcheck() -> None:
+    for name, service in load_compose()["services"].items():
+        if name == "bootstrap":
+            assert service["restart"] == "no"
+            continue
+        check = service.get("healthcheck")
+        assert check and check.get("test"), f"{name} has no healthcheck"
+    relay = load_compose()["services"]["relay"]["healthcheck"]["test"]
+    assert relay[-2:] == ["deploy/healthcheck.py", "relay"]
+
+
+def test_compose_holds_no_literal_secret() -> None:
+    compose = load_compose()
+    for name, service in compose["services"].items():
+        for key, value in (service.get("environment") or {}).items():
+            if SECRET_NAME.search(key):
+                assert re.fullmatch(r"\$\{[A-Z0-9_]+(:?[-?][^}]*)?\}", str(value)), (
+                    f"{name}.{key} must come from deploy/.env, not be written here")
+    for text in strings(compose):
+        assert "whsec_" not in text
+        # A URL with a password must take it from the environment.
+        for password in re.findall(r"://[^/:@\s]+:([^@\s]+)@", text):
+            assert password.startswith("${"), f"literal password in {text!r}"
+        for token in re.findall(r"[A-Za-z0-9+/=]{24,}", text):
+            if re.search(r"\d", token) and re.search(r"[A-Za-z]", token):
+                pytest.fail(f"secret-looking literal {token[:4]}… in the compose file")
+
+
+def test_published_ports_are_loopback_only() -> None:
+    for name, service in load_compose()["services"].items():
+        for port in service.get("ports") or []:
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} publicly"
+
+
+def test_every_compose_variable_is_documented_and_real() -> None:
+    documented = env_example()
+    settings_names = settings_env_names()
+    for name in referenced_variables():
+        assert name in documented, f"${{{name}}} is not documented in deploy/.env.example"
+        assert name in settings_names or name in COMPOSE_ONLY, f"{name} is not a setting"
+    unused = set(documented) - set(referenced_variables())
+    assert not unused, f"documented but never used: {sorted(unused)}"
+    # And what the app containers receive is a setting or a variable the app reads.
+    for service in APP_SERVICES:
+        for key in load_compose()["services"][service]["environment"]:
+            assert key in settings_names or key in KNOWN_APP_VARIABLES, f"{service}: {key}"
+
+
+def test_required_secrets_are_empty_in_the_example() -> None:
+    """Compose refuses to start until the operator sets them; no example secret is usable."""
+    documented = env_example()
+    required = [n for n, op in referenced_variables().items() if op and "?" in op]
+    assert "INBOXCRM_WEBHOOK_SECRET" in required and "INBOXCRM_DB_PASSWORD" in required
+    for name in required:
+        if SECRET_NAME.search(name):
+            assert documented[name] == "", f"{name} must be empty in .env.example"
+    with pytest.raises(Unset):
+        service_environment("relay", documented)
+    for name, value in documented.items():
+        if SECRET_NAME.search(name) and name not in ("INBOXCRM_CODEC_KEYS_PATH",):
+            assert value == "", f"{name} has an example value"
+
+
+@pytest.mark.parametrize("service", APP_SERVICES)
+def test_settings_load_from_the_compose_environment(
+    service: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("INBOXCRM_") or key in ("DATABASE_URL", "TEMPORAL_ADDRESS"):
+            monkeypatch.delenv(key)
+    environment = service_environment(service, filled_env())
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+
+    settings = Settings()
+
+    assert settings.database_url.startswith("postgresql://inboxcrm:test-")
+    assert settings.database_url.endswith("@postgres:5432/inboxcrm")
+    assert settings.temporal_address == "temporal:7233"
+    assert settings.codec_keys_file == "/run/secrets/codec_keys"
+    assert settings.unsubscribe_secret is not None
+    assert settings.unsubscribe_secret.get_secret_value()
+    assert tls_config(settings) is None and not settings.temporal_api_key  # bundled server
+    if service == "relay":
+        assert (settings.relay_host, settings.relay_port) == ("0.0.0.0", 8080)
+        assert settings.webhook_secret.startswith("whsec_")
+    if service == "worker":
+        assert settings.worker_metrics_address == "0.0.0.0:9464"
+        assert (settings.crm_provider, settings.mail_provider) == ("sandbox", "sandbox")
+        assert settings.sandbox_url == "http://sandbox:8090"
+        assert settings.salesforce_company_field == "Inboxcrm_Company__c"
+        assert build_crm(settings).name == "hubspot" and build_mail(settings).name == "resend"
+
+
+def test_worker_settings_for_salesforce_and_smtp(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = filled_env() | {
+        "INBOXCRM_CRM_PROVIDER": "salesforce",
+        "INBOXCRM_SALESFORCE_INSTANCE_URL": "https://acme.my.salesforce.com",
+        "INBOXCRM_SALESFORCE_COMPANY_FIELD": "",          # explicitly: send no company
+        "INBOXCRM_MAIL_PROVIDER": "smtp", "INBOXCRM_SMTP_HOST": "smtp.example.com",
+    }
+    for key, value in service_environment("worker", env).items():
+        monkeypatch.setenv(key, value)
+    settings = Settings()
+    assert settings.salesforce_company_field == ""
+    assert build_crm(settings).name == "salesforce"
+    mail = build_mail(settings)
+    assert mail.name == "smtp" and mail.reconcilable is False
+
+
+# --- Kubernetes ----------------------------------------------------------------------------------
+def k8s_documents() -> list[dict[str, Any]]:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    docs: list[dict[str, Any]] = []
+    for resource in kustomization["resources"]:
+        docs.extend(d for d in yaml.safe_load_all((K8S / resource).read_text()) if d)
+    return docs
+
+
+def by_kind(kind: str) -> list[dict[str, Any]]:
+    return [d for d in k8s_documents() if d["kind"] == kind]
+
+
+def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(doc["spec"]["template"]["spec"]["containers"])
+
+
+def test_manifests_have_the_expected_kinds() -> None:
+    kinds = Counter(d["kind"] for d in k8s_documents())
+    assert kinds["Deployment"] == 2
+    assert kinds["Service"] == 1 and kinds["HorizontalPodAutoscaler"] == 1
+    assert kinds["ConfigMap"] == 1 and kinds["Job"] == 1
+    assert kinds["Secret"] == 0  # referenced, never inlined
+    listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"])
+    on_disk = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == on_disk
+
+
+def test_deployments_reference_config_and_secrets() -> None:
+    deployments = {d["metadata"]["name"]: d for d in by_kind("Deployment")}
+    assert set(deployments) == {"inboxcrm-worker", "inboxcrm-relay"}
+    settings_names = settings_env_names()
+    for doc in [*deployments.values(), *by_kind("Job")]:
+        for container in containers(doc):
+            refs = {(k, v["name"]) for ref in container["envFrom"] for k, v in ref.items()}
+            assert refs == {("configMapRef", "inboxcrm-config"),
+                            ("secretRef", "inboxcrm-secrets")}
+            for item in container.get("env", []):
+                assert "value" in item, "secrets come through secretRef, not inline env"
+                assert item["name"] in settings_names | KNOWN_APP_VARIABLES
+            assert container["resources"]["requests"] and container["resources"]["limits"]
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        pod = doc["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+        assert "inboxcrm-codec-keys" in secrets
+
+
+def test_probes() -> None:
+    deployments = {d["metadata"]["name"]: d for d in by_kind("Deployment")}
+    relay = containers(deployments["inboxcrm-relay"])[0]
+    assert relay["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert relay["livenessProbe"]  # process-level: no restart storm on a database outage
+    assert "httpGet" not in relay["livenessProbe"]
+    worker = containers(deployments["inboxcrm-worker"])[0]
+    assert worker["livenessProbe"] and worker["readinessProbe"]
+    assert worker["readinessProbe"]["exec"]["command"][-2:] == ["deploy/healthcheck.py", "ready"]
+    assert worker["command"] == ["python", "-m", "inboxcrm.worker"]
+    assert relay["command"] == ["python", "-m", "inboxcrm.relay_main"]
+
+
+def test_relay_service_and_worker_autoscaler_target_the_right_pods() -> None:
+    [service] = by_kind("Service")
+    relay = next(d for d in by_kind("Deployment") if d["metadata"]["name"] == "inboxcrm-relay")
+    labels = relay["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    [hpa] = by_kind("HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                             "name": "inboxcrm-worker"}
+    [metric] = hpa["spec"]["metrics"]
+    assert metric["resource"]["name"] == "cpu"
+    assert hpa["spec"]["minReplicas"] >= 2
+
+
+def test_config_map_holds_settings_only() -> None:
+    [config] = by_kind("ConfigMap")
+    names = settings_env_names()
+    for key in config["data"]:
+        assert key in names, f"{key} is not a setting"
+        assert not SECRET_NAME.search(key), f"{key} belongs in the Secret"
+
+
+def test_keda_alternative_parses() -> None:
+    [scaled] = list(yaml.safe_load_all((K8S / "optional" / "keda-scaledobject.yaml").read_text()))
+    assert scaled["kind"] == "ScaledObject"
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "inboxcrm-worker"
+    assert scaled["spec"]["triggers"][0]["type"] == "temporal"
+    assert scaled["spec"]["triggers"][0]["metadata"]["taskQueue"] == "inboxcrm"
+
+
+# --- the image ----------------------------------------------------------------------------------
+def test_dockerfile() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim", text, re.M)
+    assert "-c constraints.txt" in text
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    assert 'CMD ["python", "-m", "inboxcrm.worker"]' in text
+    assert "inboxcrm.relay_main" in text
+    for script in ("deploy/bootstrap.py", "deploy/healthcheck.py"):
+        assert script in text and (ROOT / script).exists()
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    assert ignore[ignore.index("**") if "**" in ignore else 0] == "**"  # allow-list
+    assert "**/.env" in ignore
+
+
+def test_deploy_readme_covers_operations() -> None:
+    text = (DEPLOY / "README.md").read_text()
+    for needle in ("workflow.patched", "tests/test_replay.py", "see README benchmark section",
+                   "stateless", "hubspot-setup", "KEDA"):
+        assert needle in text
+
+
+def test_env_and_secrets_are_ignored_by_git() -> None:
+    ignored = (DEPLOY / ".gitignore").read_text().splitlines()
+    assert ".env" in ignored and "secrets/" in ignored
+
+
+# --- Temporal TLS / API key ----------------------------------------------------------------------
+def test_tls_config_variants(tmp_path: Path) -> None:
+    cert, key, ca = tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "ca.pem"
+    cert.write_bytes(b"CERT")
+    key.write_bytes(b"KEY")
+    ca.write_bytes(b"CA")
+    assert tls_config(Settings()) is None                                   # local dev server
+    assert tls_config(Settings(temporal_api_key=SecretStr("k"))) is True     # Cloud API key
+    mtls = tls_config(Settings(temporal_tls_cert=str(cert), temporal_tls_key=str(key)))
+    assert isinstance(mtls, TLSConfig)
+    assert (mtls.client_cert, mtls.client_private_key, mtls.server_root_ca_cert) == (
+        b"CERT", b"KEY", None)
+    private = tls_config(Settings(temporal_tls_cert=str(cert), temporal_tls_key=str(key),
+                                  temporal_tls_ca=str(ca), temporal_tls_server_name="t.internal"))
+    assert isinstance(private, TLSConfig)
+    assert (private.server_root_ca_cert, private.domain) == (b"CA", "t.internal")
+    with pytest.raises(ValueError, match="go together"):
+        tls_config(Settings(temporal_tls_cert=str(cert)))

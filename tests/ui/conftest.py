@@ -1,0 +1,197 @@
+"""Browser tests of the review desk: a stack of their own WITH the Temporal Web UI, and a
+headless Chromium driven by Playwright.
+
+Run with `make test-ui` (sets INBOXCRM_UI_TESTS=1 and installs the `ui` extra). Without that
+variable the tests in this folder are skipped, so the default `pytest` / `make test` run never
+needs Playwright or a browser. The browser is Debian's `chromium` package
+(`apt-get install chromium`); Playwright never downloads one (`INBOXCRM_CHROMIUM` overrides
+the path).
+
+This stack is separate from the suite's headless `stack` fixture: its own data dir
+(`.data/ui-stack`), free ports, its own task queue and its own fresh database, so it can run
+next to the main suite without either seeing the other's workflows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+import pytest
+
+from tests.conftest import (
+    ROOT,
+    TEST_HTTP_TIMEOUT,
+    TEST_SANDBOX_HANG,
+    TEST_WEBHOOK_SECRET,
+)
+
+if TYPE_CHECKING:
+    from playwright.async_api import BrowserContext, Page
+
+    from inboxcrm.probe import StackClient
+    from inboxcrm.stack.stack import Stack
+
+UI_TESTS_ENABLED = bool(os.environ.get("INBOXCRM_UI_TESTS"))
+SKIP_REASON = "browser test of the Temporal UI: run `make test-ui` (INBOXCRM_UI_TESTS=1)"
+ARTIFACTS = ROOT / "test-artifacts" / "ui"
+CHROMIUM = os.environ.get("INBOXCRM_CHROMIUM", "/usr/bin/chromium")
+# Debian's chromium, headless, with nothing that phones home (no network here anyway).
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+# The machine has 2 cores and other suites may run beside this one.
+UI_TIMEOUT_MS = 30_000
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if UI_TESTS_ENABLED:
+        return
+    here = Path(__file__).parent
+    skip = pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(skip)
+
+
+FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.when == "call":
+        item.stash[FAILED] = report.failed
+    return report
+
+
+# --- the stack with the Web UI on ------------------------------------------------------
+@pytest.fixture(scope="session")
+async def ui_database_url(postgres_server_url: str) -> AsyncIterator[str]:
+    """A fresh database for the UI stack only (its relay's sweeper must not see, and start,
+    events that belong to the main suite's stack, nor the other way round)."""
+    name = f"inboxcrm_ui_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(postgres_server_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    base, _, _ = postgres_server_url.rpartition("/")
+    yield f"{base}/{name}"
+    admin = await asyncpg.connect(postgres_server_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture(scope="session")
+def ui_stack(ui_database_url: str) -> Iterator[Stack]:
+    from inboxcrm.stack.processes import free_port
+    from inboxcrm.stack.stack import Stack, StackConfig
+
+    config = StackConfig(
+        data_dir=ROOT / ".data" / "ui-stack",
+        temporal_port=free_port(),
+        temporal_ui_port=free_port(),   # the dev server's Web UI, with our codec endpoint
+        temporal_db_file=False,
+        sandbox_port=free_port(),
+        relay_port=free_port(),
+        worker_metrics_port=free_port(),
+        database_url=ui_database_url,
+        temporal_address=None,          # always our own dev server: it serves the UI
+        task_queue=f"inboxcrm-ui-{uuid.uuid4().hex[:6]}",
+        extra_env={
+            "INBOXCRM_WEBHOOK_SECRET": TEST_WEBHOOK_SECRET,
+            "INBOXCRM_HTTP_TIMEOUT_SECONDS": TEST_HTTP_TIMEOUT,
+            "INBOXCRM_SWEEPER_INTERVAL_SECONDS": "1",
+            "SANDBOX_HANG_SECONDS": TEST_SANDBOX_HANG,
+            "SANDBOX_SEARCH_LAG_SECONDS": "2",
+        },
+    )
+    running = Stack(config)
+    try:
+        running.start_all()
+        assert running.temporal_ui_url, "the UI stack must serve the Temporal Web UI"
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def ui_settings(ui_stack: Stack) -> Any:
+    """The settings the UI stack's processes run with (same codec keys, same queue)."""
+    from inboxcrm.config import Settings
+
+    keys = {k for k in ui_stack.env if k.startswith("INBOXCRM_") or k in (
+        "DATABASE_URL", "TEMPORAL_ADDRESS")}
+    with pytest.MonkeyPatch.context() as patch:
+        for key in keys:
+            patch.setenv(key, ui_stack.env[key])
+        return Settings()
+
+
+@pytest.fixture
+async def ui_env(ui_stack: Stack, ui_settings: Any) -> AsyncIterator[StackClient]:
+    from inboxcrm import db as inboxcrm_db
+    from inboxcrm.probe import Endpoints, StackClient
+
+    pool = await inboxcrm_db.create_pool(ui_stack.database_url, max_size=3)
+    client = StackClient(Endpoints(ui_stack.relay_url, ui_stack.sandbox_url,
+                                   ui_stack.temporal_address,
+                                   ui_stack.env["INBOXCRM_WEBHOOK_SECRET"]), pool, ui_settings)
+    await client.reset_faults()
+    try:
+        yield client
+    finally:
+        await client.reset_faults()
+        await client.aclose()
+        await pool.close()
+
+
+# --- the browser -----------------------------------------------------------------------
+@pytest.fixture(scope="session")
+async def browser_context() -> AsyncIterator[BrowserContext]:
+    from playwright.async_api import async_playwright, expect
+
+    expect.set_options(timeout=UI_TIMEOUT_MS)
+
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} not found: `apt-get install -y chromium` (or set "
+                    "INBOXCRM_CHROMIUM); Playwright's own browser download is not used")
+    with tempfile.TemporaryDirectory(prefix="inboxcrm-ui-chromium-") as profile:
+        async with async_playwright() as playwright:
+            context = await playwright.chromium.launch_persistent_context(
+                profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+                viewport={"width": 1400, "height": 1000}, timezone_id="UTC")
+            context.set_default_timeout(UI_TIMEOUT_MS)
+            try:
+                yield context
+            finally:
+                await context.close()
+
+
+@pytest.fixture
+async def page(browser_context: BrowserContext, request: pytest.FixtureRequest
+               ) -> AsyncIterator[Page]:
+    """A fresh tab; on failure its screenshot and HTML are kept in test-artifacts/ui/."""
+    tab = await browser_context.new_page()
+    try:
+        yield tab
+    finally:
+        if request.node.stash.get(FAILED, False):
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            stem = ARTIFACTS / f"{request.node.name}-FAILED"
+            try:
+                await tab.screenshot(path=f"{stem}.png", full_page=True)
+                html = await tab.content()
+                await asyncio.to_thread(Path(f"{stem}.html").write_text, html)
+            except Exception as exc:  # noqa: BLE001 - best effort, never hide the failure
+                print(f"could not save the failure screenshot: {exc}")
+        await tab.close()
