@@ -630,7 +630,7 @@ def hubspot_setup(
 ) -> None:
     """Create the unique contact property HubSpot upserts are keyed by (once per portal;
     idempotent). Needs INBOXCRM_CRM_TOKEN with the crm.schemas.contacts.write scope."""
-    from inboxcrm.hubspot_setup import HUBSPOT_API, SetupError, run_setup
+    from inboxcrm.hubspot_setup import HUBSPOT_API, SetupError, run_note_setup, run_setup
 
     settings = get_settings()
     if not settings.crm_token:
@@ -638,13 +638,16 @@ def hubspot_setup(
         return
     name = property_name or settings.crm_id_property
     try:
-        result = asyncio.run(run_setup(url or settings.crm_url or HUBSPOT_API,
-                                       settings.crm_token, name,
+        base = url or settings.crm_url or HUBSPOT_API
+        result = asyncio.run(run_setup(base, settings.crm_token, name,
                                        timeout=settings.http_timeout_seconds))
+        note = asyncio.run(run_note_setup(base, settings.crm_token,
+                                          timeout=settings.http_timeout_seconds))
     except SetupError as exc:
         fail(str(exc))
         return
     out.print(f"contact property {result.name}: {result.status} (unique)", highlight=False)
+    out.print(f"note property {note.name}: {note.status} (unique)", highlight=False)
 
 
 def main() -> None:

@@ -27,7 +27,6 @@ from activities.adapters.base import AdapterError
 from activities.adapters.http import json_field, send_request
 
 HUBSPOT_API = "https://api.hubapi.com"
-PROPERTIES_PATH = "/crm/v3/properties/contacts"
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,99}$")
 
 
@@ -41,13 +40,17 @@ class SetupResult:
     status: Literal["created", "exists"]
 
 
-def property_definition(name: str) -> dict[str, Any]:
+NOTE_PROPERTY = "inboxcrm_note_id"
+NOTE_GROUP = "inboxcrm"
+
+
+def property_definition(name: str, group: str = "contactinformation") -> dict[str, Any]:
     return {
         "name": name,
-        "label": "inboxcrm contact ID",
+        "label": "inboxcrm contact ID" if group == "contactinformation" else "inboxcrm note ID",
         "description": "Integration contact ID set by inboxcrm; unique, used to upsert "
                        "without duplicates. Do not edit.",
-        "groupName": "contactinformation",
+        "groupName": group,
         "type": "string",
         "fieldType": "text",
         "hasUniqueValue": True,
@@ -60,18 +63,21 @@ def _reason(response: httpx.Response) -> str | None:
     return f"http_{response.status_code}:{category}" if category else None
 
 
-async def ensure_unique_property(client: httpx.AsyncClient, name: str) -> SetupResult:
+async def ensure_unique_property(client: httpx.AsyncClient, name: str,
+                                 object_type: str = "contacts",
+                                 group: str = "contactinformation") -> SetupResult:
     """Create the unique property, or confirm the existing one is unique. Safe to repeat."""
+    properties_path = f"/crm/v3/properties/{object_type}"
     if not _NAME.match(name):
         raise SetupError(f"invalid HubSpot property name {name!r} (lowercase letters, digits, "
                          "underscores; starting with a letter)")
     try:
-        response = await send_request(client, "POST", PROPERTIES_PATH,
-                                      json=property_definition(name), passthrough=(409,),
+        response = await send_request(client, "POST", properties_path,
+                                      json=property_definition(name, group), passthrough=(409,),
                                       reason=_reason)
         if response.status_code != 409:
             return SetupResult(name, "created")
-        existing = await send_request(client, "GET", f"{PROPERTIES_PATH}/{name}",
+        existing = await send_request(client, "GET", f"{properties_path}/{name}",
                                       reason=_reason)
     except AdapterError as exc:
         hint = ""
@@ -100,3 +106,18 @@ async def run_setup(base_url: str, token: str, name: str, *, timeout: float = 10
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout, transport=transport,
                                  headers={"Authorization": f"Bearer {token}"}) as client:
         return await ensure_unique_property(client, name)
+
+
+async def run_note_setup(base_url: str, token: str, *, timeout: float = 10.0,
+                         transport: httpx.AsyncBaseTransport | None = None) -> SetupResult:
+    """The unique note property the inbound-email notes are upserted by, in a property group
+    of our own (created if missing)."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, transport=transport,
+                                 headers={"Authorization": f"Bearer {token}"}) as client:
+        try:
+            await send_request(client, "POST", "/crm/v3/properties/notes/groups",
+                               json={"name": NOTE_GROUP, "label": "inboxcrm"},
+                               passthrough=(409,), reason=_reason)
+        except AdapterError as exc:
+            raise SetupError(f"HubSpot refused the note property group: {exc}") from None
+        return await ensure_unique_property(client, NOTE_PROPERTY, "notes", NOTE_GROUP)

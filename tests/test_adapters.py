@@ -789,3 +789,22 @@ def test_factory_refuses_incomplete_settings(values: dict[str, str]) -> None:
     build = build_crm if "crm_provider" in values else build_mail
     with pytest.raises(ConfigurationError):
         build(settings(**values))
+
+
+async def test_hubspot_setup_creates_the_note_property_in_its_own_group() -> None:
+    seen: list[tuple[str, str, dict]] = []  # type: ignore[type-arg]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path, json.loads(request.content or b"{}")))
+        return httpx.Response(201, json={"name": "x"})
+
+    from inboxcrm.hubspot_setup import run_note_setup
+
+    result = await run_note_setup("http://hubspot.test", "tok",
+                                  transport=httpx.MockTransport(handler))
+    assert result.status == "created"
+    assert [(m, p) for m, p, _ in seen] == [("POST", "/crm/v3/properties/notes/groups"),
+                                           ("POST", "/crm/v3/properties/notes")]
+    prop = seen[1][2]
+    assert (prop["name"], prop["groupName"], prop["hasUniqueValue"]) == (
+        "inboxcrm_note_id", "inboxcrm", True)
