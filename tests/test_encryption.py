@@ -114,6 +114,9 @@ def payloads_of(events: list[Any]) -> list[Payload]:
 LOCAL_ACTIVITY_MARKER = ".marker_recorded_event_attributes.details[data]"
 LOCAL_ACTIVITY_FIELDS = {"seq", "attempt", "activity_id", "activity_type", "complete_time",
                          "backoff", "original_schedule_time", "activation_index"}
+# Likewise a `workflow.patched` marker: the patch ID (a code identifier) and a flag.
+PATCH_MARKER = ".marker_recorded_event_attributes.details[patch-data]"
+PATCH_FIELDS = {"id", "deprecated"}
 
 
 def clear_payloads(events: list[Any]) -> list[str]:
@@ -125,6 +128,8 @@ def clear_payloads(events: list[Any]) -> list[str]:
                 continue
             if path.startswith(LOCAL_ACTIVITY_MARKER) and \
                     set(json.loads(m.data)) <= LOCAL_ACTIVITY_FIELDS:
+                continue
+            if path.startswith(PATCH_MARKER) and set(json.loads(m.data)) <= PATCH_FIELDS:
                 continue
             found.append(f"{EventType.Name(event.event_type)}{path}")
     return found
