@@ -15,6 +15,7 @@ import asyncpg
 from temporalio import activity
 
 from activities import store
+from activities.suppression import suppress_identity
 from inboxcrm.policy import TenantPolicy, get_policy
 from schemas.models import Action, ItemState, PlanInput, PlanResult, operation_key
 
@@ -80,24 +81,6 @@ INSERT_OPERATION = """
 INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, external_ref)
 VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (op_key) DO NOTHING
-"""
-
-ADD_SUPPRESSION = """
-INSERT INTO suppressions (tenant, canonical_email, reason, source)
-VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING
-"""
-
-CANCEL_QUEUED_INTENTS = """
-UPDATE followup_intents AS i SET status = 'cancelled', cancel_reason = $3
-FROM contacts AS c
-WHERE i.contact_id = c.contact_id AND c.tenant = $1 AND c.canonical_email = $2
-  AND i.status IN ('queued', 'awaiting_approval')
-RETURNING i.intent_id
-"""
-
-MARK_CONTACT_SUPPRESSED = """
-UPDATE contacts SET status = 'suppressed', updated_at = now()
-WHERE tenant = $1 AND canonical_email = $2
 """
 
 SET_EVENT_CONTACT = "UPDATE inbound_events SET contact_id = $2 WHERE event_id = $1"
@@ -181,11 +164,9 @@ class _Planner:
 
     async def record_opt_out(self, identity: str) -> PlanResult:
         """Suppression and cancellation of every queued intent for the identity, together."""
-        await self.conn.execute(ADD_SUPPRESSION, self.item.tenant, identity, "opt_out_request",
-                                f"event:{self.item.event_id}")
-        cancelled = await self.conn.fetch(CANCEL_QUEUED_INTENTS, self.item.tenant, identity,
-                                          "opt_out")
-        await self.conn.execute(MARK_CONTACT_SUPPRESSED, self.item.tenant, identity)
+        suppression = await suppress_identity(
+            self.conn, self.item.tenant, identity, reason="opt_out_request",
+            source=f"event:{self.item.event_id}", cancel_reason="opt_out")
         contact_id = await self.conn.fetchval(FIND_CONTACT, self.item.tenant, identity)
         await self.conn.execute(
             RECORD_MATCH_DECISION, self.item.event_id, self.item.tenant,
@@ -193,7 +174,7 @@ class _Planner:
         )
         await self.audit("suppression_recorded", {
             "reason": "opt_out_request",
-            "cancelled_intents": [str(r["intent_id"]) for r in cancelled],
+            "cancelled_intents": suppression.cancelled_intents,
         }, contact_id)
         return PlanResult(outcome="opted_out", reason="opt_out_recorded",
                           contact_id=str(contact_id) if contact_id else None)

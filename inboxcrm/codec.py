@@ -58,6 +58,7 @@ from temporalio.converter import (
 )
 
 from inboxcrm.config import Settings
+from inboxcrm.web import read_body
 
 log = logging.getLogger("inboxcrm.codec")
 
@@ -315,7 +316,7 @@ def codec_router(settings: Settings) -> APIRouter:
         namespace = request.headers.get("x-namespace") or settings.temporal_namespace
         if namespace not in namespaces:
             return cors(request, _json_error(403, "namespace not served by this codec"))
-        body = await _read_limited(request, settings.max_body_bytes)
+        body = await read_body(request, settings.max_body_bytes)
         if body is None:
             return cors(request, _json_error(413, "body too large"))
         try:
@@ -357,16 +358,3 @@ def _json_error(status_code: int, message: str) -> Response:
     return Response(json.dumps({"status": "error", "message": message}),
                     status_code=status_code, media_type="application/json")
 
-
-async def _read_limited(request: Request, limit: int) -> bytes | None:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)

@@ -34,7 +34,7 @@ SELECT
      HAVING count(*) > 1) d) AS duplicate_message_ids,
   (SELECT count(*) FROM followup_intents
      WHERE status = 'cancelled' AND cancel_reason IN ('suppressed', 'opt_out',
-                                                      'intent_cancelled')) AS suppression_blocks,
+                                                      'unsubscribed')) AS suppression_blocks,
   (SELECT count(*) FROM audit_log WHERE action = 'redelivery_content_differs')
      AS redelivery_mismatches,
   (SELECT count(*) FROM audit_log WHERE action = 'attempt_failed'

@@ -36,6 +36,7 @@ from inboxcrm import db, temporal
 from inboxcrm.config import Settings
 from inboxcrm.metrics import RelayMetrics
 from inboxcrm.policy import UnknownTenant, get_policy
+from inboxcrm.web import read_body
 from schemas.models import InboundEmailInput, inbound_workflow_id
 
 log = logging.getLogger("inboxcrm.relay")
@@ -218,21 +219,6 @@ def parse_standard_body(payload: Any, max_raw_bytes: int) -> Delivery:
     if len(raw) > max_raw_bytes:
         raise BadRequest("field 'raw' is too large")
     return Delivery(tenant, "standard", mailbox, payload["delivery_id"], raw)
-
-
-async def read_body(request: Request, limit: int) -> bytes | None:
-    """The body, or None when it exceeds `limit` (checked before and while reading)."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _answer(result: IngestResult) -> JSONResponse:

@@ -32,7 +32,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from activities import store
+from activities.suppression import suppress_identity
 from inboxcrm.config import Settings, get_settings
+from inboxcrm.web import read_body
 
 log = logging.getLogger("inboxcrm.unsubscribe")
 
@@ -48,26 +50,6 @@ FIND_CONTACT = """
 SELECT contact_id, canonical_email, status FROM contacts
 WHERE tenant = $1 AND contact_id = $2
 FOR UPDATE
-"""
-
-ADD_SUPPRESSION = """
-INSERT INTO suppressions (tenant, canonical_email, reason, source)
-VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING
-RETURNING true
-"""
-
-CANCEL_QUEUED_INTENTS = """
-UPDATE followup_intents AS i SET status = 'cancelled', cancel_reason = $3
-FROM contacts AS c
-WHERE i.contact_id = c.contact_id AND c.tenant = $1 AND c.canonical_email = $2
-  AND i.status IN ('queued', 'awaiting_approval')
-RETURNING i.intent_id
-"""
-
-MARK_CONTACT_SUPPRESSED = """
-UPDATE contacts SET status = 'suppressed', updated_at = now()
-WHERE tenant = $1 AND canonical_email = $2 AND status <> 'suppressed'
-RETURNING contact_id
 """
 
 
@@ -143,19 +125,16 @@ async def record_unsubscribe(pool: asyncpg.Pool, tenant: str,
         contact = await conn.fetchrow(FIND_CONTACT, tenant, contact_id)
         if contact is None:
             return None
-        identity = contact["canonical_email"]
-        inserted = bool(await conn.fetchval(ADD_SUPPRESSION, tenant, identity,
-                                            SUPPRESSION_REASON, f"unsubscribe:{contact_id}"))
-        cancelled = [str(r["intent_id"]) for r in await conn.fetch(
-            CANCEL_QUEUED_INTENTS, tenant, identity, "unsubscribed")]
-        marked = await conn.fetch(MARK_CONTACT_SUPPRESSED, tenant, identity)
-        changed = inserted or bool(cancelled) or bool(marked)
+        suppression = await suppress_identity(
+            conn, tenant, contact["canonical_email"], reason=SUPPRESSION_REASON,
+            source=f"unsubscribe:{contact_id}", cancel_reason="unsubscribed")
+        changed, cancelled = suppression.changed, suppression.cancelled_intents
         if changed:
             await store.audit(
                 conn, tenant=tenant, event_id=None, workflow_id=None,
                 contact_id=str(contact_id), actor="unsubscribe",
                 action="suppression_recorded",
-                detail={"reason": SUPPRESSION_REASON, "suppression_added": inserted,
+                detail={"reason": SUPPRESSION_REASON, "suppression_added": suppression.added,
                         "cancelled_intents": cancelled},
             )
     return {"changed": changed, "cancelled_intents": cancelled}
@@ -184,8 +163,6 @@ def unsubscribe_router(settings: Settings) -> APIRouter:
 
     @router.post("/v1/unsubscribe/{token}")
     async def unsubscribe(token: str, request: Request) -> JSONResponse:
-        from inboxcrm.relay import read_body
-
         if await read_body(request, MAX_BODY_BYTES) is None:
             return JSONResponse({"status": "error", "message": "body too large"},
                                 status_code=413)
