@@ -1,0 +1,46 @@
+"""The CI-size chaos run (`make chaos` runs the same driver with ≥1,000 events on a stack of
+its own): ≥100 deliveries with redeliveries and same-identity collisions, ≥10% of
+destination calls faulted, ≥3 worker kill -9s, one relay restart, operator resolution
+through the CLI, then the settled invariant check — which must find nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from inboxcrm.chaos import ChaosConfig, format_table, run_chaos, summary_rows
+from inboxcrm.probe import StackClient
+from inboxcrm.stack.stack import Stack
+
+
+@pytest.mark.slow
+async def test_chaos_ci_size(stack: Stack, env: StackClient) -> None:
+    config = ChaosConfig(events=100, seed=7, kills=3, relay_restarts=1, rate=8.0,
+                         scope_to_run=True,  # the session's store is shared with other tests
+                         # a killed worker's activities wait out their start-to-close timeout
+                         # (extraction: up to 120 s) before they are retried
+                         settle_timeout=150, resolve_rounds=6, deadline=235)
+    try:
+        result = await run_chaos(stack, config, log=print)
+    finally:  # leave the session's worker and relay running whatever happened
+        if not stack.processes["worker"].alive():
+            stack.start_worker()
+        if not stack.processes["relay"].alive():
+            stack.start_relay()
+    print(format_table(summary_rows(result)))
+    for note in result.stats.notes:
+        print("note:", note)
+
+    stats = result.stats
+    violations = {r.name: sorted(r.violations) for r in result.report.results if r.violations}
+    assert result.report.ok, violations
+    assert result.report.settled and result.report.in_flight == []
+    assert stats.deliveries >= 100 and stats.redeliveries > 0 and stats.collisions > 0
+    assert stats.posts_given_up == 0
+    assert stats.fault_share >= 0.10, stats.fault_outcomes
+    assert {k.split("/")[1] for k in stats.faults_injected} == {
+        "rate_limit", "server_error", "invalid_field", "unauthorized",
+        "timeout_before_commit", "timeout_after_commit"}
+    assert stats.kills >= 3 and stats.relay_restarts == 1
+    assert stats.review_left == 0, "review queue not drained"
+    assert stats.cli_failures == 0, stats.notes
+    assert stack.processes["worker"].alive() and stack.processes["relay"].alive()
