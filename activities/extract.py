@@ -13,6 +13,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import store
 from activities.errors import ErrorType
+from activities.heartbeat import heartbeating
 from inboxcrm.extraction import (
     Extractor,
     ExtractorMisconfigured,
@@ -39,6 +40,10 @@ class ExtractActivities:
 
     @activity.defn(name="extract_message")
     async def extract_message(self, item: ItemRef) -> ExtractResult:
+        async with heartbeating():
+            return await self._extract(item)
+
+    async def _extract(self, item: ItemRef) -> ExtractResult:
         async with self._pool.acquire() as conn:
             raw = await conn.fetchval(LOAD_RAW, item.event_id)
             await store.set_event_state(conn, item.event_id, ItemState.EXTRACTING, None)

@@ -9,13 +9,17 @@ is safe: every insert is `ON CONFLICT DO NOTHING` on the keys of DESIGN.md secti
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities import store
-from activities.suppression import suppress_identity
+from activities.errors import ErrorType
+from activities.heartbeat import heartbeating
+from activities.suppression import SendInFlight, suppress_identity
 from inboxcrm.policy import TenantPolicy, get_policy
 from schemas.models import Action, ItemState, PlanInput, PlanResult, operation_key
 
@@ -102,6 +106,17 @@ class MatchActivities:
     async def match_and_plan(self, plan: PlanInput) -> PlanResult:
         item = plan.item
         policy = get_policy(item.tenant)
+        try:
+            async with heartbeating():
+                return await self._plan(plan, policy)
+        except SendInFlight as busy:
+            # An opt-out waits for a follow-up already on the wire (see suppression.py).
+            raise ApplicationError(
+                "send in flight for this identity", type=ErrorType.TRANSIENT.value,
+                next_retry_delay=timedelta(seconds=min(busy.retry_after, 5.0))) from None
+
+    async def _plan(self, plan: PlanInput, policy: TenantPolicy) -> PlanResult:
+        item = plan.item
         async with self._pool.acquire() as conn, conn.transaction():
             event = await conn.fetchrow(LOAD_EVENT, item.event_id)
             if event is None:

@@ -18,7 +18,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities import ledger, store
 from activities.adapters.base import AdapterError
-from activities.errors import Category, ErrorType, to_application_error
+from activities.errors import Category, Classified, ErrorType, to_application_error
+from activities.heartbeat import heartbeating
 from schemas.models import OperationInput, OperationResult
 
 _STATUS_FOR_CATEGORY = {
@@ -52,9 +53,23 @@ class OutboxRunner:
         perform: Callable[[Attempt], Awaitable[str | OperationResult]],
         record_success: Callable[[Any, Attempt, str, bool], Awaitable[None]],
         running_state: str,
+        on_failure: Callable[[Any, Attempt, Classified], Awaitable[None]] | None = None,
     ) -> OperationResult:
         """Run one attempt. `reconcile` is None where the destination cannot be asked
         (then an uncertain previous attempt makes the operation ambiguous)."""
+        async with heartbeating():
+            return await self._attempt(op, reconcile, perform, record_success, running_state,
+                                       on_failure)
+
+    async def _attempt(
+        self,
+        op: OperationInput,
+        reconcile: Callable[[Attempt], Awaitable[str | None]] | None,
+        perform: Callable[[Attempt], Awaitable[str | OperationResult]],
+        record_success: Callable[[Any, Attempt, str, bool], Awaitable[None]],
+        running_state: str,
+        on_failure: Callable[[Any, Attempt, Classified], Awaitable[None]] | None,
+    ) -> OperationResult:
         item = op.item
         async with self.pool.acquire() as conn:
             if await store.is_paused(conn, item.tenant, self.pause_scope):
@@ -91,8 +106,10 @@ class OutboxRunner:
             status = _STATUS_FOR_CATEGORY[classified.category]
             if error.type == ErrorType.AMBIGUOUS.value:
                 status = "ambiguous"
-            async with self.pool.acquire() as conn:
+            async with self.pool.acquire() as conn, conn.transaction():
                 await ledger.record_failure(conn, op.op_key, classified, status)
+                if on_failure is not None:
+                    await on_failure(conn, attempt, classified)
                 await store.audit(
                     conn, tenant=item.tenant, event_id=item.event_id,
                     workflow_id=item.workflow_id, actor=self.action, action="attempt_failed",

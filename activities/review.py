@@ -68,6 +68,13 @@ FROM operations o
 WHERE o.op_key = $1 AND o.action = 'crm-upsert' AND contacts.contact_id = o.external_ref::uuid
 """
 
+RECORD_RESOLVED_SEND = """
+UPDATE followup_intents SET status = 'sent', provider_message_id = $2,
+    sent_at = COALESCE(sent_at, now()), lease_owner = NULL, lease_until = NULL
+FROM operations o
+WHERE o.op_key = $1 AND o.action = 'send' AND followup_intents.intent_id = o.external_ref::uuid
+"""
+
 APPROVE_INTENT = """
 UPDATE followup_intents SET status = 'queued', approved_by = $2
 WHERE intent_id = $1::uuid AND status = 'awaiting_approval'
@@ -133,8 +140,10 @@ class ReviewActivities:
         item = resolve.item
         async with self._pool.acquire() as conn, conn.transaction():
             await ledger.complete(conn, resolve.op_key, resolve.evidence, resolve.evidence)
-            # A resolved CRM upsert names the contact's record: later steps (the note) use it.
+            # A resolved CRM upsert names the contact's record: later steps (the note) use it;
+            # a resolved send names the provider's message: the intent is sent, not sending.
             await conn.execute(RECORD_RESOLVED_CRM_ID, resolve.op_key, resolve.evidence)
+            await conn.execute(RECORD_RESOLVED_SEND, resolve.op_key, resolve.evidence)
             await store.audit(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=resolve.reviewer, action="operation_resolved",

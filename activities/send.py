@@ -8,6 +8,7 @@ was already waiting (for example on a paused send) when the opt-out arrived.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -16,7 +17,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import ledger, store
 from activities.adapters.base import MailClient, OutgoingEmail
-from activities.errors import ErrorType
+from activities.errors import Category, Classified, ErrorType
 from activities.outbox import Attempt, OutboxRunner
 from activities.templates import render
 from inboxcrm.unsubscribe import list_unsubscribe_headers
@@ -25,9 +26,17 @@ from schemas.models import Action, ItemState, OperationInput, OperationResult
 # Fallback when the activity has no start-to-close timeout (it always has one here).
 LEASE_SECONDS = 30.0
 
+# The contact row first (FOR SHARE): an opt-out locks it FOR UPDATE before it writes the
+# suppression, so eligibility and the lease below never interleave with one.
+LOCK_CONTACT_OF_INTENT = """
+SELECT c.contact_id FROM contacts c JOIN followup_intents i ON i.contact_id = c.contact_id
+WHERE i.intent_id = $1::uuid
+FOR SHARE OF c
+"""
+
 CLAIM_INTENT = """
 SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.lease_owner,
-       i.lease_until > now() AS leased,
+       extract(epoch FROM i.lease_until - clock_timestamp()) AS lease_remaining,
        c.status AS contact_status, c.email, c.name, c.tenant, c.canonical_email,
        EXISTS (SELECT 1 FROM suppressions s
                WHERE s.tenant = c.tenant AND s.canonical_email = c.canonical_email)
@@ -45,6 +54,11 @@ WHERE intent_id = $1::uuid
 
 CANCEL_INTENT = """
 UPDATE followup_intents SET status = 'cancelled', cancel_reason = $2 WHERE intent_id = $1::uuid
+"""
+
+RELEASE_LEASE = """
+UPDATE followup_intents SET status = 'queued', lease_owner = NULL, lease_until = NULL
+WHERE intent_id = $1::uuid AND status = 'sending'
 """
 
 MARK_SENT = """
@@ -67,8 +81,15 @@ class SendActivities:
         return await self._runner.run(
             op, reconcile=self._find if self._mail.reconcilable else None,
             perform=self._submit, record_success=self._record,
-            running_state=ItemState.SEND_PENDING,
+            running_state=ItemState.SEND_PENDING, on_failure=self._release_lease,
         )
+
+    async def _release_lease(self, conn: Any, attempt: Attempt, failure: Classified) -> None:
+        """A request that did not take effect frees the intent for the next attempt at once.
+        After an *unknown* outcome the lease stays until it expires: the email may exist, and
+        an opt-out must not be recorded as if it came first."""
+        if failure.category is not Category.UNKNOWN:
+            await conn.execute(RELEASE_LEASE, _intent_id(attempt))
 
     async def _find(self, attempt: Attempt) -> str | None:
         sent = await self._mail.find_sent(_intent_id(attempt))
@@ -79,6 +100,7 @@ class SendActivities:
         item = attempt.op.item
         attempt_name = f"{attempt.op.op_key}#{attempt.claim.attempts}"
         async with self._pool.acquire() as conn, conn.transaction():
+            await conn.fetch(LOCK_CONTACT_OF_INTENT, intent_id)
             row = await conn.fetchrow(CLAIM_INTENT, intent_id)
             if row is None:
                 raise LookupError("intent not found")
@@ -96,9 +118,13 @@ class SendActivities:
             if row["status"] == "awaiting_approval":
                 raise ApplicationError("follow-up not approved", type=ErrorType.PERMANENT.value,
                                        non_retryable=True)
-            if row["leased"] and row["lease_owner"] not in (None, attempt_name):
-                # Another attempt (a zombie of a timed-out one) holds the lease: wait for it.
-                raise ApplicationError("intent lease held", type=ErrorType.UNKNOWN_OUTCOME.value)
+            remaining = row["lease_remaining"]
+            if remaining is not None and remaining > 0 and row["lease_owner"] != attempt_name:
+                # An earlier attempt (crashed, or a zombie of a timed-out one) holds the lease:
+                # come back when it expires, rather than spending attempts meanwhile.
+                raise ApplicationError(
+                    "intent lease held", type=ErrorType.UNKNOWN_OUTCOME.value,
+                    next_retry_delay=timedelta(seconds=float(remaining) + 0.5))
             # The lease lasts as long as this attempt may: after its start-to-close timeout
             # Temporal starts the next attempt, which must be able to take over.
             timeout = activity.info().start_to_close_timeout

@@ -18,12 +18,14 @@ malformed or unknown token is a 404 without detail. `GET` only shows a confirmat
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import hmac
 import logging
 import re
+import time
 import uuid
 from typing import Any
 
@@ -32,7 +34,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from activities import store
-from activities.suppression import suppress_identity
+from activities.suppression import SendInFlight, suppress_identity
 from inboxcrm.config import Settings, get_settings
 from inboxcrm.web import read_body
 
@@ -117,10 +119,23 @@ def list_unsubscribe_headers(tenant: str, contact_id: str | uuid.UUID,
             "List-Unsubscribe-Post": "List-Unsubscribe=One-Click"}
 
 
-async def record_unsubscribe(pool: asyncpg.Pool, tenant: str,
-                             contact_id: uuid.UUID) -> dict[str, Any] | None:
+async def record_unsubscribe(pool: asyncpg.Pool, tenant: str, contact_id: uuid.UUID,
+                             wait_seconds: float = 30.0) -> dict[str, Any] | None:
     """Suppress the contact's identity and cancel its queued intents, atomically and
-    idempotently. None when the contact does not exist."""
+    idempotently. None when the contact does not exist. A follow-up already on the wire is
+    waited for (bounded), so the suppression is never recorded before an email it missed."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            return await _record_unsubscribe(pool, tenant, contact_id)
+        except SendInFlight as busy:
+            if time.monotonic() + min(busy.retry_after, 2.0) > deadline:
+                raise
+            await asyncio.sleep(min(busy.retry_after, 2.0))
+
+
+async def _record_unsubscribe(pool: asyncpg.Pool, tenant: str,
+                              contact_id: uuid.UUID) -> dict[str, Any] | None:
     async with pool.acquire() as conn, conn.transaction():
         contact = await conn.fetchrow(FIND_CONTACT, tenant, contact_id)
         if contact is None:
@@ -172,8 +187,8 @@ def unsubscribe_router(settings: Settings) -> APIRouter:
         pool: asyncpg.Pool = request.app.state.ingestor.pool
         try:
             outcome = await record_unsubscribe(pool, *ref)
-        except (TimeoutError, asyncpg.PostgresError, OSError):
-            log.warning("unsubscribe deferred: database unavailable")
+        except (TimeoutError, asyncpg.PostgresError, OSError, SendInFlight):
+            log.warning("unsubscribe deferred: database unavailable or a send in flight")
             return JSONResponse({"status": "error", "message": "unavailable; retry later"},
                                 status_code=503)
         if outcome is None:

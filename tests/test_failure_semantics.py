@@ -318,3 +318,46 @@ async def test_crm_note_is_a_side_effect_of_its_own(env: StackClient) -> None:
     assert len(await env.calls("crm.upsert")) - upserts_before == 1
     op = await env.operation(f"{workflow_id}:crm-note")
     assert op is not None and (op["status"], op["destination_id"]) == ("completed", notes[0]["id"])
+
+
+async def test_opt_out_during_an_in_flight_send_is_recorded_after_it(
+    env: StackClient,
+) -> None:
+    """The email is on the wire (the provider committed it, our client timed out) when the
+    opt-out arrives: the opt-out waits for the send's lease instead of being recorded before
+    an email that then shows up after it. Found by the chaos run."""
+    email = unique_email("racing")
+    await env.sandbox_config(hang_seconds=6)
+    await env.inject("mail.send", "timeout_after_commit")
+    first = await env.deliver(message_from(email))
+    await env.wait_for(lambda: env.emails_to(email), what="provider accepted the email")
+
+    opt_out = await env.deliver(message_from(
+        email, subject="unsubscribe", body="Please unsubscribe me from all emails.\n"))
+
+    assert (await env.wait_state(opt_out, "suppressed", timeout=90))[0] == "suppressed"
+    assert (await env.wait_state(first, {"completed"}, timeout=90))[0] == "completed"
+    assert len(await env.emails_to(email)) == 1
+    row = await env.db.fetchrow(
+        "SELECT s.created_at AS suppressed_at, i.sent_at FROM suppressions s, followup_intents i"
+        " JOIN inbound_events e USING (event_id)"
+        " WHERE s.canonical_email = lower($1) AND e.workflow_id = $2", email, first)
+    assert row["sent_at"] < row["suppressed_at"]  # recorded in the order it happened
+    timed_out = await env.count(  # precondition: the send's outcome really was unknown
+        "SELECT count(*) FROM audit_log WHERE workflow_id = $1 AND action = 'attempt_failed'",
+        first)
+    assert timed_out >= 1
+
+
+async def test_a_transient_send_failure_does_not_hold_the_intent(env: StackClient) -> None:
+    """A 429 leaves nothing on the wire: the next attempt may send at once (the lease is
+    released), so one rate limit costs one retry, not the whole attempt budget."""
+    email = unique_email("send429")
+    await env.inject("mail.send", "rate_limit", retry_after=1)
+
+    workflow_id = await env.deliver(message_from(email))
+
+    await env.wait_state(workflow_id, "completed", timeout=30)
+    op = await env.operation(f"{workflow_id}:send")
+    assert op is not None and op["attempts"] == 2
+    assert len(await env.emails_to(email)) == 1

@@ -61,9 +61,10 @@ NON_RETRYABLE = [ErrorType.PERMANENT.value, ErrorType.AMBIGUOUS.value]
 # Extraction reads Postgres and maybe an LLM: a few quick retries for blips and 429s.
 EXTRACT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(
     seconds=30), maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
-# Planning is one DB transaction: retry conflicts/outages briefly, then a person looks.
+# Planning is one DB transaction: retry conflicts/outages briefly (an opt-out also waits here,
+# ≤5 s at a time, for a send already on the wire: up to one send lease), then a person looks.
 PLAN_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(
-    seconds=20), maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
+    seconds=20), maximum_attempts=8, non_retryable_error_types=NON_RETRYABLE)
 # CRM calls: rate limits and outages clear within minutes; the ledger enforces the same cap.
 CRM_MAX_ATTEMPTS = 6
 CRM_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
@@ -85,6 +86,9 @@ PLAN_TIMEOUT = timedelta(seconds=30)
 # Outlives the adapter's HTTP timeout plus one reconciliation lookup.
 OPERATION_TIMEOUT = timedelta(seconds=25)
 BOOKKEEPING_TIMEOUT = timedelta(seconds=10)
+# Activities heartbeat every 2 s: a killed worker's attempt is retried after this, not after
+# the start-to-close timeout.
+HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 # While a tenant's CRM or send switch is paused, the step is re-checked: first after
 # PAUSE_POLL, then backing off to PAUSE_POLL_MAX so a long pause cannot bloat the history
 # (a day costs ~1.5k timers, not 17k).
@@ -204,7 +208,8 @@ class InboundEmailWorkflow:
         while True:
             try:
                 return await workflow.execute_activity_method(
-                    fn, arg, start_to_close_timeout=timeout, retry_policy=retry)
+                    fn, arg, start_to_close_timeout=timeout, retry_policy=retry,
+                    heartbeat_timeout=HEARTBEAT_TIMEOUT)
             except ActivityError as err:
                 await self._recover(err, op_key=None)
 
@@ -219,7 +224,8 @@ class InboundEmailWorkflow:
             self._show(state)
             try:
                 result: OperationResult = await workflow.execute_activity_method(
-                    fn, op, start_to_close_timeout=OPERATION_TIMEOUT, retry_policy=retry)
+                    fn, op, start_to_close_timeout=OPERATION_TIMEOUT, retry_policy=retry,
+                    heartbeat_timeout=HEARTBEAT_TIMEOUT)
             except ActivityError as err:
                 self._status.operations[action]["status"] = "failed"
                 if await self._recover(err, op_key=op_key) == "resolved":
