@@ -41,6 +41,7 @@ class Settings(BaseSettings):
     webhook_tolerance_seconds: int = 300
     max_body_bytes: int = 10 * 1024 * 1024
     sweeper_interval_seconds: float = 5.0
+    relay_pool_size: int = 20
 
     # Provider sources and one-click unsubscribe (inboxcrm/sources.py, inboxcrm/unsubscribe.py).
     # Unset credentials disable the source (every request is a 401); `inboxcrm up` generates
@@ -93,6 +94,7 @@ class Settings(BaseSettings):
     worker_metrics_address: str = "127.0.0.1:9464"
     max_concurrent_activities: int = 50
     max_concurrent_workflow_tasks: int = 50
+    max_cached_workflows: int = 250
 
     # Payload encryption (DESIGN.md section 7; inboxcrm/codec.py). No key file: codec off.
     codec_keys_file: str | None = None

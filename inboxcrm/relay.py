@@ -43,6 +43,8 @@ log = logging.getLogger("inboxcrm.relay")
 
 WORKFLOW_NAME = "InboundEmailWorkflow"
 START_RPC_TIMEOUT = timedelta(seconds=5)
+# A full pool answers 503 (the provider redelivers) instead of queueing requests forever.
+POOL_TIMEOUT_SECONDS = 5.0
 _DELIVERY_ID = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
 
 INSERT_EVENT = """
@@ -59,7 +61,13 @@ WITH inserted AS (
         'size_bytes', $8::int, 'content_ref', 'inbound_events.raw:' || event_id)
     FROM inserted
 )
-SELECT event_id FROM inserted
+SELECT event_id, true AS new, 'received' AS state, $7 AS content_sha256, false AS started
+FROM inserted
+UNION ALL
+SELECT event_id, false, state, content_sha256, workflow_started_at IS NOT NULL
+FROM inbound_events
+WHERE tenant = $1 AND source = $2 AND mailbox = $3 AND delivery_id = $4
+  AND NOT EXISTS (SELECT 1 FROM inserted)
 """
 
 FIND_EVENT = """
@@ -138,20 +146,23 @@ class Ingestor:
     async def ingest(self, delivery: Delivery) -> IngestResult:
         digest = hashlib.sha256(delivery.raw).hexdigest()
         workflow_id = delivery.workflow_id
-        async with self.pool.acquire() as conn:
-            # One statement: the event and its "received" audit entry, or neither.
-            event_id = await conn.fetchval(
+        # The connection goes back to the pool before the workflow start: a request never
+        # holds one connection while it waits for another (that deadlocks a full pool).
+        async with self.pool.acquire(timeout=POOL_TIMEOUT_SECONDS) as conn:
+            # One round trip: the new event with its "received" audit entry, or the existing
+            # one. Its snapshot cannot see a row a concurrent request committed while this
+            # statement waited on the unique key; then one more read finds it.
+            row = await conn.fetchrow(
                 INSERT_EVENT, delivery.tenant, delivery.source, delivery.mailbox,
                 delivery.delivery_id, workflow_id, delivery.raw, digest, len(delivery.raw),
                 f"relay:{delivery.source}",
-            )
-            if event_id is not None:
-                started = await self.start(str(event_id), delivery.tenant, workflow_id)
-                return IngestResult("accepted" if started else "unavailable", workflow_id,
-                                    "received")
-            row = await conn.fetchrow(FIND_EVENT, delivery.tenant, delivery.source,
-                                      delivery.mailbox, delivery.delivery_id)
+            ) or await conn.fetchrow(FIND_EVENT, delivery.tenant, delivery.source,
+                                     delivery.mailbox, delivery.delivery_id)
         assert row is not None
+        if row.get("new"):
+            started = await self.start(str(row["event_id"]), delivery.tenant, workflow_id)
+            return IngestResult("accepted" if started else "unavailable", workflow_id,
+                                "received")
         if row["content_sha256"] != digest:
             async with self.pool.acquire() as conn:
                 await store.audit(
@@ -180,10 +191,10 @@ class Ingestor:
             pass  # closed earlier under this ID: it ran; never start it twice
         except (TimeoutError, RPCError, OSError, RuntimeError) as exc:
             log.warning("workflow start deferred: %s", type(exc).__name__)
-            async with self.pool.acquire() as conn:
+            async with self.pool.acquire(timeout=POOL_TIMEOUT_SECONDS) as conn:
                 await conn.execute(COUNT_START_FAILURE, event_id)
             return False
-        async with self.pool.acquire() as conn:
+        async with self.pool.acquire(timeout=POOL_TIMEOUT_SECONDS) as conn:
             await conn.execute(MARK_STARTED, event_id)
         return True
 
@@ -244,7 +255,8 @@ def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # min_size=0: the relay starts (and answers 503) even while the database is down.
-        pool = await db.create_pool(settings.database_url, min_size=0, max_size=20)
+        pool = await db.create_pool(settings.database_url, min_size=0,
+                                    max_size=settings.relay_pool_size)
         app.state.ingestor = Ingestor(pool, handle, settings.task_queue)
         app.state.metrics = metrics
         sweeper = asyncio.create_task(_sweep_forever(app.state.ingestor, settings))

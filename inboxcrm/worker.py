@@ -60,6 +60,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         ],
         max_concurrent_activities=settings.max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
+        # Items parked for review wait for days: keep a bounded number in memory; an evicted
+        # one replays its (short) history when its signal arrives.
+        max_cached_workflows=settings.max_cached_workflows,
     )
     try:
         async with worker:

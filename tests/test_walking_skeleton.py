@@ -159,3 +159,18 @@ async def test_bounce_and_auto_reply_are_ignored(env: StackClient) -> None:
     assert await env.contacts_for(away) == 0
     assert await env.crm_records_for(away) == []
     assert await env.emails_to(away) == []
+
+
+async def test_more_concurrent_new_deliveries_than_pooled_connections(env: StackClient) -> None:
+    """60 new deliveries at once against a pool of 20: every one is answered and stored
+    (a request never holds one pooled connection while waiting for another)."""
+    emails = [unique_email("burst") for _ in range(60)]
+
+    responses = await asyncio.wait_for(
+        asyncio.gather(*(env.post(message_from(e)) for e in emails)), timeout=60)
+
+    assert sorted({r.status_code for r in responses}) == [200]
+    assert {r.json()["status"] for r in responses} == {"accepted"}
+    ids = [r.json()["workflow_id"] for r in responses]
+    assert await env.count("SELECT count(*) FROM inbound_events WHERE workflow_id = ANY($1)",
+                           ids) == 60

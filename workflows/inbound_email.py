@@ -135,13 +135,16 @@ class InboundEmailWorkflow:
         self._waiting: _Waiting | None = None
         self._owner = "sales-ops"
         self._escalation_hours = 24.0
+        # What the search attributes already say: upsert only changes (each upsert is a
+        # history event and a visibility write).
+        self._shown_state: str | None = None
+        self._shown_review = False
 
     # --- the steps -----------------------------------------------------------------------
     @workflow.run
     async def run(self, params: InboundEmailInput) -> dict[str, Any]:
         self._item = ItemRef(event_id=params.event_id, workflow_id=workflow.info().workflow_id,
                              tenant=params.tenant)
-        workflow.upsert_search_attributes([SA_TENANT.value_set(params.tenant)])
         try:
             await self._process()
         except Rejected:
@@ -149,7 +152,7 @@ class InboundEmailWorkflow:
         return self.status()
 
     async def _process(self) -> None:
-        self._show(ItemState.EXTRACTING)
+        self._show(ItemState.EXTRACTING, extra=[SA_TENANT.value_set(self.item.tenant)])
         extraction: ExtractResult = await self._step(
             ExtractActivities.extract_message, self.item, EXTRACT_TIMEOUT, EXTRACT_RETRY)
         self._owner = extraction.review_owner
@@ -379,23 +382,29 @@ class InboundEmailWorkflow:
         assert self._item is not None
         return self._item
 
-    def _show(self, state: ItemState, reason: str | None = None) -> None:
+    def _show(self, state: ItemState, reason: str | None = None,
+              extra: list[SearchAttributeUpdate[Any]] | None = None) -> None:
         """Set the state in the query and search attributes (no I/O)."""
         self._status.state = state.value
         self._status.reason = reason
-        workflow.upsert_search_attributes([SA_STATE.value_set(state.value)])
+        updates = list(extra or [])
+        if self._shown_state != state.value:
+            updates.append(SA_STATE.value_set(state.value))
+            self._shown_state = state.value
+        if updates:
+            workflow.upsert_search_attributes(updates)
 
     async def _enter(self, state: ItemState, reason: str | None, review: bool = False) -> None:
         """A state the workflow itself decides: mirrored to PostgreSQL and the UI."""
-        self._show(state, reason)
-        needs_review = state in REVIEW_STATES
-        if not needs_review:
-            self._leave_review()
-        updates: list[SearchAttributeUpdate[Any]] = [SA_NEEDS_REVIEW.value_set(needs_review)]
-        if needs_review:
-            updates += [SA_REVIEW_REASON.value_set(reason or state.value),
-                        SA_REVIEW_OWNER.value_set(self._owner)]
-        workflow.upsert_search_attributes(updates)
+        updates: list[SearchAttributeUpdate[Any]] = []
+        if state in REVIEW_STATES:
+            updates = [SA_NEEDS_REVIEW.value_set(True),
+                       SA_REVIEW_REASON.value_set(reason or state.value),
+                       SA_REVIEW_OWNER.value_set(self._owner)]
+            self._shown_review = True
+        else:
+            updates = self._leave_review_updates()
+        self._show(state, reason, updates)
         waiting = self._waiting
         await self._bookkeeping(ReviewActivities.record_item_state, StateChange(
             self.item, state.value, reason,
@@ -405,9 +414,17 @@ class InboundEmailWorkflow:
             escalation_hours=self._escalation_hours))
 
     def _leave_review(self) -> None:
+        updates = self._leave_review_updates()
+        if updates:
+            workflow.upsert_search_attributes(updates)
+
+    def _leave_review_updates(self) -> list[SearchAttributeUpdate[Any]]:
+        """Clear the review marks if they are set (nothing otherwise)."""
+        if not self._shown_review:
+            return []
+        self._shown_review = False
         workflow.set_current_details("")
-        workflow.upsert_search_attributes([SA_NEEDS_REVIEW.value_set(False),
-                                           SA_OVERDUE.value_set(False)])
+        return [SA_NEEDS_REVIEW.value_set(False), SA_OVERDUE.value_set(False)]
 
     async def _bookkeeping(self, fn: Any, arg: Any) -> Any:
         return await workflow.execute_local_activity_method(
