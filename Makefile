@@ -47,3 +47,14 @@ $(UI_STAMP): $(STAMP)
 
 test-ui: $(UI_STAMP)
 	INBOXCRM_UI_TESTS=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/ui $(PYTEST_ARGS)
+
+## bench: figures, not pass/fail (bench/README.md): one fresh stack of its own under .data/bench
+## (free ports); table on stdout, JSON + PNG under bench/results/. BENCH_ARGS=--quick: smoke run
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m bench.run $(BENCH_ARGS)

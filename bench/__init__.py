@@ -1,0 +1,1 @@
+"""Benchmarks: figures, never pass/fail (`make bench`, `python -m bench.run`)."""

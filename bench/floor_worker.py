@@ -1,0 +1,53 @@
+"""Worker process for the engine floor (bench/floor_workflow.py), run by the benchmark as a
+separate process beside the product's worker, on its own task queue.
+
+Same worker settings as inboxcrm.worker: INBOXCRM_MAX_CONCURRENT_ACTIVITIES and
+INBOXCRM_MAX_CONCURRENT_WORKFLOW_TASKS through the same Settings class, SDK defaults for
+everything else (pollers, sticky cache, local-activity slots).
+
+    python -m bench.floor_worker --task-queue bench-floor
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from bench.floor_workflow import ACTIVITIES, FloorWorkflow
+from inboxcrm.config import Settings
+
+READY = "floor worker running on task queue"
+
+
+async def run(task_queue: str) -> None:
+    settings = Settings()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    client = await Client.connect(settings.temporal_address,
+                                  namespace=settings.temporal_namespace)
+    worker = Worker(
+        client, task_queue=task_queue, workflows=[FloorWorkflow], activities=ACTIVITIES,
+        max_concurrent_activities=settings.max_concurrent_activities,
+        max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
+    )
+    async with worker:
+        print(f"{READY} {task_queue} (max_concurrent_activities="
+              f"{settings.max_concurrent_activities}, max_concurrent_workflow_tasks="
+              f"{settings.max_concurrent_workflow_tasks})", flush=True)
+        await stop.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--task-queue", required=True)
+    asyncio.run(run(parser.parse_args().task_queue))
+
+
+if __name__ == "__main__":
+    main()

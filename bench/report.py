@@ -1,0 +1,209 @@
+"""Output of a benchmark run: the printed table, the JSON files and the PNG chart."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT
+
+RESULTS = ROOT / "bench" / "results"
+
+
+def _lat(summary: dict[str, Any]) -> str:
+    if not summary.get("count"):
+        return "-"
+    return f"p50 {summary['p50']} / p95 {summary['p95']} / p99 {summary['p99']} ms"
+
+
+def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(figure, value, target) rows."""
+    m = result["machine"]
+    out: list[tuple[str, str, str]] = [
+        ("machine", f"{m['nproc']} cores, {m['cpu_model']}, {m['ram_gib']} GiB RAM", ""),
+        ("load average (start / end)", f"{m['loadavg_start']} / {m.get('loadavg_end')}", ""),
+        ("settings", "max_concurrent_activities {max_concurrent_activities}, "
+                     "max_concurrent_workflow_tasks {max_concurrent_workflow_tasks}, worker "
+                     "processes per side {workers}, posts in flight {post_concurrency}, "
+                     "ingress clients {concurrency}".format(**result["options"]), ""),
+    ]
+    tp = result.get("throughput")
+    if tp:
+        for run in tp["runs"]:
+            label = f"{run['kind']} r{run['round'] + 1}"
+            if run.get("error"):
+                out.append((f"throughput {label}", f"ERROR: {run['error']}; answers so far "
+                            f"{run.get('answers')}", ""))
+                continue
+            if run["kind"] == "floor":
+                detail = (f"{run['per_second']} wf/s ({run['workflows']} in "
+                          f"{run['elapsed_seconds']} s; {run['statuses']})")
+            else:
+                detail = (f"{run['per_second']} emails/s ({run['settled']}/{run['emails']} "
+                          f"settled in {run['elapsed_seconds']} s; {run['posts']} posts; "
+                          f"states {run['states']}; answers {run['answers']})")
+            out.append((f"throughput {label}", detail, ""))
+            out.append((f"latency {label}", _lat(run["latency_ms"]), ""))
+            cpu = run.get("cpu_seconds")
+            if cpu:
+                busy = {k: v for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v >= 0.05}
+                out.append((f"CPU s {label}", f"{round(sum(cpu.values()), 1)} s total: "
+                            + ", ".join(f"{k} {v}" for k, v in busy.items()), ""))
+            steps = run.get("steps_per_item")
+            if steps:
+                out.append((f"steps per item {label}", f"{steps['activities']} activities + "
+                            f"{steps['local_activities']} local, {steps['history_events']} "
+                            "history events (one run's history)", ""))
+        out.append(("throughput product / floor",
+                    f"{tp['ratio']} ({tp['product_per_second']} / {tp['floor_per_second']} "
+                    "per s)", f">= {tp['target_ratio']}"))
+    pk = result.get("parked")
+    if pk and pk.get("error"):
+        out.append(("parked work", f"ERROR: {pk['error']}", ""))
+    elif pk:
+        out.append(("parked in review", f"{pk['parked_waiting']}/{pk['parked_requested']} "
+                    f"(all waiting after {pk['seconds_to_park_all']} s)", ""))
+        out.append(("worker RSS idle -> parked",
+                    f"{pk['rss_mb_before'].get('worker')} -> {pk['worker_rss_mb']} MB",
+                    f"<= {pk['target_worker_rss_mb']} MB"))
+        out.append(("Temporal server RSS idle -> parked",
+                    f"{pk['rss_mb_before'].get('temporal')} -> {pk['temporal_rss_mb']} MB", ""))
+        q = pk["queue_cli"]
+        out.append(("inboxcrm queue --json",
+                    q.get("error") or f"{q['listed']} items, median {q['wall_seconds_median']} s"
+                    f" (min {q['wall_seconds_min']}, max {q['wall_seconds_max']})", ""))
+    ing = result.get("ingress")
+    if ing:
+        for case in ing["cases"]:
+            if case.get("error"):
+                out.append((f"ingress {case['case']} ({case.get('clients')} clients)",
+                            f"ERROR: {case['error']}", ""))
+                continue
+            out.append((f"ingress {case['case']} ({case.get('clients')} clients)",
+                        f"{case['requests_per_second']} req/s, "
+                        f"p50 {case['latency_ms'].get('p50')} / p99 "
+                        f"{case['latency_ms'].get('p99')} ms; {case['answers']}; CPU ms/request"
+                        f" server {case.get('server_cpu_ms_per_request')}, client "
+                        f"{case.get('client_cpu_ms_per_request')}", ""))
+        out.append(("ingress duplicate / bare",
+                    f"p50 x{ing['duplicate_vs_bare_p50']}, p99 x{ing['duplicate_vs_bare_p99']}"
+                    f"; bare serves x{ing['duplicate_vs_bare_rps']} the req/s; server CPU "
+                    f"per request x{ing.get('duplicate_vs_bare_server_cpu')}",
+                    f"<= x{ing['target_duplicate_vs_bare']}"))
+    for note in result.get("notes", []):
+        out.append(("note", note, ""))
+    return out
+
+
+def format_table(table: list[tuple[str, str, str]]) -> str:
+    w1 = max(len(r[0]) for r in table)
+    w3 = max(max(len(r[2]) for r in table), len("target"))
+    lines = [f"{'figure'.ljust(w1)} | {'target'.ljust(w3)} | value",
+             f"{'-' * w1}-+-{'-' * w3}-+-{'-' * 50}"]
+    lines += [f"{a.ljust(w1)} | {c.ljust(w3)} | {b}" for a, b, c in table]
+    return "\n".join(lines)
+
+
+def write_json(result: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(result["started_at"]))
+    text = json.dumps(result, indent=2, sort_keys=False, default=str) + "\n"
+    path = RESULTS / f"{stamp}.json"
+    path.write_text(text)
+    (RESULTS / "latest.json").write_text(text)
+    return path
+
+
+def write_chart(result: dict[str, Any]) -> Path | None:
+    """bench/results/latest.png (matplotlib, Agg). None when matplotlib is not installed
+    (`pip install -e '.[bench]'`)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    panels = [k for k in ("throughput", "ingress", "parked") if result.get(k)
+              and not (k == "parked" and "rss_mb_parked" not in result[k])]
+    if not panels:
+        return None
+    slots = []
+    for p in panels:
+        slots += [p] * (2 if p == "throughput" else 1)
+    fig, axes = plt.subplots(1, len(slots), figsize=(4.2 * len(slots), 4.4))
+    axes = list(axes) if len(slots) > 1 else [axes]
+    ax_iter = iter(axes)
+    colors = {"floor": "#7f7f7f", "product": "#1f77b4"}
+    tp = result.get("throughput")
+    if tp:
+        runs = tp["runs"]
+        labels = [f"{r['kind']}\nr{r['round'] + 1}" for r in runs]
+        ax = next(ax_iter)
+        bars = ax.bar(labels, [r.get("per_second") or 0 for r in runs],
+                      color=[colors[r["kind"]] for r in runs])
+        ax.bar_label(bars, fmt="%.1f")
+        ax.set_title(f"end-to-end throughput (n={result['options']['n']})\n"
+                     f"product/floor = {tp['ratio']}")
+        ax.set_ylabel("items completed per second")
+        ax = next(ax_iter)
+        qs = ("p50", "p95", "p99")
+        step = 0.8 / len(qs)
+        for k, q in enumerate(qs):
+            xs = [i + (k - 1) * step for i in range(len(runs))]
+            ax.bar(xs, [r["latency_ms"].get(q, 0) / 1000 for r in runs], step, label=q,
+                   alpha=0.5 + 0.25 * k, color="#1f77b4" if k else "#aec7e8")
+        ax.set_xticks(range(len(runs)), labels)
+        ax.set_title("latency per item\n(product: received -> completed; floor: start -> close)",
+                     fontsize=10)
+        ax.set_ylabel("seconds")
+        ax.legend()
+    ing = result.get("ingress")
+    if ing:
+        ax = next(ax_iter)
+        cases = ing["cases"]
+        names = [c["case"].replace("relay/", "relay\n").replace("@", "\n@") for c in cases]
+        xs = range(len(cases))
+        ax.bar([x - 0.2 for x in xs], [c["latency_ms"].get("p50", 0) for c in cases], 0.4,
+               label="p50", color="#aec7e8")
+        ax.bar([x + 0.2 for x in xs], [c["latency_ms"].get("p99", 0) for c in cases], 0.4,
+               label="p99", color="#1f77b4")
+        for x, c in zip(xs, cases, strict=True):
+            if c.get("error"):
+                ax.text(x, 0, "stalled", ha="center", va="bottom", color="red", rotation=90)
+        ax.set_xticks(list(xs), names)
+        ax.set_ylabel("ms per request")
+        ax.set_title(f"ingress at {ing['concurrency']} clients\n"
+                     + ", ".join(f"{c['case'].split('/')[-1]} "
+                                 f"{c.get('requests_per_second') or 0:.0f}/s"
+                                 for c in cases), fontsize=9)
+        ax.legend()
+    pk = result.get("parked")
+    if pk and "rss_mb_parked" in pk:
+        ax = next(ax_iter)
+        names = ["worker", "temporal"]
+        xs = range(len(names))
+        ax.bar([x - 0.2 for x in xs], [pk["rss_mb_before"].get(n, 0) for n in names], 0.4,
+               label="idle", color="#c7c7c7")
+        ax.bar([x + 0.2 for x in xs], [pk["rss_mb_parked"].get(n, 0) for n in names], 0.4,
+               label=f"{pk['parked_waiting']} parked", color="#ff7f0e")
+        ax.axhline(pk["target_worker_rss_mb"], color="red", linestyle="--", linewidth=1,
+                   label="worker target")
+        ax.set_xticks(list(xs), names)
+        ax.set_ylabel("RSS MB")
+        q = pk["queue_cli"]
+        ax.set_title(f"parked work\nqueue --json {q.get('wall_seconds_median', '?')} s",
+                     fontsize=10)
+        ax.legend(fontsize=8)
+    m = result["machine"]
+    fig.suptitle(f"inboxcrm bench {result['label']} — {m['nproc']} cores, {m['cpu_model']}, "
+                 f"load {m['loadavg_start'][0]} (preliminary if the machine was busy)",
+                 fontsize=10)
+    fig.tight_layout()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / "latest.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

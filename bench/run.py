@@ -1,0 +1,323 @@
+"""inboxcrm benchmark (`make bench`): figures, never pass/fail.
+
+Starts ONE fresh stack of its own under .data/bench (embedded PostgreSQL, a file-backed
+Temporal dev server with the stack's WAL pragmas, sandbox, worker, relay; free loopback
+ports), plus two processes of its own: the engine-floor worker (bench/floor_worker.py) and
+the bare ingress endpoint (bench/bare_endpoint.py). Then, on that one server:
+
+  1. throughput  end-to-end emails/s of the product vs the bare-workflow engine floor,
+                 with p50/p95/p99 time from webhook POST to completed;
+  2. parked      worker and Temporal RSS with P workflows waiting in review, and the wall
+                 time of `inboxcrm queue --json`;
+  3. ingress     p50/p99 and requests/s of POST /v1/inbound/standard, new deliveries and
+                 duplicates, vs the bare endpoint.
+
+Prints a table; writes bench/results/<timestamp>.json, bench/results/latest.json and
+bench/results/latest.png. See bench/README.md.
+
+    python -m bench.run [--quick] [--n 500] [--requests 2000] [--parked 1000] [--repeat 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import sys
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python bench/run.py`
+    sys.path.insert(0, str(ROOT))
+
+from bench import ingress, parked, report, throughput  # noqa: E402
+from bench.common import (  # noqa: E402
+    Handles,
+    LaneClients,
+    Options,
+    git_revision,
+    machine,
+    versions,
+)
+
+DATA_DIR = ROOT / ".data" / "bench"
+PHASES = ("throughput", "parked", "ingress")
+
+
+def log(line: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.run", description="inboxcrm benchmark (figures, not pass/fail)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: n=60, 300 requests, warm-up 30, 100 parked")
+    parser.add_argument("--n", type=int, help="distinct emails (and floor workflows) per "
+                        "throughput run (default 500)")
+    parser.add_argument("--requests", type=int, help="ingress requests per case (default 2000)")
+    parser.add_argument("--warmup", type=int, help="ingress warm-up requests (default 100)")
+    parser.add_argument("--parked", type=int, help="workflows left in review (default 1000)")
+    parser.add_argument("--concurrency", type=int, default=50,
+                        help="concurrent ingress clients, and the default for "
+                        "--post-concurrency (default 50)")
+    parser.add_argument("--post-concurrency", type=int,
+                        help="posts (and floor starts) in flight in the throughput and parked "
+                        "phases (default: --concurrency)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="throughput rounds, floor and product alternating (default 1)")
+    parser.add_argument("--duplicate-ratio", type=float, default=0.20)
+    parser.add_argument("--shared-ratio", type=float, default=0.10)
+    parser.add_argument("--floor-local-activities", type=int,
+                        help="local activities per floor workflow (default: as many as the "
+                        "product's warm-up item ran, e.g. 1: record_item_state on completion)")
+    parser.add_argument("--floor-activities", type=int,
+                        help="regular activities per floor workflow (default: as many as the "
+                        "product's warm-up item ran; 4 if that could not be read)")
+    parser.add_argument("--max-concurrent-activities", type=int,
+                        default=int(os.environ.get("INBOXCRM_MAX_CONCURRENT_ACTIVITIES", 50)))
+    parser.add_argument("--max-concurrent-workflow-tasks", type=int,
+                        default=int(os.environ.get("INBOXCRM_MAX_CONCURRENT_WORKFLOW_TASKS",
+                                                   50)))
+    parser.add_argument("--workers", type=int, default=1,
+                        help="worker processes per side: the product's task queue and the "
+                        "floor's get the same number (default 1)")
+    parser.add_argument("--phases", default=",".join(PHASES),
+                        help=f"comma-separated subset of {','.join(PHASES)}")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--throughput-timeout", type=float, default=900.0,
+                        help="seconds per throughput run before giving up (default 900)")
+    args = parser.parse_args(argv)
+    phases = tuple(p for p in PHASES if p in {x.strip() for x in args.phases.split(",")})
+    unknown = {x.strip() for x in args.phases.split(",")} - set(PHASES)
+    if unknown or not phases:
+        parser.error(f"--phases: choose from {', '.join(PHASES)}")
+    quick = args.quick
+    opts = Options(
+        n=args.n or (60 if quick else 500),
+        requests=args.requests or (300 if quick else 2000),
+        warmup=args.warmup if args.warmup is not None else (30 if quick else 100),
+        parked=args.parked or (100 if quick else 1000),
+        concurrency=args.concurrency, post_concurrency=args.post_concurrency or args.concurrency,
+        repeat=max(1, args.repeat), workers=max(1, min(args.workers, 8)),
+        duplicate_ratio=args.duplicate_ratio, shared_ratio=args.shared_ratio,
+        floor_local_activities=args.floor_local_activities,
+        floor_activities=args.floor_activities,
+        max_concurrent_activities=args.max_concurrent_activities,
+        max_concurrent_workflow_tasks=args.max_concurrent_workflow_tasks,
+        seed=args.seed, phases=phases, throughput_timeout=args.throughput_timeout,
+        quick=quick,
+    )
+    for name in ("n", "requests", "parked", "concurrency", "post_concurrency"):
+        if not 1 <= getattr(opts, name) <= 100_000:
+            parser.error(f"--{name} must be between 1 and 100000")
+    return opts
+
+
+# --- the stack ---------------------------------------------------------------------------
+@contextlib.contextmanager
+def exclusive_data_dir() -> Any:
+    """One bench run at a time per checkout; the data dir is emptied for a fresh stack."""
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    lock = open(DATA_DIR / ".lock", "w")  # noqa: SIM115 - held for the run
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        sys.exit(f"another benchmark run holds {DATA_DIR}/.lock; wait for it to finish")
+    try:
+        from inboxcrm.stack import postgres
+
+        if postgres.is_running(DATA_DIR / "pg"):  # left over by a killed run
+            postgres.stop(DATA_DIR / "pg")
+        for entry in DATA_DIR.iterdir():
+            if entry.name == ".lock":
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        yield DATA_DIR
+    finally:
+        lock.close()
+
+
+def start_stack(opts: Options) -> Any:
+    from inboxcrm.stack.processes import free_port
+    from inboxcrm.stack.stack import Stack, StackConfig
+
+    config = StackConfig(
+        data_dir=DATA_DIR,
+        pg_port=free_port(),
+        temporal_port=free_port(),
+        temporal_ui_port=None,           # headless: no UI server competing for CPU
+        temporal_db_file=True,           # file-backed, WAL + synchronous=normal (as `make up`)
+        sandbox_port=free_port(),
+        relay_port=free_port(),
+        worker_metrics_port=free_port(),
+        database_url=None,               # always a fresh embedded PostgreSQL of its own
+        temporal_address=None,           # always a fresh dev server of its own
+        task_queue=f"inboxcrm-bench-{uuid.uuid4().hex[:6]}",
+        extra_env={
+            "INBOXCRM_MAX_CONCURRENT_ACTIVITIES": str(opts.max_concurrent_activities),
+            "INBOXCRM_MAX_CONCURRENT_WORKFLOW_TASKS": str(opts.max_concurrent_workflow_tasks),
+        },
+    )
+    return Stack(config)
+
+
+def postmaster_pid(pg_dir: Path) -> int | None:
+    try:
+        return int((pg_dir / "postmaster.pid").read_text().splitlines()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def start_bench_processes(stack: Any, workers: int) -> tuple[str, str]:
+    """The floor worker and the bare endpoint, with the stack's environment, registered
+    among the stack's processes (so that stack.stop() stops them too). Returns (floor task
+    queue, bare endpoint URL)."""
+    from inboxcrm.stack.processes import ManagedProcess, free_port, http_ok, python
+
+    def start(name: str, argv: list[str]) -> ManagedProcess:
+        proc = ManagedProcess(name, argv, dict(stack.env), stack.log_dir).start()
+        stack.processes[name] = proc
+        return proc
+
+    queue = f"bench-floor-{uuid.uuid4().hex[:6]}"
+    for k in range(workers):
+        name = "floor-worker" if k == 0 else f"floor-worker-{k + 1}"
+        floor = start(name, python("bench.floor_worker") + ["--task-queue", queue])
+        floor.wait_ready(floor.log_has("floor worker running on task queue",
+                                       since=floor.log_offset))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    start("bare-endpoint", python("bench.bare_endpoint") + ["--port", str(port)]).wait_ready(
+        http_ok(f"{url}/healthz"))
+    return queue, url
+
+
+async def run_phases(stack: Any, opts: Options, result: dict[str, Any]) -> None:
+    from inboxcrm import db as inboxcrm_db
+
+    for k in range(1, opts.workers):  # replicas beyond the stack's own worker
+        stack.start_worker(f"worker-{k + 1}")
+    floor_queue, bare_url = start_bench_processes(stack, opts.workers)
+    pool = await inboxcrm_db.create_pool(stack.database_url, max_size=4)
+    http = LaneClients(max(opts.concurrency, opts.post_concurrency))
+    pids = {name: proc.pid for name, proc in stack.processes.items()}
+    pg_pid = postmaster_pid(DATA_DIR / "pg")
+    if pg_pid:
+        pids["postgres"] = pg_pid
+    pids["bench"] = os.getpid()
+
+    def stop_workers() -> None:
+        for name, proc in stack.processes.items():
+            if name == "worker" or name.startswith("worker-"):
+                proc.stop()
+
+    def restart_relay() -> None:
+        """A wedged relay (see Stalled) is replaced so that the next phase can run."""
+        stack.processes["relay"].stop()
+        pids["relay"] = stack.start_relay().pid
+    cli_env = dict(stack.env, INBOXCRM_STACK_ENV=str(DATA_DIR / "no-stack.env"))
+    handles = Handles(
+        run_id=uuid.uuid4().hex[:6], relay_url=stack.relay_url, bare_url=bare_url,
+        temporal_address=stack.temporal_address, secret=stack.env["INBOXCRM_WEBHOOK_SECRET"],
+        db=pool, http=http, floor_task_queue=floor_queue, pids=pids, cli_env=cli_env,
+        stop_worker=stop_workers, restart_relay=restart_relay,
+    )
+    try:
+        if "throughput" in opts.phases:
+            result["throughput"] = await throughput.run_phase(handles, opts, log)
+        if "parked" in opts.phases:
+            result["parked"] = await parked.run_phase(handles, opts, log)
+        if "ingress" in opts.phases:
+            result["ingress"] = await ingress.run_phase(handles, opts, log)
+    finally:
+        await http.aclose()
+        await pool.close()
+
+
+def error_notes(result: dict[str, Any]) -> list[str]:
+    """A phase that stalled gets one explanatory note (see bench/README.md)."""
+    errors: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            if isinstance(value.get("error"), str):
+                errors.append(value["error"])
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk({k: result.get(k) for k in PHASES})
+    errors += (result.get("ingress") or {}).get("warm_up_errors", [])
+    notes = []
+    if any("in flight" in e for e in errors):
+        notes.append(f"{sum('in flight' in e for e in errors)} stall(s): the relay stopped "
+                     "answering with every request in flight (see bench/README.md, 'Relay "
+                     "stalls'); the relay was restarted after each")
+    return notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+
+    def terminate(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, terminate)
+    result: dict[str, Any] = {
+        "label": "quick" if opts.quick else "default",
+        "started_at": time.time(),
+        "machine": machine(),
+        "versions": versions(),
+        "git": git_revision(),
+        "options": asdict(opts),
+        "notes": [],
+    }
+    m = result["machine"]
+    log(f"machine: {m['nproc']} cores ({m['cpu_model']}), {m['ram_gib']} GiB RAM, "
+        f"load {m['loadavg_start']}")
+    with exclusive_data_dir():
+        stack = start_stack(opts)
+        try:
+            log(f"starting a fresh stack under {DATA_DIR} (logs in {stack.log_dir})")
+            t0 = time.perf_counter()
+            stack.start_all()
+            result["stack_start_seconds"] = round(time.perf_counter() - t0, 1)
+            asyncio.run(run_phases(stack, opts, result))
+        except KeyboardInterrupt:
+            log("interrupted; stopping the stack")
+            return 130
+        finally:
+            stack.stop()
+    result["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["finished_at"] = time.time()
+    result["notes"] += error_notes(result)
+    if max(m["loadavg_start"][0], result["machine"]["loadavg_end"][0]) > 0.5 * m["nproc"]:
+        result["notes"].append("the machine was busy with other work (load average above "
+                               "half the cores): preliminary figures")
+    table = report.format_table(report.rows(result))
+    print()
+    print(table)
+    path = report.write_json(result)
+    chart = report.write_chart(result)
+    print(f"\nwritten: {path.relative_to(ROOT)}, bench/results/latest.json, "
+          + (str(chart.relative_to(ROOT)) if chart else
+             "no chart (matplotlib missing: pip install -e '.[bench]')"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

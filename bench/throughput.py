@@ -1,0 +1,318 @@
+"""Phase 1: end-to-end throughput of the product versus the engine floor.
+
+Product: N signed emails (+ duplicate re-posts of the same delivery ID, + senders shared
+between emails) posted to the relay with bounded concurrency, timed from the first POST
+until every item is settled in PostgreSQL (`inbound_events.state`, polled in bulk).
+Latency per item: `inbound_events.received_at` → the `state_changed` audit row that
+recorded its final state.
+
+Floor: N BenchFloorWorkflow runs started with the Temporal client (same concurrency) on
+the floor worker's task queue, timed from the first start until every run is closed
+(visibility, polled in bulk). Latency per run: visibility StartTime → CloseTime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+from bench.common import (
+    PARKED,
+    TERMINAL,
+    Handles,
+    Options,
+    Signed,
+    Stalled,
+    answer_of,
+    cpu_delta,
+    cpu_snapshot,
+    inquiry,
+    person_name,
+    run_bounded,
+    sign,
+    summary_ms,
+)
+from bench.floor_workflow import WORKFLOW_NAME, FloorInput
+
+POLL = 0.25
+SETTLE_STALL = 180.0  # no item settled for this long: stop waiting, report what settled
+SETTLED = TERMINAL + PARKED
+
+PRODUCT_PROGRESS = """
+SELECT state, count(*) AS n FROM inbound_events
+WHERE tenant = $1 AND delivery_id LIKE $2 GROUP BY state
+"""
+
+PRODUCT_TIMES = """
+SELECT e.state, e.reason, e.workflow_id, extract(epoch FROM e.received_at)::float8 AS received,
+       (SELECT extract(epoch FROM min(a.at))::float8 FROM audit_log a
+        WHERE a.workflow_id = e.workflow_id AND a.action = 'state_changed'
+          AND a.detail->>'state' = e.state) AS settled
+FROM inbound_events e WHERE e.tenant = $1 AND e.delivery_id LIKE $2
+"""
+
+
+def plan_product(opts: Options, n: int, prefix: str, seed: int
+                 ) -> tuple[list[tuple[str, str]], int, int]:
+    """Deterministic posting order: (delivery_id, raw) per post. Returns the posts, the
+    number of duplicate posts and of emails sharing another email's sender."""
+    rng = random.Random(seed)
+    shared_count = round(n * opts.shared_ratio)
+    shared = set(rng.sample(range(1, n), min(shared_count, max(n - 1, 0))))
+    senders: list[tuple[str, str]] = []
+    emails: list[tuple[str, str]] = []
+    for i in range(n):
+        if i in shared and senders:
+            # Another email's sender, same name and company (an exact match, not a review
+            # case), recent so that the two are often in flight together.
+            email, name = rng.choice(senders[-25:])
+        else:
+            email, name = f"{prefix}{i}@example.com", person_name(i)
+            senders.append((email, name))
+        emails.append((f"{prefix}{i:05d}", inquiry(email, name, f"Pricing question {i}")))
+    posts = list(emails)
+    duplicates = sorted(rng.sample(range(n), round(n * opts.duplicate_ratio)), reverse=True)
+    for i in duplicates:
+        # Re-posted at once (concurrently with the first) or up to ~2 batches later.
+        at = min(i + 1 + rng.randint(0, 2 * opts.post_concurrency), len(posts))
+        posts.insert(at, emails[i])
+    return posts, len(duplicates), len(shared)
+
+
+async def run_product(h: Handles, opts: Options, round_no: int, n: int) -> dict[str, Any]:
+    """round_no -1: the warm-up."""
+    prefix = f"tp-{h.run_id}-{round_no if round_no >= 0 else 'w'}-"
+    posts, duplicates, shared = plan_product(opts, n, prefix, opts.seed + round_no)
+    url = f"{h.relay_url}/v1/inbound/standard"
+    msg_ids = {delivery_id: f"msg_{prefix}{k}" for k, (delivery_id, _) in enumerate(posts)}
+    answers: Counter[str] = Counter()
+    post_latencies: list[float] = []
+    retries = 0
+
+    async def one(i: int, lane: int) -> None:
+        nonlocal retries
+        delivery_id, raw = posts[i]
+        for attempt in range(4):  # a provider redelivers a 503; bounded here
+            req: Signed = sign(h.secret, delivery_id, raw, msg_id=msg_ids[delivery_id])
+            t0 = time.perf_counter()
+            try:
+                response = await h.http[lane].post(url, content=req.body,
+                                                   headers=req.headers)
+                answer = answer_of(response)
+            except Exception as exc:  # noqa: BLE001 - counted, retried
+                answer = type(exc).__name__
+            post_latencies.append(time.perf_counter() - t0)
+            if answer in ("accepted", "duplicate") or attempt == 3:
+                answers[answer] += 1
+                return
+            retries += 1
+            await asyncio.sleep(0.5)
+
+    cpu_before = cpu_snapshot(h.pids)
+    started_wall = time.time()
+    started = time.perf_counter()
+    deadline = started + opts.throughput_timeout
+    try:
+        await run_bounded(len(posts), opts.post_concurrency, one, opts.throughput_timeout)
+    except (Stalled, TimeoutError) as exc:
+        return {"kind": "product", "round": round_no, "emails": n, "posts": len(posts),
+                "error": f"posting to the relay: {exc}", "answers": dict(answers),
+                "per_second": None, "latency_ms": {"count": 0}}
+    posted = time.perf_counter() - started
+
+    states: dict[str, int] = {}
+    settled_count, progress_at = -1, time.perf_counter()
+    while time.perf_counter() < deadline:
+        rows = await h.db.fetch(PRODUCT_PROGRESS, "acme", prefix + "%")
+        states = {r["state"]: r["n"] for r in rows}
+        if sum(states.values()) >= n and all(s in SETTLED for s in states):
+            break
+        now_settled = sum(n for s, n in states.items() if s in SETTLED)
+        if now_settled != settled_count:
+            settled_count, progress_at = now_settled, time.perf_counter()
+        elif time.perf_counter() - progress_at > SETTLE_STALL:
+            break  # nothing settled for minutes: report what is there
+        await asyncio.sleep(POLL)
+    observed = time.perf_counter() - started
+    cpu = cpu_delta(cpu_before, cpu_snapshot(h.pids))
+
+    rows = await h.db.fetch(PRODUCT_TIMES, "acme", prefix + "%")
+    settled = [r for r in rows if r["state"] in SETTLED and r["settled"] is not None]
+    completed = [r["settled"] - r["received"] for r in settled if r["state"] == "completed"]
+    last = max((r["settled"] for r in settled), default=started_wall + observed)
+    elapsed = last - started_wall
+    states = dict(Counter(r["state"] for r in rows))
+    # A happy-path item (follow-up sent) shows the full step count; else any completed one.
+    sample = next((r["workflow_id"] for r in rows if r["reason"] == "followup_sent"),
+                  next((r["workflow_id"] for r in rows if r["state"] == "completed"), None))
+    return {
+        "kind": "product",
+        "round": round_no,
+        "emails": n,
+        "posts": len(posts),
+        "duplicate_posts": duplicates,
+        "shared_sender_emails": shared,
+        "answers": dict(answers),
+        "post_retries": retries,
+        "posting_seconds": round(posted, 2),
+        "post_latency_ms": summary_ms(post_latencies),
+        "settled": len(settled),
+        "not_settled": n - len(settled),
+        "states": states,
+        "elapsed_seconds": round(elapsed, 2),
+        "per_second": round(len(settled) / elapsed, 2) if elapsed > 0 else 0.0,
+        "latency_ms": summary_ms(completed),
+        "latency_of": "completed items: received_at -> state_changed(completed) audit row",
+        "sample_workflow_id": sample,
+        "cpu_seconds": cpu,
+    }
+
+
+async def run_floor(h: Handles, client: Client, opts: Options, round_no: int, n: int,
+                    shape: tuple[int, int], already_closed: int) -> dict[str, Any]:
+    """shape: (regular activities, local activities) per workflow; round_no -1: warm-up."""
+    prefix = f"bench-floor/{h.run_id}/{round_no if round_no >= 0 else 'w'}/"
+    queue = h.floor_task_queue
+    errors: Counter[str] = Counter()
+
+    async def one(i: int, _lane: int) -> None:
+        try:
+            await client.start_workflow(
+                WORKFLOW_NAME, FloorInput(f"{prefix}{i}", local_activities=shape[1],
+                                                activities=shape[0]),
+                id=f"{prefix}{i}", task_queue=queue)
+        except Exception as exc:  # noqa: BLE001 - counted
+            errors[type(exc).__name__] += 1
+
+    cpu_before = cpu_snapshot(h.pids)
+    started_wall = time.time()
+    started = time.perf_counter()
+    deadline = started + opts.throughput_timeout
+    await run_bounded(n, opts.post_concurrency, one, opts.throughput_timeout)
+    posted = time.perf_counter() - started
+    want = already_closed + n - sum(errors.values())
+    closed = 0
+    while time.perf_counter() < deadline:
+        running = (await client.count_workflows(
+            f"TaskQueue = '{queue}' AND ExecutionStatus = 'Running'")).count
+        closed = (await client.count_workflows(
+            f"TaskQueue = '{queue}' AND ExecutionStatus != 'Running'")).count
+        if running == 0 and closed >= want:
+            break
+        await asyncio.sleep(POLL)
+    cpu = cpu_delta(cpu_before, cpu_snapshot(h.pids))
+
+    latencies: list[float] = []
+    statuses: Counter[str] = Counter()
+    last = started_wall
+    async for wf in client.list_workflows(f"TaskQueue = '{queue}'", page_size=1000):
+        if not wf.id.startswith(prefix):
+            continue
+        statuses[wf.status.name if wf.status else "UNKNOWN"] += 1
+        if wf.close_time is not None:
+            latencies.append((wf.close_time - wf.start_time).total_seconds())
+            last = max(last, wf.close_time.timestamp())
+    elapsed = last - started_wall
+    done = statuses.get("COMPLETED", 0)
+    return {
+        "kind": "floor",
+        "round": round_no,
+        "workflows": n,
+        "regular_activities_per_workflow": shape[0],
+        "local_activities_per_workflow": shape[1],
+        "start_errors": dict(errors),
+        "starting_seconds": round(posted, 2),
+        "statuses": dict(statuses),
+        "closed_total_on_queue": closed,
+        "elapsed_seconds": round(elapsed, 2),
+        "per_second": round(done / elapsed, 2) if elapsed > 0 else 0.0,
+        "latency_ms": summary_ms(latencies),
+        "latency_of": "visibility StartTime -> CloseTime",
+        "sample_workflow_id": f"{prefix}0",
+        "cpu_seconds": cpu,
+    }
+
+
+async def steps_of(client: Client, workflow_id: str | None) -> dict[str, Any] | None:
+    """Regular activities scheduled and local activities (markers) recorded in one run's
+    history: what one item actually cost in engine round trips."""
+    if not workflow_id:
+        return None
+    counts: dict[str, Any] = {"activities": 0, "local_activities": 0, "history_events": 0}
+    kinds: Counter[str] = Counter()
+    async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
+        counts["history_events"] += 1
+        kinds[EventType.Name(event.event_type).removeprefix("EVENT_TYPE_")] += 1
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            counts["activities"] += 1
+        elif (event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+              and event.marker_recorded_event_attributes.marker_name == "core_local_activity"):
+            counts["local_activities"] += 1  # not patch/version markers
+    counts["event_types"] = dict(sorted(kinds.items()))
+    return counts
+
+
+async def run_phase(h: Handles, opts: Options, log: Any) -> dict[str, Any]:
+    client = await Client.connect(h.temporal_address)
+    runs: list[dict[str, Any]] = []
+
+    # Warm-up (not counted): a few items through each side; the product's history tells
+    # the floor how many steps to mirror unless --floor-activities/--floor-local-activities.
+    warm_n = min(10, opts.n)
+    log(f"throughput warm-up: {warm_n} product emails, {warm_n} floor workflows")
+    warm = await run_product(h, opts, -1, warm_n)
+    if warm.get("error"):
+        log(f"  warm-up: {warm['error']}; restarting the relay")
+        h.restart_relay()
+    sampled = await steps_of(client, warm.get("sample_workflow_id"))
+    shape = (opts.floor_activities if opts.floor_activities is not None
+             else sampled["activities"] if sampled else 4,
+             opts.floor_local_activities if opts.floor_local_activities is not None
+             else sampled["local_activities"] if sampled else 1)
+    ran = (f"{sampled['activities']} activities + {sampled['local_activities']} local, "
+           f"{sampled['history_events']} history events") if sampled else "unknown"
+    log(f"  product item ran {ran}; floor mirrors {shape[0]} activities + {shape[1]} local")
+    closed = 0
+    await run_floor(h, client, opts, -1, warm_n, shape, closed)
+    closed += warm_n
+
+    for round_no in range(opts.repeat):
+        log(f"throughput round {round_no + 1}/{opts.repeat}: floor, {opts.n} workflows")
+        floor = await run_floor(h, client, opts, round_no, opts.n, shape, closed)
+        closed += opts.n
+        floor["steps_per_item"] = await steps_of(client, floor.get("sample_workflow_id"))
+        log(f"  floor: {floor['per_second']}/s over {floor['elapsed_seconds']}s")
+        runs.append(floor)
+        log(f"throughput round {round_no + 1}/{opts.repeat}: product, {opts.n} emails")
+        product = await run_product(h, opts, round_no, opts.n)
+        runs.append(product)
+        if product.get("error"):
+            log(f"  product: {product['error']}; restarting the relay")
+            h.restart_relay()
+            break
+        product["steps_per_item"] = await steps_of(client, product.get("sample_workflow_id"))
+        log(f"  product: {product['per_second']}/s over {product['elapsed_seconds']}s, "
+            f"states {product['states']}, answers {product['answers']}")
+    floor_rates = sorted(r["per_second"] for r in runs
+                         if r["kind"] == "floor" and r.get("per_second") is not None)
+    product_rates = sorted(r["per_second"] for r in runs
+                           if r["kind"] == "product" and r.get("per_second") is not None)
+    floor_rate = floor_rates[len(floor_rates) // 2] if floor_rates else None
+    product_rate = product_rates[len(product_rates) // 2] if product_rates else None
+    return {
+        "runs": runs,
+        "warm_up_product_steps": sampled,
+        "floor_shape": {"activities": shape[0], "local_activities": shape[1],
+                        "source": "options" if opts.floor_activities is not None
+                        else "product warm-up history" if sampled else "fallback"},
+        "floor_per_second": floor_rate,
+        "product_per_second": product_rate,
+        "ratio": round(product_rate / floor_rate, 3) if floor_rate and product_rate else None,
+        "target_ratio": 1.0,
+    }
