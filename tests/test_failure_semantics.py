@@ -295,10 +295,22 @@ async def test_replay_of_a_terminated_run_repeats_no_completed_step(
     assert again.returncode == 1 and "only failed or terminated" in again.stderr
 
 
-def test_rehearse_passes_on_the_running_stack(stack: Stack) -> None:
+async def test_rehearse_passes_and_audit_tells_each_story(
+    stack: Stack, env: StackClient,
+) -> None:
     result = cli(stack, "rehearse")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "11 passed, 0 failed" in result.stdout
+    # Every rehearsal item's story can be reconstructed from the audit trail alone.
+    rows = await env.db.fetch(
+        "SELECT DISTINCT ON (state) workflow_id, state FROM inbound_events "
+        "WHERE tenant = 'rehearsal' ORDER BY state, received_at DESC")
+    assert {r["state"] for r in rows} >= {"completed", "ignored", "rejected", "suppressed"}
+    for row in rows:
+        story = cli(stack, "audit", "--workflow", row["workflow_id"])
+        assert story.returncode == 0, story.stderr
+        assert "received via standard" in story.stdout
+        assert f"state → {row['state']}" in story.stdout
 
 
 async def test_crm_note_is_a_side_effect_of_its_own(env: StackClient) -> None:
