@@ -79,8 +79,10 @@ def up() -> None:
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupted)  # `kill` or a supervisor stops it cleanly too
-    signal.signal(signal.SIGHUP, interrupted)
+    # Ctrl-C, `kill` or a supervisor stop it cleanly (SIGINT too: a shell script that
+    # backgrounds `make up` starts it with SIGINT ignored).
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, interrupted)
     try:
         with out.status("starting PostgreSQL, Temporal, sandbox, worker and relay…"):
             stack.start_all()
