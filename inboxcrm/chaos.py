@@ -39,6 +39,7 @@ import httpx
 
 from inboxcrm import check
 from inboxcrm.probe import Endpoints, StackClient, message_from
+from inboxcrm.stack import postgres
 from inboxcrm.stack.stack import Stack
 
 TARGETS = ("crm.upsert", "crm.search", "mail.send")
@@ -634,48 +635,18 @@ async def run_chaos(stack: Stack, config: ChaosConfig, log: Log | None = None) -
 
 # --- a fresh stack of its own (`make chaos`) ---------------------------------------------
 def fresh_stack_config(data_dir: Path, database_url: str) -> Any:
-    from inboxcrm.stack.processes import free_port
-    from inboxcrm.stack.stack import StackConfig
+    from inboxcrm.stack.stack import isolated_config
 
-    return StackConfig(
-        data_dir=data_dir,
-        temporal_port=free_port(),
-        temporal_ui_port=None,
-        temporal_db_file=False,
-        sandbox_port=free_port(),
-        relay_port=free_port(),
-        database_url=database_url,
-        temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None,
-        task_queue=f"inboxcrm-chaos-{uuid.uuid4().hex[:6]}",
-        extra_env={
-            # As the test suite: short client timeouts, a sandbox that hangs longer than the
-            # client waits, a fast sweeper.
-            "INBOXCRM_HTTP_TIMEOUT_SECONDS": "2",
-            "INBOXCRM_SWEEPER_INTERVAL_SECONDS": "1",
-            "SANDBOX_HANG_SECONDS": "6",
-            "SANDBOX_SEARCH_LAG_SECONDS": "2",
-        },
-    )
+    return isolated_config(data_dir, database_url, queue_prefix="inboxcrm-chaos",
+                           temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None)
 
 
 async def _create_database(server_url: str) -> str:
-    name = f"inboxcrm_chaos_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(server_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    base, _, _ = server_url.rpartition("/")
-    return f"{base}/{name}"
+    return await postgres.create_database(server_url, "inboxcrm_chaos")
 
 
 async def _drop_database(server_url: str, database_url: str) -> None:
-    name = database_url.rpartition("/")[2]
-    admin = await asyncpg.connect(server_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    await postgres.drop_database(server_url, database_url)
 
 
 def run_on_fresh_stack(config: ChaosConfig, data_dir: Path, log: Log,

@@ -6,8 +6,6 @@ Each test session gets a fresh database so runs never see each other's rows.
 from __future__ import annotations
 
 import os
-import socket
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +14,7 @@ import asyncpg
 import pytest
 
 from inboxcrm.stack import postgres
+from inboxcrm.stack.processes import free_port
 
 if TYPE_CHECKING:
     from inboxcrm.config import Settings
@@ -23,12 +22,6 @@ if TYPE_CHECKING:
     from inboxcrm.stack.stack import Stack
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -48,52 +41,23 @@ def postgres_server_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 async def database_url(postgres_server_url: str) -> AsyncIterator[str]:
     """A fresh, empty database for this test session."""
-    name = f"inboxcrm_test_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(postgres_server_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    base, _, _ = postgres_server_url.rpartition("/")
-    yield f"{base}/{name}"
-    admin = await asyncpg.connect(postgres_server_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    url = await postgres.create_database(postgres_server_url, "inboxcrm_test")
+    yield url
+    await postgres.drop_database(postgres_server_url, url)
 
 
 # --- the whole stack: real Temporal dev server, sandbox, worker and relay processes -----
 TEST_WEBHOOK_SECRET = "whsec_dGVzdC1zZWNyZXQtZm9yLWluYm94Y3JtLXRlc3RzLTAwMDA="
-# Short client timeouts so timeout faults resolve quickly; the sandbox holds a hung request
-# longer than the client waits, as a slow real provider would.
-TEST_HTTP_TIMEOUT = "2"
-TEST_SANDBOX_HANG = "6"
 
 
 @pytest.fixture(scope="session")
 def stack(database_url: str) -> Iterator[Stack]:
-    from inboxcrm.stack.processes import free_port as any_free_port
-    from inboxcrm.stack.stack import Stack, StackConfig
+    from inboxcrm.stack.stack import Stack, isolated_config
 
-    config = StackConfig(
-        data_dir=ROOT / ".data" / "test-stack",
-        temporal_port=any_free_port(),
-        temporal_ui_port=None,
-        temporal_db_file=False,
-        sandbox_port=any_free_port(),
-        relay_port=any_free_port(),
-        worker_metrics_port=any_free_port(),
-        database_url=database_url,
+    config = isolated_config(
+        ROOT / ".data" / "test-stack", database_url, queue_prefix="inboxcrm-test",
         temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None,
-        task_queue=f"inboxcrm-test-{uuid.uuid4().hex[:6]}",
-        extra_env={
-            "INBOXCRM_WEBHOOK_SECRET": TEST_WEBHOOK_SECRET,
-            "INBOXCRM_HTTP_TIMEOUT_SECONDS": TEST_HTTP_TIMEOUT,
-            "INBOXCRM_SWEEPER_INTERVAL_SECONDS": "1",
-            "SANDBOX_HANG_SECONDS": TEST_SANDBOX_HANG,
-            "SANDBOX_SEARCH_LAG_SECONDS": "2",
-        },
+        extra_env={"INBOXCRM_WEBHOOK_SECRET": TEST_WEBHOOK_SECRET},
     )
     running = Stack(config)
     try:

@@ -114,3 +114,30 @@ def start(data_dir: Path, port: int, host: str = "127.0.0.1") -> str:
 def stop(data_dir: Path) -> None:
     if is_running(data_dir):
         _pg("pg_ctl", "-D", str(data_dir.resolve()), "-m", "fast", "-w", "stop")
+
+
+async def create_database(server_url: str, prefix: str) -> str:
+    """A fresh, empty database on the server; returns its URL (tests, chaos runs)."""
+    import uuid
+
+    import asyncpg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(server_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    base, _, _ = server_url.rpartition("/")
+    return f"{base}/{name}"
+
+
+async def drop_database(server_url: str, database_url: str) -> None:
+    import asyncpg
+
+    name = database_url.rpartition("/")[2]
+    admin = await asyncpg.connect(server_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()

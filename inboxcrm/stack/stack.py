@@ -203,3 +203,37 @@ def webhook_secret(data_dir: Path) -> str:
         path.write_text("whsec_" + base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
         path.chmod(0o600)
     return path.read_text().strip()
+
+
+# Short client timeouts so timeout faults resolve quickly; the sandbox holds a hung request
+# longer than the client waits, as a slow real provider would; a fast sweeper.
+ISOLATED_ENV = {
+    "INBOXCRM_HTTP_TIMEOUT_SECONDS": "2",
+    "INBOXCRM_SWEEPER_INTERVAL_SECONDS": "1",
+    "SANDBOX_HANG_SECONDS": "6",
+    "SANDBOX_SEARCH_LAG_SECONDS": "2",
+}
+
+
+def isolated_config(data_dir: Path, database_url: str, *, queue_prefix: str,
+                    ui: bool = False, temporal_address: str | None = None,
+                    extra_env: dict[str, str] | None = None) -> StackConfig:
+    """A stack on free loopback ports with its own task queue and the short timeouts above:
+    the test suite, the UI tests and the chaos driver each run one beside anything else."""
+    import uuid
+
+    from inboxcrm.stack.processes import free_port
+
+    return StackConfig(
+        data_dir=data_dir,
+        temporal_port=free_port(),
+        temporal_ui_port=free_port() if ui else None,
+        temporal_db_file=False,
+        sandbox_port=free_port(),
+        relay_port=free_port(),
+        worker_metrics_port=free_port(),
+        database_url=database_url,
+        temporal_address=None if ui else temporal_address,
+        task_queue=f"{queue_prefix}-{uuid.uuid4().hex[:6]}",
+        extra_env={**ISOLATED_ENV, **(extra_env or {})},
+    )

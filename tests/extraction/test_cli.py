@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -133,20 +131,16 @@ def test_cpython_email_test_data_present_here() -> None:
     assert len(CPYTHON_MESSAGES) >= 40
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("inboxcrm.cli") is None or shutil.which("inboxcrm") is None,
-    reason="the inboxcrm console script is not wired yet",
-)
 def test_console_script(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "inboxcrm"  # the venv's, PATH or not
+    assert script.exists(), "the inboxcrm console script is not installed"
     path = tmp_path / "in.eml"
     path.write_bytes(next(c for c in CASES if c.id == "review_injection_body").raw)
     env = {k: v for k, v in os.environ.items() if not k.startswith("INBOXCRM_")}
     result = subprocess.run(
-        [shutil.which("inboxcrm") or "inboxcrm", "extract", str(path), "--json"],
+        [str(script), "extract", str(path), "--json"],
         capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
     )
-    if result.returncode == 2 and "extract" in result.stderr:
-        pytest.skip("the console script has no extract command yet")
     assert result.returncode == 0, result.stderr
     doc = _check_document(result.stdout)
     assert doc["route"] == "review" and "prompt_injection" in doc["reasons"]

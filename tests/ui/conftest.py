@@ -17,20 +17,14 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
 import pytest
 
-from tests.conftest import (
-    ROOT,
-    TEST_HTTP_TIMEOUT,
-    TEST_SANDBOX_HANG,
-    TEST_WEBHOOK_SECRET,
-)
+from inboxcrm.stack import postgres
+from tests.conftest import ROOT, TEST_WEBHOOK_SECRET
 
 if TYPE_CHECKING:
     from playwright.async_api import BrowserContext, Page
@@ -76,45 +70,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 async def ui_database_url(postgres_server_url: str) -> AsyncIterator[str]:
     """A fresh database for the UI stack only (its relay's sweeper must not see, and start,
     events that belong to the main suite's stack, nor the other way round)."""
-    name = f"inboxcrm_ui_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(postgres_server_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    base, _, _ = postgres_server_url.rpartition("/")
-    yield f"{base}/{name}"
-    admin = await asyncpg.connect(postgres_server_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    url = await postgres.create_database(postgres_server_url, "inboxcrm_ui")
+    yield url
+    await postgres.drop_database(postgres_server_url, url)
 
 
 @pytest.fixture(scope="session")
 def ui_stack(ui_database_url: str) -> Iterator[Stack]:
-    from inboxcrm.stack.processes import free_port
-    from inboxcrm.stack.stack import Stack, StackConfig
+    from inboxcrm.stack.stack import Stack, isolated_config
 
-    config = StackConfig(
-        data_dir=ROOT / ".data" / "ui-stack",
-        temporal_port=free_port(),
-        temporal_ui_port=free_port(),   # the dev server's Web UI, with our codec endpoint
-        temporal_db_file=False,
-        sandbox_port=free_port(),
-        relay_port=free_port(),
-        worker_metrics_port=free_port(),
-        database_url=ui_database_url,
-        temporal_address=None,          # always our own dev server: it serves the UI
-        task_queue=f"inboxcrm-ui-{uuid.uuid4().hex[:6]}",
-        extra_env={
-            "INBOXCRM_WEBHOOK_SECRET": TEST_WEBHOOK_SECRET,
-            "INBOXCRM_HTTP_TIMEOUT_SECONDS": TEST_HTTP_TIMEOUT,
-            "INBOXCRM_SWEEPER_INTERVAL_SECONDS": "1",
-            "SANDBOX_HANG_SECONDS": TEST_SANDBOX_HANG,
-            "SANDBOX_SEARCH_LAG_SECONDS": "2",
-        },
-    )
+    # Always our own dev server: it serves the Web UI, with our codec endpoint.
+    config = isolated_config(ROOT / ".data" / "ui-stack", ui_database_url,
+                             queue_prefix="inboxcrm-ui", ui=True,
+                             extra_env={"INBOXCRM_WEBHOOK_SECRET": TEST_WEBHOOK_SECRET})
     running = Stack(config)
     try:
         running.start_all()
