@@ -681,6 +681,7 @@ def sources_router(settings: Settings) -> APIRouter:
     async def inbound_postmark(request: Request) -> JSONResponse:
         if not basic_auth_ok(request.headers.get("authorization"), settings.postmark_user,
                              postmark_password):
+            _count_auth_failure(request, "postmark")
             response = _error(401, "invalid or missing credentials")
             response.headers["WWW-Authenticate"] = 'Basic realm="inboxcrm postmark"'
             return response
@@ -714,6 +715,7 @@ def sources_router(settings: Settings) -> APIRouter:
                                               settings.mailgun_tolerance_seconds)
         except Unauthenticated as exc:
             log.info("mailgun request rejected: %s", exc)
+            _count_auth_failure(request, "mailgun")
             return _error(401, "invalid, stale or missing Mailgun signature")
         try:
             delivery = parse_mailgun(form, _tenant_param(request), settings.max_body_bytes)
@@ -729,6 +731,7 @@ def sources_router(settings: Settings) -> APIRouter:
             return _error(503, "ledger unavailable; retry later")
         if not fresh:
             log.info("mailgun request rejected: token replayed")
+            _count_auth_failure(request, "mailgun")
             return _error(401, "invalid, stale or missing Mailgun signature (token replayed)")
         response = await _ingest(request, delivery)
         if response.status_code == 503:
@@ -786,3 +789,8 @@ def generated_credentials(data_dir: Path) -> dict[str, str]:
             if tmp.exists():
                 tmp.unlink()
     return {name: os.environ.get(name) or stored[name] for name in _GENERATORS}
+
+
+def _count_auth_failure(request: Request, source: str) -> None:
+    """Every source feeds the same signature-failure metric (and its spike alert)."""
+    request.app.state.metrics.signature_failures.labels(source).inc()

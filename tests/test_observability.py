@@ -72,3 +72,16 @@ async def test_logs_are_json_with_references_and_never_personal_data(
         text = log.read_text(errors="replace")
         for secret in (email, name, "Secret body text 42"):
             assert secret not in text, f"{secret!r} leaked into {log.name}"
+
+
+async def test_every_source_feeds_the_signature_failure_metric(
+    env: StackClient, stack: Stack,
+) -> None:
+    await env.http.post(f"{stack.relay_url}/v1/inbound/postmark", json={},
+                        auth=("wrong", "credentials"))
+    await env.http.post(f"{stack.relay_url}/v1/inbound/mailgun",
+                        data={"timestamp": "1", "token": "t", "signature": "bad"})
+    text = await scrape(env, f"{stack.relay_url}/metrics")
+    for source in ("postmark", "mailgun"):
+        count = sample(text, "inboxcrm_signature_failures_total", f'{{source="{source}"}}')
+        assert (count or 0) >= 1, source
