@@ -92,11 +92,4 @@ async def env(stack: Stack, db: asyncpg.Pool, app_settings: Settings
 @pytest.fixture(scope="session")
 def app_settings(stack: Stack) -> Settings:
     """The settings the stack's own processes run with (same codec keys, same queue)."""
-    from inboxcrm.config import Settings
-
-    keys = {k for k in stack.env if k.startswith("INBOXCRM_") or k in (
-        "DATABASE_URL", "TEMPORAL_ADDRESS")}
-    with pytest.MonkeyPatch.context() as patch:
-        for key in keys:
-            patch.setenv(key, stack.env[key])
-        return Settings()
+    return stack.settings()

@@ -14,6 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inboxcrm.config import Settings
 from inboxcrm.migrate import apply_migrations
 from inboxcrm.stack import postgres
 from inboxcrm.stack.processes import (
@@ -163,6 +164,15 @@ class Stack:
         })
         env.update(self.config.extra_env)
         return env
+
+    def settings(self) -> Settings:
+        """The settings the stack's own processes run with (same codec keys, same queue)."""
+        from unittest import mock
+
+        values = {k: v for k, v in self.env.items()
+                  if k.startswith("INBOXCRM_") or k in ("DATABASE_URL", "TEMPORAL_ADDRESS")}
+        with mock.patch.dict(os.environ, values):
+            return Settings()
 
     def stack_env(self) -> dict[str, str]:
         """What `.data/stack.env` holds (DESIGN.md section 10)."""

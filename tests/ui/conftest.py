@@ -95,14 +95,7 @@ def ui_stack(ui_database_url: str) -> Iterator[Stack]:
 @pytest.fixture(scope="session")
 def ui_settings(ui_stack: Stack) -> Any:
     """The settings the UI stack's processes run with (same codec keys, same queue)."""
-    from inboxcrm.config import Settings
-
-    keys = {k for k in ui_stack.env if k.startswith("INBOXCRM_") or k in (
-        "DATABASE_URL", "TEMPORAL_ADDRESS")}
-    with pytest.MonkeyPatch.context() as patch:
-        for key in keys:
-            patch.setenv(key, ui_stack.env[key])
-        return Settings()
+    return ui_stack.settings()
 
 
 @pytest.fixture
