@@ -1,16 +1,38 @@
-"""Determinism guard: histories produced by the real worker replay against today's workflow
-code. A change that would break running workflows fails here first (wrap such changes in
-`workflow.patched`)."""
+"""Determinism guard: histories replay against today's workflow code.
+
+Two kinds:
+- live histories, produced by the real worker in this session (catches a change that breaks
+  the histories being written now);
+- stored histories under `tests/histories/`, written by an earlier version of the workflow
+  (catches a change that breaks workflows already running in production: wrap such changes
+  in `workflow.patched`). Their payloads stay encrypted; `tests/histories/codec-keys.json`
+  is a test-only key that decrypts them (synthetic data only).
+
+To add stored histories from the current code, run this file with
+`INBOXCRM_CAPTURE_HISTORIES=<label>`; it writes `tests/histories/<label>-<scenario>.json`.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from inboxcrm import temporal
+from inboxcrm.codec import data_converter
 from inboxcrm.config import Settings
 from inboxcrm.probe import StackClient, message_from, unique_email
 from tests.test_review import no_sender_message
 from workflows.inbound_email import InboundEmailWorkflow
+
+HISTORIES = Path(__file__).resolve().parent / "histories"
+HISTORY_KEYS = HISTORIES / "codec-keys.json"
 
 
 async def test_histories_replay_deterministically(env: StackClient, app_settings: Settings) -> None:
@@ -28,12 +50,51 @@ async def test_histories_replay_deterministically(env: StackClient, app_settings
                                            "corrections": {"sender_email": unique_email("r")}})
     await env.wait_state(blocked, "blocked")
     await env.signal(blocked, "retry", {"reviewer": "dana"})
-    for workflow_id in (happy, reviewed, blocked):
+    scenarios = {"happy": happy, "reviewed": reviewed, "blocked-retried": blocked}
+    for workflow_id in scenarios.values():
         await env.wait_state(workflow_id, "completed")
 
     client = await temporal.connect(app_settings)
     replayer = Replayer(workflows=[InboundEmailWorkflow], data_converter=client.data_converter)
-    for workflow_id in (happy, reviewed, blocked):
+    label = os.environ.get("INBOXCRM_CAPTURE_HISTORIES")
+    for name, workflow_id in scenarios.items():
         history = await client.get_workflow_handle(workflow_id).fetch_history()
         result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
         assert result.replay_failure is None
+        if label:
+            _store(history, f"{label}-{name}", app_settings)
+
+
+def _store(history: WorkflowHistory, name: str, settings: Settings) -> None:
+    HISTORIES.mkdir(exist_ok=True)
+    assert settings.codec_keys_file, "capturing needs the codec on"
+    if not HISTORY_KEYS.exists():
+        shutil.copyfile(settings.codec_keys_file, HISTORY_KEYS)
+    stored = json.loads(HISTORY_KEYS.read_text())
+    current = json.loads(Path(settings.codec_keys_file).read_text())
+    stored["keys"].update(current["keys"])  # histories of several captures, one key file
+    HISTORY_KEYS.write_text(json.dumps(stored, indent=1) + "\n")
+    (HISTORIES / f"{name}.json").write_text(
+        json.dumps({"workflow_id": history.workflow_id,
+                    "history": json.loads(history.to_json())}, indent=None) + "\n")
+
+
+def _stored() -> list[Path]:
+    return sorted(p for p in HISTORIES.glob("*.json") if p != HISTORY_KEYS)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(path.read_text())
+    return document
+
+
+@pytest.mark.parametrize("path", _stored(), ids=lambda p: p.stem)
+async def test_stored_histories_replay(path: Path) -> None:
+    """Workflows started by earlier versions of the code still replay (and so still run)."""
+    settings = Settings(codec_keys_file=str(HISTORY_KEYS))
+    document = _load(path)
+    history = WorkflowHistory.from_json(document["workflow_id"], document["history"])
+    replayer = Replayer(workflows=[InboundEmailWorkflow],
+                        data_converter=data_converter(settings))
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
+    assert result.replay_failure is None
