@@ -19,6 +19,10 @@ async def heartbeating(interval: float = INTERVAL_SECONDS) -> AsyncIterator[None
             activity.heartbeat()
             await asyncio.sleep(interval)
 
+    if activity.info().is_local:
+        # Local activities cannot heartbeat: the workflow task timeout covers a dead worker.
+        yield
+        return
     task = asyncio.create_task(beat())
     try:
         yield

@@ -37,7 +37,7 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
                 out.append((f"throughput {label}", f"ERROR: {run['error']}; answers so far "
                             f"{run.get('answers')}", ""))
                 continue
-            if run["kind"] == "floor":
+            if run["kind"].startswith("floor"):
                 detail = (f"{run['per_second']} wf/s ({run['workflows']} in "
                           f"{run['elapsed_seconds']} s; {run['statuses']})")
             else:
@@ -56,9 +56,17 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
                 out.append((f"steps per item {label}", f"{steps['activities']} activities + "
                             f"{steps['local_activities']} local, {steps['history_events']} "
                             "history events (one run's history)", ""))
+        shape = tp.get("floor_shape") or {}
         out.append(("throughput product / floor",
                     f"{tp['ratio']} ({tp['product_per_second']} / {tp['floor_per_second']} "
-                    "per s)", f">= {tp['target_ratio']}"))
+                    f"per s; floor: {shape.get('activities')} activities + "
+                    f"{shape.get('local_activities')} local)", f">= {tp['target_ratio']}"))
+        same = tp.get("same_shape_floor")
+        if same:
+            out.append(("product / floor in the product's shape",
+                        f"{same['ratio']} ({tp['product_per_second']} / {same['per_second']} "
+                        f"per s; {same['activities']} activities + {same['local_activities']} "
+                        "local, no-op): the cost of the real work", ""))
     pk = result.get("parked")
     if pk and pk.get("error"):
         out.append(("parked work", f"ERROR: {pk['error']}", ""))
@@ -136,11 +144,12 @@ def write_chart(result: dict[str, Any]) -> Path | None:
     fig, axes = plt.subplots(1, len(slots), figsize=(4.2 * len(slots), 4.4))
     axes = list(axes) if len(slots) > 1 else [axes]
     ax_iter = iter(axes)
-    colors = {"floor": "#7f7f7f", "product": "#1f77b4"}
+    colors = {"floor": "#7f7f7f", "floor-same-shape": "#c7c7c7", "product": "#1f77b4"}
     tp = result.get("throughput")
     if tp:
         runs = tp["runs"]
-        labels = [f"{r['kind']}\nr{r['round'] + 1}" for r in runs]
+        labels = [f"{r['kind'].replace('-same-shape', ' (product shape)')}\nr{r['round'] + 1}"
+                  for r in runs]
         ax = next(ax_iter)
         bars = ax.bar(labels, [r.get("per_second") or 0 for r in runs],
                       color=[colors[r["kind"]] for r in runs])

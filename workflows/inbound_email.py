@@ -8,17 +8,20 @@ Reads like the state table of DESIGN.md section 3:
 Deterministic orchestration only: every read and write happens in an activity, every side
 effect has its own operation key, and whenever software cannot decide (a review reason, a
 permanent error, an unconfirmed side effect) the item waits here for a person's signal.
+
+Only the workflow class lives here: the sandbox re-executes this file for every workflow run,
+so the constants (`step_options`) and the reviewer-decision helpers (`decisions`) are
+passthrough modules, loaded once per worker.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributeUpdate
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.common import RetryPolicy, SearchAttributeUpdate
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from activities.crm import CrmActivities
@@ -46,93 +49,52 @@ with workflow.unsafe.imports_passed_through():
         ReviewDecision,
         StateChange,
     )
+    from workflows.decisions import (
+        RECOVERY_ACTIONS,
+        REVIEW_ACTIONS,
+        ItemStatus,
+        Rejected,
+        Signal,
+        Waiting,
+        details,
+        first,
+        parse_decision,
+        reason_of,
+    )
+    from workflows.step_options import (
+        BOOKKEEPING_RETRY,
+        BOOKKEEPING_TIMEOUT,
+        CRM_MAX_ATTEMPTS,
+        CRM_RETRY,
+        EXTRACT_RETRY,
+        EXTRACT_TIMEOUT,
+        HEARTBEAT_TIMEOUT,
+        OPERATION_TIMEOUT,
+        PAUSE_POLL,
+        PAUSE_POLL_MAX,
+        PLAN_RETRY,
+        PLAN_TIMEOUT,
+        SA_NEEDS_REVIEW,
+        SA_OVERDUE,
+        SA_REVIEW_OWNER,
+        SA_REVIEW_REASON,
+        SA_STATE,
+        SA_TENANT,
+        SEND_MAX_ATTEMPTS,
+        SEND_RETRY,
+        STEP_FAILURES,
+    )
 
-# --- Search attributes (registered by `make up` / the worker at start) -------------------
-SA_STATE = SearchAttributeKey.for_keyword("InboxState")
-SA_REVIEW_REASON = SearchAttributeKey.for_keyword("ReviewReason")
-SA_REVIEW_OWNER = SearchAttributeKey.for_keyword("ReviewOwner")
-SA_TENANT = SearchAttributeKey.for_keyword("Tenant")
-SA_NEEDS_REVIEW = SearchAttributeKey.for_bool("NeedsReview")
-SA_OVERDUE = SearchAttributeKey.for_bool("ReviewOverdue")
-
-# --- Retry policies: bounded everywhere, each with the reason beside it -----------------
-NON_RETRYABLE = [ErrorType.PERMANENT.value, ErrorType.AMBIGUOUS.value]
-
-# Extraction reads Postgres and maybe an LLM: a few quick retries for blips and 429s.
-EXTRACT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(
-    seconds=30), maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
-# Planning is one DB transaction: retry conflicts/outages briefly (an opt-out also waits here,
-# ≤5 s at a time, for a send already on the wire: up to one send lease), then a person looks.
-PLAN_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(
-    seconds=20), maximum_attempts=8, non_retryable_error_types=NON_RETRYABLE)
-# CRM calls: rate limits and outages clear within minutes; the ledger enforces the same cap.
-CRM_MAX_ATTEMPTS = 6
-CRM_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-                        maximum_interval=timedelta(seconds=60),
-                        maximum_attempts=CRM_MAX_ATTEMPTS, non_retryable_error_types=NON_RETRYABLE)
-# Mail provider: same shape as the CRM; the idempotency key makes every retry safe.
-SEND_MAX_ATTEMPTS = 6
-SEND_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-                         maximum_interval=timedelta(seconds=60),
-                         maximum_attempts=SEND_MAX_ATTEMPTS,
-                         non_retryable_error_types=NON_RETRYABLE)
-# Bookkeeping writes (state, audit, review tasks) are idempotent single statements.
-BOOKKEEPING_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
-                                maximum_interval=timedelta(seconds=30), maximum_attempts=20)
-
-# Worst case of the LLM extractor: its own bounded retries of a 30 s call.
-EXTRACT_TIMEOUT = timedelta(seconds=120)
-PLAN_TIMEOUT = timedelta(seconds=30)
-# Outlives the adapter's HTTP timeout plus one reconciliation lookup.
-OPERATION_TIMEOUT = timedelta(seconds=25)
-BOOKKEEPING_TIMEOUT = timedelta(seconds=10)
-# Activities heartbeat every 2 s: a killed worker's attempt is retried after this, not after
-# the start-to-close timeout.
-HEARTBEAT_TIMEOUT = timedelta(seconds=10)
-# While a tenant's CRM or send switch is paused, the step is re-checked: first after
-# PAUSE_POLL, then backing off to PAUSE_POLL_MAX so a long pause cannot bloat the history
-# (a day costs ~1.5k timers, not 17k).
-PAUSE_POLL = timedelta(seconds=5)
-PAUSE_POLL_MAX = timedelta(seconds=60)
-
-REVIEW_ACTIONS = {"approve", "hold", "reject"}
-RECOVERY_ACTIONS = {"retry", "resolve", "hold", "reject"}
-DECISION_FIELDS = {"reviewer", "note", "evidence", "corrections"}
-
-
-@dataclass
-class _Signal:
-    action: str
-    body: Any
-
-
-@dataclass
-class _Waiting:
-    kind: str                      # review | recovery
-    reason: str
-    allowed: set[str]
-    op_key: str | None = None
-    since: str = ""
-
-
-@dataclass
-class _Status:
-    state: str = ItemState.RECEIVED.value
-    reason: str | None = None
-    operations: dict[str, dict[str, str | None]] = field(default_factory=dict)
-
-
-class Rejected(Exception):
-    """A reviewer rejected the item: the run ends in `rejected`."""
+__all__ = ["CRM_MAX_ATTEMPTS", "SEND_MAX_ATTEMPTS", "InboundEmailWorkflow"]
 
 
 @workflow.defn(name="InboundEmailWorkflow")
 class InboundEmailWorkflow:
     def __init__(self) -> None:
-        self._status = _Status()
+        self._status = ItemStatus()
         self._item: ItemRef | None = None
-        self._signals: list[_Signal] = []
-        self._waiting: _Waiting | None = None
+        self._signals: list[Signal] = []
+        self._waiting: Waiting | None = None
         self._owner = "sales-ops"
         self._escalation_hours = 24.0
         # What the search attributes already say: upsert only changes (each upsert is a
@@ -158,11 +120,11 @@ class InboundEmailWorkflow:
         self._owner = extraction.review_owner
         self._escalation_hours = extraction.escalation_hours
         if extraction.route == "ignore":
-            await self._enter(ItemState.IGNORED, _first(extraction.reasons, "ignored"))
+            await self._enter(ItemState.IGNORED, first(extraction.reasons, "ignored"))
             return
         approved_by: str | None = None
         if extraction.route == "review":
-            approved_by = await self._review(_first(extraction.reasons, "extraction_review"))
+            approved_by = await self._review(first(extraction.reasons, "extraction_review"))
 
         plan = await self._plan(approved_by)
         while plan.outcome == "review":
@@ -210,10 +172,8 @@ class InboundEmailWorkflow:
         """A non-outbox step; if it cannot finish, a person decides (retry or reject)."""
         while True:
             try:
-                return await workflow.execute_activity_method(
-                    fn, arg, start_to_close_timeout=timeout, retry_policy=retry,
-                    heartbeat_timeout=HEARTBEAT_TIMEOUT)
-            except ActivityError as err:
+                return await self._activity(fn, arg, timeout, retry)
+            except STEP_FAILURES as err:
                 await self._recover(err, op_key=None)
 
     async def _operation(self, fn: Any, op_key: str, state: ItemState,
@@ -226,10 +186,9 @@ class InboundEmailWorkflow:
         while True:
             self._show(state)
             try:
-                result: OperationResult = await workflow.execute_activity_method(
-                    fn, op, start_to_close_timeout=OPERATION_TIMEOUT, retry_policy=retry,
-                    heartbeat_timeout=HEARTBEAT_TIMEOUT)
-            except ActivityError as err:
+                result: OperationResult = await self._activity(
+                    fn, op, OPERATION_TIMEOUT, retry)
+            except STEP_FAILURES as err:
                 self._status.operations[action]["status"] = "failed"
                 if await self._recover(err, op_key=op_key) == "resolved":
                     self._status.operations[action]["status"] = "completed"
@@ -247,19 +206,19 @@ class InboundEmailWorkflow:
             return result
 
     # --- people in the loop --------------------------------------------------------------
-    async def _recover(self, err: ActivityError, op_key: str | None) -> str:
+    async def _recover(self, err: FailureError, op_key: str | None) -> str:
         """Park a failed step for a person. Returns 'retry' or 'resolved'."""
-        cause = err.cause
+        cause = err.cause if isinstance(err, ActivityError) else err
         error_type = cause.type if isinstance(cause, ApplicationError) else None
         if error_type == ErrorType.AMBIGUOUS.value:
             state, reason = ItemState.AMBIGUOUS, "outcome_unconfirmed"
         elif isinstance(cause, ApplicationError) and error_type == ErrorType.PERMANENT.value:
-            state, reason = ItemState.BLOCKED, _reason_of(cause)
+            state, reason = ItemState.BLOCKED, reason_of(cause)
         else:
             state, reason = ItemState.BLOCKED, "retries_exhausted"
         allowed = set(RECOVERY_ACTIONS) if op_key else RECOVERY_ACTIONS - {"resolve"}
         decision = await self._wait_for_person(
-            _Waiting("recovery", reason, allowed, op_key), state)
+            Waiting("recovery", reason, allowed, op_key), state)
         if decision.action == "resolve":
             assert op_key is not None
             await self._bookkeeping(ReviewActivities.resolve_operation, ResolveInput(
@@ -274,17 +233,17 @@ class InboundEmailWorkflow:
     async def _review(self, reason: str) -> str:
         """Wait for approve/reject; apply corrected fields. Returns the approving reviewer."""
         decision = await self._wait_for_person(
-            _Waiting("review", reason, set(REVIEW_ACTIONS)), ItemState.AWAITING_REVIEW)
+            Waiting("review", reason, set(REVIEW_ACTIONS)), ItemState.AWAITING_REVIEW)
         if decision.corrections:
             await self._bookkeeping(ReviewActivities.apply_review_corrections,
                                     CorrectionInput(self.item, decision.reviewer,
                                                     dict(decision.corrections)))
         return decision.reviewer
 
-    async def _wait_for_person(self, waiting: _Waiting, state: ItemState) -> ReviewDecision:
+    async def _wait_for_person(self, waiting: Waiting, state: ItemState) -> ReviewDecision:
         waiting.since = workflow.now().isoformat()
         self._waiting = waiting
-        workflow.set_current_details(_details(waiting, state))
+        workflow.set_current_details(details(waiting, state))
         await self._enter(state, waiting.reason, review=True)
         deadline = timedelta(hours=self._escalation_hours)
         while True:
@@ -306,10 +265,10 @@ class InboundEmailWorkflow:
             self._leave_review()
             return decision
 
-    async def _take_decision(self, waiting: _Waiting) -> ReviewDecision | None:
+    async def _take_decision(self, waiting: Waiting) -> ReviewDecision | None:
         """Validate the oldest signal; record it either way. Invalid bodies never crash."""
         signal = self._signals.pop(0)
-        decision, problem = _parse_decision(signal)
+        decision, problem = parse_decision(signal)
         if decision is not None:
             if decision.action not in waiting.allowed:
                 problem = f"not_allowed_while_{waiting.kind}"
@@ -333,32 +292,32 @@ class InboundEmailWorkflow:
         "\"name\" (required), \"note\": \"...\", \"corrections\": {\"sender_email\": \"...\", "
         "\"name\": \"...\", \"company\": \"...\"}}"))
     def approve(self, body: Any) -> None:
-        self._signals.append(_Signal("approve", body))
+        self._signals.append(Signal("approve", body))
 
     @workflow.signal(name="hold", description=(
         "Park the item (state held) until another decision; it stays in the review queue. "
         "Body: {\"reviewer\": \"name\" (required), \"note\": \"...\"}"))
     def hold(self, body: Any) -> None:
-        self._signals.append(_Signal("hold", body))
+        self._signals.append(Signal("hold", body))
 
     @workflow.signal(name="reject", description=(
         "Reject the item: it ends as rejected and nothing more is written or sent. "
         "Body: {\"reviewer\": \"name\" (required), \"note\": \"...\"}"))
     def reject(self, body: Any) -> None:
-        self._signals.append(_Signal("reject", body))
+        self._signals.append(Signal("reject", body))
 
     @workflow.signal(name="retry", description=(
         "Blocked or ambiguous step: run it again with the same operation key and a fresh, "
         "bounded attempt budget. Body: {\"reviewer\": \"name\" (required), \"note\": \"...\"}"))
     def retry(self, body: Any) -> None:
-        self._signals.append(_Signal("retry", body))
+        self._signals.append(Signal("retry", body))
 
     @workflow.signal(name="resolve", description=(
         "Blocked or ambiguous side effect already exists: mark it complete with evidence "
         "(e.g. the CRM record ID) and continue. Body: {\"reviewer\": \"name\" (required), "
         "\"evidence\": \"...\" (required), \"note\": \"...\"}"))
     def resolve(self, body: Any) -> None:
-        self._signals.append(_Signal("resolve", body))
+        self._signals.append(Signal("resolve", body))
 
     @workflow.query(name="status", description=(
         "State, reason, operation keys and destination IDs, and the open review (if any)."))
@@ -426,58 +385,23 @@ class InboundEmailWorkflow:
         workflow.set_current_details("")
         return [SA_NEEDS_REVIEW.value_set(False), SA_OVERDUE.value_set(False)]
 
+    async def _activity(self, fn: Any, arg: Any, timeout: timedelta,
+                        retry: RetryPolicy) -> Any:
+        """Run a step in the worker that runs this workflow (a local activity).
+
+        Safe because no step relies on running once: every side effect goes through the
+        operation ledger (claim, reconcile-before-retry, record-before-success) and the other
+        steps are idempotent transactions. What it saves is a server round trip and a
+        workflow task per step. A worker killed mid-step is noticed after the workflow task
+        timeout (10 s) and another worker re-runs the step from the ledger's state.
+        Workflows started before this change keep scheduling regular activities."""
+        if workflow.patched("local-steps"):
+            return await workflow.execute_local_activity_method(
+                fn, arg, start_to_close_timeout=timeout, retry_policy=retry)
+        return await workflow.execute_activity_method(
+            fn, arg, start_to_close_timeout=timeout, retry_policy=retry,
+            heartbeat_timeout=HEARTBEAT_TIMEOUT)
+
     async def _bookkeeping(self, fn: Any, arg: Any) -> Any:
         return await workflow.execute_local_activity_method(
             fn, arg, start_to_close_timeout=BOOKKEEPING_TIMEOUT, retry_policy=BOOKKEEPING_RETRY)
-
-
-_CHOICES = {
-    "approve": "approve: continue processing (optionally with corrected fields)",
-    "hold": "hold: keep it parked in the queue",
-    "reject": "reject: end it; nothing more is written or sent",
-    "retry": "retry: run the step again with the same operation key",
-    "resolve": "resolve: the side effect exists; record the evidence and continue",
-}
-
-
-def _details(waiting: _Waiting, state: ItemState) -> str:
-    """What the UI shows on the workflow page: why it waits and what each choice does.
-    References and reasons only, never personal data."""
-    lines = [f"**Waiting for a person** ({state.value}): `{waiting.reason}`"]
-    if waiting.op_key:
-        lines.append(f"Operation: `{waiting.op_key.rsplit(':', 1)[-1]}`")
-    lines.append("Send a signal with body `{\"reviewer\": \"your name\", \"note\": \"...\"}`:")
-    lines += [f"- {_CHOICES[action]}" for action in sorted(waiting.allowed)]
-    return "\n".join(lines)
-
-
-def _first(reasons: list[str], default: str) -> str:
-    return reasons[0] if reasons else default
-
-
-def _reason_of(cause: ApplicationError) -> str:
-    """'permanent: http_400:VALIDATION_ERROR' → 'http_400:VALIDATION_ERROR'."""
-    return cause.message.split(": ", 1)[-1] or "permanent_error"
-
-
-def _parse_decision(signal: _Signal) -> tuple[ReviewDecision | None, str | None]:
-    body = signal.body
-    if not isinstance(body, dict):
-        return None, "body_not_an_object"
-    unknown = set(body) - DECISION_FIELDS
-    if unknown:
-        return None, "unknown_fields"
-    reviewer = body.get("reviewer")
-    if not isinstance(reviewer, str) or not reviewer.strip():
-        return None, "reviewer_required"
-    corrections = body.get("corrections") or {}
-    if not isinstance(corrections, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in corrections.items()
-    ):
-        return None, "corrections_not_string_map"
-    for name in ("note", "evidence"):
-        if body.get(name) is not None and not isinstance(body[name], str):
-            return None, f"{name}_not_a_string"
-    return ReviewDecision(action=signal.action, reviewer=reviewer.strip()[:200],
-                          note=body.get("note"), evidence=body.get("evidence"),
-                          corrections=corrections), None

@@ -1,0 +1,1 @@
+"""Workflow definitions: deterministic orchestration only (no I/O, clocks or randomness)."""

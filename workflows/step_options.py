@@ -1,0 +1,70 @@
+"""Step options of InboundEmailWorkflow: search attribute keys, timeouts and retry policies.
+
+A module of its own, imported as passthrough, so the workflow sandbox does not re-execute it
+for every workflow run (see the Temporal Python SDK sandbox docs on passthrough modules).
+Everything here is a constant: changing a value changes only future schedules, but changing
+which *commands* a workflow issues needs `workflow.patched` (see tests/test_replay.py).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as StepTimeout
+
+from activities.errors import ErrorType
+
+# --- Search attributes (registered by `make up` / the worker at start) -------------------
+SA_STATE = SearchAttributeKey.for_keyword("InboxState")
+SA_REVIEW_REASON = SearchAttributeKey.for_keyword("ReviewReason")
+SA_REVIEW_OWNER = SearchAttributeKey.for_keyword("ReviewOwner")
+SA_TENANT = SearchAttributeKey.for_keyword("Tenant")
+SA_NEEDS_REVIEW = SearchAttributeKey.for_bool("NeedsReview")
+SA_OVERDUE = SearchAttributeKey.for_bool("ReviewOverdue")
+
+# --- Retry policies: bounded everywhere, each with the reason beside it -----------------
+NON_RETRYABLE = [ErrorType.PERMANENT.value, ErrorType.AMBIGUOUS.value]
+
+# Extraction reads Postgres and maybe an LLM: a few quick retries for blips and 429s.
+EXTRACT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(
+    seconds=30), maximum_attempts=5, non_retryable_error_types=NON_RETRYABLE)
+# Planning is one DB transaction: retry conflicts/outages briefly (an opt-out also waits here,
+# ≤5 s at a time, for a send already on the wire: up to one send lease), then a person looks.
+PLAN_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(
+    seconds=20), maximum_attempts=8, non_retryable_error_types=NON_RETRYABLE)
+# CRM calls: rate limits and outages clear within minutes; the ledger enforces the same cap.
+CRM_MAX_ATTEMPTS = 6
+CRM_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+                        maximum_interval=timedelta(seconds=60),
+                        maximum_attempts=CRM_MAX_ATTEMPTS, non_retryable_error_types=NON_RETRYABLE)
+# Mail provider: same shape as the CRM; the idempotency key makes every retry safe.
+SEND_MAX_ATTEMPTS = 6
+SEND_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+                         maximum_interval=timedelta(seconds=60),
+                         maximum_attempts=SEND_MAX_ATTEMPTS,
+                         non_retryable_error_types=NON_RETRYABLE)
+# Bookkeeping writes (state, audit, review tasks) are idempotent single statements.
+BOOKKEEPING_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
+                                maximum_interval=timedelta(seconds=30), maximum_attempts=20)
+
+# Worst case of the LLM extractor: its own bounded retries of a 30 s call.
+EXTRACT_TIMEOUT = timedelta(seconds=120)
+PLAN_TIMEOUT = timedelta(seconds=30)
+# Outlives the adapter's HTTP timeout plus one reconciliation lookup.
+OPERATION_TIMEOUT = timedelta(seconds=25)
+BOOKKEEPING_TIMEOUT = timedelta(seconds=10)
+# Activities heartbeat every 2 s: a killed worker's attempt is retried after this, not after
+# the start-to-close timeout.
+HEARTBEAT_TIMEOUT = timedelta(seconds=10)
+# While a tenant's CRM or send switch is paused, the step is re-checked: first after
+# PAUSE_POLL, then backing off to PAUSE_POLL_MAX so a long pause cannot bloat the history
+# (a day costs ~1.5k timers, not 17k).
+PAUSE_POLL = timedelta(seconds=5)
+PAUSE_POLL_MAX = timedelta(seconds=60)
+
+# How a step that could not finish reaches the workflow: a regular activity's failure is an
+# ActivityError around the cause; a local activity's non-retryable failure or timeout can
+# arrive as the cause itself.
+STEP_FAILURES = (ActivityError, ApplicationError, StepTimeout)
