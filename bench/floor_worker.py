@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import signal
 
+import uvloop
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -46,7 +47,7 @@ async def run(task_queue: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--task-queue", required=True)
-    asyncio.run(run(parser.parse_args().task_queue))
+    uvloop.run(run(parser.parse_args().task_queue))  # same event loop as inboxcrm.worker
 
 
 if __name__ == "__main__":

@@ -15,9 +15,17 @@ async def _init_connection(conn: asyncpg.Connection[Any]) -> None:
         )
 
 
+async def _keep_session(conn: asyncpg.Connection[Any]) -> None:
+    """Release without asyncpg's reset query (advisory unlock, CLOSE ALL, UNLISTEN, RESET ALL):
+    one round trip saved per acquire. Safe because no pooled code changes session state (no
+    SET, LISTEN, cursors or session-level advisory locks; only transaction-scoped ones), and
+    asyncpg still rolls back a transaction left open before this runs."""
+
+
 async def create_pool(database_url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
     pool = await asyncpg.create_pool(
-        database_url, min_size=min_size, max_size=max_size, init=_init_connection
+        database_url, min_size=min_size, max_size=max_size, init=_init_connection,
+        reset=_keep_session,
     )
     assert pool is not None
     return pool

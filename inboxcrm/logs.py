@@ -48,3 +48,7 @@ def configure_logging(component: str, level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # One line per outgoing HTTP request adds nothing to the outbox's own attempt log (which
+    # carries the operation key); keep the client libraries to warnings.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))

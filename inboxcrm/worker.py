@@ -10,6 +10,7 @@ import asyncio
 import logging
 import signal
 
+import uvloop
 from temporalio.worker import Worker
 
 from activities.adapters.factory import build_crm, build_mail
@@ -84,7 +85,8 @@ def main() -> None:
             loop.add_signal_handler(sig, stop.set)
         await run_worker(get_settings(), stop)
 
-    asyncio.run(_main())
+    # uvloop: the worker's event loop carries every activity's sockets (PostgreSQL, HTTP).
+    uvloop.run(_main())
 
 
 if __name__ == "__main__":

@@ -28,6 +28,11 @@ def _schema_sql() -> str:
     return resources.files("sandbox").joinpath("schema.sql").read_text(encoding="utf-8")
 
 
+async def keep_session(conn: asyncpg.Connection) -> None:
+    """Pool release without asyncpg's reset query: nothing here sets session state (the only
+    lock is transaction-scoped), so that round trip per call is pure cost."""
+
+
 async def init_connection(conn: asyncpg.Connection) -> None:
     """JSONB in and out as Python objects."""
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
@@ -107,7 +112,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = await asyncpg.create_pool(
-            database_url, min_size=1, max_size=20, init=init_connection
+            database_url, min_size=1, max_size=20, init=init_connection, reset=keep_session
         )
         try:
             await prepare_database(pool, search_lag_seconds, hang_seconds)

@@ -152,17 +152,25 @@ def gateway_timeout(target: str) -> JSONResponse:
     return mail_error(504, "gateway_timeout", "The request timed out.")
 
 
+# Takes one unit of the oldest pending fault; `pending` (read from the statement's snapshot,
+# before the decrement) tells a caller that got no row whether it lost a race to a fault that
+# is still pending. One round trip on the no-fault path every call takes.
 _CONSUME_FAULT = """
-UPDATE sandbox.faults AS f
-SET remaining = f.remaining - 1
-WHERE f.id = (
-    SELECT id FROM sandbox.faults
-    WHERE target = $1 AND remaining > 0
-    ORDER BY id
-    LIMIT 1
+WITH taken AS (
+    UPDATE sandbox.faults AS f
+    SET remaining = f.remaining - 1
+    WHERE f.id = (
+        SELECT id FROM sandbox.faults
+        WHERE target = $1 AND remaining > 0
+        ORDER BY id
+        LIMIT 1
+    )
+      AND f.remaining > 0
+    RETURNING f.id, f.mode, f.retry_after
 )
-  AND f.remaining > 0
-RETURNING f.id, f.mode, f.retry_after
+SELECT t.id, t.mode, t.retry_after,
+       EXISTS (SELECT 1 FROM sandbox.faults WHERE target = $1 AND remaining > 0) AS pending
+FROM (SELECT 1) AS one LEFT JOIN taken AS t ON true
 """
 
 
@@ -190,13 +198,10 @@ class Sandbox:
         """
         for _ in range(100):
             row = await self.pool.fetchrow(_CONSUME_FAULT, target)
-            if row is not None:
+            assert row is not None  # the LEFT JOIN always yields one row
+            if row["id"] is not None:
                 return Fault(row["id"], row["mode"], row["retry_after"])
-            pending = await self.pool.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM sandbox.faults WHERE target = $1 AND remaining > 0)",
-                target,
-            )
-            if not pending:
+            if not row["pending"]:
                 return None
         return None
 
