@@ -23,12 +23,23 @@ from inboxcrm.extraction import (
 from inboxcrm.policy import get_policy
 from schemas.models import ExtractResult, ItemRef, ItemState
 
-LOAD_RAW = "SELECT raw FROM inbound_events WHERE event_id = $1"
-
-STORE_EXTRACTION = """
-UPDATE inbound_events
-SET extraction = $2, route = $3, route_reasons = $4, canonical_email = $5, updated_at = now()
+# Marks the item `extracting` and reads its raw message: one round trip.
+START_EXTRACTION = """
+UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now()
 WHERE event_id = $1
+RETURNING raw
+"""
+
+# The validated record and its audit entry, atomically in one statement.
+STORE_EXTRACTION = """
+WITH stored AS (
+    UPDATE inbound_events
+    SET extraction = $2, route = $3, route_reasons = $4, canonical_email = $5,
+        updated_at = now()
+    WHERE event_id = $1
+)
+INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
+VALUES ($6, $1, $7, NULL, 'extractor', 'extracted', $8)
 """
 
 
@@ -44,9 +55,7 @@ class ExtractActivities:
             return await self._extract(item)
 
     async def _extract(self, item: ItemRef) -> ExtractResult:
-        async with self._pool.acquire() as conn:
-            raw = await conn.fetchval(LOAD_RAW, item.event_id)
-            await store.set_event_state(conn, item.event_id, ItemState.EXTRACTING, None)
+        raw = await self._pool.fetchval(START_EXTRACTION, item.event_id, ItemState.EXTRACTING)
         if raw is None:
             raise ApplicationError(
                 "raw message missing (purged?)", type=ErrorType.PERMANENT.value,
@@ -69,31 +78,26 @@ class ExtractActivities:
                 type=ErrorType.PERMANENT.value, non_retryable=True,
             ) from None
         record: dict[str, Any] = outcome.extraction.model_dump(mode="json")
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(
-                STORE_EXTRACTION, item.event_id, record, outcome.route, outcome.reasons,
-                outcome.canonical_email,
-            )
-            await store.audit(
-                conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
-                actor="extractor", action="extracted",
-                detail={
-                    "extractor": outcome.extractor,
-                    "extractor_version": outcome.extractor_version,
-                    "route": outcome.route,
-                    "reasons": outcome.reasons,
-                    "intent": record.get("intent"),
-                    "confidence": {
-                        name: (record.get(name) or {}).get("confidence")
-                        for name in ("sender_email", "contact_name", "company")
-                    },
-                    # Quoted from the message: personal data, removed by `inboxcrm forget`.
-                    "evidence": {
-                        name: (record.get(name) or {}).get("evidence")
-                        for name in ("sender_email", "contact_name", "company")
-                    },
-                },
-            )
+        detail = {
+            "extractor": outcome.extractor,
+            "extractor_version": outcome.extractor_version,
+            "route": outcome.route,
+            "reasons": outcome.reasons,
+            "intent": record.get("intent"),
+            "confidence": {
+                name: (record.get(name) or {}).get("confidence")
+                for name in ("sender_email", "contact_name", "company")
+            },
+            # Quoted from the message: personal data, removed by `inboxcrm forget`.
+            "evidence": {
+                name: (record.get(name) or {}).get("evidence")
+                for name in ("sender_email", "contact_name", "company")
+            },
+        }
+        await self._pool.execute(
+            STORE_EXTRACTION, item.event_id, record, outcome.route, outcome.reasons,
+            outcome.canonical_email, item.tenant, item.workflow_id, store.json_safe(detail),
+        )
         return ExtractResult(route=outcome.route, reasons=list(outcome.reasons),
                              extractor=outcome.extractor, review_owner=policy.review_owner,
                              escalation_hours=policy.escalation_hours)

@@ -36,6 +36,19 @@ UPDATE review_tasks SET status = 'resolved', resolved_at = now(), resolution = $
 WHERE workflow_id = $1 AND status = 'open'
 """
 
+# The common case (a state that is neither a review nor `rejected`) in one round trip:
+# the state, the closing of any open review task, and the audit entry, atomically.
+SETTLE_STATE = """
+WITH state AS (
+    UPDATE inbound_events SET state = $2, reason = $3, updated_at = now() WHERE event_id = $1
+), closed AS (
+    UPDATE review_tasks SET status = 'resolved', resolved_at = now(), resolution = $2
+    WHERE workflow_id = $4 AND status = 'open'
+)
+INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
+VALUES ($5, $1, $4, NULL, 'workflow', 'state_changed', $6)
+"""
+
 RECORD_RESOLVER = """
 UPDATE review_tasks SET resolved_by = $2 WHERE workflow_id = $1 AND status = 'open'
 """
@@ -92,6 +105,12 @@ class ReviewActivities:
     async def record_item_state(self, change: StateChange) -> None:
         """Mirror the workflow's state to PostgreSQL; open or close the review task."""
         item = change.item
+        detail = {"state": change.state, "reason": change.reason,
+                  "review_reason": change.review_reason, "owner": change.review_owner}
+        if change.state not in REVIEW_STATES and change.state != ItemState.REJECTED:
+            await self._pool.execute(SETTLE_STATE, item.event_id, change.state, change.reason,
+                                     item.workflow_id, item.tenant, store.json_safe(detail))
+            return
         async with self._pool.acquire() as conn, conn.transaction():
             await store.set_event_state(conn, item.event_id, change.state, change.reason)
             if change.state in REVIEW_STATES and change.review_reason:
@@ -108,9 +127,7 @@ class ReviewActivities:
                 await conn.execute(CANCEL_EVENT_OPERATIONS, item.workflow_id)
             await store.audit(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
-                actor="workflow", action="state_changed",
-                detail={"state": change.state, "reason": change.reason,
-                        "review_reason": change.review_reason, "owner": change.review_owner},
+                actor="workflow", action="state_changed", detail=detail,
             )
 
     @activity.defn(name="record_audit")

@@ -46,8 +46,14 @@ async def audit(
     """One audit entry. `detail` holds references and decisions, never a message body."""
     await conn.execute(
         INSERT_AUDIT, tenant, event_id, workflow_id, contact_id, actor, action,
-        json.loads(json.dumps(detail or {}, default=str)),
+        json_safe(detail or {}),
     )
+
+
+def json_safe(detail: dict[str, Any]) -> dict[str, Any]:
+    """An audit detail as plain JSON values (dates, UUIDs and the like as strings)."""
+    value: dict[str, Any] = json.loads(json.dumps(detail, default=str))
+    return value
 
 
 async def is_paused(conn: Conn, tenant: str, scope: str) -> bool:
