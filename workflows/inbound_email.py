@@ -11,10 +11,11 @@ permanent error, an unconfirmed side effect) the item waits here for a person's 
 
 Only the workflow class lives here: the sandbox re-executes this file for every workflow run,
 so the constants (`step_options`) and the reviewer-decision helpers (`decisions`) are
-passthrough modules, loaded once per worker.
+passthrough modules, loaded once per worker. For the same reason this file has no
+`from __future__ import annotations`: string annotations would be evaluated again for every
+run when the SDK reads the signal and query signatures.
 """
 
-from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
