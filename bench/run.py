@@ -15,7 +15,7 @@ the bare ingress endpoint (bench/bare_endpoint.py). Then, on that one server:
 Prints a table; writes bench/results/<timestamp>.json, bench/results/latest.json and
 bench/results/latest.png. See bench/README.md.
 
-    python -m bench.run [--quick] [--n 500] [--requests 2000] [--parked 1000] [--repeat 1]
+    python -m bench.run [--quick] [--n 500] [--requests 2000] [--parked 1000] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -73,8 +73,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
     parser.add_argument("--post-concurrency", type=int,
                         help="posts (and floor starts) in flight in the throughput and parked "
                         "phases (default: --concurrency)")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="throughput rounds, floor and product alternating (default 1)")
+    parser.add_argument("--repeat", type=int,
+                        help="throughput rounds, which side goes first alternating; the "
+                        "ratio uses the medians (default 3, --quick 1)")
     parser.add_argument("--duplicate-ratio", type=float, default=0.20)
     parser.add_argument("--shared-ratio", type=float, default=0.10)
     parser.add_argument("--floor-local-activities", type=int,
@@ -109,7 +110,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         warmup=args.warmup if args.warmup is not None else (30 if quick else 100),
         parked=args.parked or (100 if quick else 1000),
         concurrency=args.concurrency, post_concurrency=args.post_concurrency or args.concurrency,
-        repeat=max(1, args.repeat), workers=max(1, min(args.workers, 8)),
+        repeat=max(1, args.repeat or (1 if quick else 3)), workers=max(1, min(args.workers, 8)),
         duplicate_ratio=args.duplicate_ratio, shared_ratio=args.shared_ratio,
         floor_local_activities=args.floor_local_activities,
         floor_activities=args.floor_activities,
