@@ -148,8 +148,8 @@ def write_chart(result: dict[str, Any]) -> Path | None:
     tp = result.get("throughput")
     if tp:
         runs = tp["runs"]
-        labels = [f"{r['kind'].replace('-same-shape', ' (product shape)')}\nr{r['round'] + 1}"
-                  for r in runs]
+        short = {"floor": "floor", "floor-same-shape": "own\nshape", "product": "prod"}
+        labels = [f"{short.get(r['kind'], r['kind'])}\nr{r['round'] + 1}" for r in runs]
         ax = next(ax_iter)
         bars = ax.bar(labels, [r.get("per_second") or 0 for r in runs],
                       color=[colors[r["kind"]] for r in runs])
@@ -157,6 +157,7 @@ def write_chart(result: dict[str, Any]) -> Path | None:
         ax.set_title(f"end-to-end throughput (n={result['options']['n']})\n"
                      f"product/floor = {tp['ratio']}")
         ax.set_ylabel("items completed per second")
+        ax.tick_params(axis="x", labelsize=7)
         ax = next(ax_iter)
         qs = ("p50", "p95", "p99")
         step = 0.8 / len(qs)
@@ -165,6 +166,7 @@ def write_chart(result: dict[str, Any]) -> Path | None:
             ax.bar(xs, [r["latency_ms"].get(q, 0) / 1000 for r in runs], step, label=q,
                    alpha=0.5 + 0.25 * k, color="#1f77b4" if k else "#aec7e8")
         ax.set_xticks(range(len(runs)), labels)
+        ax.tick_params(axis="x", labelsize=7)
         ax.set_title("latency per item\n(product: received -> completed; floor: start -> close)",
                      fontsize=10)
         ax.set_ylabel("seconds")
