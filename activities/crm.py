@@ -8,14 +8,12 @@ first (read-after-write consistent, not the lagging search index).
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import asyncpg
 from temporalio import activity
 
-from activities import store
 from activities.adapters.base import ContactFields, CrmClient
-from activities.outbox import Attempt, OutboxRunner
+from activities.outbox import Attempt, OutboxRunner, Recorded
 from schemas.models import Action, ItemState, OperationInput, OperationResult
 
 LOAD_CONTACT = """
@@ -29,8 +27,10 @@ FROM inbound_events e JOIN contacts c ON c.contact_id = e.contact_id
 WHERE e.event_id = $1::uuid
 """
 
-SET_CRM_RECORD = """
-UPDATE contacts SET crm_record_id = $2, updated_at = now() WHERE contact_id = $1::uuid
+# Written with the completed ledger row (ledger.success_statement): $2 the CRM record ID,
+# $11 the operation's external reference, our contact ID.
+MIRROR_CRM_RECORD = """
+UPDATE contacts SET crm_record_id = $2, updated_at = now() WHERE contact_id = $11::uuid
 """
 
 
@@ -39,7 +39,7 @@ class CrmActivities:
         self._pool = pool
         self._crm = crm
         self._runner = OutboxRunner(pool, action=Action.CRM_UPSERT.value, pause_scope="crm",
-                                    max_retry_after=max_retry_after)
+                                    max_retry_after=max_retry_after, mirror=MIRROR_CRM_RECORD)
         self._note_runner = OutboxRunner(pool, action=Action.CRM_NOTE.value, pause_scope="crm",
                                          max_retry_after=max_retry_after)
 
@@ -66,11 +66,8 @@ class CrmActivities:
                 "inboxcrm.")
         return await self._crm.log_note(note_key(attempt.op.op_key), row["crm_record_id"], text)
 
-    async def _record_note(self, conn: Any, attempt: Attempt, note_id: str,
-                           reconciled: bool) -> None:
-        item = attempt.op.item
-        await store.audit(
-            conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+    def _record_note(self, attempt: Attempt, note_id: str, reconciled: bool) -> Recorded:
+        return Recorded(
             actor="crm", action="crm_note_logged",
             detail={"op_key": attempt.op.op_key, "crm": self._crm.name, "note_id": note_id,
                     "attempt": attempt.claim.attempts, "reconciled": reconciled},
@@ -98,12 +95,10 @@ class CrmActivities:
         )
         return record.record_id
 
-    async def _record(self, conn: Any, attempt: Attempt, record_id: str, reconciled: bool) -> None:
-        item = attempt.op.item
-        await conn.execute(SET_CRM_RECORD, _contact_id(attempt), record_id)
-        await store.audit(
-            conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
-            contact_id=_contact_id(attempt), actor="crm", action="crm_upserted",
+    def _record(self, attempt: Attempt, record_id: str, reconciled: bool) -> Recorded:
+        """The record ID goes onto the contact (`MIRROR_CRM_RECORD`) with this entry."""
+        return Recorded(
+            actor="crm", action="crm_upserted", contact_id=_contact_id(attempt),
             detail={"op_key": attempt.op.op_key, "crm": self._crm.name,
                     "crm_record_id": record_id, "attempt": attempt.claim.attempts,
                     "reconciled": reconciled},

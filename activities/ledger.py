@@ -20,20 +20,42 @@ from activities.errors import Classified
 if TYPE_CHECKING:
     from activities.store import Conn
 
-CLAIM_OPERATION = """
-WITH previous AS (
-    SELECT op_key, status, last_error_category
+# One statement per attempt start: the pause switch (global or the tenant's, for this scope),
+# the row-locked claim, and the item's state mirror. When paused nothing is claimed and the
+# item shows `<running_state> / paused`; when the row cannot be claimed (completed,
+# cancelled, out of attempts) the state is left alone and `previous` tells which.
+# $1 op_key, $2 tenant, $3 switch key (`paused.crm` / `paused.send`), $4 event_id,
+# $5 running state.
+BEGIN_ATTEMPT = """
+WITH switch AS (
+    SELECT EXISTS (
+        SELECT 1 FROM settings
+        WHERE tenant IN ('*', $2) AND key IN ($3, 'paused.all') AND value = 'true'::jsonb
+    ) AS paused
+), previous AS (
+    SELECT op_key, status, last_error_category, attempts, destination_id, external_ref
     FROM operations WHERE op_key = $1 FOR UPDATE
+), claimed AS (
+    UPDATE operations AS o
+    SET status = 'in_progress', attempts = o.attempts + 1, last_transition = now()
+    FROM previous, switch
+    WHERE o.op_key = previous.op_key
+      AND NOT switch.paused
+      AND previous.status NOT IN ('completed', 'cancelled')
+      AND o.attempts < o.max_attempts
+    RETURNING o.attempts
+), mirrored AS (
+    UPDATE inbound_events AS e
+    SET state = $5, reason = CASE WHEN switch.paused THEN 'paused' END, updated_at = now()
+    FROM switch
+    WHERE e.event_id = $4 AND (switch.paused OR EXISTS (SELECT 1 FROM claimed))
 )
-UPDATE operations AS o
-SET status = 'in_progress', attempts = o.attempts + 1, last_transition = now()
-FROM previous
-WHERE o.op_key = previous.op_key
-  AND previous.status NOT IN ('completed', 'cancelled')
-  AND o.attempts < o.max_attempts
-RETURNING previous.status AS previous_status,
-          previous.last_error_category AS previous_category,
-          o.attempts, o.max_attempts, o.external_ref, o.event_id, o.workflow_id
+SELECT switch.paused, previous.op_key IS NOT NULL AS found,
+       claimed.attempts IS NOT NULL AS claimed,
+       previous.status AS previous_status, previous.last_error_category AS previous_category,
+       COALESCE(claimed.attempts, previous.attempts) AS attempts,
+       previous.destination_id, previous.external_ref
+FROM switch LEFT JOIN previous ON true LEFT JOIN claimed ON true
 """
 
 GET_OPERATION = """
@@ -48,6 +70,25 @@ SET status = 'completed', destination_id = $2, evidence = COALESCE($3, evidence)
     last_error_category = NULL, last_error = NULL, last_transition = now()
 WHERE op_key = $1
 """
+
+_INSERT_SUCCESS_AUDIT = """
+INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
+VALUES ($4, $5, $6, $7, $8, $9, $10)
+"""
+
+
+def success_statement(mirror: str | None = None) -> str:
+    """Complete the operation and write its audit entry in ONE statement: a single atomic
+    write, no transaction round trips. `mirror` is the action's own record of the result
+    (e.g. the CRM record ID on the contact), a data-modifying statement that runs with them;
+    in it $2 is the destination ID and $11 the operation's external reference.
+    Parameters: $1 op_key, $2 destination_id, $3 evidence, then the audit entry: $4 tenant,
+    $5 event_id, $6 workflow_id, $7 contact_id, $8 actor, $9 action, $10 detail."""
+    ctes = [f"completed AS ({COMPLETE_OPERATION.strip()})"]
+    if mirror:
+        ctes.append(f"mirrored AS ({mirror.strip()})")
+    return f"WITH {', '.join(ctes)}\n{_INSERT_SUCCESS_AUDIT.strip()}\n"
+
 
 RECORD_FAILURE = """
 UPDATE operations
@@ -79,27 +120,34 @@ class Claim:
     attempts: int
     external_ref: str | None
     exhausted: bool = False
+    paused: bool = False
 
 
 class OperationNotFound(LookupError):
     pass
 
 
-async def claim(conn: Conn, op_key: str) -> Claim:
-    """Claim the operation for this attempt (one statement, row-locked)."""
-    row = await conn.fetchrow(CLAIM_OPERATION, op_key)
-    if row is not None:
+async def begin_attempt(conn: Conn, op_key: str, *, tenant: str, pause_scope: str,
+                        event_id: str, running_state: str) -> Claim:
+    """Claim the operation for this attempt unless its scope is paused, and show the item
+    as `running_state`: one statement (`BEGIN_ATTEMPT`), row-locked."""
+    row = await conn.fetchrow(BEGIN_ATTEMPT, op_key, tenant, f"paused.{pause_scope}", event_id,
+                              running_state)
+    assert row is not None  # the statement always returns its one `switch` row
+    if row["paused"]:
+        return Claim(op_key, False, None, False, row["attempts"] or 0, row["external_ref"],
+                     paused=True)
+    if not row["found"]:
+        raise OperationNotFound(op_key)
+    if row["claimed"]:
         needs_reconcile = row["previous_status"] == "in_progress" or (
             row["previous_category"] == "unknown"
         )
         return Claim(op_key, False, None, needs_reconcile, row["attempts"], row["external_ref"])
-    current = await conn.fetchrow(GET_OPERATION, op_key)
-    if current is None:
-        raise OperationNotFound(op_key)
-    if current["status"] in ("completed", "cancelled"):
-        return Claim(op_key, True, current["destination_id"], False, current["attempts"],
-                     current["external_ref"])
-    return Claim(op_key, False, None, False, current["attempts"], current["external_ref"],
+    if row["previous_status"] in ("completed", "cancelled"):
+        return Claim(op_key, True, row["destination_id"], False, row["attempts"],
+                     row["external_ref"])
+    return Claim(op_key, False, None, False, row["attempts"], row["external_ref"],
                  exhausted=True)
 
 

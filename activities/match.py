@@ -23,9 +23,11 @@ from activities.suppression import SendInFlight, suppress_identity
 from inboxcrm.policy import TenantPolicy, get_policy
 from schemas.models import Action, ItemState, PlanInput, PlanResult, operation_key
 
-LOAD_EVENT = """
-SELECT event_id, tenant, extraction, route, route_reasons, canonical_email
-FROM inbound_events WHERE event_id = $1 FOR UPDATE
+# Loads the event and shows `matching`; the row lock serialises a re-run with a zombie.
+START_MATCHING = """
+UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now()
+WHERE event_id = $1
+RETURNING event_id, tenant, extraction, route, route_reasons, canonical_email
 """
 
 UPSERT_CONTACT = """
@@ -57,37 +59,62 @@ SET decision = EXCLUDED.decision, rule = EXCLUDED.rule, contact_id = EXCLUDED.co
     candidates = EXCLUDED.candidates
 """
 
-IS_SUPPRESSED = """
-SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant = $1 AND canonical_email = $2)
-"""
-
-RECENT_INTENT = """
-SELECT EXISTS (
-    SELECT 1 FROM followup_intents
-    WHERE contact_id = $1 AND rule_id = $2 AND event_id <> $3 AND status <> 'cancelled'
-      AND created_at > now() - make_interval(secs => $4)
+# An exact match, in one statement: the decision, the event's contact, the audit entry and
+# the two CRM operations (upsert $9, note $12). Parameters as RECORD_MATCH_DECISION, then
+# $7 workflow_id, $8 audit detail, $9/$10 upsert key/action, $11 max attempts,
+# $12/$13 note key/action.
+RECORD_CONTACT_MATCH = f"""
+WITH decision AS ({RECORD_MATCH_DECISION.strip()}),
+linked AS (UPDATE inbound_events SET contact_id = $5 WHERE event_id = $1),
+audited AS (
+    INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
+    VALUES ($2, $1, $7, $5, 'planner', 'contact_matched', $8)
 )
-"""
-
-INSERT_INTENT = """
-INSERT INTO followup_intents (event_id, tenant, contact_id, rule_id, rule_version, template_id,
-                              status, needs_approval)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-ON CONFLICT (event_id, rule_id, rule_version) DO NOTHING
-"""
-
-GET_INTENT = """
-SELECT intent_id, status, needs_approval FROM followup_intents
-WHERE event_id = $1 AND rule_id = $2 AND rule_version = $3
-"""
-
-INSERT_OPERATION = """
 INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, external_ref)
-VALUES ($1, $2, $3, $4, $5, $6)
+VALUES ($9, $7, $1, $10, $11, $5::text), ($12, $7, $1, $13, $11, $1::text)
 ON CONFLICT (op_key) DO NOTHING
 """
 
-SET_EVENT_CONTACT = "UPDATE inbound_events SET contact_id = $2 WHERE event_id = $1"
+# What stops a follow-up for an active contact: a suppression of the identity, or another
+# event's live intent for the same rule within the quiet period.
+FOLLOWUP_BLOCKERS = """
+SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant = $1 AND canonical_email = $2)
+           AS suppressed,
+       EXISTS (SELECT 1 FROM followup_intents
+               WHERE contact_id = $3 AND rule_id = $4 AND event_id <> $5
+                 AND status <> 'cancelled'
+                 AND created_at > now() - make_interval(secs => $6)) AS recent
+"""
+
+# The intent, inserted or (a re-run) the one already there. The second branch reads the
+# statement's snapshot: a row a concurrent run committed meanwhile is not in it, which
+# cannot happen while this transaction holds the event row (START_MATCHING).
+CREATE_INTENT = """
+WITH inserted AS (
+    INSERT INTO followup_intents (event_id, tenant, contact_id, rule_id, rule_version,
+                                  template_id, status, needs_approval)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    ON CONFLICT (event_id, rule_id, rule_version) DO NOTHING
+    RETURNING intent_id, status, needs_approval
+)
+SELECT intent_id, status, needs_approval FROM inserted
+UNION ALL
+SELECT intent_id, status, needs_approval FROM followup_intents
+WHERE event_id = $1 AND rule_id = $4 AND rule_version = $5
+  AND NOT EXISTS (SELECT 1 FROM inserted)
+"""
+
+# The send operation and its audit entry: $1 op key, $2 workflow_id, $3 event_id, $4 action,
+# $5 max attempts, $6 intent ID, $7 tenant, $8 contact_id, $9 audit detail.
+QUEUE_SEND = """
+WITH queued AS (
+    INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, external_ref)
+    VALUES ($1, $2, $3, $4, $5, $6)
+    ON CONFLICT (op_key) DO NOTHING
+)
+INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
+VALUES ($7, $3, $2, $8, 'planner', 'intent_created', $9)
+"""
 
 
 def _value(extraction: dict[str, Any], name: str) -> str | None:
@@ -118,10 +145,9 @@ class MatchActivities:
     async def _plan(self, plan: PlanInput, policy: TenantPolicy) -> PlanResult:
         item = plan.item
         async with self._pool.acquire() as conn, conn.transaction():
-            event = await conn.fetchrow(LOAD_EVENT, item.event_id)
+            event = await conn.fetchrow(START_MATCHING, item.event_id, ItemState.MATCHING)
             if event is None:
                 raise LookupError("event not found")
-            await store.set_event_state(conn, item.event_id, ItemState.MATCHING, None)
             extraction: dict[str, Any] = event["extraction"] or {}
             identity: str | None = event["canonical_email"]
             tx = _Planner(conn, plan, policy, extraction, self._crm_max_attempts,
@@ -211,25 +237,17 @@ class _Planner:
                     contact_id=contact_id,
                 )
             await self._fill_fields(contact, name, company)
-        await self.conn.execute(
-            RECORD_MATCH_DECISION, self.item.event_id, self.item.tenant,
-            "new_contact" if inserted else "existing_contact", "exact_canonical_email",
-            contact_id, [],
-        )
-        await self.conn.execute(SET_EVENT_CONTACT, self.item.event_id, contact_id)
-        await self.audit("contact_matched", {
-            "decision": "new_contact" if inserted else "existing_contact",
-            "rule": "exact_canonical_email", "approved_by": self.approved_by,
-        }, contact_id)
-
+        decision = "new_contact" if inserted else "existing_contact"
         crm_key = operation_key(self.item.workflow_id, Action.CRM_UPSERT)
-        await self.conn.execute(INSERT_OPERATION, crm_key, self.item.workflow_id,
-                                self.item.event_id, Action.CRM_UPSERT.value,
-                                self.crm_max_attempts, str(contact_id))
         note_key = operation_key(self.item.workflow_id, Action.CRM_NOTE)
-        await self.conn.execute(INSERT_OPERATION, note_key, self.item.workflow_id,
-                                self.item.event_id, Action.CRM_NOTE.value,
-                                self.crm_max_attempts, str(self.item.event_id))
+        await self.conn.execute(
+            RECORD_CONTACT_MATCH, self.item.event_id, self.item.tenant, decision,
+            "exact_canonical_email", contact_id, [], self.item.workflow_id,
+            store.json_safe({"decision": decision, "rule": "exact_canonical_email",
+                             "approved_by": self.approved_by}),
+            crm_key, Action.CRM_UPSERT.value, self.crm_max_attempts,
+            note_key, Action.CRM_NOTE.value,
+        )
         result = PlanResult(outcome="planned", contact_id=str(contact_id), crm_op_key=crm_key,
                             note_op_key=note_key)
         return await self._plan_followup(result, contact_id, identity, inserted,
@@ -262,38 +280,38 @@ class _Planner:
         if rule is None:
             await self.audit("followup_not_planned", {"reason": "no_rule_for_intent"}, contact_id)
             return result
-        if contact_status != "active" or await self.conn.fetchval(
-            IS_SUPPRESSED, self.item.tenant, identity
-        ):
+        blockers = None
+        if contact_status == "active":
+            blockers = await self.conn.fetchrow(
+                FOLLOWUP_BLOCKERS, self.item.tenant, identity, contact_id, rule.rule_id,
+                self.item.event_id, float(rule.quiet_period_hours * 3600),
+            )
+        if blockers is None or blockers["suppressed"]:
             await self.audit("followup_not_planned", {"reason": "suppressed"}, contact_id)
             result.reason = "suppressed"
             return result
-        recent = await self.conn.fetchval(
-            RECENT_INTENT, contact_id, rule.rule_id, self.item.event_id,
-            float(rule.quiet_period_hours * 3600),
-        )
-        if recent:
+        if blockers["recent"]:
             await self.audit("followup_not_planned", {"reason": "quiet_period",
                                                       "rule_id": rule.rule_id}, contact_id)
             result.reason = "quiet_period"
             return result
         needs_approval = new_contact and rule.new_prospect_requires_approval
-        await self.conn.execute(
-            INSERT_INTENT, self.item.event_id, self.item.tenant, contact_id, rule.rule_id,
+        intent = await self.conn.fetchrow(
+            CREATE_INTENT, self.item.event_id, self.item.tenant, contact_id, rule.rule_id,
             rule.version, rule.template_id, "awaiting_approval" if needs_approval else "queued",
             needs_approval,
         )
-        intent = await self.conn.fetchrow(GET_INTENT, self.item.event_id, rule.rule_id,
-                                          rule.version)
+        if intent is None:
+            raise LookupError("follow-up intent neither created nor found")
         intent_id = str(intent["intent_id"])
         send_key = operation_key(self.item.workflow_id, Action.SEND)
-        await self.conn.execute(INSERT_OPERATION, send_key, self.item.workflow_id,
-                                self.item.event_id, Action.SEND.value, self.send_max_attempts,
-                                intent_id)
-        await self.audit("intent_created", {"intent_id": intent_id, "rule_id": rule.rule_id,
-                                            "rule_version": rule.version,
-                                            "needs_approval": intent["needs_approval"]},
-                         contact_id)
+        await self.conn.execute(
+            QUEUE_SEND, send_key, self.item.workflow_id, self.item.event_id, Action.SEND.value,
+            self.send_max_attempts, intent_id, self.item.tenant, contact_id,
+            store.json_safe({"intent_id": intent_id, "rule_id": rule.rule_id,
+                             "rule_version": rule.version,
+                             "needs_approval": intent["needs_approval"]}),
+        )
         result.send_op_key = send_key
         result.intent_id = intent_id
         result.intent_needs_approval = intent["status"] == "awaiting_approval"

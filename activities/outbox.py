@@ -1,9 +1,9 @@
 """The attempt protocol every side-effecting activity follows, written once.
 
-claim the operation row → (completed? return it) → (paused? park) → reconcile if a
+(paused? park) → claim the operation row → (completed? return it) → reconcile if a
 previous attempt may have taken effect → call the destination → record the result before
-reporting success. Failures are classified once (`activities.errors`) and stored on the row
-without payload.
+reporting success. Starting an attempt and recording a success are one statement each.
+Failures are classified once (`activities.errors`) and stored on the row without payload.
 """
 
 from __future__ import annotations
@@ -30,6 +30,17 @@ _STATUS_FOR_CATEGORY = {
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """The audit entry an action writes for its completed operation (with the ledger row,
+    in the same statement; see `ledger.success_statement`)."""
+
+    actor: str
+    action: str
+    detail: dict[str, Any]
+    contact_id: str | None = None
+
+
+@dataclass(frozen=True)
 class Attempt:
     """What one attempt needs to know; handed to the action-specific callbacks."""
 
@@ -39,11 +50,15 @@ class Attempt:
 
 class OutboxRunner:
     def __init__(self, pool: asyncpg.Pool, *, action: str, pause_scope: str,
-                 max_retry_after: float) -> None:
+                 max_retry_after: float, mirror: str | None = None) -> None:
+        """`mirror`: the action's own record of a success, written with the ledger row
+        ($2 the destination ID, $11 the operation's external reference)."""
         self.pool = pool
         self.action = action
         self.pause_scope = pause_scope
         self.max_retry_after = max_retry_after
+        self._mirrors = mirror is not None
+        self._success_sql = ledger.success_statement(mirror)
 
     async def run(
         self,
@@ -51,7 +66,7 @@ class OutboxRunner:
         *,
         reconcile: Callable[[Attempt], Awaitable[str | None]] | None,
         perform: Callable[[Attempt], Awaitable[str | OperationResult]],
-        record_success: Callable[[Any, Attempt, str, bool], Awaitable[None]],
+        record_success: Callable[[Attempt, str, bool], Recorded],
         running_state: str,
         on_failure: Callable[[Any, Attempt, Classified], Awaitable[None]] | None = None,
     ) -> OperationResult:
@@ -66,23 +81,23 @@ class OutboxRunner:
         op: OperationInput,
         reconcile: Callable[[Attempt], Awaitable[str | None]] | None,
         perform: Callable[[Attempt], Awaitable[str | OperationResult]],
-        record_success: Callable[[Any, Attempt, str, bool], Awaitable[None]],
+        record_success: Callable[[Attempt, str, bool], Recorded],
         running_state: str,
         on_failure: Callable[[Any, Attempt, Classified], Awaitable[None]] | None,
     ) -> OperationResult:
         item = op.item
         async with self.pool.acquire() as conn:
-            if await store.is_paused(conn, item.tenant, self.pause_scope):
-                await store.set_event_state(conn, item.event_id, running_state, "paused")
-                return OperationResult(status="parked", reason="paused")
-            claim = await ledger.claim(conn, op.op_key)
-            if claim.already_completed:
-                return OperationResult(status="completed", destination_id=claim.destination_id,
-                                       reason="already_completed")
-            if claim.exhausted:
-                raise ApplicationError("attempt budget exhausted", type=ErrorType.TRANSIENT.value,
-                                       non_retryable=True)
-            await store.set_event_state(conn, item.event_id, running_state, None)
+            claim = await ledger.begin_attempt(
+                conn, op.op_key, tenant=item.tenant, pause_scope=self.pause_scope,
+                event_id=item.event_id, running_state=running_state)
+        if claim.paused:
+            return OperationResult(status="parked", reason="paused")
+        if claim.already_completed:
+            return OperationResult(status="completed", destination_id=claim.destination_id,
+                                   reason="already_completed")
+        if claim.exhausted:
+            raise ApplicationError("attempt budget exhausted", type=ErrorType.TRANSIENT.value,
+                                   non_retryable=True)
         attempt = Attempt(op, claim)
         activity.logger.info("operation attempt #%d", claim.attempts,
                              extra={"op_key": op.op_key})
@@ -123,15 +138,17 @@ class OutboxRunner:
         await self._succeed(attempt, outcome, False, record_success)
         return OperationResult(status="completed", destination_id=outcome)
 
-
-
     async def _succeed(
         self, attempt: Attempt, destination_id: str, reconciled: bool,
-        record_success: Callable[[Any, Attempt, str, bool], Awaitable[None]],
+        record_success: Callable[[Attempt, str, bool], Recorded],
     ) -> None:
-        async with self.pool.acquire() as conn, conn.transaction():
-            await ledger.complete(conn, attempt.op.op_key, destination_id)
-            await record_success(conn, attempt, destination_id, reconciled)
+        item = attempt.op.item
+        entry = record_success(attempt, destination_id, reconciled)
+        mirror_args = [attempt.claim.external_ref] if self._mirrors else []
+        await self.pool.execute(
+            self._success_sql, attempt.op.op_key, destination_id, None, item.tenant,
+            item.event_id, item.workflow_id, entry.contact_id, entry.actor, entry.action,
+            store.json_safe(entry.detail), *mirror_args)
         _count("inboxcrm_operations_completed", self.action,
                "reconciled" if reconciled else "sent")
 

@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError
 from activities import ledger, store
 from activities.adapters.base import MailClient, OutgoingEmail
 from activities.errors import Category, Classified, ErrorType
-from activities.outbox import Attempt, OutboxRunner
+from activities.outbox import Attempt, OutboxRunner, Recorded
 from activities.templates import render
 from inboxcrm.unsubscribe import list_unsubscribe_headers
 from schemas.models import Action, ItemState, OperationInput, OperationResult
@@ -61,11 +61,13 @@ UPDATE followup_intents SET status = 'queued', lease_owner = NULL, lease_until =
 WHERE intent_id = $1::uuid AND status = 'sending'
 """
 
-MARK_SENT = """
+# Written with the completed ledger row (ledger.success_statement): $2 the provider's
+# message ID, $11 the operation's external reference, the intent ID.
+MIRROR_SENT = """
 UPDATE followup_intents
 SET status = 'sent', provider_message_id = $2, sent_at = now(), lease_owner = NULL,
     lease_until = NULL
-WHERE intent_id = $1::uuid
+WHERE intent_id = $11::uuid
 """
 
 
@@ -74,7 +76,7 @@ class SendActivities:
         self._pool = pool
         self._mail = mail
         self._runner = OutboxRunner(pool, action=Action.SEND.value, pause_scope="send",
-                                    max_retry_after=max_retry_after)
+                                    max_retry_after=max_retry_after, mirror=MIRROR_SENT)
 
     @activity.defn(name="submit_followup_email")
     async def submit_followup_email(self, op: OperationInput) -> OperationResult:
@@ -140,11 +142,9 @@ class SendActivities:
         )
         return sent.message_id
 
-    async def _record(self, conn: Any, attempt: Attempt, message_id: str, reconciled: bool) -> None:
-        item = attempt.op.item
-        await conn.execute(MARK_SENT, _intent_id(attempt), message_id)
-        await store.audit(
-            conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+    def _record(self, attempt: Attempt, message_id: str, reconciled: bool) -> Recorded:
+        """The intent becomes `sent` (`MIRROR_SENT`) with this entry."""
+        return Recorded(
             actor="send", action="followup_sent",
             detail={"op_key": attempt.op.op_key, "intent_id": _intent_id(attempt),
                     "idempotency_key": _intent_id(attempt), "provider": self._mail.name,

@@ -1,5 +1,5 @@
-"""Small named queries shared by several activities: item state, audit entries, pause
-switches. Each is one parameterised statement."""
+"""Small named queries shared by several activities: item state and audit entries. Each is
+one parameterised statement. (The pause switches are read by `ledger.BEGIN_ATTEMPT`.)"""
 
 from __future__ import annotations
 
@@ -15,13 +15,6 @@ UPDATE inbound_events SET state = $2, reason = $3, updated_at = now() WHERE even
 INSERT_AUDIT = """
 INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
-"""
-
-IS_PAUSED = """
-SELECT EXISTS (
-    SELECT 1 FROM settings
-    WHERE tenant IN ('*', $1) AND key IN ($2, 'paused.all') AND value = 'true'::jsonb
-)
 """
 
 if TYPE_CHECKING:
@@ -54,8 +47,3 @@ def json_safe(detail: dict[str, Any]) -> dict[str, Any]:
     """An audit detail as plain JSON values (dates, UUIDs and the like as strings)."""
     value: dict[str, Any] = json.loads(json.dumps(detail, default=str))
     return value
-
-
-async def is_paused(conn: Conn, tenant: str, scope: str) -> bool:
-    """True while the global or the tenant's switch pauses `scope` ('crm' or 'send')."""
-    return bool(await conn.fetchval(IS_PAUSED, tenant, f"paused.{scope}"))

@@ -174,3 +174,6 @@ async def test_more_concurrent_new_deliveries_than_pooled_connections(env: Stack
     ids = [r.json()["workflow_id"] for r in responses]
     assert await env.count("SELECT count(*) FROM inbound_events WHERE workflow_id = ANY($1)",
                            ids) == 60
+    # ...and processed. (Also keeps this burst from eating the faults a later test injects.)
+    for workflow_id in ids:
+        await env.wait_state(workflow_id, "completed")
