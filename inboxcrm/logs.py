@@ -10,6 +10,9 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+import temporalio.activity
+import temporalio.workflow
+
 
 class JsonFormatter(logging.Formatter):
     def __init__(self, component: str) -> None:
@@ -30,9 +33,11 @@ class JsonFormatter(logging.Formatter):
             entry["workflow_id"] = activity.get("workflow_id")
             entry["activity"] = activity.get("activity_type")
             entry["attempt"] = activity.get("attempt")
+            entry["run_id"] = activity.get("workflow_run_id")
         workflow = getattr(record, "temporal_workflow", None)
         if isinstance(workflow, dict):
             entry["workflow_id"] = workflow.get("workflow_id")
+            entry["run_id"] = workflow.get("run_id")
         for key in ("op_key", "workflow_id"):
             value = getattr(record, key, None)
             if value is not None:
@@ -43,6 +48,9 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(component: str, level: int = logging.INFO) -> None:
+    # The fields above carry temporalio's context; do not repeat it as a dict in the message.
+    temporalio.activity.logger.activity_info_on_message = False
+    temporalio.workflow.logger.workflow_info_on_message = False
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(component))
     root = logging.getLogger()

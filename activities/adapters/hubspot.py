@@ -13,6 +13,7 @@ import httpx
 
 from activities.adapters.base import AdapterError, ContactFields, CrmRecord
 from activities.adapters.http import json_field, send_request
+from activities.adapters.transport import new_client
 from activities.errors import Category, Classified, classify_response
 
 NOTE_ID_PROPERTY = "inboxcrm_note_id"
@@ -55,7 +56,7 @@ class HubSpotCrm:
 
     def __init__(self, base_url: str, token: str | None, id_property: str, timeout: float) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
+        self._client = new_client(base_url, headers, timeout)
         self._id_property = id_property
 
     async def upsert_contact(self, external_id: str, fields: ContactFields) -> CrmRecord:

@@ -10,6 +10,7 @@ import httpx
 
 from activities.adapters.base import OutgoingEmail, SentEmail
 from activities.adapters.http import json_field, send_request
+from activities.adapters.transport import new_client
 
 
 def _reason(response: httpx.Response) -> str | None:
@@ -23,7 +24,7 @@ class ResendMail:
 
     def __init__(self, base_url: str, token: str | None, sender: str, timeout: float) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
+        self._client = new_client(base_url, headers, timeout)
         self._sender = sender
 
     async def send(self, idempotency_key: str, message: OutgoingEmail) -> SentEmail:

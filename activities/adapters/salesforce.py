@@ -37,6 +37,7 @@ import httpx
 
 from activities.adapters.base import AdapterError, ContactFields, CrmRecord
 from activities.adapters.http import send_request
+from activities.adapters.transport import new_client
 from activities.errors import Category, Classified
 
 LAST_NAME_PLACEHOLDER = "[unknown]"
@@ -94,7 +95,7 @@ class SalesforceCrm:
         if not _FIELD.match(note_external_id_field):
             raise ValueError(f"invalid Salesforce note ID field {note_external_id_field!r}")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.AsyncClient(base_url=instance_url, headers=headers, timeout=timeout)
+        self._client = new_client(instance_url, headers, timeout)
         self._field = external_id_field
         self._company_field = company_field
         self._note_field = note_external_id_field

@@ -1,0 +1,152 @@
+"""The adapters' aiohttp transport, against real sockets: answers arrive intact, and every
+failure is reported as the httpx error that says whether the request can have been sent
+(the classifier's "transient" vs "unknown outcome" rests on it)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+
+from activities.adapters.transport import AiohttpTransport, new_client
+from activities.errors import Category, classify_exception
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head + (await reader.readexactly(length) if length else b"")
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
+    servers: list[asyncio.Server] = []
+
+    async def start(handler: Handler) -> str:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        servers.append(server)
+        port = server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+async def test_answer_arrives_intact_and_is_decompressed(serve) -> None:  # type: ignore[no-untyped-def]
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                seen.append(await _read_request(reader))
+            except asyncio.IncompleteReadError:
+                break
+            body = gzip.compress(json.dumps({"id": "rec-1"}).encode())
+            writer.write(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+                         b"Content-Encoding: gzip\r\nX-Request-Id: r1\r\nSet-Cookie: s=1\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            await writer.drain()
+        writer.close()
+
+    url = await serve(handler)
+    client = new_client(url, {"Authorization": "Bearer t"}, 5.0)
+    try:
+        for _ in range(2):  # the second request reuses the pooled connection
+            response = await client.post("/v1/things", json={"a": 1},
+                                         headers={"Idempotency-Key": "k1"})
+            assert response.status_code == 201
+            assert response.json() == {"id": "rec-1"}
+            assert response.headers["x-request-id"] == "r1"
+            assert "content-encoding" not in response.headers
+    finally:
+        await client.aclose()
+    assert len(seen) == 2
+    first = seen[0].decode()
+    assert first.startswith("POST /v1/things HTTP/1.1\r\n")
+    assert "authorization: bearer t" in first.lower()
+    assert "idempotency-key: k1" in first.lower()
+    assert first.endswith('{"a":1}')
+    # httpx keeps the cookie; aiohttp's own jar is off, so it is not sent twice.
+    assert seen[1].decode().lower().count("\r\ncookie:") == 1
+
+
+async def test_refused_connection_was_not_sent(serve) -> None:  # type: ignore[no-untyped-def]
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    url = await serve(handler)
+    port = int(url.rsplit(":", 1)[1])
+    client = new_client(f"http://127.0.0.1:{port + 1 if port < 65535 else port - 1}", {}, 2.0)
+    try:
+        with pytest.raises(httpx.ConnectError) as caught:
+            await client.post("/x", json={})
+    finally:
+        await client.aclose()
+    assert classify_exception(caught.value).category is Category.TRANSIENT
+
+
+async def test_disconnect_after_the_request_is_an_unknown_outcome(serve) -> None:  # type: ignore[no-untyped-def]
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)  # the request arrived; the answer never leaves
+        writer.close()
+
+    client = new_client(await serve(handler), {}, 5.0)
+    try:
+        with pytest.raises(httpx.RemoteProtocolError) as caught:
+            await client.post("/x", json={})
+    finally:
+        await client.aclose()
+    assert classify_exception(caught.value).category is Category.UNKNOWN
+
+
+async def test_read_timeout_is_an_unknown_outcome(serve) -> None:  # type: ignore[no-untyped-def]
+    release = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        await release.wait()
+        writer.close()
+
+    client = new_client(await serve(handler), {}, 0.5)
+    try:
+        with pytest.raises(httpx.ReadTimeout) as caught:
+            await client.post("/x", json={})
+    finally:
+        release.set()
+        await client.aclose()
+    assert classify_exception(caught.value).category is Category.UNKNOWN
+
+
+async def test_no_pooled_connection_in_time_was_not_sent(serve) -> None:  # type: ignore[no-untyped-def]
+    release = asyncio.Event()
+    arrived = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        arrived.set()
+        await release.wait()
+        writer.close()
+
+    client = httpx.AsyncClient(base_url=await serve(handler),
+                               timeout=httpx.Timeout(10.0, pool=0.3),
+                               transport=AiohttpTransport(max_connections=1))
+    try:
+        busy = asyncio.create_task(client.post("/first", json={}))
+        await asyncio.wait_for(arrived.wait(), 5)
+        with pytest.raises(httpx.ConnectTimeout) as caught:
+            await client.post("/second", json={})
+        assert classify_exception(caught.value).category is Category.TRANSIENT
+    finally:
+        release.set()
+        await asyncio.gather(busy, return_exceptions=True)
+        await client.aclose()
