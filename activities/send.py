@@ -46,10 +46,17 @@ WHERE i.intent_id = $1::uuid
 FOR UPDATE OF i
 """
 
+# The lease and the audit entry of the eligibility check that allowed it, in one statement:
+# $1 intent, $2 lease owner (the attempt), $3 lease seconds, $4 tenant, $5 event_id,
+# $6 workflow_id, $7 audit detail.
 TAKE_LEASE = """
-UPDATE followup_intents
-SET status = 'sending', lease_owner = $2, lease_until = now() + make_interval(secs => $3)
-WHERE intent_id = $1::uuid
+WITH leased AS (
+    UPDATE followup_intents
+    SET status = 'sending', lease_owner = $2, lease_until = now() + make_interval(secs => $3)
+    WHERE intent_id = $1::uuid
+)
+INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
+VALUES ($4, $5, $6, 'send', 'eligibility_checked', $7)
 """
 
 CANCEL_INTENT = """
@@ -107,12 +114,12 @@ class SendActivities:
             if row is None:
                 raise LookupError("intent not found")
             refusal = _ineligible(row)
-            await store.audit(
-                conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
-                actor="send", action="eligibility_checked",
-                detail={"intent_id": intent_id, "eligible": refusal is None, "reason": refusal},
-            )
             if refusal is not None:
+                await store.audit(
+                    conn, tenant=item.tenant, event_id=item.event_id,
+                    workflow_id=item.workflow_id, actor="send", action="eligibility_checked",
+                    detail={"intent_id": intent_id, "eligible": False, "reason": refusal},
+                )
                 if row["status"] != "cancelled":
                     await conn.execute(CANCEL_INTENT, intent_id, refusal)
                 await ledger.set_status(conn, attempt.op.op_key, "cancelled")
@@ -131,7 +138,9 @@ class SendActivities:
             # Temporal starts the next attempt, which must be able to take over.
             timeout = activity.info().start_to_close_timeout
             lease = timeout.total_seconds() if timeout else LEASE_SECONDS
-            await conn.execute(TAKE_LEASE, intent_id, attempt_name, lease)
+            await conn.execute(
+                TAKE_LEASE, intent_id, attempt_name, lease, item.tenant, item.event_id,
+                item.workflow_id, {"intent_id": intent_id, "eligible": True, "reason": None})
         subject, text = render(row["template_id"], row["name"])
         sent = await self._mail.send(
             intent_id,

@@ -61,6 +61,10 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
                     f"{tp['ratio']} ({tp['product_per_second']} / {tp['floor_per_second']} "
                     f"per s; floor: {shape.get('activities')} activities + "
                     f"{shape.get('local_activities')} local)", f">= {tp['target_ratio']}"))
+        rounds = tp.get("ratio_by_round") or []
+        if len(rounds) > 1:
+            out.append(("product / floor by round", ", ".join(
+                f"r{r['round']} {r['ratio']} ({r['first']} first)" for r in rounds), ""))
         same = tp.get("same_shape_floor")
         if same:
             out.append(("product / floor in the product's shape",

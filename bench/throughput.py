@@ -373,6 +373,7 @@ async def run_phase(h: Handles, opts: Options, log: Any) -> dict[str, Any]:
                            if r["kind"] == "product" and r.get("per_second") is not None)
     same_rates = sorted(r["per_second"] for r in runs
                         if r["kind"] == "floor-same-shape" and r.get("per_second") is not None)
+    by_round = _ratio_by_round(runs)
     floor_rate = floor_rates[len(floor_rates) // 2] if floor_rates else None
     same_rate = same_rates[len(same_rates) // 2] if same_rates else None
     product_rate = product_rates[len(product_rates) // 2] if product_rates else None
@@ -386,9 +387,23 @@ async def run_phase(h: Handles, opts: Options, log: Any) -> dict[str, Any]:
         "floor_per_second": floor_rate,
         "product_per_second": product_rate,
         "ratio": round(product_rate / floor_rate, 3) if floor_rate and product_rate else None,
+        "ratio_by_round": by_round,
         "same_shape_floor": None if own is None else {
             "activities": own[0], "local_activities": own[1], "per_second": same_rate,
             "ratio": round(product_rate / same_rate, 3) if same_rate and product_rate
             else None},
         "target_ratio": 1.0,
     }
+
+
+def _ratio_by_round(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """product / floor within each round, and who went first: the spread shows how much
+    the server's growing history store moves one side against the other."""
+    rates: dict[int, dict[str, float]] = {}
+    for run in runs:
+        if run.get("per_second") is not None and run["kind"] in ("product", "floor"):
+            rates.setdefault(run["round"], {})[run["kind"]] = run["per_second"]
+    return [{"round": number + 1, "first": "floor" if number % 2 == 0 else "product",
+             "ratio": round(pair["product"] / pair["floor"], 3)}
+            for number, pair in sorted(rates.items())
+            if pair.get("floor") and pair.get("product")]

@@ -1,8 +1,10 @@
 """Workflow and activity inputs/outputs: small dataclasses, one per call, so fields can be
 added without breaking running workflows. None of them carries message bodies or personal
-data: activities read those from PostgreSQL by event ID."""
+data: activities read those from PostgreSQL by event ID.
 
-from __future__ import annotations
+No `from __future__ import annotations` here: the SDK's converter calls get_type_hints()
+on these classes for every payload it decodes, and string annotations would be compiled
+and evaluated again each time."""
 
 from dataclasses import dataclass, field
 from enum import StrEnum

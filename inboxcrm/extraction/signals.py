@@ -21,11 +21,12 @@ _QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": 
 
 
 def fold(text: str) -> str:
-    decomposed = unicodedata.normalize("NFKD", text)
-    kept = "".join(
-        ch for ch in decomposed if unicodedata.category(ch) not in ("Mn", "Cf", "Me")
-    )
-    return re.sub(r"\s+", " ", kept.translate(_QUOTES).casefold()).strip()
+    if not text.isascii():  # ASCII is its own NFKD form and has no marks to drop
+        decomposed = unicodedata.normalize("NFKD", text)
+        text = "".join(
+            ch for ch in decomposed if unicodedata.category(ch) not in ("Mn", "Cf", "Me")
+        )
+    return re.sub(r"\s+", " ", text.translate(_QUOTES).casefold()).strip()
 
 
 def words(text: str) -> frozenset[str]:
