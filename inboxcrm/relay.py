@@ -47,12 +47,16 @@ START_RPC_TIMEOUT = timedelta(seconds=5)
 POOL_TIMEOUT_SECONDS = 5.0
 _DELIVERY_ID = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
 
+# `ON CONFLICT DO NOTHING` without a target: the workflow ID is unique too (and derived from
+# the delivery key), and a concurrent insert of the same delivery must be a no-op on either
+# constraint. Naming only the delivery key made the workflow-ID index raise a unique
+# violation under concurrent redeliveries (the request got a 503).
 INSERT_EVENT = """
 WITH inserted AS (
     INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, raw,
                                 content_sha256, size_bytes)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-    ON CONFLICT (tenant, source, mailbox, delivery_id) DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING event_id
 ), received AS (
     INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
