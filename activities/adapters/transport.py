@@ -59,7 +59,10 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._max_connections)
+            # httpx's TLS defaults (certifi CAs, SSL_CERT_FILE / SSL_CERT_DIR honoured), so
+            # certificate verification is what it was before this transport.
+            connector = aiohttp.TCPConnector(limit=self._max_connections,
+                                             ssl=httpx.create_ssl_context())
             # Cookies stay httpx's business (it sees every Set-Cookie in the headers).
             self._session = aiohttp.ClientSession(
                 connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent",),
