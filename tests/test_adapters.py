@@ -10,10 +10,8 @@ transient → retried, permanent → blocked for a person, unknown → reconcile
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import email
 import email.policy
-import ipaddress
 import json
 import ssl
 import uuid
@@ -29,10 +27,6 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP as SMTPServer
 from aiosmtpd.smtp import AuthResult, Envelope, LoginPassword, Session
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -51,6 +45,7 @@ from inboxcrm.hubspot_setup import SetupError, run_setup
 from inboxcrm.stack.stack import Stack
 from schemas.models import ItemRef, OperationInput
 from tests.conftest import free_port
+from tests.tls import self_signed_certificate
 
 T, P, U = Category.TRANSIENT, Category.PERMANENT, Category.UNKNOWN
 EXT_FIELD = "Inboxcrm_Contact_Id__c"
@@ -570,26 +565,6 @@ async def test_smtp_refuses_header_injection() -> None:
 
 
 # --- SMTP with STARTTLS and AUTH ---------------------------------------------------------------
-def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
-
-
 class Authenticator:
     def __call__(self, server: SMTPServer, session: Session, envelope: Envelope,
                  mechanism: str, auth_data: Any) -> AuthResult:
@@ -600,7 +575,7 @@ class Authenticator:
 @pytest.mark.parametrize(("password", "category"), [("right", None), ("wrong", P)])
 async def test_smtp_starttls_and_auth(tmp_path: Path, password: str,
                                       category: Category | None) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed_certificate(tmp_path)
     server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_tls.load_cert_chain(cert, key)
     recorder, port = Recorder(), free_port()
