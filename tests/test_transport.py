@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -83,19 +84,23 @@ async def test_answer_arrives_intact_and_is_decompressed(serve) -> None:  # type
     assert seen[1].decode().lower().count("\r\ncookie:") == 1
 
 
-async def test_refused_connection_was_not_sent(serve) -> None:  # type: ignore[no-untyped-def]
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.close()
-
-    url = await serve(handler)
-    port = int(url.rsplit(":", 1)[1])
-    client = new_client(f"http://127.0.0.1:{port + 1 if port < 65535 else port - 1}", {}, 2.0)
+async def _failure(client: httpx.AsyncClient, expected: type[httpx.TransportError]) -> Category:
+    """Post once, expect `expected`, and return how the classifier files it."""
     try:
-        with pytest.raises(httpx.ConnectError) as caught:
+        with pytest.raises(expected) as caught:
             await client.post("/x", json={})
     finally:
         await client.aclose()
-    assert classify_exception(caught.value).category is Category.TRANSIENT
+    return classify_exception(caught.value).category
+
+
+async def test_refused_connection_was_not_sent() -> None:
+    # A bound socket that does not listen: the port is ours, and a connect is refused.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        client = new_client(f"http://127.0.0.1:{port}", {}, 2.0)
+        assert await _failure(client, httpx.ConnectError) is Category.TRANSIENT
 
 
 async def test_disconnect_after_the_request_is_an_unknown_outcome(serve) -> None:  # type: ignore[no-untyped-def]
@@ -104,12 +109,7 @@ async def test_disconnect_after_the_request_is_an_unknown_outcome(serve) -> None
         writer.close()
 
     client = new_client(await serve(handler), {}, 5.0)
-    try:
-        with pytest.raises(httpx.RemoteProtocolError) as caught:
-            await client.post("/x", json={})
-    finally:
-        await client.aclose()
-    assert classify_exception(caught.value).category is Category.UNKNOWN
+    assert await _failure(client, httpx.RemoteProtocolError) is Category.UNKNOWN
 
 
 async def test_read_timeout_is_an_unknown_outcome(serve) -> None:  # type: ignore[no-untyped-def]
@@ -122,12 +122,9 @@ async def test_read_timeout_is_an_unknown_outcome(serve) -> None:  # type: ignor
 
     client = new_client(await serve(handler), {}, 0.5)
     try:
-        with pytest.raises(httpx.ReadTimeout) as caught:
-            await client.post("/x", json={})
+        assert await _failure(client, httpx.ReadTimeout) is Category.UNKNOWN
     finally:
         release.set()
-        await client.aclose()
-    assert classify_exception(caught.value).category is Category.UNKNOWN
 
 
 async def test_no_pooled_connection_in_time_was_not_sent(serve) -> None:  # type: ignore[no-untyped-def]
