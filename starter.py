@@ -1,6 +1,6 @@
-"""Entry point: `python starter.py` runs the relay (see inboxcrm/relay.py)."""
+"""Entry point: `python starter.py` runs the relay (see inboxcrm/ingress/app.py)."""
 
-from inboxcrm.relay_main import main
+from inboxcrm.ingress.main import main
 
 if __name__ == "__main__":
     main()

@@ -12,8 +12,8 @@ import uuid
 import asyncpg
 from temporalio import activity
 
-from activities.adapters.base import ContactFields, CrmClient
 from activities.outbox import Attempt, OutboxRunner, Recorded
+from inboxcrm.adapters.base import ContactFields, CrmClient
 from schemas.models import Action, ItemState, OperationInput, OperationResult
 
 LOAD_CONTACT = """

@@ -11,16 +11,16 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import store
-from activities.errors import ErrorType
 from activities.heartbeat import heartbeating
-from inboxcrm.extraction import (
+from inboxcrm.adapters.errors import ErrorType
+from inboxcrm.domain.extraction import (
     Extractor,
     ExtractorMisconfigured,
     ExtractorUnavailable,
     extract_and_route,
 )
-from inboxcrm.policy import get_policy
+from inboxcrm.domain.policy import get_policy
+from inboxcrm.store import queries as store
 from schemas.models import ExtractResult, ItemRef, ItemState
 
 # Marks the item `extracting` and reads its raw message: one round trip.

@@ -4,7 +4,7 @@ Contact upsert, match decision, follow-up intent and the outbox rows commit toge
 at all. Concurrent events for the same identity serialise on the contact row: the upsert's
 `ON CONFLICT DO UPDATE` holds that row's lock until commit, so the quiet-period check of
 the second transaction sees the first one's intent. Re-running the activity after a crash
-is safe: every insert is `ON CONFLICT DO NOTHING` on the keys of DESIGN.md section 2.
+is safe: every insert is `ON CONFLICT DO NOTHING` on the keys of docs/architecture.md §2.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import store
-from activities.errors import ErrorType
 from activities.heartbeat import heartbeating
-from activities.suppression import SendInFlight, suppress_identity
-from inboxcrm.policy import TenantPolicy, get_policy
+from inboxcrm.adapters.errors import ErrorType
+from inboxcrm.domain.policy import TenantPolicy, get_policy
+from inboxcrm.store import queries as store
+from inboxcrm.store.suppression import SendInFlight, suppress_identity
 from schemas.models import Action, ItemState, PlanInput, PlanResult, operation_key
 
 # Loads the event and shows `matching`; the row lock serialises a re-run with a zombie.

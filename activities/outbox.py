@@ -3,7 +3,7 @@
 (paused? park) → claim the operation row → (completed? return it) → reconcile if a
 previous attempt may have taken effect → call the destination → record the result before
 reporting success. Starting an attempt and recording a success are one statement each.
-Failures are classified once (`activities.errors`) and stored on the row without payload.
+Failures are classified once (`inboxcrm.adapters.errors`) and stored on the row without payload.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import ledger, store
-from activities.adapters.base import AdapterError
-from activities.errors import Category, Classified, ErrorType, to_application_error
 from activities.heartbeat import heartbeating
+from inboxcrm.adapters.base import AdapterError
+from inboxcrm.adapters.errors import Category, Classified, ErrorType, to_application_error
+from inboxcrm.store import ledger
+from inboxcrm.store import queries as store
 from schemas.models import OperationInput, OperationResult
 
 _STATUS_FOR_CATEGORY = {

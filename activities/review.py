@@ -8,8 +8,9 @@ from typing import Any
 import asyncpg
 from temporalio import activity
 
-from activities import ledger, store
-from inboxcrm.policy import InvalidAddress, canonical_email, get_policy
+from inboxcrm.domain.policy import InvalidAddress, canonical_email, get_policy
+from inboxcrm.store import ledger
+from inboxcrm.store import queries as store
 from schemas.models import (
     REVIEW_STATES,
     AuditEntry,

@@ -15,12 +15,13 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import ledger, store
-from activities.adapters.base import MailClient, OutgoingEmail
-from activities.errors import Category, Classified, ErrorType
 from activities.outbox import Attempt, OutboxRunner, Recorded
-from activities.templates import render
-from inboxcrm.unsubscribe import list_unsubscribe_headers
+from inboxcrm.adapters.base import MailClient, OutgoingEmail
+from inboxcrm.adapters.errors import Category, Classified, ErrorType
+from inboxcrm.domain.templates import render
+from inboxcrm.domain.unsubscribe_links import list_unsubscribe_headers
+from inboxcrm.store import ledger
+from inboxcrm.store import queries as store
 from schemas.models import Action, ItemState, OperationInput, OperationResult
 
 # Fallback when the activity has no start-to-close timeout (it always has one here).

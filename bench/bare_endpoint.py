@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from inboxcrm.config import Settings
+from inboxcrm.platform.config import Settings
 
 
 def create_app(secret: str) -> FastAPI:

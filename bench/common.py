@@ -19,7 +19,7 @@ import asyncpg
 import httpx
 import psutil
 
-from inboxcrm.signing import signed_headers, standard_body
+from inboxcrm.verify.signing import signed_headers, standard_body
 
 ROOT = Path(__file__).resolve().parent.parent
 TENANT = "acme"
@@ -228,14 +228,14 @@ def person_name(i: int) -> str:
 
 
 def inquiry(email: str, name: str, subject: str) -> str:
-    from inboxcrm.probe import message_from
+    from inboxcrm.verify.probe import message_from
 
     return message_from(email, name=name, subject=subject)
 
 
 def without_sender(subject: str, body: str) -> str:
     """A message with no From header: extraction routes it to review (missing_sender)."""
-    from inboxcrm.signing import sample_message
+    from inboxcrm.verify.signing import sample_message
 
     raw = sample_message(subject=subject, body=body)
     return raw.split("\r\n", 1)[1]

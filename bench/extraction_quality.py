@@ -22,9 +22,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from inboxcrm.extraction import extract_and_route  # noqa: E402
-from inboxcrm.extraction.rules import RULES_VERSION  # noqa: E402
-from inboxcrm.policy import get_policy  # noqa: E402
+from inboxcrm.domain.extraction import extract_and_route  # noqa: E402
+from inboxcrm.domain.extraction.rules import RULES_VERSION  # noqa: E402
+from inboxcrm.domain.policy import get_policy  # noqa: E402
 from tests.extraction.corpus import CASES, ROUTES  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "extraction_quality.json"

@@ -19,7 +19,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from bench.floor_workflow import ACTIVITIES, FloorWorkflow
-from inboxcrm.config import Settings
+from inboxcrm.platform.config import Settings
 
 READY = "floor worker running on task queue"
 

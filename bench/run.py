@@ -208,7 +208,7 @@ def start_bench_processes(stack: Any, workers: int) -> tuple[str, str]:
 
 
 async def run_phases(stack: Any, opts: Options, result: dict[str, Any]) -> None:
-    from inboxcrm import db as inboxcrm_db
+    from inboxcrm.store import db as inboxcrm_db
 
     for k in range(1, opts.workers):  # replicas beyond the stack's own worker
         stack.start_worker(f"worker-{k + 1}")

@@ -16,9 +16,9 @@ import argparse
 import asyncio
 import sys
 
-from inboxcrm import temporal
-from inboxcrm.config import get_settings
-from inboxcrm.migrate import apply_migrations
+from inboxcrm.platform import temporal
+from inboxcrm.platform.config import get_settings
+from inboxcrm.store.migrate import apply_migrations
 
 
 async def bootstrap(skip_search_attributes: bool) -> None:

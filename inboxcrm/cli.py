@@ -1,4 +1,4 @@
-"""`inboxcrm` command line (DESIGN.md section 10)."""
+"""`inboxcrm` command line (docs/architecture.md §10)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from inboxcrm import db, operator
-from inboxcrm.config import Settings, get_settings
+from inboxcrm.platform.config import Settings, get_settings
+from inboxcrm.store import db
+from inboxcrm.store import items as operator
+from schemas.contract import WORKFLOW_TYPE, Decision
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="inboxcrm: inbound email to CRM contacts and follow-ups, no duplicates.")
@@ -161,7 +163,7 @@ def extract(
     as_json: JsonOpt = False,
 ) -> None:
     """Offline extraction + validation + routing. Writes nothing."""
-    from inboxcrm.extraction import run_extract_command
+    from inboxcrm.domain.extraction import run_extract_command
 
     raise typer.Exit(run_extract_command(file, tenant, as_json))
 
@@ -174,7 +176,7 @@ def send_test(
     eml: Annotated[Path | None, typer.Option(help="Send this .eml instead of a sample.")] = None,
 ) -> None:
     """Post one signed inbound email to the running relay (a first end-to-end check)."""
-    from inboxcrm.signing import sample_message, signed_headers, standard_body
+    from inboxcrm.verify.signing import sample_message, signed_headers, standard_body
 
     settings = settings_from_env()
     raw = eml.read_text(errors="replace") if eml else sample_message(sender)
@@ -229,7 +231,7 @@ def _signal(action: str, workflow_id: str, reviewer: str, note: str | None,
     from temporalio.client import WorkflowExecutionStatus
     from temporalio.service import RPCError
 
-    from inboxcrm import temporal
+    from inboxcrm.platform import temporal
 
     body: dict[str, Any] = {"reviewer": reviewer}
     if note:
@@ -272,28 +274,28 @@ def review_approve(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None
                        "--set", help="Corrected field, e.g. --set sender_email=a@b.test")] = None,
                    ) -> None:
     """Approve an item waiting in review (optionally with corrected fields)."""
-    _signal("approve", workflow_id, reviewer, note, evidence, set_)
+    _signal(Decision.APPROVE, workflow_id, reviewer, note, evidence, set_)
 
 
 @review_app.command("hold")
 def review_hold(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
                 evidence: EvidenceOpt = None) -> None:
     """Keep the item parked (state `held`) until another decision."""
-    _signal("hold", workflow_id, reviewer, note, evidence)
+    _signal(Decision.HOLD, workflow_id, reviewer, note, evidence)
 
 
 @review_app.command("reject")
 def review_reject(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
                   evidence: EvidenceOpt = None) -> None:
     """End the item as `rejected`: nothing more is sent or written."""
-    _signal("reject", workflow_id, reviewer, note, evidence)
+    _signal(Decision.REJECT, workflow_id, reviewer, note, evidence)
 
 
 @review_app.command("retry")
 def review_retry(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
                  evidence: EvidenceOpt = None) -> None:
     """Retry a blocked/ambiguous step with the same operation key (a fresh bounded budget)."""
-    _signal("retry", workflow_id, reviewer, note, evidence)
+    _signal(Decision.RETRY, workflow_id, reviewer, note, evidence)
 
 
 @review_app.command("resolve")
@@ -302,7 +304,7 @@ def review_resolve(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None
     """Mark the blocked/ambiguous side effect as done, with evidence (e.g. the CRM record ID)."""
     if not evidence:
         fail("resolve needs --evidence (e.g. the CRM record ID or provider message ID)")
-    _signal("resolve", workflow_id, reviewer, note, evidence)
+    _signal(Decision.RESOLVE, workflow_id, reviewer, note, evidence)
 
 
 # --- pause / resume --------------------------------------------------------------------
@@ -348,7 +350,7 @@ def audit(
     settings = settings_from_env()
     canonical: str | None = None
     if email is not None:
-        from inboxcrm.policy import InvalidAddress, canonical_email, get_policy
+        from inboxcrm.domain.policy import InvalidAddress, canonical_email, get_policy
 
         try:
             canonical = canonical_email(email, get_policy(tenant))
@@ -364,7 +366,7 @@ def audit(
         return
     if not entries:
         fail("no audit entries found")
-    from inboxcrm.audit_story import sentence, summary
+    from inboxcrm.operator.audit_story import sentence, summary
 
     for line in summary(entries):
         out.print(f"[bold]{line}[/bold]", highlight=False)
@@ -388,7 +390,7 @@ def replay(workflow_id: str, reviewer: ReviewerOpt,
     from temporalio.common import WorkflowIDReusePolicy
     from temporalio.service import RPCError
 
-    from inboxcrm import temporal
+    from inboxcrm.platform import temporal
     from schemas.models import InboundEmailInput
 
     settings = settings_from_env()
@@ -412,7 +414,7 @@ def replay(workflow_id: str, reviewer: ReviewerOpt,
                 name = description.status.name if description.status else "unknown"
                 fail(f"only failed or terminated runs can be replayed; this one is {name}")
             await client.start_workflow(
-                "InboundEmailWorkflow",
+                WORKFLOW_TYPE,
                 InboundEmailInput(event_id=str(row["event_id"]), tenant=row["tenant"]),
                 id=workflow_id, task_queue=settings.task_queue,
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
@@ -434,7 +436,7 @@ def replay(workflow_id: str, reviewer: ReviewerOpt,
 def purge(older_than: Annotated[int, typer.Option("--older-than", help="Days.")]) -> None:
     """Delete raw content of settled items older than DAYS; hashes and the decision trail
     stay."""
-    from inboxcrm import retention
+    from inboxcrm.operator import retention
 
     if older_than < 1:
         fail("--older-than must be at least 1 day")
@@ -449,8 +451,8 @@ def forget(email: Annotated[str, typer.Option("--email")],
            tenant: Annotated[str | None, typer.Option(help="Default: every tenant.")] = None,
            ) -> None:
     """Data-subject request: remove a person's personal data from the store (recorded)."""
-    from inboxcrm import retention
-    from inboxcrm.policy import InvalidAddress, canonical_email, get_policy, load_policies
+    from inboxcrm.domain.policy import InvalidAddress, canonical_email, get_policy, load_policies
+    from inboxcrm.operator import retention
 
     settings = settings_from_env()
     tenants = [tenant] if tenant else sorted(load_policies())
@@ -478,8 +480,8 @@ def forget(email: Annotated[str, typer.Option("--email")],
 @app.command()
 def rehearse(timeout: Annotated[float, typer.Option(help="Seconds per scenario.")] = 90) -> None:
     """Run the synthetic failure rehearsal against the running stack; exit 1 on any failure."""
-    from inboxcrm.probe import Endpoints, StackClient
-    from inboxcrm.rehearsal import Rehearsal
+    from inboxcrm.verify.probe import Endpoints, StackClient
+    from inboxcrm.verify.rehearsal import Rehearsal
 
     settings = settings_from_env()
     if settings.crm_url or settings.mail_url:
@@ -530,7 +532,7 @@ def check(
 ) -> None:
     """Invariant checker: duplicates, lost or unowned items, attempt bounds (IDs only, never
     addresses). Exit 1 on any violation, 2 if the destination cannot be read."""
-    from inboxcrm import check as checker
+    from inboxcrm.verify import check as checker
 
     settings = settings_from_env()
     sandbox = (os.environ.get("INBOXCRM_SANDBOX_URL") or os.environ.get("SANDBOX_URL")
@@ -544,15 +546,16 @@ def check(
         # Only the sandbox can be inspected; with a real CRM or mail provider the
         # destination checks are skipped (and the report says so).
         url = sandbox_url or (None if real_destination else sandbox)
-    id_fields = {"crm_id_property": settings.crm_id_property}
+    crm_id_property, note_id_property = settings.crm_id_property, "inboxcrm_note_id"
     if salesforce:
-        id_fields = {"crm_id_property": settings.salesforce_external_id_field,
-                     "note_id_property": settings.salesforce_note_external_id_field}
+        crm_id_property = settings.salesforce_external_id_field
+        note_id_property = settings.salesforce_note_external_id_field
 
     async def run(conn: Any) -> Any:
         try:
             return await checker.check_invariants(
-                conn, url, settled=settled, scope=scope, **id_fields)
+                conn, url, settled=settled, scope=scope, crm_id_property=crm_id_property,
+                note_id_property=note_id_property)
         except checker.CheckError as exc:
             fail(f"{exc} (--no-destination skips it)", 2)
             raise
@@ -595,8 +598,8 @@ def chaos(
     deliveries and redeliveries, sandbox faults, worker kill -9s, a relay restart, then
     operator resolution and the settled invariant check. Exit 1 on a violation, 2 if the run
     did not reach its targets (fault share, kills, restart, drained queue)."""
-    from inboxcrm.chaos import ChaosConfig, run_on_fresh_stack, summary_rows
     from inboxcrm.stack.processes import StackError
+    from inboxcrm.verify.chaos import ChaosConfig, run_on_fresh_stack, summary_rows
 
     config = ChaosConfig(events=events, seed=seed, kills=kills, concurrency=concurrency,
                          rate=rate, deadline=max(1800.0, events * 3.0))
@@ -632,7 +635,7 @@ def hubspot_setup(
 ) -> None:
     """Create the unique contact property HubSpot upserts are keyed by (once per portal;
     idempotent). Needs INBOXCRM_CRM_TOKEN with the crm.schemas.contacts.write scope."""
-    from inboxcrm.hubspot_setup import HUBSPOT_API, SetupError, run_note_setup, run_setup
+    from inboxcrm.operator.hubspot_setup import HUBSPOT_API, SetupError, run_note_setup, run_setup
 
     settings = get_settings()
     if not settings.crm_token:

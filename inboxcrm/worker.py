@@ -13,16 +13,17 @@ import signal
 import uvloop
 from temporalio.worker import Worker
 
-from activities.adapters.factory import build_crm, build_mail
 from activities.crm import CrmActivities
 from activities.extract import ExtractActivities
 from activities.match import MatchActivities
 from activities.review import ReviewActivities
 from activities.send import SendActivities
-from inboxcrm import db, temporal
-from inboxcrm.config import Settings, get_settings
-from inboxcrm.extraction import build_extractor
-from inboxcrm.logs import configure_logging
+from inboxcrm.adapters.factory import build_crm, build_mail
+from inboxcrm.domain.extraction import build_extractor
+from inboxcrm.platform import temporal
+from inboxcrm.platform.config import Settings, get_settings
+from inboxcrm.platform.logs import configure_logging
+from inboxcrm.store import db
 from workflows.inbound_email import CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS, InboundEmailWorkflow
 
 log = logging.getLogger("inboxcrm.worker")

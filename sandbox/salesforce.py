@@ -152,7 +152,7 @@ def parse_fields(body: Any, field: str, value: str) -> dict[str, str] | Response
                                       else str(raw))
         if len(text) > 255:
             return sf_error(400, "STRING_TOO_LONG", f"{name}: data value too large", [name])
-        stored[STANDARD_FIELDS.get(name, name)] = text
+        stored[STANDARD_FIELDS.get(name) or str(name)] = text
     if stored.get(field, value) != value:
         return sf_error(400, "INVALID_FIELD",
                         f"The external ID field {field} in the body differs from the URL.",

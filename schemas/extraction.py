@@ -1,5 +1,5 @@
-"""Pydantic mirror of `schemas/extraction.schema.json` (the extraction record of DESIGN.md
-section 5). `tests/extraction/test_schema.py` proves the two agree; change both together."""
+"""Pydantic mirror of `schemas/extraction.schema.json` (the extraction record of
+docs/architecture.md §5). A test proves the two agree; change both together."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from enum import StrEnum
 
 
 class ItemState(StrEnum):
-    """Per-item states (DESIGN.md section 3)."""
+    """Per-item states (docs/architecture.md §3)."""
 
     RECEIVED = "received"
     EXTRACTING = "extracting"

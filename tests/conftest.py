@@ -17,9 +17,9 @@ from inboxcrm.stack import postgres
 from inboxcrm.stack.processes import free_port
 
 if TYPE_CHECKING:
-    from inboxcrm.config import Settings
-    from inboxcrm.probe import StackClient
+    from inboxcrm.platform.config import Settings
     from inboxcrm.stack.stack import Stack
+    from inboxcrm.verify.probe import StackClient
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,7 +69,7 @@ def stack(database_url: str) -> Iterator[Stack]:
 
 @pytest.fixture
 async def db(database_url: str, stack: Stack) -> AsyncIterator[asyncpg.Pool]:
-    from inboxcrm import db as inboxcrm_db
+    from inboxcrm.store import db as inboxcrm_db
 
     pool = await inboxcrm_db.create_pool(database_url, max_size=5)
     yield pool
@@ -79,7 +79,7 @@ async def db(database_url: str, stack: Stack) -> AsyncIterator[asyncpg.Pool]:
 @pytest.fixture
 async def env(stack: Stack, db: asyncpg.Pool, app_settings: Settings
               ) -> AsyncIterator[StackClient]:
-    from inboxcrm.probe import Endpoints, StackClient
+    from inboxcrm.verify.probe import Endpoints, StackClient
 
     client = StackClient(Endpoints(stack.relay_url, stack.sandbox_url, stack.temporal_address,
                                    stack.env["INBOXCRM_WEBHOOK_SECRET"]), db, app_settings)

@@ -31,17 +31,17 @@ from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.adapters.base import AdapterError, ContactFields, OutgoingEmail
-from activities.adapters.factory import ConfigurationError, build_crm, build_mail
-from activities.adapters.hubspot import HubSpotCrm
-from activities.adapters.resend import ResendMail
-from activities.adapters.salesforce import LAST_NAME_PLACEHOLDER, SalesforceCrm
-from activities.adapters.smtp import SmtpMail
 from activities.crm import CrmActivities
-from activities.errors import Category, ErrorType, to_application_error
 from activities.send import SendActivities
-from inboxcrm.config import Settings
-from inboxcrm.hubspot_setup import SetupError, run_setup
+from inboxcrm.adapters.base import AdapterError, ContactFields, OutgoingEmail
+from inboxcrm.adapters.errors import Category, ErrorType, to_application_error
+from inboxcrm.adapters.factory import ConfigurationError, build_crm, build_mail
+from inboxcrm.adapters.hubspot import HubSpotCrm
+from inboxcrm.adapters.resend import ResendMail
+from inboxcrm.adapters.salesforce import LAST_NAME_PLACEHOLDER, SalesforceCrm
+from inboxcrm.adapters.smtp import SmtpMail
+from inboxcrm.operator.hubspot_setup import SetupError, run_setup
+from inboxcrm.platform.config import Settings
 from inboxcrm.stack.stack import Stack
 from schemas.models import ItemRef, OperationInput
 from tests.conftest import free_port
@@ -243,7 +243,7 @@ async def test_salesforce_upsert_fault_modes(
 
 async def test_salesforce_request_limit_waits_long() -> None:
     """403 REQUEST_LIMIT_EXCEEDED: transient, retried after 60 s (capped by settings)."""
-    from activities.errors import classify_status
+    from inboxcrm.adapters.errors import classify_status
 
     classified = classify_status(403, None, "http_403:REQUEST_LIMIT_EXCEEDED")
     error = to_application_error(classified, max_retry_after=300)
@@ -773,7 +773,7 @@ async def test_hubspot_setup_creates_the_note_property_in_its_own_group() -> Non
         seen.append((request.method, request.url.path, json.loads(request.content or b"{}")))
         return httpx.Response(201, json={"name": "x"})
 
-    from inboxcrm.hubspot_setup import run_note_setup
+    from inboxcrm.operator.hubspot_setup import run_note_setup
 
     result = await run_note_setup("http://hubspot.test", "tok",
                                   transport=httpx.MockTransport(handler))

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from inboxcrm.chaos import ChaosConfig, format_table, run_chaos, summary_rows
-from inboxcrm.probe import StackClient
 from inboxcrm.stack.stack import Stack
+from inboxcrm.verify.chaos import ChaosConfig, format_table, run_chaos, summary_rows
+from inboxcrm.verify.probe import StackClient
 
 
 @pytest.mark.slow

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import asyncpg
 import pytest
 
-from inboxcrm.check import check_invariants
-from inboxcrm.probe import StackClient, message_from, unique_email
 from inboxcrm.stack.stack import Stack
+from inboxcrm.verify.check import check_invariants
+from inboxcrm.verify.probe import StackClient, message_from, unique_email
 
 MAILBOX_PREFIX = "inbound/acme/standard/sales@acme.test/"
 

@@ -14,9 +14,9 @@ import yaml
 from pydantic import AliasChoices, SecretStr
 from temporalio.service import TLSConfig
 
-from activities.adapters.factory import build_crm, build_mail
-from inboxcrm.config import Settings
-from inboxcrm.temporal import tls_config
+from inboxcrm.adapters.factory import build_crm, build_mail
+from inboxcrm.platform.config import Settings
+from inboxcrm.platform.temporal import tls_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -143,7 +143,7 @@ def test_compose_has_the_production_services() -> None:
     assert services["temporal"]["depends_on"]["temporal-db"]["condition"] == "service_healthy"
     assert services["temporal-ui"]["environment"]["TEMPORAL_ADDRESS"] == "temporal:7233"
     assert "inboxcrm.worker" in services["worker"]["command"]
-    assert "inboxcrm.relay_main" in services["relay"]["command"]
+    assert "inboxcrm.ingress.main" in services["relay"]["command"]
     assert "replicas" in services["worker"]["deploy"]
     assert interpolate(services["worker"]["deploy"]["replicas"], env_example()) == "2"
     for name in ("worker", "relay"):
@@ -323,7 +323,7 @@ def test_probes() -> None:
     assert worker["livenessProbe"] and worker["readinessProbe"]
     assert worker["readinessProbe"]["exec"]["command"][-2:] == ["deploy/healthcheck.py", "ready"]
     assert worker["command"] == ["python", "-m", "inboxcrm.worker"]
-    assert relay["command"] == ["python", "-m", "inboxcrm.relay_main"]
+    assert relay["command"] == ["python", "-m", "inboxcrm.ingress.main"]
 
 
 def test_relay_service_and_worker_autoscaler_target_the_right_pods() -> None:
@@ -364,7 +364,7 @@ def test_dockerfile() -> None:
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert users and users[-1].split(":")[0] not in ("root", "0")
     assert 'CMD ["python", "-m", "inboxcrm.worker"]' in text
-    assert "inboxcrm.relay_main" in text
+    assert "inboxcrm.ingress.main" in text
     for script in ("deploy/bootstrap.py", "deploy/healthcheck.py"):
         assert script in text and (ROOT / script).exists()
     ignore = (ROOT / ".dockerignore").read_text().splitlines()

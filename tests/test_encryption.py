@@ -1,4 +1,4 @@
-"""Payload encryption (DESIGN.md section 7): the Temporal server never holds clear payloads.
+"""Payload encryption (docs/architecture.md §7): the Temporal server never holds clear payloads.
 
 End to end on the real stack (the worker, relay and CLI all encrypt with the stack's key file),
 plus unit tests of the codec, the key file and the codec endpoint."""
@@ -29,11 +29,12 @@ from temporalio.client import Client
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
 
-from inboxcrm import codec
-from inboxcrm.codec import CodecError, EncryptionCodec, Keyring, UnknownKeyError
-from inboxcrm.config import Settings
-from inboxcrm.probe import StackClient, message_from, unique_email
+from inboxcrm.ingress import codec as codec_server
+from inboxcrm.platform import codec
+from inboxcrm.platform.codec import CodecError, EncryptionCodec, Keyring, UnknownKeyError
+from inboxcrm.platform.config import Settings
 from inboxcrm.stack.stack import Stack
+from inboxcrm.verify.probe import StackClient, message_from, unique_email
 
 ENCRYPTED = b"binary/encrypted"
 UI_ORIGIN = "http://127.0.0.1:8233"
@@ -378,7 +379,7 @@ def test_bad_key_files_are_clear_errors_without_key_material(tmp_path: Path) -> 
 # --- the codec endpoint ----------------------------------------------------------------
 def endpoint(settings: Settings) -> httpx.AsyncClient:
     app = FastAPI()
-    app.include_router(codec.codec_router(settings))
+    app.include_router(codec_server.codec_router(settings))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://codec")
 
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 import httpx
 import pytest
 
-from activities.errors import (
+from inboxcrm.adapters.errors import (
     Category,
     ErrorType,
     classify_exception,

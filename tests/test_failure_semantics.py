@@ -1,4 +1,4 @@
-"""Failure semantics (DESIGN.md section 4): each scenario injects the fault for real — sandbox
+"""Failure semantics (docs/architecture.md §4): each scenario injects the fault for real — sandbox
 fault injection or kill -9 of the real worker process — and counts records on the
 destination side. Nothing duplicated, nothing lost, nothing silently repeated."""
 
@@ -11,8 +11,8 @@ from datetime import datetime
 
 import pytest
 
-from inboxcrm.probe import StackClient, message_from, unique_email
 from inboxcrm.stack.stack import Stack
+from inboxcrm.verify.probe import StackClient, message_from, unique_email
 
 CRM_KEY = "{}:crm-upsert"
 SEND_KEY = "{}:send"

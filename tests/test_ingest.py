@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from inboxcrm.migrate import apply_migrations
-from inboxcrm.relay import FIND_EVENT, INSERT_EVENT
+from inboxcrm.ingress.intake import FIND_EVENT, INSERT_EVENT
 from inboxcrm.stack import postgres
+from inboxcrm.store.migrate import apply_migrations
 from schemas.models import inbound_workflow_id
 
 CONCURRENT = 8

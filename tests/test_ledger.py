@@ -11,11 +11,11 @@ from typing import Any
 import asyncpg
 import pytest
 
-from activities import ledger
 from activities.crm import MIRROR_CRM_RECORD
-from inboxcrm import db as inboxcrm_db
-from inboxcrm.migrate import apply_migrations
 from inboxcrm.stack import postgres
+from inboxcrm.store import db as inboxcrm_db
+from inboxcrm.store import ledger
+from inboxcrm.store.migrate import apply_migrations
 
 TENANT = "acme"
 

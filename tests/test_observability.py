@@ -6,8 +6,8 @@ import asyncio
 import json
 import re
 
-from inboxcrm.probe import StackClient, message_from, unique_email
 from inboxcrm.stack.stack import Stack
+from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.test_review import no_sender_message
 
 

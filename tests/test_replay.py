@@ -24,10 +24,10 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from inboxcrm import temporal
-from inboxcrm.codec import data_converter
-from inboxcrm.config import Settings
-from inboxcrm.probe import StackClient, message_from, unique_email
+from inboxcrm.platform import temporal
+from inboxcrm.platform.codec import data_converter
+from inboxcrm.platform.config import Settings
+from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.test_review import no_sender_message
 from workflows.inbound_email import InboundEmailWorkflow
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from inboxcrm.probe import StackClient, message_from, unique_email
 from inboxcrm.stack.stack import Stack
+from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.test_failure_semantics import cli
 
 

@@ -7,10 +7,10 @@ import asyncio
 import json
 import uuid
 
-from inboxcrm.probe import StackClient, message_from, unique_email
-from inboxcrm.signing import sample_message
 from inboxcrm.stack.processes import free_port, http_answers
 from inboxcrm.stack.stack import Stack
+from inboxcrm.verify.probe import StackClient, message_from, unique_email
+from inboxcrm.verify.signing import sample_message
 from tests.test_failure_semantics import cli
 
 
@@ -139,7 +139,7 @@ async def test_temporal_down_stores_then_sweeper_starts(env: StackClient, stack:
                             "INBOXCRM_RELAY_PORT": str(port)}
     from inboxcrm.stack.processes import ManagedProcess, python
 
-    relay = ManagedProcess("relay-no-temporal", python("inboxcrm.relay_main"), isolated,
+    relay = ManagedProcess("relay-no-temporal", python("inboxcrm.ingress.main"), isolated,
                            stack.log_dir).start()
     try:
         relay.wait_ready(http_answers(f"http://127.0.0.1:{port}/healthz"))
@@ -166,7 +166,7 @@ async def test_ledger_down_answers_503(env: StackClient, stack: Stack) -> None:
 
     port = free_port()
     dead_db = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
-    relay = ManagedProcess("relay-no-db", python("inboxcrm.relay_main"),
+    relay = ManagedProcess("relay-no-db", python("inboxcrm.ingress.main"),
                            stack.env | {"DATABASE_URL": dead_db,
                                         "INBOXCRM_RELAY_PORT": str(port)},
                            stack.log_dir).start()

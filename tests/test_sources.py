@@ -18,20 +18,18 @@ from typing import Any
 import httpx
 import pytest
 
-from inboxcrm.probe import StackClient, unique_email
-from inboxcrm.relay import BadRequest
-from inboxcrm.sources import (
-    Unauthenticated,
-    basic_auth_ok,
-    generated_credentials,
+from inboxcrm.ingress.intake import BadRequest, Unauthenticated
+from inboxcrm.ingress.mailgun import (
     mailgun_delivery_id,
     mailgun_signature,
     parse_form,
     parse_mailgun,
-    parse_postmark,
     verify_mailgun,
 )
+from inboxcrm.ingress.postmark import basic_auth_ok, parse_postmark
+from inboxcrm.stack.credentials import generated_credentials
 from inboxcrm.stack.stack import Stack
+from inboxcrm.verify.probe import StackClient, unique_email
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_SENDER = "jane.doe@example.com"

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from activities.adapters.transport import AiohttpTransport, new_client
-from activities.errors import Category, classify_exception
+from inboxcrm.adapters.errors import Category, classify_exception
+from inboxcrm.adapters.transport import AiohttpTransport, new_client
 from tests.tls import self_signed_certificate
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

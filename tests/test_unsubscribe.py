@@ -10,10 +10,10 @@ import uuid
 
 import httpx
 
-from inboxcrm.config import Settings
-from inboxcrm.probe import StackClient, message_from, unique_email
+from inboxcrm.domain.unsubscribe_links import make_token, read_token
+from inboxcrm.platform.config import Settings
 from inboxcrm.stack.stack import Stack
-from inboxcrm.unsubscribe import make_token, read_token
+from inboxcrm.verify.probe import StackClient, message_from, unique_email
 
 ONE_CLICK = {"content": b"List-Unsubscribe=One-Click",
              "headers": {"content-type": "application/x-www-form-urlencoded"}}

@@ -7,7 +7,7 @@ import asyncio
 import json
 import time
 
-from inboxcrm.probe import StackClient, message_from, unique_email
+from inboxcrm.verify.probe import StackClient, message_from, unique_email
 
 
 async def test_happy_path_one_contact_one_record_one_email(env: StackClient) -> None:

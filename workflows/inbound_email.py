@@ -1,6 +1,6 @@
 """InboundEmailWorkflow: one inbound email, from extraction to a single follow-up.
 
-Reads like the state table of DESIGN.md section 3:
+Reads like the state table of docs/architecture.md §3:
 
     received → extracting → [awaiting_review] → matching → crm_pending → send_pending → completed
     parked:   ignored · suppressed · rejected · blocked · ambiguous · held
@@ -26,11 +26,21 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from activities.crm import CrmActivities
-    from activities.errors import ErrorType
     from activities.extract import ExtractActivities
     from activities.match import MatchActivities
     from activities.review import ReviewActivities
     from activities.send import SendActivities
+    from schemas.contract import (
+        QUERY_STATUS,
+        SA_NEEDS_REVIEW,
+        SA_OVERDUE,
+        SA_REVIEW_OWNER,
+        SA_REVIEW_REASON,
+        SA_STATE,
+        SA_TENANT,
+        WORKFLOW_TYPE,
+        Decision,
+    )
     from schemas.models import (
         REVIEW_STATES,
         AuditEntry,
@@ -50,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         ReviewDecision,
         StateChange,
     )
+    from schemas.outcomes import ErrorType
     from workflows.decisions import (
         RECOVERY_ACTIONS,
         REVIEW_ACTIONS,
@@ -75,12 +86,6 @@ with workflow.unsafe.imports_passed_through():
         PAUSE_POLL_MAX,
         PLAN_RETRY,
         PLAN_TIMEOUT,
-        SA_NEEDS_REVIEW,
-        SA_OVERDUE,
-        SA_REVIEW_OWNER,
-        SA_REVIEW_REASON,
-        SA_STATE,
-        SA_TENANT,
         SEND_MAX_ATTEMPTS,
         SEND_RETRY,
         STEP_FAILURES,
@@ -89,7 +94,7 @@ with workflow.unsafe.imports_passed_through():
 __all__ = ["CRM_MAX_ATTEMPTS", "SEND_MAX_ATTEMPTS", "InboundEmailWorkflow"]
 
 
-@workflow.defn(name="InboundEmailWorkflow")
+@workflow.defn(name=WORKFLOW_TYPE)
 class InboundEmailWorkflow:
     def __init__(self) -> None:
         self._status = ItemStatus()
@@ -288,39 +293,39 @@ class InboundEmailWorkflow:
                                 EscalationInput(self.item, reason))
 
     # --- signals and query ---------------------------------------------------------------
-    @workflow.signal(name="approve", description=(
+    @workflow.signal(name=Decision.APPROVE, description=(
         "Approve an item awaiting review; processing continues. Body: {\"reviewer\": "
         "\"name\" (required), \"note\": \"...\", \"corrections\": {\"sender_email\": \"...\", "
         "\"name\": \"...\", \"company\": \"...\"}}"))
     def approve(self, body: Any) -> None:
-        self._signals.append(Signal("approve", body))
+        self._signals.append(Signal(Decision.APPROVE, body))
 
-    @workflow.signal(name="hold", description=(
+    @workflow.signal(name=Decision.HOLD, description=(
         "Park the item (state held) until another decision; it stays in the review queue. "
         "Body: {\"reviewer\": \"name\" (required), \"note\": \"...\"}"))
     def hold(self, body: Any) -> None:
-        self._signals.append(Signal("hold", body))
+        self._signals.append(Signal(Decision.HOLD, body))
 
-    @workflow.signal(name="reject", description=(
+    @workflow.signal(name=Decision.REJECT, description=(
         "Reject the item: it ends as rejected and nothing more is written or sent. "
         "Body: {\"reviewer\": \"name\" (required), \"note\": \"...\"}"))
     def reject(self, body: Any) -> None:
-        self._signals.append(Signal("reject", body))
+        self._signals.append(Signal(Decision.REJECT, body))
 
-    @workflow.signal(name="retry", description=(
+    @workflow.signal(name=Decision.RETRY, description=(
         "Blocked or ambiguous step: run it again with the same operation key and a fresh, "
         "bounded attempt budget. Body: {\"reviewer\": \"name\" (required), \"note\": \"...\"}"))
     def retry(self, body: Any) -> None:
-        self._signals.append(Signal("retry", body))
+        self._signals.append(Signal(Decision.RETRY, body))
 
-    @workflow.signal(name="resolve", description=(
+    @workflow.signal(name=Decision.RESOLVE, description=(
         "Blocked or ambiguous side effect already exists: mark it complete with evidence "
         "(e.g. the CRM record ID) and continue. Body: {\"reviewer\": \"name\" (required), "
         "\"evidence\": \"...\" (required), \"note\": \"...\"}"))
     def resolve(self, body: Any) -> None:
-        self._signals.append(Signal("resolve", body))
+        self._signals.append(Signal(Decision.RESOLVE, body))
 
-    @workflow.query(name="status", description=(
+    @workflow.query(name=QUERY_STATUS, description=(
         "State, reason, operation keys and destination IDs, and the open review (if any)."))
     def status(self) -> dict[str, Any]:
         waiting = self._waiting

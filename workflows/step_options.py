@@ -1,4 +1,4 @@
-"""Step options of InboundEmailWorkflow: search attribute keys, timeouts and retry policies.
+"""Step options of InboundEmailWorkflow: timeouts and retry policies.
 
 A module of its own, imported as passthrough, so the workflow sandbox does not re-execute it
 for every workflow run (see the Temporal Python SDK sandbox docs on passthrough modules).
@@ -10,19 +10,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as StepTimeout
 
-from activities.errors import ErrorType
-
-# --- Search attributes (registered by `make up` / the worker at start) -------------------
-SA_STATE = SearchAttributeKey.for_keyword("InboxState")
-SA_REVIEW_REASON = SearchAttributeKey.for_keyword("ReviewReason")
-SA_REVIEW_OWNER = SearchAttributeKey.for_keyword("ReviewOwner")
-SA_TENANT = SearchAttributeKey.for_keyword("Tenant")
-SA_NEEDS_REVIEW = SearchAttributeKey.for_bool("NeedsReview")
-SA_OVERDUE = SearchAttributeKey.for_bool("ReviewOverdue")
+from schemas.outcomes import ErrorType
 
 # --- Retry policies: bounded everywhere, each with the reason beside it -----------------
 NON_RETRYABLE = [ErrorType.PERMANENT.value, ErrorType.AMBIGUOUS.value]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from inboxcrm.temporal import DEV_SERVER_FLAGS
+from inboxcrm.platform.temporal import DEV_SERVER_FLAGS
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

@@ -14,8 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inboxcrm.config import Settings
-from inboxcrm.migrate import apply_migrations
+from inboxcrm.platform.config import Settings
 from inboxcrm.stack import postgres
 from inboxcrm.stack.processes import (
     ROOT,
@@ -26,6 +25,8 @@ from inboxcrm.stack.processes import (
     tcp_open,
     temporal_dev_server_argv,
 )
+from inboxcrm.store.migrate import apply_migrations
+from schemas.contract import DEFAULT_TASK_QUEUE
 
 WORKER_READY = "worker running on task queue"
 
@@ -42,7 +43,7 @@ class StackConfig:
     worker_metrics_port: int = 9464
     database_url: str | None = None          # external PostgreSQL
     temporal_address: str | None = None      # external Temporal
-    task_queue: str = "inboxcrm"
+    task_queue: str = DEFAULT_TASK_QUEUE
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -112,7 +113,7 @@ class Stack:
 
     def start_relay(self) -> ManagedProcess:
         require_free("relay", "127.0.0.1", self.config.relay_port, "INBOXCRM_RELAY_PORT")
-        return self._start("relay", python("inboxcrm.relay_main"),
+        return self._start("relay", python("inboxcrm.ingress.main"),
                            http_ok(f"{self.relay_url}/healthz"))
 
     def start_all(self) -> None:
@@ -136,8 +137,8 @@ class Stack:
         return proc
 
     def _app_env(self) -> dict[str, str]:
-        from inboxcrm.codec import ensure_key_file
-        from inboxcrm.sources import generated_credentials
+        from inboxcrm.platform.codec import ensure_key_file
+        from inboxcrm.stack.credentials import generated_credentials
 
         # Payload encryption keys: kept in .data/ (mode 0600), never in the repository.
         keys_file = Path(self.config.extra_env.get("INBOXCRM_CODEC_KEYS_FILE")
@@ -175,7 +176,7 @@ class Stack:
             return Settings()
 
     def stack_env(self) -> dict[str, str]:
-        """What `.data/stack.env` holds (DESIGN.md section 10)."""
+        """What `.data/stack.env` holds (docs/architecture.md §10)."""
         return {
             "DATABASE_URL": self.database_url,
             "TEMPORAL_ADDRESS": self.temporal_address,

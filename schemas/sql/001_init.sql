@@ -1,5 +1,5 @@
 -- inboxcrm integration store. PostgreSQL is the arbiter of uniqueness: every "is this the
--- same X?" question of DESIGN.md section 2 is a unique constraint here, never read-then-write.
+-- same X?" question of docs/architecture.md §2 is a unique constraint here, never read-then-write.
 
 -- The delivery ledger. Raw content is stored once, here, and never passed through workflow
 -- history (the workflow input is event_id).

@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from inboxcrm.policy import TenantPolicy, get_policy
+from inboxcrm.domain.policy import TenantPolicy, get_policy
 
 from .llm_stub import StubServer
 

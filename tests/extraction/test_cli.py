@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from inboxcrm.extraction import extract_and_route, run_extract_command
-from inboxcrm.extraction.route import ALL_REASONS, schema_errors
-from inboxcrm.policy import TenantPolicy
+from inboxcrm.domain.extraction import extract_and_route, run_extract_command
+from inboxcrm.domain.extraction.route import ALL_REASONS, schema_errors
+from inboxcrm.domain.policy import TenantPolicy
 
 from .corpus import CASES
 

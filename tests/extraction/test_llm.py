@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from inboxcrm.extraction import (
+from inboxcrm.domain.extraction import (
     ExtractionInvalid,
     ExtractorMisconfigured,
     ExtractorUnavailable,
@@ -18,9 +18,9 @@ from inboxcrm.extraction import (
     extract_and_route,
     minimise,
 )
-from inboxcrm.extraction.llm import SYSTEM_PROMPT, LLMExtractor
-from inboxcrm.extraction.rules import RulesExtractor, extract_rules
-from inboxcrm.policy import TenantPolicy
+from inboxcrm.domain.extraction.llm import SYSTEM_PROMPT, LLMExtractor
+from inboxcrm.domain.extraction.rules import RulesExtractor, extract_rules
+from inboxcrm.domain.policy import TenantPolicy
 from schemas.extraction import INTENTS
 
 from .corpus import CASES, JANE, mail

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from inboxcrm.extraction.minimise import (
+from inboxcrm.domain.extraction.minimise import (
     MODEL_HEADERS,
     decode_bytes,
     decode_header_value,

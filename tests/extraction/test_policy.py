@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from inboxcrm import policy as policy_module
-from inboxcrm.policy import (
+from inboxcrm.domain import policy as policy_module
+from inboxcrm.domain.policy import (
     InvalidAddress,
     PolicyError,
     TenantPolicy,

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from inboxcrm.extraction import ExtractionOutcome, extract_and_route, minimise
-from inboxcrm.extraction.route import (
+from inboxcrm.domain.extraction import ExtractionOutcome, extract_and_route, minimise
+from inboxcrm.domain.extraction.route import (
     ALL_REASONS,
     IGNORE_REASONS,
     ignore_reasons,
     schema_errors,
     validate_and_route,
 )
-from inboxcrm.extraction.rules import extract_rules
-from inboxcrm.policy import InvalidAddress, TenantPolicy, canonical_email
+from inboxcrm.domain.extraction.rules import extract_rules
+from inboxcrm.domain.policy import InvalidAddress, TenantPolicy, canonical_email
 from schemas.extraction import ExtractedField, Extraction
 
 from .corpus import CASES, ROUTES, Case, mail

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 from pydantic import ValidationError
 
-from inboxcrm.extraction.llm import model_schema
+from inboxcrm.domain.extraction.llm import model_schema
 from schemas.extraction import (
     EVIDENCE_MAX_CHARS,
     INTENTS,

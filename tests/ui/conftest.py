@@ -29,8 +29,8 @@ from tests.conftest import ROOT, TEST_WEBHOOK_SECRET
 if TYPE_CHECKING:
     from playwright.async_api import BrowserContext, Page
 
-    from inboxcrm.probe import StackClient
     from inboxcrm.stack.stack import Stack
+    from inboxcrm.verify.probe import StackClient
 
 UI_TESTS_ENABLED = bool(os.environ.get("INBOXCRM_UI_TESTS"))
 SKIP_REASON = "browser test of the Temporal UI: run `make test-ui` (INBOXCRM_UI_TESTS=1)"
@@ -100,8 +100,8 @@ def ui_settings(ui_stack: Stack) -> Any:
 
 @pytest.fixture
 async def ui_env(ui_stack: Stack, ui_settings: Any) -> AsyncIterator[StackClient]:
-    from inboxcrm import db as inboxcrm_db
-    from inboxcrm.probe import Endpoints, StackClient
+    from inboxcrm.store import db as inboxcrm_db
+    from inboxcrm.verify.probe import Endpoints, StackClient
 
     pool = await inboxcrm_db.create_pool(ui_stack.database_url, max_size=3)
     client = StackClient(Endpoints(ui_stack.relay_url, ui_stack.sandbox_url,

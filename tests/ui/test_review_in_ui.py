@@ -19,7 +19,7 @@ import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from inboxcrm.probe import StackClient, message_from, unique_email
+from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.test_review import no_sender_message
 from tests.ui.conftest import ARTIFACTS, UI_TIMEOUT_MS
 

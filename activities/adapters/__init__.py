@@ -1,2 +1,0 @@
-"""Destination adapters. Each talks to one provider over HTTP and reports failures as
-`AdapterError(Classified)` from the shared classifier in `activities.errors`."""

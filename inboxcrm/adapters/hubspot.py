@@ -1,0 +1,128 @@
+"""HubSpot-compatible CRM adapter (also the sandbox's contract).
+
+Upserts go through batch upsert with `idProperty` = a unique custom property holding our
+integration contact ID, so repeating the call can never create a second record.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from inboxcrm.adapters.base import AdapterError, ContactFields, CrmRecord
+from inboxcrm.adapters.errors import Category, Classified, classify_response
+from inboxcrm.adapters.http import json_field, send_request
+from inboxcrm.adapters.transport import new_client
+
+NOTE_ID_PROPERTY = "inboxcrm_note_id"
+NOTE_TO_CONTACT = 202  # HubSpot-defined association type: note → contact
+_EXISTING_ID = re.compile(r"Existing ID:\s*(\d+)")
+
+
+def _reason(response: httpx.Response) -> str | None:
+    if response.status_code == 429:
+        # SECONDLY / TEN_SECONDLY_ROLLING / DAILY: the classifier knows each window's delay.
+        policy = json_field(response, "policyName")
+        if policy:
+            return f"http_429:{policy}"
+    if response.status_code == 207:
+        category = _batch_error(response).get("category")
+        return f"http_207:{category}" if isinstance(category, str) and category else None
+    category = json_field(response, "category")
+    return f"http_{response.status_code}:{category}" if category else None
+
+
+def _batch_error(response: httpx.Response) -> dict[str, Any]:
+    """The first per-input error of a 207 Multi-Status batch answer (or {})."""
+    try:
+        errors = response.json().get("errors")
+    except (ValueError, AttributeError):
+        return {}
+    first = errors[0] if isinstance(errors, list) and errors else None
+    return first if isinstance(first, dict) else {}
+
+
+def _split_name(name: str | None) -> tuple[str | None, str | None]:
+    if not name:
+        return None, None
+    first, _, last = name.strip().partition(" ")
+    return first or None, last or None
+
+
+class HubSpotCrm:
+    name = "hubspot"
+
+    def __init__(self, base_url: str, token: str | None, id_property: str, timeout: float) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = new_client(base_url, headers, timeout)
+        self._id_property = id_property
+
+    async def upsert_contact(self, external_id: str, fields: ContactFields) -> CrmRecord:
+        first, last = _split_name(fields.name)
+        properties = {"email": fields.email, self._id_property: external_id}
+        for key, value in (("firstname", first), ("lastname", last), ("company", fields.company)):
+            if value:
+                properties[key] = value
+        body = {"inputs": [{"idProperty": self._id_property, "id": external_id,
+                            "properties": properties}]}
+        response = await send_request(
+            self._client, "POST", "/crm/v3/objects/contacts/batch/upsert",
+            json=body, passthrough=(409,), reason=_reason,
+        )
+        if response.status_code == 409:
+            # An existing contact already owns this email: adopt it, never create another.
+            match = _EXISTING_ID.search(json_field(response, "message") or "")
+            if match is None:
+                raise AdapterError(Classified(Category.PERMANENT, "http_409:CONFLICT", None, 409))
+            return CrmRecord(record_id=match.group(1), created=False, adopted=True)
+        error = _batch_error(response) if response.status_code == 207 else {}
+        if error:
+            # Multi-status: our one input failed. A conflict names the owner (adopt it);
+            # anything else is classified by its category like any error answer.
+            match = _EXISTING_ID.search(str(error.get("message") or ""))
+            if error.get("category") == "CONFLICT" and match is not None:
+                return CrmRecord(record_id=match.group(1), created=False, adopted=True)
+            raise AdapterError(classify_response(response, _reason(response)))
+        results = response.json().get("results") or []
+        if len(results) != 1 or "id" not in results[0]:
+            # The CRM answered success without the record: we cannot tell what it did.
+            raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None, 200))
+        return CrmRecord(record_id=str(results[0]["id"]), created=results[0].get("new"))
+
+    async def find_contact(self, external_id: str) -> CrmRecord | None:
+        response = await send_request(
+            self._client, "GET", f"/crm/v3/objects/contacts/{external_id}",
+            params={"idProperty": self._id_property}, passthrough=(404,), reason=_reason,
+        )
+        if response.status_code == 404:
+            return None
+        return CrmRecord(record_id=str(response.json()["id"]))
+
+    async def log_note(self, note_key: str, record_id: str, text: str) -> str:
+        """Log a note on the contact, upserted by the unique `inboxcrm_note_id` property
+        (created by `inboxcrm hubspot-setup`), so a retry never logs it twice."""
+        body = {"inputs": [{
+            "idProperty": NOTE_ID_PROPERTY, "id": note_key,
+            "properties": {"hs_note_body": text, NOTE_ID_PROPERTY: note_key},
+            "associations": [{"to": {"id": record_id}, "types": [
+                {"associationCategory": "HUBSPOT_DEFINED",
+                 "associationTypeId": NOTE_TO_CONTACT}]}],
+        }]}
+        response = await send_request(self._client, "POST", "/crm/v3/objects/notes/batch/upsert",
+                                      json=body, reason=_reason)
+        results = response.json().get("results") or []
+        if len(results) != 1 or "id" not in results[0]:
+            raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None, 200))
+        return str(results[0]["id"])
+
+    async def find_note(self, note_key: str) -> str | None:
+        response = await send_request(
+            self._client, "GET", f"/crm/v3/objects/notes/{note_key}",
+            params={"idProperty": NOTE_ID_PROPERTY}, passthrough=(404,), reason=_reason,
+        )
+        return None if response.status_code == 404 else str(response.json()["id"])
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

@@ -1,0 +1,187 @@
+"""Salesforce CRM adapter: upsert by External ID (REST API, sObject Contact).
+
+`PATCH /services/data/vXX.X/sobjects/Contact/{ExternalIdField}/{contact_id}` creates the
+Contact if no record has that external ID and updates it if exactly one has, so repeating
+the call can never create a second record. The external ID field is a custom text field
+marked *External ID* and *Unique* (default `Inboxcrm_Contact_Id__c`); with a unique field
+the lookup is an index read, and Salesforce rejects a second record with the same value.
+
+Fields sent: `Email`, `FirstName`, `LastName` (required by Salesforce on create: when the
+name has no last part the placeholder `[unknown]` is sent), and the company name as a text
+field of its own (default custom field `Inboxcrm_Company__c`; set the company field to ""
+to send none). A Contact's `Account` is a lookup, and creating or matching Accounts would be
+a second side effect with its own key, so it is left to the CRM's own automation.
+
+The inbound email is logged as a completed Task on the Contact (`WhoId`), upserted the same
+way by its own external ID field on Activity (default `Inboxcrm_Note_Id__c`, External ID +
+Unique), so a retry of the note never logs it twice and never repeats the contact upsert.
+
+Answers (all classification in `inboxcrm.adapters.errors`):
+- 201 created, 200 updated (API v46.0+), 204 updated (older versions; no body: the Id is
+  read back by external ID, read-after-write consistent);
+- 300 the external ID matches several records (a non-unique external ID field): permanent
+  `http_300:MULTIPLE_MATCHES`, the item is blocked for review; we never pick one;
+- 400/404 error arrays `[{"errorCode": ..., "message": ...}]`: permanent, reason from the
+  errorCode (`UNABLE_TO_LOCK_ROW` excepted: transient);
+- 401 `INVALID_SESSION_ID`: permanent (the credential), blocked until it is replaced;
+- 403 `REQUEST_LIMIT_EXCEEDED`: the org's API limit, transient with a long delay.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from inboxcrm.adapters.base import AdapterError, ContactFields, CrmRecord
+from inboxcrm.adapters.errors import Category, Classified
+from inboxcrm.adapters.http import send_request
+from inboxcrm.adapters.transport import new_client
+
+LAST_NAME_PLACEHOLDER = "[unknown]"
+NOTE_SUBJECT = "Inbound email (inboxcrm)"
+DEFAULT_API_VERSION = "62.0"
+_ERROR_CODE = re.compile(r"^[A-Z][A-Z0-9_]{0,79}$")
+_API_VERSION = re.compile(r"^\d{2,3}\.\d$")
+_FIELD = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,79}$")
+
+
+def _reason(response: httpx.Response) -> str | None:
+    """`http_{status}:{errorCode}` from a Salesforce error array (payload-free)."""
+    if response.status_code == 300:
+        return "http_300:MULTIPLE_MATCHES"
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    first = body[0] if isinstance(body, list) and body else body
+    code = first.get("errorCode") if isinstance(first, dict) else None
+    if isinstance(code, str) and _ERROR_CODE.match(code):
+        return f"http_{response.status_code}:{code}"
+    return None
+
+
+def _split_name(name: str | None) -> tuple[str | None, str]:
+    if not name or not name.strip():
+        return None, LAST_NAME_PLACEHOLDER
+    # Split as the HubSpot adapter does: the first word, then the rest.
+    first, _, last = name.strip().partition(" ")
+    return first, last.strip() or LAST_NAME_PLACEHOLDER
+
+
+class SalesforceCrm:
+    name = "salesforce"
+
+    def __init__(
+        self,
+        instance_url: str,
+        token: str | None,
+        *,
+        external_id_field: str = "Inboxcrm_Contact_Id__c",
+        company_field: str = "Inboxcrm_Company__c",
+        note_external_id_field: str = "Inboxcrm_Note_Id__c",
+        api_version: str = DEFAULT_API_VERSION,
+        timeout: float = 10.0,
+    ) -> None:
+        version = api_version.removeprefix("v")
+        if not _API_VERSION.match(version):
+            raise ValueError(f"Salesforce API version must look like 62.0, got {api_version!r}")
+        if not _FIELD.match(external_id_field):
+            raise ValueError(f"invalid Salesforce external ID field {external_id_field!r}")
+        if company_field and not _FIELD.match(company_field):
+            raise ValueError(f"invalid Salesforce company field {company_field!r}")
+        if not _FIELD.match(note_external_id_field):
+            raise ValueError(f"invalid Salesforce note ID field {note_external_id_field!r}")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = new_client(instance_url, headers, timeout)
+        self._field = external_id_field
+        self._company_field = company_field
+        self._note_field = note_external_id_field
+        self._sobjects = f"/services/data/v{version}/sobjects"
+
+    def _path(self, external_id: str) -> str:
+        return f"{self._sobjects}/Contact/{self._field}/{quote(external_id, safe='')}"
+
+    def _note_path(self, note_key: str) -> str:
+        return f"{self._sobjects}/Task/{self._note_field}/{quote(note_key, safe='')}"
+
+    def fields(self, fields: ContactFields) -> dict[str, Any]:
+        """The Contact fields sent for our contact (the external ID is in the URL only)."""
+        first, last = _split_name(fields.name)
+        body: dict[str, Any] = {"Email": fields.email, "LastName": last}
+        if first:
+            body["FirstName"] = first
+        if self._company_field and fields.company:
+            body[self._company_field] = fields.company
+        return body
+
+    async def upsert_contact(self, external_id: str, fields: ContactFields) -> CrmRecord:
+        return await self._upsert(self._path(external_id), self.fields(fields))
+
+    async def find_contact(self, external_id: str) -> CrmRecord | None:
+        """GET by external ID: a record read, consistent right after a write (no search
+        index). 404: no such record. 300 (several records) raises, as for the upsert."""
+        return await self._find(self._path(external_id))
+
+    async def log_note(self, note_key: str, record_id: str, text: str) -> str:
+        """Log the inbound email as a completed Task on the Contact; returns the Task Id."""
+        body = {"WhoId": record_id, "Subject": NOTE_SUBJECT, "Description": text,
+                "Status": "Completed"}
+        return (await self._upsert(self._note_path(note_key), body)).record_id
+
+    async def find_note(self, note_key: str) -> str | None:
+        found = await self._find(self._note_path(note_key))
+        return found.record_id if found else None
+
+    async def _upsert(self, path: str, body: dict[str, Any]) -> CrmRecord:
+        response = await send_request(self._client, "PATCH", path, json=body, reason=_reason)
+        if response.status_code == 204:
+            # Updated (API versions before 46.0 answer without a body): read the Id back.
+            found = await self._find(path)
+            if found is None:
+                raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None, 204))
+            return CrmRecord(record_id=found.record_id, created=False)
+        record_id = _record_id(response)
+        if record_id is None:
+            # Success without the record: we cannot tell what the CRM did.
+            raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None,
+                                          response.status_code))
+        created = _json(response).get("created")
+        return CrmRecord(record_id=record_id,
+                         created=created if isinstance(created, bool)
+                         else response.status_code == 201)
+
+    async def _find(self, path: str) -> CrmRecord | None:
+        response = await send_request(self._client, "GET", path, params={"fields": "Id"},
+                                      passthrough=(404,), reason=_reason)
+        if response.status_code == 404:
+            return None
+        body = _json(response)
+        record_id = body.get("Id") or body.get("id")
+        if not isinstance(record_id, str) or not record_id:
+            raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None,
+                                          response.status_code))
+        return CrmRecord(record_id=record_id)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _record_id(response: httpx.Response) -> str | None:
+    """The Id from the upsert answer's body, else from its Location header."""
+    record_id = _json(response).get("id")
+    if isinstance(record_id, str) and record_id:
+        return record_id
+    location = response.headers.get("location", "").rstrip("/")
+    tail = location.rpartition("/")[2]
+    return tail or None

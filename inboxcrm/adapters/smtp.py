@@ -1,0 +1,164 @@
+"""SMTP mail adapter: stdlib `smtplib` run in a worker thread (`asyncio.to_thread`).
+
+SMTP has no idempotency key and cannot be searched, so this adapter is `reconcilable =
+False`: an attempt whose outcome is unknown (the connection dropped after the message data
+was sent, or no final reply before the timeout) is classified UNKNOWN by the shared
+classifier, and the outbox turns that into `ambiguous`: held for a person, never resent.
+
+What it does to keep repeats harmless where it can:
+- a deterministic `Message-ID: <{intent_id}@{sender domain}>`, so a person resolving an
+  ambiguous item can search the mailbox/relay logs for it, and receivers that deduplicate
+  by Message-ID see one message;
+- everything before the DATA payload (connect, EHLO, STARTTLS, AUTH, MAIL, RCPT) cannot
+  have delivered anything: a failure there is at worst transient (`sent=False`);
+- a 4xx reply, even to the end of DATA, means the server did not take the message
+  (RFC 5321 section 4.2.5): transient; 5xx: permanent (blocked).
+
+Security: `starttls` (port 587, the default), `ssl` (implicit TLS, port 465) or `none`
+(local relays and tests only). Certificates are verified with the system store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.policy
+import email.utils
+import re
+import smtplib
+import ssl
+from email.message import EmailMessage
+from typing import Literal
+
+from inboxcrm.adapters.base import AdapterError, OutgoingEmail, SentEmail
+from inboxcrm.adapters.errors import Category, Classified, classify_exception
+
+Security = Literal["starttls", "ssl", "none"]
+SECURITY_MODES: tuple[Security, ...] = ("starttls", "ssl", "none")
+# Headers this adapter owns; the same names in OutgoingEmail.headers are ignored.
+OWN_HEADERS = frozenset({"from", "to", "subject", "date", "message-id", "sender", "cc", "bcc"})
+_HEADER_NAME = re.compile(r"^[!-9;-~]{1,76}$")  # RFC 5322 field name: printable, no colon
+_KEY = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def message_id(idempotency_key: str, domain: str) -> str:
+    """The deterministic Message-ID of one follow-up intent."""
+    if not _KEY.match(idempotency_key):
+        raise ValueError("idempotency key must be a UUID-like token")
+    return f"<{idempotency_key}@{domain}>"
+
+
+class SmtpMail:
+    name = "smtp"
+    reconcilable = False
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        sender: str,
+        security: str = "starttls",
+        username: str | None = None,
+        password: str | None = None,
+        timeout: float = 30.0,
+        local_hostname: str | None = None,
+        tls_context: ssl.SSLContext | None = None,
+    ) -> None:
+        if security not in SECURITY_MODES:
+            raise ValueError(f"SMTP security must be one of {SECURITY_MODES}, got {security!r}")
+        address = email.utils.parseaddr(sender)[1]
+        local, _, domain = address.rpartition("@")
+        if not local or not domain:
+            raise ValueError("the mail sender must contain an address (local@domain)")
+        self._host = host
+        self._port = port
+        self._sender = sender
+        self._envelope_from = address
+        self._domain = domain
+        self._security = security
+        self._username = username or None
+        self._password = password or ""
+        self._timeout = timeout
+        self._local_hostname = local_hostname
+        self._tls = tls_context or ssl.create_default_context()
+
+    def build(self, idempotency_key: str, message: OutgoingEmail) -> EmailMessage:
+        """The RFC 5322 message for one intent. Raises ValueError on an unusable header."""
+        msg = EmailMessage()
+        msg["From"] = self._sender
+        msg["To"] = message.to
+        msg["Subject"] = message.subject
+        msg["Date"] = email.utils.formatdate(usegmt=True)
+        msg["Message-ID"] = message_id(idempotency_key, self._domain)
+        for name, value in message.headers.items():
+            if name.lower() in OWN_HEADERS:
+                continue
+            if not _HEADER_NAME.match(name):
+                raise ValueError("invalid header name")
+            msg[name] = value  # the policy refuses CR/LF in values (no header injection)
+        msg.set_content(message.text)
+        return msg
+
+    async def send(self, idempotency_key: str, message: OutgoingEmail) -> SentEmail:
+        try:
+            msg = self.build(idempotency_key, message)
+        except ValueError:
+            # Nothing was sent; retrying the same content cannot help.
+            raise AdapterError(Classified(Category.PERMANENT, "invalid_message")) from None
+        await asyncio.to_thread(self._deliver, msg, message.to)
+        return SentEmail(message_id=str(msg["Message-ID"]))
+
+    async def find_sent(self, idempotency_key: str) -> SentEmail | None:
+        """SMTP cannot be searched: never answer "not sent" (that would allow a resend)."""
+        raise AdapterError(Classified(Category.UNKNOWN, "smtp_not_searchable"))
+
+    async def aclose(self) -> None:
+        return None
+
+    # --- the blocking part, in a worker thread ------------------------------------------
+    def _connect(self) -> smtplib.SMTP:
+        if self._security == "ssl":
+            return smtplib.SMTP_SSL(self._host, self._port, timeout=self._timeout,
+                                    local_hostname=self._local_hostname, context=self._tls)
+        return smtplib.SMTP(self._host, self._port, timeout=self._timeout,
+                            local_hostname=self._local_hostname)
+
+    def _deliver(self, msg: EmailMessage, recipient: str) -> None:
+        needs_utf8 = not (self._envelope_from.isascii() and recipient.isascii())
+        policy = email.policy.SMTPUTF8 if needs_utf8 else email.policy.SMTP
+        payload = msg.as_bytes(policy=policy)
+        options = ["SMTPUTF8", "BODY=8BITMIME"] if needs_utf8 else []
+        sent = False  # True once the message data may have reached the server
+        client: smtplib.SMTP | None = None
+        delivered = False
+        try:
+            client = self._connect()
+            client.ehlo_or_helo_if_needed()
+            if self._security == "starttls":
+                client.starttls(context=self._tls)
+                client.ehlo()
+            if self._username:
+                client.login(self._username, self._password)
+            code, reply = client.mail(self._envelope_from, options)
+            if code != 250:
+                raise smtplib.SMTPSenderRefused(code, reply, self._envelope_from)
+            code, reply = client.rcpt(recipient)
+            if code not in (250, 251):
+                raise smtplib.SMTPRecipientsRefused({recipient: (code, reply)})
+            sent = True
+            code, reply = client.data(payload)
+            if code != 250:
+                raise smtplib.SMTPDataError(code, reply)
+            delivered = True
+        except (smtplib.SMTPException, OSError) as exc:
+            raise AdapterError(classify_exception(exc, sent=sent)) from None
+        finally:
+            if client is not None:
+                # After a 250 to the data the message is the server's: a failing QUIT
+                # changes nothing. Otherwise just drop the connection.
+                with contextlib.suppress(smtplib.SMTPException, OSError):
+                    if delivered:
+                        client.quit()
+                    else:
+                        client.close()

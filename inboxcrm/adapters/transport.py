@@ -1,0 +1,104 @@
+"""The adapters' HTTP transport: httpx's API over aiohttp's connection pool and C parser.
+
+Adapters keep speaking httpx (`send_request`, `httpx.Response`, and httpx exceptions for
+the one classifier in `inboxcrm.adapters.errors`); only the wire work moves to aiohttp, which
+costs the worker about a third of the CPU per request of httpx's own pure-Python stack
+(httpcore, h11, anyio).
+
+The exception mapping is the part that matters for safety. The classifier decides from
+the httpx exception type whether a request can have reached the destination:
+- nothing was sent (no connection, connect timeout, no pooled connection in time)
+  → `httpx.ConnectError` / `httpx.ConnectTimeout`: a plain retry is safe;
+- anything after the request may have been written (disconnect, read timeout, broken
+  response, an error we do not know) → `httpx.ReadTimeout` / `httpx.RemoteProtocolError` /
+  `httpx.ReadError`: the outcome is unknown and the ledger reconciles before retrying.
+Unrecognised errors are deliberately mapped to "maybe sent".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import httpx
+
+# Response headers that describe the wire encoding aiohttp already undid.
+_WIRE_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+# Request headers aiohttp sets itself: the body's length, and the encodings it can decode.
+_COMPUTED_HEADERS = frozenset({"content-length", "transfer-encoding", "accept-encoding"})
+
+
+def to_httpx_error(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
+    """The httpx exception that says as much as we know about whether `request` was sent."""
+    message = type(exc).__name__
+    not_sent: type[httpx.TransportError] | None = None
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        not_sent = httpx.ConnectTimeout  # connect (or waiting for a pooled connection)
+    elif isinstance(exc, aiohttp.ClientConnectorError):
+        not_sent = httpx.ConnectError  # refused, DNS, TLS handshake: nothing written
+    elif isinstance(exc, aiohttp.InvalidURL):
+        not_sent = httpx.UnsupportedProtocol
+    if not_sent is not None:
+        return not_sent(message, request=request)
+    if isinstance(exc, aiohttp.ServerTimeoutError | TimeoutError):
+        return httpx.ReadTimeout(message, request=request)
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError
+                  | aiohttp.ClientResponseError):
+        return httpx.RemoteProtocolError(message, request=request)
+    return httpx.ReadError(message, request=request)
+
+
+class AiohttpTransport(httpx.AsyncBaseTransport):
+    """One aiohttp session (created on first use, inside the event loop), pooled
+    keep-alive connections, whole responses read before they are returned (API answers
+    are small), no redirects, no retries: a retry is the ledger's decision."""
+
+    def __init__(self, *, max_connections: int = 100) -> None:
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    def _session_now(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # httpx's TLS defaults (certifi CAs, SSL_CERT_FILE / SSL_CERT_DIR honoured), so
+            # certificate verification is what it was before this transport.
+            connector = aiohttp.TCPConnector(limit=self._max_connections,
+                                             ssl=httpx.create_ssl_context())
+            # Cookies stay httpx's business (it sees every Set-Cookie in the headers).
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent",),
+                cookie_jar=aiohttp.DummyCookieJar())
+        return self._session
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=timeouts.get("pool"), sock_connect=timeouts.get("connect"),
+            sock_read=timeouts.get("read"))
+        headers = [(k, v) for k, v in request.headers.multi_items()
+                   if k.lower() not in _COMPUTED_HEADERS]
+        body = await request.aread()
+        try:
+            async with self._session_now().request(
+                request.method, str(request.url), headers=headers, data=body or None,
+                allow_redirects=False, timeout=timeout,
+            ) as response:
+                content = await response.read()
+                status = response.status
+                response_headers: list[tuple[str, str]] = [
+                    (k, v) for k, v in response.headers.items() if k.lower() not in _WIRE_HEADERS]
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise to_httpx_error(exc, request) from exc
+        return httpx.Response(status, headers=response_headers, content=content,
+                              request=request, extensions={"http_version": b"HTTP/1.1"})
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def new_client(base_url: str, headers: dict[str, str], timeout: float,
+               **options: Any) -> httpx.AsyncClient:
+    """The httpx client every HTTP adapter uses (see the module docstring)."""
+    return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout,
+                             transport=AiohttpTransport(), **options)

@@ -1,0 +1,215 @@
+"""Extraction, validation and routing of one inbound email (docs/architecture.md §5, issue #4).
+
+    outcome = await extract_and_route(raw_bytes, get_policy("acme"), extractor)
+
+An email is untrusted input. `minimise` decides what any extractor may see; the extractor
+(LLM or rules) only fills the small record of `schemas/extraction.schema.json`; validation
+and routing are deterministic code in `route.py`; identity follows the tenant policy.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from inboxcrm.domain.policy import PolicyError, TenantPolicy, UnknownTenant, get_policy
+from schemas.extraction import Extraction
+
+from .base import (
+    ExtractionInvalid,
+    Extractor,
+    ExtractorError,
+    ExtractorMisconfigured,
+    ExtractorUnavailable,
+)
+from .minimise import MinimisedMessage, minimise
+from .route import Decision, ignore_reasons, validate_and_route
+from .rules import RULES_VERSION, RulesExtractor
+
+__all__ = [
+    "ExtractionInvalid",
+    "ExtractionOutcome",
+    "Extractor",
+    "ExtractorError",
+    "ExtractorMisconfigured",
+    "ExtractorUnavailable",
+    "MinimisedMessage",
+    "RULES_VERSION",
+    "RulesExtractor",
+    "build_extractor",
+    "extract_and_route",
+    "minimise",
+    "run_extract_command",
+]
+
+RouteName = Literal["auto", "review", "ignore", "opt_out"]
+
+
+class ExtractionOutcome(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    extraction: Extraction
+    route: RouteName
+    reasons: list[str]
+    canonical_email: str | None
+    extractor: str
+    extractor_version: str
+
+    def section10_json(self) -> dict[str, Any]:
+        """Exactly the `inboxcrm extract --json` document of docs/architecture.md §10."""
+        return {
+            "extraction": self.extraction.model_dump(mode="json"),
+            "route": self.route,
+            "reasons": list(self.reasons),
+            "canonical_email": self.canonical_email,
+        }
+
+
+_RULES = RulesExtractor()
+
+
+async def extract_and_route(
+    raw: bytes, policy: TenantPolicy, extractor: Extractor | None = None
+) -> ExtractionOutcome:
+    """Minimise, extract, validate and route one raw message.
+
+    Never raises on bad input. Raises ExtractorUnavailable (transient: retry later, see
+    `retry_after`) or ExtractorMisconfigured (permanent) from an LLM extractor; an LLM
+    that keeps producing invalid output yields a `review` outcome instead.
+    Header-only ignore decisions (auto-replies, bounces, lists, loops) never call the
+    model: the offline rules extractor fills the record for those."""
+    message = minimise(raw)
+    chosen: Extractor = extractor or _RULES
+    ignore = ignore_reasons(message, policy)
+    if ignore:
+        chosen = _RULES
+    extra_reasons: list[str] = []
+    try:
+        extraction = await chosen.extract(message)
+    except ExtractionInvalid:
+        extraction = Extraction.empty()
+        extra_reasons.append("schema_invalid")
+    except ExtractorError:
+        raise  # transient or permanent: the caller's retry policy decides
+    except Exception:  # a defect must not turn untrusted input into a crash: a person looks
+        extraction = Extraction.empty()
+        extra_reasons.append("extractor_failed")
+    try:
+        decision = validate_and_route(message, extraction, policy, precomputed_ignore=ignore)
+    except Exception:
+        decision = Decision("review", ["routing_failed"], None, Extraction.empty())
+    route: RouteName = decision.route
+    reasons = list(decision.reasons)
+    canonical = decision.canonical_email
+    if extra_reasons:
+        route, canonical = ("review", None) if route != "ignore" else (route, None)
+        reasons = extra_reasons + [r for r in reasons if r not in extra_reasons]
+    record = decision.extraction
+    if route == "review" and not record.needs_human_review:
+        record = record.model_copy(update={"needs_human_review": True})
+    return ExtractionOutcome(
+        extraction=record,
+        route=route,
+        reasons=reasons,
+        canonical_email=canonical,
+        extractor=chosen.name,
+        extractor_version=chosen.version,
+    )
+
+
+def build_extractor(settings: object) -> Extractor:
+    """The extractor the settings ask for. `settings.extractor` is "rules" or "llm"; when it
+    is absent, "llm" is chosen only if `llm_base_url` is set (no model configured means
+    rules). Reads attributes with getattr so any object (e.g. SimpleNamespace) works."""
+    kind = getattr(settings, "extractor", None)
+    base_url = getattr(settings, "llm_base_url", None)
+    if kind is None:
+        kind = "llm" if base_url else "rules"
+    kind = str(kind).strip().lower()
+    if kind == "rules":
+        return RulesExtractor()
+    if kind != "llm":
+        raise ValueError(f"unknown extractor {kind!r}; expected 'rules' or 'llm'")
+    model = getattr(settings, "llm_model", None)
+    if not model:
+        raise ValueError("extractor 'llm' needs llm_model")
+    from .llm import LLMExtractor
+
+    return LLMExtractor(
+        base_url=base_url or None,
+        api_key=getattr(settings, "llm_api_key", None),
+        model=str(model),
+        timeout_seconds=float(getattr(settings, "llm_timeout_seconds", 30.0) or 30.0),
+        max_schema_retries=int(getattr(settings, "llm_max_schema_retries", 2)),
+        max_transient_retries=int(getattr(settings, "llm_max_transient_retries", 2)),
+    )
+
+
+def _settings() -> object:
+    try:
+        from inboxcrm.platform.config import get_settings
+
+        return get_settings()
+    except Exception:  # no settings module or unreadable environment: stay offline
+        return object()
+
+
+def _summary(outcome: ExtractionOutcome) -> str:
+    record = outcome.extraction
+    lines = [
+        f"route:           {outcome.route}",
+        f"reasons:         {', '.join(outcome.reasons) or '-'}",
+        f"canonical_email: {outcome.canonical_email or '-'}",
+        f"intent:          {record.intent}",
+        f"possible_opt_out:{' yes' if record.possible_opt_out else ' no'}",
+    ]
+    for name in ("sender_email", "contact_name", "company"):
+        field = getattr(record, name)
+        value = field.value if field.value is not None else "-"
+        lines.append(f"{name + ':':<17}{value} (confidence {field.confidence:.2f})")
+    lines.append(f"extractor:       {outcome.extractor_version}")
+    return "\n".join(lines)
+
+
+def run_extract_command(
+    path: Path, tenant: str, as_json: bool, extractor: Extractor | None = None
+) -> int:
+    """`inboxcrm extract FILE.eml [--tenant T] [--json]`: offline extraction and validation
+    under the tenant's policy. Writes nothing. Exit 0 for any content (garbage included);
+    1 if the file cannot be read or the tenant is unknown."""
+    import asyncio
+
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        print(f"inboxcrm extract: cannot read {path}: {exc.strerror}", file=sys.stderr)  # noqa: T201
+        return 1
+    try:
+        policy = get_policy(tenant)
+    except UnknownTenant:
+        print(f"inboxcrm extract: unknown tenant {tenant!r}", file=sys.stderr)  # noqa: T201
+        return 1
+    except PolicyError as exc:
+        print(f"inboxcrm extract: {exc}", file=sys.stderr)  # noqa: T201
+        return 1
+    if extractor is None:
+        try:
+            extractor = build_extractor(_settings())
+        except ValueError as exc:
+            print(f"inboxcrm extract: {exc}", file=sys.stderr)  # noqa: T201
+            return 1
+    try:
+        outcome = asyncio.run(extract_and_route(raw, policy, extractor))
+    except ExtractorError as exc:
+        # the model could not answer: say so on stderr, still answer with the offline rules
+        print(f"inboxcrm extract: {exc}; falling back to rules", file=sys.stderr)  # noqa: T201
+        outcome = asyncio.run(extract_and_route(raw, policy, _RULES))
+    if as_json:
+        print(json.dumps(outcome.section10_json(), ensure_ascii=False))  # noqa: T201
+    else:
+        print(_summary(outcome))  # noqa: T201
+    return 0

@@ -1,0 +1,251 @@
+"""Tenant identity policy: one settings file per tenant in `policies/` (see
+`policies/README.md`). Identity is a tenant policy, never a model judgement."""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from email_validator import EmailNotValidError, validate_email
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY_SUFFIXES = (".json", ".toml")
+KNOWN_FIELDS = ("name", "company")
+
+
+class PolicyError(ValueError):
+    """A policy file is missing, unreadable or invalid. The message names the file."""
+
+
+class UnknownTenant(LookupError):
+    """No policy file for this tenant."""
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__(f"unknown tenant {tenant!r}: no policy file in {policy_dir()}")
+        self.tenant = tenant
+
+
+class InvalidAddress(ValueError):
+    """An address failed validation. The message never contains the address."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FollowupRule(_Strict):
+    rule_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    version: int = Field(ge=1)
+    intents: list[str]
+    quiet_period_hours: float = Field(default=24, ge=0)
+    template_id: str = "ack-v1"
+    new_prospect_requires_approval: bool = False
+
+    @field_validator("intents")
+    @classmethod
+    def _known_intents(cls, intents: list[str]) -> list[str]:
+        from schemas.extraction import INTENTS
+
+        unknown = sorted(set(intents) - set(INTENTS))
+        if unknown:
+            raise ValueError(f"unknown intents {unknown}; allowed: {list(INTENTS)}")
+        return intents
+
+
+class IdentityPolicy(_Strict):
+    fold_dots: bool = False
+    fold_plus: bool = False
+
+
+class Thresholds(_Strict):
+    sender_email: float = Field(default=0.8, ge=0, le=1)
+    contact_name: float = Field(default=0.5, ge=0, le=1)
+    company: float = Field(default=0.5, ge=0, le=1)
+
+
+class TenantPolicy(_Strict):
+    tenant: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    mailboxes: list[str]
+    domains: list[str]
+    identity: IdentityPolicy = IdentityPolicy()
+    updatable_fields: list[str] = ["name", "company"]
+    review_on_conflict: list[str] = ["name"]
+    followup_rules: list[FollowupRule] = []
+    thresholds: Thresholds = Thresholds()
+    review_owner: str = "sales-ops"
+    escalation_hours: float = Field(default=24, gt=0)
+
+    @field_validator("mailboxes")
+    @classmethod
+    def _mailboxes(cls, mailboxes: list[str]) -> list[str]:
+        out = []
+        for mailbox in mailboxes:
+            try:
+                out.append(_normalise(mailbox))
+            except InvalidAddress as exc:
+                raise ValueError("a mailbox is not a valid address") from exc
+        return out
+
+    @field_validator("domains")
+    @classmethod
+    def _domains(cls, domains: list[str]) -> list[str]:
+        out = []
+        for domain in domains:
+            try:
+                out.append(_normalise(f"postmaster@{domain}").rpartition("@")[2])
+            except InvalidAddress as exc:
+                raise ValueError(f"domain {domain!r} is not a valid domain") from exc
+        return out
+
+    @field_validator("updatable_fields", "review_on_conflict")
+    @classmethod
+    def _fields(cls, fields: list[str]) -> list[str]:
+        unknown = sorted(set(fields) - set(KNOWN_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown fields {unknown}; allowed: {list(KNOWN_FIELDS)}")
+        return fields
+
+    def is_own_mailbox(self, address: str) -> bool:
+        try:
+            return _normalise(address) in self.mailboxes
+        except InvalidAddress:
+            return False
+
+    def is_own_domain(self, address_or_domain: str) -> bool:
+        domain = address_or_domain.rpartition("@")[2]
+        try:
+            domain = _normalise(f"postmaster@{domain}").rpartition("@")[2]
+        except InvalidAddress:
+            return False
+        return any(domain == own or domain.endswith("." + own) for own in self.domains)
+
+    def rule_for_intent(self, intent: str) -> FollowupRule | None:
+        for rule in self.followup_rules:
+            if intent in rule.intents:
+                return rule
+        return None
+
+
+def policy_dir() -> Path:
+    env = os.environ.get("INBOXCRM_POLICY_DIR")
+    return Path(env) if env else ROOT / "policies"
+
+
+_cache: dict[tuple[str, tuple[tuple[str, int, int], ...]], dict[str, TenantPolicy]] = {}
+
+
+def _policy_files(directory: Path) -> list[Path]:
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy directory {directory}: {exc.strerror}") from exc
+    return [p for p in entries if p.suffix in POLICY_SUFFIXES and p.is_file()]
+
+
+def _load_file(path: Path) -> TenantPolicy:
+    try:
+        text = path.read_text(encoding="utf-8")
+        data: Any = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise PolicyError(f"policy file {path}: cannot parse: {exc}") from exc
+    if not isinstance(data, dict):
+        raise PolicyError(f"policy file {path}: top level must be an object")
+    try:
+        policy = TenantPolicy.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise PolicyError(f"policy file {path}: invalid: {problems}") from exc
+    if policy.tenant != path.stem:
+        raise PolicyError(
+            f"policy file {path}: tenant {policy.tenant!r} does not match the file name"
+        )
+    return policy
+
+
+def load_policies(directory: Path | None = None) -> dict[str, TenantPolicy]:
+    """All tenant policies in `directory` (default `policy_dir()`), keyed by tenant.
+    Raises PolicyError naming the file if any file is invalid."""
+    directory = directory or policy_dir()
+    files = _policy_files(directory)
+    stamp: list[tuple[str, int, int]] = []
+    for path in files:
+        st = path.stat()
+        stamp.append((path.name, st.st_mtime_ns, st.st_size))
+    key = (str(directory.resolve()), tuple(stamp))
+    cached = _cache.get(key)
+    if cached is not None:
+        return dict(cached)
+    policies: dict[str, TenantPolicy] = {}
+    for path in files:
+        policy = _load_file(path)
+        if policy.tenant in policies:
+            raise PolicyError(f"policy file {path}: duplicate tenant {policy.tenant!r}")
+        policies[policy.tenant] = policy
+    _cache.clear()
+    _cache[key] = policies
+    return dict(policies)
+
+
+def get_policy(tenant: str) -> TenantPolicy:
+    policies = load_policies()
+    try:
+        return policies[tenant]
+    except KeyError:
+        raise UnknownTenant(tenant) from None
+
+
+def tenant_for_mailbox(mailbox: str) -> str | None:
+    """The tenant whose policy lists `mailbox`, or None."""
+    try:
+        wanted = _normalise(mailbox)
+    except InvalidAddress:
+        return None
+    for tenant, policy in load_policies().items():
+        if wanted in policy.mailboxes:
+            return tenant
+    return None
+
+
+def _normalise(address: str) -> str:
+    """email-validator normalisation (IDNA domain in its Unicode form, NFC), then the whole
+    address lower-cased. No DNS. `.test` domains are accepted (demo and tests)."""
+    if not isinstance(address, str) or len(address) > 320:
+        raise InvalidAddress("invalid email address")
+    try:
+        result = validate_email(
+            address.strip(),
+            check_deliverability=False,
+            test_environment=True,
+            allow_display_name=False,
+            allow_quoted_local=False,
+            allow_domain_literal=False,
+        )
+    except (EmailNotValidError, ValueError, UnicodeError):
+        # idna / unicode edge cases inside the validator surface as ValueError too
+        raise InvalidAddress("invalid email address") from None
+    return str(result.normalized).lower()
+
+
+def canonical_email(address: str, policy: TenantPolicy) -> str:
+    """The tenant-scoped identity key of an address (docs/architecture.md §2).
+
+    email-validator normalisation, the whole address lower-cased, IDN domains in their
+    normalised (Unicode) form. Dot folding (`j.doe` = `jdoe`) and plus folding
+    (`jdoe+tag` = `jdoe`) only when the policy opts in. Raises InvalidAddress (without the
+    address in the message)."""
+    normalised = _normalise(address)
+    local, _, domain = normalised.rpartition("@")
+    if policy.identity.fold_plus and "+" in local:
+        local = local.split("+", 1)[0]
+    if policy.identity.fold_dots:
+        local = local.replace(".", "")
+    if not local:
+        raise InvalidAddress("invalid email address: empty local part after folding")
+    return f"{local}@{domain}"

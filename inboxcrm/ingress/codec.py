@@ -1,0 +1,118 @@
+"""The codec server of the Temporal UI and CLI (`POST /codec/encode`, `/codec/decode`): decodes
+history for authorised operators with the payload codec of `inboxcrm.platform.codec`."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+
+from fastapi import APIRouter, Request, Response
+from google.protobuf import json_format
+from temporalio.api.common.v1 import Payloads
+
+from inboxcrm.ingress.web import read_body
+from inboxcrm.platform.codec import CodecError, payload_codec
+from inboxcrm.platform.config import Settings
+
+log = logging.getLogger("inboxcrm.ingress.codec")
+
+CORS_ALLOW_HEADERS = "content-type,x-namespace,authorization"
+LOOPBACK_NAMES = {"localhost"}
+
+
+def _csv(value: str | None) -> list[str]:
+    return [item.strip() for item in (value or "").split(",") if item.strip()]
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def codec_router(settings: Settings) -> APIRouter:
+    """`POST /codec/encode` and `POST /codec/decode` (+ CORS preflight) for the relay."""
+    codec = payload_codec(settings)
+    origins = set(_csv(settings.codec_cors_origins))
+    namespaces = set(_csv(settings.codec_namespaces)) or {settings.temporal_namespace}
+    token = settings.codec_token.get_secret_value() if settings.codec_token else ""
+    open_access = not token and is_loopback(settings.relay_host)
+    if not token and not open_access:
+        log.warning("codec endpoint refuses every request: set INBOXCRM_CODEC_TOKEN (required "
+                    "when the relay listens on a non-loopback address)")
+    router = APIRouter()
+
+    def cors(request: Request, response: Response) -> Response:
+        origin = request.headers.get("origin")
+        if origin and (origin in origins or "*" in origins):
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Access-Control-Allow-Methods"] = "POST, OPTIONS"
+            response.headers["Access-Control-Allow-Headers"] = CORS_ALLOW_HEADERS
+            response.headers["Access-Control-Allow-Credentials"] = "true"
+            response.headers["Access-Control-Max-Age"] = "600"
+        response.headers["Vary"] = "Origin"
+        return response
+
+    def authorised(request: Request) -> bool:
+        if open_access:
+            return True
+        if not token:
+            return False
+        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            presented.strip().encode(), token.encode())
+
+    async def apply(request: Request, encode: bool) -> Response:
+        if not authorised(request):
+            return cors(request, Response(status_code=401,
+                                          headers={"WWW-Authenticate": "Bearer"}))
+        namespace = request.headers.get("x-namespace") or settings.temporal_namespace
+        if namespace not in namespaces:
+            return cors(request, _json_error(403, "namespace not served by this codec"))
+        body = await read_body(request, settings.max_body_bytes)
+        if body is None:
+            return cors(request, _json_error(413, "body too large"))
+        try:
+            payloads = json_format.Parse(body, Payloads())
+        except (json_format.ParseError, ValueError):
+            return cors(request, _json_error(
+                400, 'body must be {"payloads": [{"metadata": {...}, "data": "<base64>"}]}'))
+        try:
+            if codec is None:
+                result = list(payloads.payloads)
+            elif encode:
+                result = await codec.encode(payloads.payloads)
+            else:
+                result = await codec.decode(payloads.payloads)
+        except CodecError as exc:
+            return cors(request, _json_error(400, str(exc)))
+        return cors(request, Response(json_format.MessageToJson(Payloads(payloads=result)),
+                                      media_type="application/json"))
+
+    async def preflight(request: Request) -> Response:
+        return cors(request, Response(status_code=204))
+
+    async def encode_route(request: Request) -> Response:
+        return await apply(request, encode=True)
+
+    async def decode_route(request: Request) -> Response:
+        return await apply(request, encode=False)
+
+    router.add_api_route("/codec/encode", encode_route, methods=["POST"],
+                         include_in_schema=False)
+    router.add_api_route("/codec/decode", decode_route, methods=["POST"],
+                         include_in_schema=False)
+    for path in ("/codec/encode", "/codec/decode"):
+        router.add_api_route(path, preflight, methods=["OPTIONS"], include_in_schema=False)
+    return router
+
+
+def _json_error(status_code: int, message: str) -> Response:
+    return Response(json.dumps({"status": "error", "message": message}),
+                    status_code=status_code, media_type="application/json")
+

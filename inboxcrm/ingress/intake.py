@@ -1,0 +1,320 @@
+"""Intake shared by every inbound source: the ledger insert with its workflow start (the
+`Ingestor`), the sweeper that heals a failed start, and the answers of section 10 of
+`docs/architecture.md`.
+
+Two guards with two lifetimes: the `inbound_events` unique key answers redeliveries for as
+long as the row exists (months after Temporal forgot the workflow); the workflow ID
+(`USE_EXISTING` / `REJECT_DUPLICATE`) stops concurrent starts. A crash or a Temporal outage
+between the insert and the start is healed by the sweeper, never by a second insert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import asyncpg
+from email_validator import EmailNotValidError, validate_email
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
+
+from inboxcrm.domain.policy import UnknownTenant, get_policy, tenant_for_mailbox
+from inboxcrm.platform import temporal
+from inboxcrm.platform.config import Settings
+from inboxcrm.store import queries as store
+from schemas.contract import WORKFLOW_TYPE
+from schemas.models import InboundEmailInput, inbound_workflow_id
+
+log = logging.getLogger("inboxcrm.ingress")
+
+START_RPC_TIMEOUT = timedelta(seconds=5)
+# A full pool answers 503 (the provider redelivers) instead of queueing requests forever.
+POOL_TIMEOUT_SECONDS = 5.0
+DELIVERY_ID = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
+
+# `ON CONFLICT DO NOTHING` without a target: the workflow ID is unique too (and derived from
+# the delivery key), and a concurrent insert of the same delivery must be a no-op on either
+# constraint. Naming only the delivery key made the workflow-ID index raise a unique
+# violation under concurrent redeliveries (the request got a 503).
+INSERT_EVENT = """
+WITH inserted AS (
+    INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, raw,
+                                content_sha256, size_bytes)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    ON CONFLICT DO NOTHING
+    RETURNING event_id
+), received AS (
+    INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
+    SELECT $1, event_id, $5, $9, 'received', jsonb_build_object(
+        'source', $2::text, 'delivery_id', $4::text, 'content_sha256', $7::text,
+        'size_bytes', $8::int, 'content_ref', 'inbound_events.raw:' || event_id)
+    FROM inserted
+)
+SELECT event_id, true AS new, 'received' AS state, $7 AS content_sha256, false AS started
+FROM inserted
+UNION ALL
+SELECT event_id, false, state, content_sha256, workflow_started_at IS NOT NULL
+FROM inbound_events
+WHERE tenant = $1 AND source = $2 AND mailbox = $3 AND delivery_id = $4
+  AND NOT EXISTS (SELECT 1 FROM inserted)
+"""
+
+FIND_EVENT = """
+SELECT event_id, workflow_id, state, content_sha256, workflow_started_at IS NOT NULL AS started
+FROM inbound_events WHERE tenant = $1 AND source = $2 AND mailbox = $3 AND delivery_id = $4
+"""
+
+MARK_STARTED = """
+UPDATE inbound_events SET workflow_started_at = COALESCE(workflow_started_at, now()),
+    start_attempts = start_attempts + 1
+WHERE event_id = $1
+"""
+
+COUNT_START_FAILURE = """
+UPDATE inbound_events SET start_attempts = start_attempts + 1 WHERE event_id = $1
+"""
+
+UNSTARTED_EVENTS = """
+SELECT event_id, tenant, workflow_id FROM inbound_events
+WHERE workflow_started_at IS NULL AND received_at < now() - make_interval(secs => $1)
+ORDER BY received_at LIMIT $2
+"""
+
+
+class BadRequest(Exception):
+    """Malformed input: answered 422 with this (payload-free) message."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    tenant: str
+    source: str
+    mailbox: str
+    delivery_id: str
+    raw: bytes
+
+    @property
+    def workflow_id(self) -> str:
+        return inbound_workflow_id(self.tenant, self.source, self.mailbox, self.delivery_id)
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    status: str          # accepted | duplicate | unavailable
+    workflow_id: str
+    state: str
+
+
+class TemporalHandle:
+    """A Temporal client that may not exist yet: the relay keeps accepting (and storing)
+    deliveries while Temporal is down, and connects when it is back."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._client: Client | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> Client:
+        if self._client is not None:
+            return self._client
+        async with self._lock:
+            if self._client is None:
+                self._client = await asyncio.wait_for(temporal.connect(self._settings), 5)
+            return self._client
+
+
+class Ingestor:
+    """Ledger insert + workflow start, shared by every inbound source and the sweeper."""
+
+    def __init__(self, pool: asyncpg.Pool, temporal_handle: TemporalHandle,
+                 task_queue: str) -> None:
+        self.pool = pool
+        self.temporal = temporal_handle
+        self.task_queue = task_queue
+
+    async def ingest(self, delivery: Delivery) -> IngestResult:
+        digest = hashlib.sha256(delivery.raw).hexdigest()
+        workflow_id = delivery.workflow_id
+        # The connection goes back to the pool before the workflow start: a request never
+        # holds one connection while it waits for another (that deadlocks a full pool).
+        async with self.pool.acquire(timeout=POOL_TIMEOUT_SECONDS) as conn:
+            # One round trip: the new event with its "received" audit entry, or the existing
+            # one. Its snapshot cannot see a row a concurrent request committed while this
+            # statement waited on the unique key; then one more read finds it.
+            row = await conn.fetchrow(
+                INSERT_EVENT, delivery.tenant, delivery.source, delivery.mailbox,
+                delivery.delivery_id, workflow_id, delivery.raw, digest, len(delivery.raw),
+                f"relay:{delivery.source}",
+            ) or await conn.fetchrow(FIND_EVENT, delivery.tenant, delivery.source,
+                                     delivery.mailbox, delivery.delivery_id)
+        assert row is not None
+        if row.get("new"):
+            started = await self.start(str(row["event_id"]), delivery.tenant, workflow_id)
+            return IngestResult("accepted" if started else "unavailable", workflow_id,
+                                "received")
+        if row["content_sha256"] != digest:
+            async with self.pool.acquire() as conn:
+                await store.audit(
+                    conn, tenant=delivery.tenant, event_id=str(row["event_id"]),
+                    workflow_id=workflow_id, actor=f"relay:{delivery.source}",
+                    action="redelivery_content_differs",
+                    detail={"delivery_id": delivery.delivery_id, "content_sha256": digest},
+                )
+        if not row["started"]:
+            # The first delivery was stored but its start failed: heal it now.
+            await self.start(str(row["event_id"]), delivery.tenant, workflow_id)
+        return IngestResult("duplicate", workflow_id, row["state"])
+
+    async def start(self, event_id: str, tenant: str, workflow_id: str) -> bool:
+        """Start the item's workflow (idempotent). False when Temporal is unavailable."""
+        try:
+            client = await self.temporal.get()
+            await client.start_workflow(
+                WORKFLOW_TYPE, InboundEmailInput(event_id=event_id, tenant=tenant),
+                id=workflow_id, task_queue=self.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                rpc_timeout=START_RPC_TIMEOUT,
+            )
+        except WorkflowAlreadyStartedError:
+            pass  # closed earlier under this ID: it ran; never start it twice
+        except (TimeoutError, RPCError, OSError, RuntimeError) as exc:
+            log.warning("workflow start deferred: %s", type(exc).__name__)
+            async with self.pool.acquire(timeout=POOL_TIMEOUT_SECONDS) as conn:
+                await conn.execute(COUNT_START_FAILURE, event_id)
+            return False
+        async with self.pool.acquire(timeout=POOL_TIMEOUT_SECONDS) as conn:
+            await conn.execute(MARK_STARTED, event_id)
+        return True
+
+    async def sweep(self, min_age_seconds: float = 2.0, limit: int = 200) -> int:
+        """Start stored-but-unstarted events. Returns how many were started."""
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(UNSTARTED_EVENTS, min_age_seconds, limit)
+        started = 0
+        for row in rows:
+            if not await self.start(str(row["event_id"]), row["tenant"], row["workflow_id"]):
+                break
+            started += 1
+        return started
+
+
+class Unauthenticated(Exception):
+    """Answered 401; the message is logged, never returned."""
+
+
+class TooLarge(Exception):
+    """The rebuilt message exceeds the size limit: answered 413."""
+
+
+
+
+def answer(result: IngestResult) -> JSONResponse:
+    if result.status == "unavailable":
+        return JSONResponse(
+            {"status": "error", "message": "stored; Temporal is unavailable, the workflow will "
+             "be started when it is back", "workflow_id": result.workflow_id},
+            status_code=503,
+        )
+    return JSONResponse({"status": result.status, "workflow_id": result.workflow_id,
+                         "state": result.state})
+
+
+def error_response(status_code: int, message: str) -> JSONResponse:
+    return JSONResponse({"status": "error", "message": message}, status_code=status_code)
+
+
+async def ingest_response(request: Request, delivery: Delivery) -> JSONResponse:
+    """Ledger + start for any source; counts the outcome by source (no other labels)."""
+    ingestor: Ingestor = request.app.state.ingestor
+    counter = request.app.state.metrics.deliveries
+    try:
+        result = await ingestor.ingest(delivery)
+    except (TimeoutError, asyncpg.PostgresError, OSError):
+        log.warning("ledger unavailable")
+        counter.labels(delivery.source, "ledger_unavailable").inc()
+        return error_response(503, "ledger unavailable; retry later")
+    counter.labels(delivery.source, result.status).inc()
+    return answer(result)
+
+
+async def sweep_forever(ingestor: Ingestor, settings: Settings) -> None:
+    while True:
+        await asyncio.sleep(settings.sweeper_interval_seconds)
+        try:
+            started = await ingestor.sweep()
+            if started:
+                log.info("sweeper started %d stored event(s)", started)
+        except Exception:  # noqa: BLE001 - the sweeper must outlive any single failure
+            log.exception("sweeper pass failed")
+
+
+def tenant_param(request: Request) -> str | None:
+    tenant = request.query_params.get("tenant")
+    if tenant is not None and not tenant.strip():
+        raise BadRequest("query parameter 'tenant' must not be empty")
+    return tenant
+
+
+
+def count_auth_failure(request: Request, source: str) -> None:
+    """Every source feeds the same signature-failure metric (and its spike alert)."""
+    request.app.state.metrics.signature_failures.labels(source).inc()
+
+
+# ---------------------------------------------------------------- tenant and mailbox
+
+def _normalise(address: str) -> str | None:
+    """The address as tenant policies store mailboxes (see inboxcrm.domain.policy), or None."""
+    if not isinstance(address, str) or not address.strip() or len(address) > 320:
+        return None
+    try:
+        result = validate_email(address.strip(), check_deliverability=False,
+                                test_environment=True, allow_display_name=False,
+                                allow_quoted_local=False, allow_domain_literal=False)
+    except (EmailNotValidError, ValueError, UnicodeError):
+        return None
+    return str(result.normalized).lower()
+
+
+def _variants(address: str) -> list[str]:
+    """The address, then without a `+tag` (Postmark's MailboxHash, Mailgun plus addressing)."""
+    normalised = _normalise(address)
+    if normalised is None:
+        return []
+    local, _, domain = normalised.rpartition("@")
+    if "+" in local:
+        return [normalised, f"{local.split('+', 1)[0]}@{domain}"]
+    return [normalised]
+
+
+def resolve_mailbox(candidates: Iterable[str | None], tenant: str | None) -> tuple[str, str]:
+    """(tenant, mailbox): the first recipient that the tenant's policy lists (with `tenant`)
+    or that some tenant's policy lists. Raises BadRequest (422) naming the problem."""
+    addresses = [v for c in candidates if c for v in _variants(c)]
+    if tenant is not None:
+        try:
+            policy = get_policy(tenant)
+        except UnknownTenant:
+            raise BadRequest("unknown tenant in query parameter 'tenant'") from None
+        for address in addresses:
+            if address in policy.mailboxes:
+                return tenant, address
+        raise BadRequest("no recipient of this message is one of the tenant's mailboxes")
+    for address in addresses:
+        owner = tenant_for_mailbox(address)
+        if owner is not None:
+            return owner, address
+    raise BadRequest("unknown mailbox: no tenant policy lists a recipient of this message "
+                     "(pass ?tenant= or add the mailbox to a tenant policy)")
+
+

@@ -1,0 +1,351 @@
+"""Mailgun source: `POST /v1/inbound/mailgun[/mime]` (routes `forward()` form, HMAC signature).
+
+Delivery IDs
+    Mailgun: the message's `Message-Id` header (from `message-headers`, or from `body-mime`),
+    angle brackets removed. Mailgun's forward() POST carries no delivery ID of its own: its
+    `token`/`timestamp` change on every retry, so they authenticate, they never identify.
+    A Message-Id that is not 1-255 printable ASCII characters is replaced by
+    `mid-sha256-<sha256 of the header value>`; a message *without* a Message-Id gets
+    `sha256-<sha256 of the rebuilt raw message>` (deterministic: the rebuild uses no random
+    MIME boundary, so a retried POST of the same message gets the same ID). Two different
+    messages that share a Message-Id and a mailbox are therefore answered as duplicates.
+
+Rebuilding the raw message
+    Postmark with "include raw email content" on: `RawEmail` as posted. Otherwise, and for
+    Mailgun's parsed form: the provider's header list (trace, `Auto-Submitted`, `Precedence`,
+    `List-*`, ... all kept in order), the address/subject/date headers, and a body built
+    from the text and HTML versions (multipart/alternative) plus attachments
+    (multipart/mixed). Mailgun's raw-MIME variant (`body-mime`, route URL ending in `mime`,
+    served at `/v1/inbound/mailgun/mime` and `/v1/inbound/mailgun`) is stored as posted.
+
+Mailgun replay protection
+    The signature covers only `timestamp + token`, not the body, so a captured triple could
+    be reused with a forged body inside the tolerance window. Every token is therefore
+    accepted once (`webhook_replay_tokens`, unique per source and token); a reuse is a 401.
+    Dedupe is unaffected: a genuine redelivery carries a new token and is answered
+    `duplicate` by the ledger, keyed by the delivery ID above.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from email import policy as email_policy
+from email.message import EmailMessage
+from email.parser import BytesHeaderParser, BytesParser
+from urllib.parse import parse_qsl
+
+import asyncpg
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from inboxcrm.ingress.intake import (
+    DELIVERY_ID,
+    BadRequest,
+    Delivery,
+    Ingestor,
+    TooLarge,
+    Unauthenticated,
+    count_auth_failure,
+    error_response,
+    ingest_response,
+    resolve_mailbox,
+    tenant_param,
+)
+from inboxcrm.ingress.mime import (
+    BODY_HEADERS,
+    CONTENT_ID,
+    LINE_BREAKS,
+    MAX_ATTACHMENTS,
+    MAX_FORM_PARTS,
+    MAX_HEADERS,
+    Attachment,
+    build_message,
+    check_header_name,
+    clean_text,
+    first_header,
+    header_addresses,
+)
+from inboxcrm.ingress.web import read_body
+from inboxcrm.platform.config import Settings
+
+log = logging.getLogger("inboxcrm.ingress.mailgun")
+
+MAILGUN = "mailgun"
+
+
+def mailgun_signature(signing_key: str, timestamp: str, token: str) -> str:
+    """Mailgun's webhook signature: hex HMAC-SHA256(signing key, timestamp + token)."""
+    return hmac.new(signing_key.encode(), (timestamp + token).encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def verify_mailgun(form: Form, signing_key: str | None, tolerance_seconds: int,
+                   now: float | None = None) -> tuple[str, int]:
+    """The (token, timestamp) of an authentic request; raises Unauthenticated otherwise."""
+    if not signing_key:
+        raise Unauthenticated("mailgun source not configured (INBOXCRM_MAILGUN_SIGNING_KEY)")
+    timestamp, token, signature = form.get("timestamp"), form.get("token"), form.get("signature")
+    if not timestamp or not token or not signature:
+        raise Unauthenticated("missing timestamp, token or signature")
+    if not timestamp.isascii() or not timestamp.isdigit() or len(timestamp) > 12:
+        raise Unauthenticated("malformed timestamp")
+    if len(token) > 256 or len(signature) > 256 or not token.isascii():
+        raise Unauthenticated("malformed token or signature")
+    expected = mailgun_signature(signing_key, timestamp, token).encode()
+    if not hmac.compare_digest(expected, signature.encode("utf-8", "surrogateescape")):
+        raise Unauthenticated("signature mismatch")
+    now = time.time() if now is None else now
+    if abs(now - int(timestamp)) > tolerance_seconds:
+        raise Unauthenticated("timestamp outside the tolerance window")
+    return token, int(timestamp)
+
+
+
+
+@dataclass(frozen=True)
+class Upload:
+    filename: str
+    content_type: str
+    data: bytes
+
+
+@dataclass
+class Form:
+    fields: dict[str, list[str]] = field(default_factory=dict)
+    files: dict[str, list[Upload]] = field(default_factory=dict)
+
+    def get(self, name: str) -> str | None:
+        values = self.fields.get(name)
+        return values[0] if values else None
+
+    def file(self, name: str) -> Upload | None:
+        values = self.files.get(name)
+        return values[0] if values else None
+
+
+def parse_form(content_type: str | None, body: bytes) -> Form:
+    """application/x-www-form-urlencoded or multipart/form-data (what Mailgun posts), with
+    the standard library only. Text values keep undecodable bytes as surrogate escapes."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    form = Form()
+    if media == "application/x-www-form-urlencoded":
+        try:
+            pairs = parse_qsl(body.decode("utf-8", "surrogateescape"), keep_blank_values=True,
+                              errors="surrogateescape", max_num_fields=MAX_FORM_PARTS)
+        except ValueError:
+            raise BadRequest(f"form has more than {MAX_FORM_PARTS} fields") from None
+        for name, value in pairs:
+            form.fields.setdefault(name, []).append(value)
+        return form
+    if media != "multipart/form-data":
+        raise BadRequest("body must be a Mailgun route forward() form "
+                         "(application/x-www-form-urlencoded or multipart/form-data)")
+    try:
+        head = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1")
+        message = BytesParser(policy=email_policy.HTTP).parsebytes(head + body)
+        if not message.is_multipart() or message.get_boundary() is None:
+            raise BadRequest("multipart/form-data body without a boundary or parts")
+        if not isinstance(message, EmailMessage):
+            raise BadRequest("malformed multipart/form-data body")
+        parts = list(message.iter_parts())
+        if len(parts) > MAX_FORM_PARTS:
+            raise BadRequest(f"form has more than {MAX_FORM_PARTS} parts")
+        for part in parts:
+            part_name = part.get_param("name", header="content-disposition")
+            if not isinstance(part_name, str) or part.is_multipart():
+                continue
+            payload = part.get_payload(decode=True)
+            data = payload if isinstance(payload, bytes) else b""
+            filename = part.get_filename()
+            if filename is not None:
+                upload = Upload(filename, part.get_content_type(), data)
+                form.files.setdefault(part_name, []).append(upload)
+            else:
+                charset = part.get_content_charset() or "utf-8"
+                try:
+                    text = data.decode(charset, "surrogateescape")
+                except LookupError:
+                    text = data.decode("utf-8", "surrogateescape")
+                form.fields.setdefault(part_name, []).append(text)
+    except BadRequest:
+        raise
+    except (ValueError, TypeError, LookupError, IndexError, AttributeError):
+        raise BadRequest("malformed multipart/form-data body") from None
+    return form
+
+
+def _message_headers(value: str) -> list[tuple[str, str]]:
+    problem = "field 'message-headers' must be a JSON list of [name, value] pairs"
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        raise BadRequest(problem) from None
+    if not isinstance(parsed, list) or len(parsed) > MAX_HEADERS:
+        raise BadRequest(problem)
+    out = []
+    for i, pair in enumerate(parsed):
+        if (not isinstance(pair, list) or len(pair) != 2
+                or not isinstance(pair[1], str)):
+            raise BadRequest(problem)
+        out.append((check_header_name(pair[0], f"field 'message-headers[{i}]' name"), pair[1]))
+    return out
+
+
+def _mailgun_attachments(form: Form) -> list[Attachment]:
+    cids: dict[str, str] = {}
+    if form.get("content-id-map"):
+        try:
+            mapping = json.loads(form.get("content-id-map") or "{}")
+        except ValueError:
+            raise BadRequest("field 'content-id-map' must be a JSON object") from None
+        if not isinstance(mapping, dict):
+            raise BadRequest("field 'content-id-map' must be a JSON object")
+        for cid, key in mapping.items():
+            cid = str(cid).strip().strip("<>")
+            if isinstance(key, str) and cid and CONTENT_ID.match(cid):
+                cids[key] = cid
+    count_text = form.get("attachment-count") or "0"
+    if not count_text.isdigit() or int(count_text) > MAX_ATTACHMENTS:
+        raise BadRequest(f"field 'attachment-count' must be a number up to {MAX_ATTACHMENTS}")
+    out = []
+    for i in range(1, int(count_text) + 1):
+        upload = form.file(f"attachment-{i}")
+        if upload is not None:
+            out.append(Attachment(clean_text(upload.filename).rsplit("/", 1)[-1] or "attachment",
+                                  upload.content_type, upload.data,
+                                  cids.get(f"attachment-{i}")))
+    return out
+
+
+def mailgun_delivery_id(message_id: str | None, raw: bytes) -> str:
+    """The Message-Id without angle brackets; see the module docstring for the fallbacks."""
+    if message_id:
+        value = LINE_BREAKS.sub(" ", message_id).strip()
+        if value.startswith("<") and value.endswith(">"):
+            value = value[1:-1].strip()
+        if value and DELIVERY_ID.match(value):
+            return value
+        if value:
+            digest = hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()
+            return f"mid-sha256-{digest}"
+    return f"sha256-{hashlib.sha256(raw).hexdigest()}"
+
+
+def parse_mailgun(form: Form, tenant: str | None, max_raw_bytes: int) -> Delivery:
+    recipients = [r.strip() for r in (form.get("recipient") or "").split(",") if r.strip()]
+    mime_file = form.file("body-mime")
+    mime_text = form.get("body-mime")
+    if mime_file is not None or mime_text is not None:
+        raw = mime_file.data if mime_file is not None else (mime_text or "").encode(
+            "utf-8", "surrogateescape")
+        if not raw.strip():
+            raise BadRequest("field 'body-mime' is empty")
+        parsed = BytesHeaderParser(policy=email_policy.compat32).parsebytes(raw)
+        headers = [(str(k), str(v)) for k, v in parsed.items()]
+        if not headers:
+            raise BadRequest("field 'body-mime' has no message headers")
+    else:
+        header_text = form.get("message-headers")
+        if header_text is None:
+            raise BadRequest("field 'message-headers' (or 'body-mime') is required")
+        headers = _message_headers(header_text)
+        if first_header(headers, "From") is None:
+            sender = form.get("from")
+            if not sender:
+                raise BadRequest("no From header in 'message-headers' and no 'from' field")
+            headers.append(("From", sender))
+        if first_header(headers, "Subject") is None and form.get("subject") is not None:
+            headers.append(("Subject", form.get("subject") or ""))
+        kept = [(n, v) for n, v in headers if n.lower() not in BODY_HEADERS]
+        raw = build_message(kept, form.get("body-plain"), form.get("body-html"),
+                            _mailgun_attachments(form))
+    tenant, mailbox = resolve_mailbox([*recipients, *header_addresses(headers, "To", "Cc")], tenant)
+    if len(raw) > max_raw_bytes:
+        raise TooLarge(f"message exceeds {max_raw_bytes} bytes")
+    delivery_id = mailgun_delivery_id(first_header(headers, "Message-ID"), raw)
+    return Delivery(tenant, MAILGUN, mailbox, delivery_id, raw)
+
+
+
+CONSUME_TOKEN = """
+INSERT INTO webhook_replay_tokens (source, token, signed_at)
+VALUES ($1, $2, to_timestamp($3))
+ON CONFLICT (source, token) DO NOTHING
+RETURNING true
+"""
+
+PRUNE_TOKENS = """
+DELETE FROM webhook_replay_tokens
+WHERE source = $1 AND signed_at < now() - make_interval(secs => $2)
+"""
+
+RELEASE_TOKEN = "DELETE FROM webhook_replay_tokens WHERE source = $1 AND token = $2"
+
+
+async def consume_token(pool: asyncpg.Pool, source: str, token: str, signed_at: int,
+                        keep_seconds: float) -> bool:
+    """True the first time a token is seen. Tokens older than `keep_seconds` are pruned:
+    their timestamps are outside the tolerance window, so they are rejected anyway."""
+    async with pool.acquire() as conn:
+        await conn.execute(PRUNE_TOKENS, source, keep_seconds)
+        return bool(await conn.fetchval(CONSUME_TOKEN, source, token, float(signed_at)))
+
+
+
+
+def mailgun_router(settings: Settings) -> APIRouter:
+    """POST /v1/inbound/mailgun and /v1/inbound/mailgun/mime."""
+    router = APIRouter()
+    mailgun_key = (settings.mailgun_signing_key.get_secret_value()
+                   if settings.mailgun_signing_key else None)
+    if not mailgun_key:
+        log.warning("mailgun source disabled: INBOXCRM_MAILGUN_SIGNING_KEY not set")
+
+    @router.post("/v1/inbound/mailgun")
+    @router.post("/v1/inbound/mailgun/mime")
+    async def inbound_mailgun(request: Request) -> JSONResponse:
+        body = await read_body(request, settings.max_body_bytes)
+        if body is None:
+            return error_response(413, f"body exceeds {settings.max_body_bytes} bytes")
+        try:
+            form = parse_form(request.headers.get("content-type"), body)
+        except BadRequest as exc:
+            return error_response(422, str(exc))
+        try:
+            token, signed_at = verify_mailgun(form, mailgun_key,
+                                              settings.mailgun_tolerance_seconds)
+        except Unauthenticated as exc:
+            log.info("mailgun request rejected: %s", exc)
+            count_auth_failure(request, "mailgun")
+            return error_response(401, "invalid, stale or missing Mailgun signature")
+        try:
+            delivery = parse_mailgun(form, tenant_param(request), settings.max_body_bytes)
+        except BadRequest as exc:
+            return error_response(422, str(exc))
+        except TooLarge as exc:
+            return error_response(413, str(exc))
+        ingestor: Ingestor = request.app.state.ingestor
+        keep = 2 * settings.mailgun_tolerance_seconds + 60
+        try:
+            fresh = await consume_token(ingestor.pool, MAILGUN, token, signed_at, keep)
+        except (TimeoutError, asyncpg.PostgresError, OSError):
+            return error_response(503, "ledger unavailable; retry later")
+        if not fresh:
+            log.info("mailgun request rejected: token replayed")
+            count_auth_failure(request, "mailgun")
+            return error_response(
+                401, "invalid, stale or missing Mailgun signature (token replayed)")
+        response = await ingest_response(request, delivery)
+        if response.status_code == 503:
+            # Not (or not fully) processed: let the very same POST be retried.
+            with contextlib.suppress(TimeoutError, asyncpg.PostgresError, OSError):
+                await ingestor.pool.execute(RELEASE_TOKEN, MAILGUN, token)
+        return response
+
+    return router

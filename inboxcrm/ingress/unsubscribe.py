@@ -1,0 +1,124 @@
+"""`POST /v1/unsubscribe/{token}`: one-click unsubscribe (RFC 8058) for the links of
+`inboxcrm.domain.unsubscribe_links`.
+
+`POST /v1/unsubscribe/{token}` has the effect of an opt-out email (activities/match.py
+`record_opt_out`), in ONE transaction: suppression for the contact's identity (ON CONFLICT
+DO NOTHING), queued/awaiting-approval intents for it cancelled, the contact marked
+suppressed, one audit entry. Repeating it answers 200 again and writes nothing. A forged,
+malformed or unknown token is a 404 without detail. `GET` only shows a confirmation form
+(link scanners must not unsubscribe anyone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+import asyncpg
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from inboxcrm.domain.unsubscribe_links import read_token
+from inboxcrm.ingress.web import read_body
+from inboxcrm.platform.config import Settings
+from inboxcrm.store import queries as store
+from inboxcrm.store.suppression import SendInFlight, suppress_identity
+
+log = logging.getLogger("inboxcrm.ingress.unsubscribe")
+
+MAX_BODY_BYTES = 4096
+SUPPRESSION_REASON = "list_unsubscribe"
+
+FIND_CONTACT = """
+SELECT contact_id, canonical_email, status FROM contacts
+WHERE tenant = $1 AND contact_id = $2
+FOR UPDATE
+"""
+
+
+async def record_unsubscribe(pool: asyncpg.Pool, tenant: str, contact_id: uuid.UUID,
+                             wait_seconds: float = 30.0) -> dict[str, Any] | None:
+    """Suppress the contact's identity and cancel its queued intents, atomically and
+    idempotently. None when the contact does not exist. A follow-up already on the wire is
+    waited for (bounded), so the suppression is never recorded before an email it missed."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            return await _record_unsubscribe(pool, tenant, contact_id)
+        except SendInFlight as busy:
+            if time.monotonic() + min(busy.retry_after, 2.0) > deadline:
+                raise
+            await asyncio.sleep(min(busy.retry_after, 2.0))
+
+
+async def _record_unsubscribe(pool: asyncpg.Pool, tenant: str,
+                              contact_id: uuid.UUID) -> dict[str, Any] | None:
+    async with pool.acquire() as conn, conn.transaction():
+        contact = await conn.fetchrow(FIND_CONTACT, tenant, contact_id)
+        if contact is None:
+            return None
+        suppression = await suppress_identity(
+            conn, tenant, contact["canonical_email"], reason=SUPPRESSION_REASON,
+            source=f"unsubscribe:{contact_id}", cancel_reason="unsubscribed")
+        changed, cancelled = suppression.changed, suppression.cancelled_intents
+        if changed:
+            await store.audit(
+                conn, tenant=tenant, event_id=None, workflow_id=None,
+                contact_id=str(contact_id), actor="unsubscribe",
+                action="suppression_recorded",
+                detail={"reason": SUPPRESSION_REASON, "suppression_added": suppression.added,
+                        "cancelled_intents": cancelled},
+            )
+    return {"changed": changed, "cancelled_intents": cancelled}
+
+
+_CONFIRM_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>Unsubscribe</title>
+<meta name="robots" content="noindex"></head>
+<body><form method="post">
+<input type="hidden" name="List-Unsubscribe" value="One-Click">
+<p>Stop receiving follow-up emails from us?</p>
+<button type="submit">Unsubscribe</button>
+</form></body></html>
+"""
+
+
+def unsubscribe_router(settings: Settings) -> APIRouter:
+    """POST /v1/unsubscribe/{token} (one-click) and GET (a confirmation form only)."""
+    router = APIRouter()
+    secret = settings.unsubscribe_secret.get_secret_value() if settings.unsubscribe_secret \
+        else None
+
+    def _not_found() -> JSONResponse:
+        return JSONResponse({"status": "error", "message": "unknown unsubscribe link"},
+                            status_code=404)
+
+    @router.post("/v1/unsubscribe/{token}")
+    async def unsubscribe(token: str, request: Request) -> JSONResponse:
+        if await read_body(request, MAX_BODY_BYTES) is None:
+            return JSONResponse({"status": "error", "message": "body too large"},
+                                status_code=413)
+        ref = read_token(secret, token) if secret else None
+        if ref is None:
+            return _not_found()
+        pool: asyncpg.Pool = request.app.state.ingestor.pool
+        try:
+            outcome = await record_unsubscribe(pool, *ref)
+        except (TimeoutError, asyncpg.PostgresError, OSError, SendInFlight):
+            log.warning("unsubscribe deferred: database unavailable or a send in flight")
+            return JSONResponse({"status": "error", "message": "unavailable; retry later"},
+                                status_code=503)
+        if outcome is None:
+            return _not_found()
+        return JSONResponse({"status": "unsubscribed"})
+
+    @router.get("/v1/unsubscribe/{token}", response_model=None)
+    async def confirm(token: str) -> HTMLResponse | JSONResponse:
+        if not secret or read_token(secret, token) is None:
+            return _not_found()
+        return HTMLResponse(_CONFIRM_PAGE, headers={"Cache-Control": "no-store"})
+
+    return router

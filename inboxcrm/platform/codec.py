@@ -1,0 +1,259 @@
+"""Temporal payload encryption (docs/architecture.md §7) and the codec endpoint for the UI.
+
+Every payload the worker, the relay and the CLI hand to Temporal is sealed with AES-256-GCM
+before it leaves the process, so the Temporal server (and its database, backups and UI)
+only ever holds ciphertext. Failure messages and stack traces are moved into an encoded
+payload too (`DefaultFailureConverterWithEncodedAttributes`).
+
+Keys live in a JSON file named by `INBOXCRM_CODEC_KEYS_FILE` (never in the repository;
+`make up` creates `.data/codec-keys.json`, mode 0600):
+
+    {"active": "k2", "keys": {"k1": "<base64 of 32 bytes>", "k2": "<base64 of 32 bytes>"}}
+
+New payloads are encrypted with the active key; any listed key decrypts. Rotation: add a key,
+make it active (`rotate_key_file`), restart the processes, and keep the old keys for as long as
+histories written under them are retained. No key file configured: the codec is off.
+
+Wire format of an encrypted payload: metadata `encoding: binary/encrypted` and
+`encryption-key-id: <id>`; data `nonce (12 bytes) || AES-GCM(ciphertext || tag)` with the key
+ID as associated data (so relabelling a payload with another key ID fails authentication).
+The plaintext is the original serialized `Payload` (metadata included).
+
+The codec endpoint (`POST /codec/encode`, `POST /codec/decode`, Temporal codec-server
+contract) lets the Temporal UI and `temporal --codec-endpoint` show readable history to
+authorised operators: bearer token `INBOXCRM_CODEC_TOKEN`, required unless the relay listens on
+loopback and no token is configured (local development).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+import logging
+import os
+import re
+import secrets
+import stat
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from google.protobuf.message import DecodeError
+from temporalio.api.common.v1 import Payload
+from temporalio.converter import (
+    DataConverter,
+    DefaultFailureConverterWithEncodedAttributes,
+    PayloadCodec,
+)
+
+from inboxcrm.platform.config import Settings
+
+log = logging.getLogger("inboxcrm.platform.codec")
+
+ENCODING = b"binary/encrypted"
+KEY_ID_METADATA = "encryption-key-id"
+NONCE_BYTES = 12
+KEY_BYTES = 32
+_KEY_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+class CodecError(ValueError):
+    """A payload that cannot be decrypted. Messages name key IDs, never payload content."""
+
+
+class UnknownKeyError(CodecError):
+    def __init__(self, key_id: str, known: Iterable[str]) -> None:
+        self.key_id = key_id
+        super().__init__(
+            f"payload was encrypted with unknown key ID {key_id!r} (known key IDs: "
+            f"{', '.join(sorted(known)) or 'none'}); add that key to INBOXCRM_CODEC_KEYS_FILE"
+        )
+
+
+class KeyFileError(ValueError):
+    """A missing or malformed key file. Messages name the file and key IDs, never key bytes."""
+
+
+# --- keys ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Keyring:
+    active: str
+    keys: Mapping[str, bytes]
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise KeyFileError("the keyring holds no keys")
+        for key_id, key in self.keys.items():
+            if not _KEY_ID.match(key_id):
+                raise KeyFileError(f"key ID {key_id[:64]!r} must be 1-64 characters of "
+                                   "letters, digits and . _ : -")
+            if len(key) != KEY_BYTES:
+                raise KeyFileError(f"key {key_id!r} must be {KEY_BYTES} bytes (AES-256)")
+        if self.active not in self.keys:
+            raise KeyFileError(f"active key ID {self.active[:64]!r} is not among the keys")
+
+    @classmethod
+    def from_json(cls, document: Any, source: str = "key file") -> Keyring:
+        if not isinstance(document, dict) or not isinstance(document.get("keys"), dict):
+            raise KeyFileError(f"{source}: expected {{\"active\": ID, \"keys\": {{ID: base64}}}}")
+        active = document.get("active")
+        if not isinstance(active, str):
+            raise KeyFileError(f"{source}: 'active' must be a key ID string")
+        keys: dict[str, bytes] = {}
+        for key_id, encoded in document["keys"].items():
+            try:
+                if not isinstance(encoded, str):
+                    raise ValueError
+                keys[str(key_id)] = base64.b64decode(encoded, validate=True)
+            except (ValueError, binascii.Error):
+                raise KeyFileError(f"{source}: key {str(key_id)[:64]!r} is not valid "
+                                   "base64") from None
+        try:
+            return cls(active, keys)
+        except KeyFileError as exc:
+            raise KeyFileError(f"{source}: {exc}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"active": self.active,
+                "keys": {k: base64.b64encode(v).decode() for k, v in self.keys.items()}}
+
+
+def load_keyring(settings: Settings) -> Keyring | None:
+    """The configured keyring, or None when no key file is configured (codec off)."""
+    if not settings.codec_keys_file:
+        return None
+    path = Path(settings.codec_keys_file)
+    try:
+        text = path.read_text()
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise KeyFileError(f"cannot read codec key file {path} ({type(exc).__name__}); "
+                           "check INBOXCRM_CODEC_KEYS_FILE") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("codec key file %s is accessible to other users; chmod 600 it", path)
+    try:
+        document = json.loads(text)
+    except ValueError:
+        raise KeyFileError(f"codec key file {path} is not valid JSON") from None
+    return Keyring.from_json(document, str(path))
+
+
+def new_key_id() -> str:
+    return f"k{time.strftime('%Y%m%d', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+def _write_private(path: Path, content: str, *, replace: bool) -> bool:
+    """Write `content` to `path` with mode 0600, atomically. Without `replace`, an existing file
+    is left alone (returns False), even if another process creates it at the same moment."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if replace:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def ensure_key_file(path: Path) -> None:
+    """Create the key file with one fresh random key (mode 0600) unless it exists."""
+    path = Path(path)
+    if path.exists():
+        return
+    key_id = new_key_id()
+    keyring = Keyring(key_id, {key_id: secrets.token_bytes(KEY_BYTES)})
+    if _write_private(path, json.dumps(keyring.to_json(), indent=2) + "\n", replace=False):
+        log.info("created codec key file %s (active key %s)", path, key_id)
+
+
+def rotate_key_file(path: Path) -> str:
+    """Add a fresh key and make it the active one; older keys stay for decryption.
+    Returns the new key ID. Processes pick it up when restarted."""
+    path = Path(path)
+    current = Keyring.from_json(json.loads(path.read_text()), str(path))
+    key_id = new_key_id()
+    while key_id in current.keys:
+        key_id = new_key_id()
+    rotated = Keyring(key_id, {**current.keys, key_id: secrets.token_bytes(KEY_BYTES)})
+    _write_private(path, json.dumps(rotated.to_json(), indent=2) + "\n", replace=True)
+    return key_id
+
+
+# --- the codec -------------------------------------------------------------------------
+class EncryptionCodec(PayloadCodec):
+    """AES-256-GCM with a key ID per payload; encrypts with the active key, decrypts with any.
+    Payloads without `binary/encrypted` pass through decode unchanged (e.g. a signal sent by a
+    client that has no codec)."""
+
+    def __init__(self, keyring: Keyring) -> None:
+        super().__init__()
+        self.keyring = keyring
+        self._ciphers = {key_id: AESGCM(key) for key_id, key in keyring.keys.items()}
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return [self.encrypt(p) for p in payloads]
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return [self.decrypt(p) for p in payloads]
+
+    def encrypt(self, payload: Payload) -> Payload:
+        key_id = self.keyring.active
+        nonce = os.urandom(NONCE_BYTES)
+        sealed = self._ciphers[key_id].encrypt(nonce, payload.SerializeToString(),
+                                               key_id.encode())
+        return Payload(metadata={"encoding": ENCODING, KEY_ID_METADATA: key_id.encode()},
+                       data=nonce + sealed)
+
+    def decrypt(self, payload: Payload) -> Payload:
+        if payload.metadata.get("encoding") != ENCODING:
+            return payload
+        raw_id = payload.metadata.get(KEY_ID_METADATA)
+        if raw_id is None:
+            raise CodecError(f"encrypted payload has no {KEY_ID_METADATA!r} metadata")
+        key_id = raw_id.decode("utf-8", errors="replace")[:64]
+        cipher = self._ciphers.get(key_id)
+        if cipher is None:
+            raise UnknownKeyError(key_id, self._ciphers)
+        data = payload.data
+        try:
+            plain = cipher.decrypt(data[:NONCE_BYTES], data[NONCE_BYTES:], raw_id)
+            return Payload.FromString(plain)
+        except (InvalidTag, ValueError, DecodeError):
+            raise CodecError(f"payload under key ID {key_id!r} failed authentication "
+                             "(tampered, truncated, or different key material)") from None
+
+
+def payload_codec(settings: Settings) -> EncryptionCodec | None:
+    keyring = load_keyring(settings)
+    return EncryptionCodec(keyring) if keyring is not None else None
+
+
+def data_converter(settings: Settings) -> DataConverter:
+    """The data converter every client and worker of this project uses."""
+    codec = payload_codec(settings)
+    if codec is None:
+        return DataConverter.default
+    return dataclasses.replace(
+        DataConverter.default, payload_codec=codec,
+        failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
+    )
+
+
+# --- the codec endpoint ----------------------------------------------------------------

@@ -1,0 +1,728 @@
+"""The chaos driver (`inboxcrm chaos`, `make chaos`): real faults against a real stack, then
+an operator clears the review queue, then the invariant checker must find nothing.
+
+1. posts N signed deliveries concurrently (bounded), with redeliveries of the same delivery
+   ID (~20%), same-identity collisions (~10%, some in the same second, some with a
+   conflicting name or another letter case), a few opt-outs and auto-replies;
+2. meanwhile injects sandbox faults (all six modes on crm.upsert / crm.search / mail.send,
+   small counts, Retry-After 1) so that a set share of destination calls sees one, kill -9s
+   the worker at random moments (and restarts it) and restarts the relay once; deliveries
+   that fail meanwhile (503, connection errors) are retried like a provider would;
+3. stops injecting, waits until nothing is in flight, then resolves every item left for
+   review through the CLI like an operator (blocked → retry; ambiguous → resolve with the
+   destination's ID if the record/email exists, else retry; awaiting_review/held → approve,
+   hold or reject), round after round until the queue is empty or a bound is hit;
+4. runs the invariant checker in settled mode.
+
+Every loop is bounded in count and time. No addresses or bodies are logged. Exit code
+(`ChaosResult.exit_code`): 0 pass, 1 an invariant violation, 2 the run did not reach its
+targets (fault share, kills, relay restart, every delivery accepted, review queue drained).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from inboxcrm.stack import postgres
+from inboxcrm.stack.stack import Stack
+from inboxcrm.verify import check
+from inboxcrm.verify.probe import Endpoints, StackClient, message_from
+from schemas.contract import Decision
+
+TARGETS = ("crm.upsert", "crm.search", "mail.send")
+MODES = ("rate_limit", "server_error", "invalid_field", "unauthorized",
+         "timeout_before_commit", "timeout_after_commit")
+# Transient modes more often than permanent ones: most faults should heal on their own.
+MODE_WEIGHTS = {"rate_limit": 3, "server_error": 3, "invalid_field": 1, "unauthorized": 1,
+                "timeout_before_commit": 2, "timeout_after_commit": 2}
+TARGET_WEIGHTS = {"crm.upsert": 4, "mail.send": 4, "crm.search": 1}
+MAX_PENDING = {"crm.upsert": 2, "mail.send": 2, "crm.search": 1}
+FIRST_NAMES = ("Maria", "James", "Aiko", "Olu", "Priya", "Lars", "Chen", "Fatima", "Diego",
+               "Nora", "Tomas", "Leila", "Ivan", "Grace", "Samir", "Hanna")
+LAST_NAMES = ("Lopez", "Smith", "Tanaka", "Adeyemi", "Sharma", "Berg", "Wang", "Haddad",
+              "Rossi", "Novak", "Kim", "Fischer", "Costa", "Murphy", "Okafor", "Silva")
+OPT_OUT_BODY = "Please unsubscribe me from all emails.\n"
+AUTO_REPLY_HEADERS = "Auto-Submitted: auto-replied\r\n"
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class ChaosConfig:
+    events: int = 100                 # distinct deliveries (redeliveries come on top)
+    seed: int = 1
+    concurrency: int = 20             # posts in flight at once
+    rate: float = 8.0                 # deliveries started per second
+    redelivery_ratio: float = 0.20
+    collision_ratio: float = 0.10
+    opt_out_ratio: float = 0.03
+    auto_reply_ratio: float = 0.02
+    fault_ratio: float = 0.18         # share of destination calls to fault while injecting
+    kills: int = 3
+    relay_restarts: int = 1
+    min_fault_share: float = 0.10     # a run below this did not test enough (exit 2)
+    settle_timeout: float = 150.0     # waiting for nothing in flight, each time
+    resolve_rounds: int = 8
+    cli_concurrency: int = 3
+    deadline: float = 1800.0          # the whole run
+    scope_to_run: bool = False        # check only this run's items (a shared store)
+    reviewer: str = "chaos"
+    post_attempts: int = 40           # per delivery, like a provider's redelivery budget
+
+
+@dataclass
+class ChaosStats:
+    run_id: str = ""
+    deliveries: int = 0
+    posts: int = 0
+    redeliveries: int = 0
+    collisions: int = 0
+    opt_outs: int = 0
+    auto_replies: int = 0
+    answers: Counter[str] = field(default_factory=Counter)
+    post_retries: int = 0
+    posts_given_up: int = 0
+    calls: int = 0
+    faulted_calls: int = 0
+    faults_injected: Counter[str] = field(default_factory=Counter)
+    fault_outcomes: Counter[str] = field(default_factory=Counter)
+    kills: int = 0
+    relay_restarts: int = 0
+    review_actions: Counter[str] = field(default_factory=Counter)
+    cli_failures: int = 0
+    resolution_rounds: int = 0
+    review_left: int = 0
+    final_states: Counter[str] = field(default_factory=Counter)
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fault_share(self) -> float:
+        return self.faulted_calls / self.calls if self.calls else 0.0
+
+
+@dataclass
+class ChaosResult:
+    config: ChaosConfig
+    stats: ChaosStats
+    report: check.CheckReport
+
+    @property
+    def targets_met(self) -> list[str]:
+        """What this run failed to exercise (empty: a full run)."""
+        s, c = self.stats, self.config
+        missing = []
+        if s.fault_share < c.min_fault_share:
+            missing.append(f"fault share {s.fault_share:.1%} < {c.min_fault_share:.0%}")
+        if s.kills < c.kills:
+            missing.append(f"worker kills {s.kills} < {c.kills}")
+        if s.relay_restarts < c.relay_restarts:
+            missing.append(f"relay restarts {s.relay_restarts} < {c.relay_restarts}")
+        if s.posts_given_up:
+            missing.append(f"{s.posts_given_up} deliveries never accepted")
+        if s.review_left:
+            missing.append(f"{s.review_left} items still in review")
+        return missing
+
+    @property
+    def exit_code(self) -> int:
+        if not self.report.ok:
+            return 1
+        return 2 if self.targets_met else 0
+
+
+@dataclass
+class _Delivery:
+    index: int
+    delivery_id: str
+    raw: str
+    kind: str                        # new | collision | opt_out | auto_reply
+    workflow_id: str | None = None
+
+
+# --- the plan ----------------------------------------------------------------------------
+def plan_deliveries(config: ChaosConfig, run_id: str
+                    ) -> tuple[list[_Delivery], list[tuple[float, _Delivery]]]:
+    """Deterministic (per seed) deliveries and the posting schedule (seconds from start)."""
+    rng = random.Random(config.seed)
+    people: list[tuple[str, str]] = []
+    deliveries: list[_Delivery] = []
+    for n in range(config.events):
+        delivery_id = f"chaos-{run_id}-{n:05d}"
+        roll = rng.random()
+        if people and roll < config.opt_out_ratio:
+            email, name = rng.choice(people)
+            raw = message_from(email, name=name, subject="unsubscribe", body=OPT_OUT_BODY)
+            kind = "opt_out"
+        elif people and roll < config.opt_out_ratio + config.collision_ratio:
+            email, name = rng.choice(people[-20:])  # recent: likely still in flight
+            if rng.random() < 0.3:
+                email = email.upper()                # another letter case, same identity
+            if rng.random() < 0.4:
+                name = _name(rng, other_than=name)  # a conflicting name: review
+            raw = message_from(email, name=name, subject=f"Follow-up question {n}")
+            kind = "collision"
+        elif roll < config.opt_out_ratio + config.collision_ratio + config.auto_reply_ratio:
+            email, name = f"ooo{n}.{run_id}@example.com", "Away Person"
+            raw = message_from(email, name=name, subject="Out of office",
+                               body="I am out of the office until Monday.\n",
+                               extra_headers=AUTO_REPLY_HEADERS)
+            kind = "auto_reply"
+        else:
+            email, name = f"p{n}.{run_id}@example.com", _name(rng)
+            people.append((email, name))
+            raw = message_from(email, name=name, subject=f"Pricing question {n}")
+            kind = "new"
+        deliveries.append(_Delivery(n, delivery_id, raw, kind))
+    spacing = 1.0 / max(config.rate, 0.1)
+    schedule = [(d.index * spacing, d) for d in deliveries]
+    for d in deliveries:
+        if rng.random() < config.redelivery_ratio:
+            # the same delivery again: at once (concurrent) or later (after processing)
+            delay = 0.0 if rng.random() < 0.3 else rng.uniform(0.5, 20.0)
+            schedule.append((d.index * spacing + delay, d))
+    schedule.sort(key=lambda item: item[0])
+    return deliveries, schedule
+
+
+def _name(rng: random.Random, other_than: str | None = None) -> str:
+    for _ in range(10):
+        name = f"{rng.choice(FIRST_NAMES)} {rng.choice(LAST_NAMES)}"
+        if name != other_than:
+            return name
+    return "Robin Quinn"
+
+
+# --- the driver --------------------------------------------------------------------------
+class ChaosRun:
+    def __init__(self, stack: Stack, config: ChaosConfig, log: Log) -> None:
+        self.stack = stack
+        self.config = config
+        self.log = log
+        self.rng = random.Random(config.seed * 7919 + 1)
+        self.stats = ChaosStats(run_id=uuid.uuid4().hex[:6])
+        self.started = time.monotonic()
+        self.injecting = False
+        self.client: StackClient | None = None
+        self.pool: asyncpg.Pool | None = None
+        self.call_baseline = 0
+        self.scope = f"inbound/acme/standard/sales@acme.test/chaos-{self.stats.run_id}-"
+        self.cli_env = dict(stack.env, SANDBOX_URL=stack.sandbox_url, RELAY_URL=stack.relay_url,
+                            INBOXCRM_STACK_ENV=str(stack.config.data_dir / "no-stack.env"))
+
+    # ----- helpers
+    def left(self) -> float:
+        return self.config.deadline - (time.monotonic() - self.started)
+
+    @property
+    def env(self) -> StackClient:
+        assert self.client is not None
+        return self.client
+
+    @property
+    def db(self) -> asyncpg.Pool:
+        assert self.pool is not None
+        return self.pool
+
+    def mark(self, name: str, since: float) -> None:
+        self.stats.timings[name] = round(time.monotonic() - since, 1)
+
+    # ----- run
+    async def run(self) -> ChaosResult:
+        from inboxcrm.store import db as inboxcrm_db
+
+        self.pool = await inboxcrm_db.create_pool(self.stack.database_url, max_size=5)
+        self.client = StackClient(Endpoints(self.stack.relay_url, self.stack.sandbox_url,
+                                            self.stack.temporal_address,
+                                            self.stack.env["INBOXCRM_WEBHOOK_SECRET"]),
+                                  self.pool)
+        try:
+            return await self._run()
+        finally:
+            self.injecting = False
+            with contextlib.suppress(httpx.HTTPError):
+                await self.env.http.delete(f"{self.stack.sandbox_url}/_sandbox/faults")
+            await self.env.aclose()
+            await self.pool.close()
+
+    async def _run(self) -> ChaosResult:
+        config, stats = self.config, self.stats
+        await self.env.reset_faults()
+        self.call_baseline = len(await self._calls())
+        deliveries, schedule = plan_deliveries(config, stats.run_id)
+        stats.deliveries = len(deliveries)
+        stats.posts = len(schedule)
+        stats.redeliveries = len(schedule) - len(deliveries)
+        kinds = Counter(d.kind for d in deliveries)
+        stats.collisions, stats.opt_outs = kinds["collision"], kinds["opt_out"]
+        stats.auto_replies = kinds["auto_reply"]
+        self.log(f"run {stats.run_id}: {stats.deliveries} deliveries, {stats.posts} posts "
+                 f"({stats.redeliveries} redeliveries), {stats.collisions} collisions, "
+                 f"{stats.opt_outs} opt-outs; {config.kills} worker kills, "
+                 f"{config.relay_restarts} relay restart(s)")
+
+        phase = time.monotonic()
+        window = max(schedule[-1][0] if schedule else 0.0,
+                     config.kills * 6.0)
+        self.injecting = True
+        injector = asyncio.create_task(self._inject_faults())
+        posting = len(deliveries) / max(config.rate, 0.1)
+        disruptor = asyncio.create_task(self._disrupt(window, posting))
+        try:
+            await self._post_all(schedule)
+            await disruptor
+        finally:
+            self.injecting = False
+            disruptor.cancel()
+            await asyncio.gather(injector, disruptor, return_exceptions=True)
+            await self.env.http.delete(f"{self.stack.sandbox_url}/_sandbox/faults")
+            await self._ensure_running()
+        self.mark("chaos_phase_s", phase)
+        await self._tally_calls()
+        self.log(f"chaos phase done in {stats.timings['chaos_phase_s']}s: "
+                 f"{stats.faulted_calls}/{stats.calls} destination calls faulted "
+                 f"({stats.fault_share:.1%}), {stats.kills} kills, "
+                 f"{stats.relay_restarts} relay restart(s); faults off")
+
+        phase = time.monotonic()
+        await self._wait_quiet()
+        self.mark("settle_s", phase)
+        phase = time.monotonic()
+        await self._resolve_queue()
+        self.mark("resolution_s", phase)
+        await self._tally_calls()
+        rows = await self.db.fetch(
+            "SELECT state, count(*) AS n FROM inbound_events WHERE starts_with(workflow_id, $1)"
+            " GROUP BY state", self.scope)
+        stats.final_states = Counter({r["state"]: int(r["n"]) for r in rows})
+        report = await check.check_invariants(
+            self.db, self.stack.sandbox_url, settled=True,
+            scope=self.scope if config.scope_to_run else None,
+            crm_id_property=self.stack.env.get("INBOXCRM_CRM_ID_PROPERTY",
+                                               "inboxcrm_contact_id"),
+            http=self.env.http)
+        stats.timings["total_s"] = round(time.monotonic() - self.started, 1)
+        return ChaosResult(config, stats, report)
+
+    # ----- ingress, like a provider: redeliver until accepted (bounded)
+    async def _post_all(self, schedule: list[tuple[float, _Delivery]]) -> None:
+        gate = asyncio.Semaphore(self.config.concurrency)
+        start = time.monotonic()
+
+        async def one(at: float, delivery: _Delivery) -> None:
+            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+            async with gate:
+                await self._post(delivery)
+
+        await asyncio.gather(*(one(at, d) for at, d in schedule))
+
+    async def _post(self, delivery: _Delivery) -> None:
+        delay = 0.25
+        for attempt in range(self.config.post_attempts):
+            if self.left() <= 0:
+                break
+            if attempt:
+                self.stats.post_retries += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 1.6, 3.0)
+            try:
+                response = await self.env.post(delivery.raw, delivery.delivery_id)
+            except httpx.TransportError:
+                continue                     # relay down / connection dropped: redeliver
+            if response.status_code == 200:
+                body = response.json()
+                self.stats.answers[str(body.get("status"))] += 1
+                delivery.workflow_id = str(body.get("workflow_id"))
+                return
+            if response.status_code >= 500 or response.status_code == 429:
+                continue
+            self.stats.answers[f"http_{response.status_code}"] += 1
+            self.stats.notes.append(f"{delivery.delivery_id}: HTTP {response.status_code}")
+            return
+        self.stats.posts_given_up += 1
+        self.stats.notes.append(f"{delivery.delivery_id}: never accepted")
+
+    # ----- faults
+    async def _inject_faults(self) -> None:
+        """Keep roughly `fault_ratio` of destination calls faulted: every mode at least
+        once, small counts, Retry-After 1."""
+        first = [(TARGETS[i % 2 * 2], mode) for i, mode in enumerate(MODES)]
+        first += [("crm.search", self.rng.choice(MODES))]
+        self.rng.shuffle(first)
+        deadline = time.monotonic() + self.config.deadline
+        while self.injecting and time.monotonic() < deadline:
+            try:
+                calls = await self._calls()
+                pending = await self._pending_faults()
+            except httpx.HTTPError:
+                await asyncio.sleep(0.5)
+                continue
+            mine = calls[self.call_baseline:]
+            total = len(mine)
+            faulted = sum(1 for c in mine if c["outcome"] in MODES)
+            queued = sum(pending.values())
+            want = self.config.fault_ratio * (total + 5)
+            if faulted + queued < want:
+                room = [t for t in TARGETS if pending.get(t, 0) < MAX_PENDING[t]]
+                if first and first[0][0] in room:
+                    target, mode = first.pop(0)
+                elif room:
+                    target = self.rng.choices(room, [TARGET_WEIGHTS[t] for t in room])[0]
+                    mode = self.rng.choices(MODES, [MODE_WEIGHTS[m] for m in MODES])[0]
+                else:
+                    target = ""
+                if target:
+                    try:
+                        await self.env.inject(target, mode, count=self.rng.randint(1, 2),
+                                              retry_after=1)
+                        self.stats.faults_injected[f"{target}/{mode}"] += 1
+                    except httpx.HTTPError:
+                        pass
+                    continue
+            await asyncio.sleep(0.4)
+
+    async def _calls(self) -> list[dict[str, Any]]:
+        """Every destination call the sandbox logged (outcome labels only, no bodies)."""
+        response = await self.env.http.get(f"{self.stack.sandbox_url}/_sandbox/calls")
+        response.raise_for_status()
+        return list(response.json()["calls"])
+
+    async def _pending_faults(self) -> dict[str, int]:
+        response = await self.env.http.get(f"{self.stack.sandbox_url}/_sandbox/faults")
+        response.raise_for_status()
+        pending: Counter[str] = Counter()
+        for fault in response.json().get("faults", []):
+            pending[fault["target"]] += int(fault["remaining"])
+        return dict(pending)
+
+    async def _tally_calls(self) -> None:
+        mine = (await self._calls())[self.call_baseline:]
+        self.stats.calls = len(mine)
+        self.stats.fault_outcomes = Counter(
+            f"{c['target']}/{c['outcome']}" for c in mine if c["outcome"] in MODES)
+        self.stats.faulted_calls = sum(self.stats.fault_outcomes.values())
+
+    # ----- process crashes
+    async def _disrupt(self, window: float, posting: float) -> None:
+        """Worker kill -9s spread over the whole window; relay restarts while deliveries are
+        still pouring in (so some of them fail and are redelivered)."""
+        await asyncio.gather(self._kill_workers(window), self._restart_relay(posting))
+
+    async def _kill_workers(self, window: float) -> None:
+        slots = self.config.kills + 1
+        start = time.monotonic()
+        for n in range(1, slots):
+            at = window * (n + self.rng.uniform(-0.3, 0.3)) / slots
+            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+            worker = self.stack.processes["worker"]
+            self.log(f"  t+{time.monotonic() - self.started:.0f}s kill -9 worker "
+                     f"(pid {worker.pid})")
+            await asyncio.to_thread(worker.kill)
+            self.stats.kills += 1
+            await asyncio.sleep(self.rng.uniform(0.2, 2.0))
+            await asyncio.to_thread(self.stack.start_worker)
+
+    async def _restart_relay(self, posting: float) -> None:
+        start = time.monotonic()
+        for _ in range(self.config.relay_restarts):
+            at = posting * self.rng.uniform(0.25, 0.75)
+            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+            self.log(f"  t+{time.monotonic() - self.started:.0f}s restart relay")
+            await asyncio.to_thread(self.stack.processes["relay"].stop)
+            await asyncio.sleep(self.rng.uniform(0.5, 1.5))
+            await asyncio.to_thread(self.stack.start_relay)
+            self.stats.relay_restarts += 1
+            start = time.monotonic()
+
+    async def _ensure_running(self) -> None:
+        if not self.stack.processes["worker"].alive():
+            await asyncio.to_thread(self.stack.start_worker)
+        if not self.stack.processes["relay"].alive():
+            await asyncio.to_thread(self.stack.start_relay)
+
+    # ----- settling
+    async def _in_flight(self) -> int:
+        return int(await self.db.fetchval(
+            "SELECT count(*) FROM inbound_events WHERE starts_with(workflow_id, $1)"
+            " AND state = ANY($2::text[])", self.scope, sorted(check.IN_FLIGHT_STATES)))
+
+    async def _wait_quiet(self) -> bool:
+        deadline = time.monotonic() + min(self.config.settle_timeout, max(self.left(), 1.0))
+        quiet_since: float | None = None
+        next_report = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if time.monotonic() >= next_report:
+                next_report = time.monotonic() + 15
+                await self._log_in_flight()
+            if await self._in_flight() == 0:
+                quiet_since = quiet_since or time.monotonic()
+                if time.monotonic() - quiet_since >= 1.0:   # stays quiet for a moment
+                    return True
+            else:
+                quiet_since = None
+            await asyncio.sleep(0.5)
+        self.stats.notes.append(f"still {await self._in_flight()} in flight after waiting")
+        return False
+
+    async def _log_in_flight(self) -> None:
+        rows = await self.db.fetch(
+            "SELECT e.state, coalesce(e.reason, '') AS reason, count(*) AS n,"
+            "       string_agg(DISTINCT o.status || '/' || o.action, ' ') AS ops"
+            " FROM inbound_events e LEFT JOIN operations o ON o.workflow_id = e.workflow_id"
+            "   AND o.status NOT IN ('completed', 'cancelled')"
+            " WHERE starts_with(e.workflow_id, $1) AND e.state = ANY($2::text[])"
+            " GROUP BY 1, 2 ORDER BY 3 DESC", self.scope, sorted(check.IN_FLIGHT_STATES))
+        self.log(f"  t+{time.monotonic() - self.started:.0f}s in flight: " + ("; ".join(
+            f"{r['n']} {r['state']}{'(' + r['reason'] + ')' if r['reason'] else ''}"
+            f" ops[{r['ops'] or '-'}]" for r in rows) or "none"))
+
+    # ----- the operator
+    async def _review_items(self) -> list[asyncpg.Record]:
+        return list(await self.db.fetch(
+            "SELECT e.workflow_id, e.state, e.reason, e.updated_at, r.destination_ref"
+            " FROM inbound_events e JOIN review_tasks r"
+            "   ON r.workflow_id = e.workflow_id AND r.status = 'open'"
+            " WHERE starts_with(e.workflow_id, $1) AND e.state = ANY($2::text[])"
+            " ORDER BY r.first_seen", self.scope, sorted(check.REVIEW_STATES)))
+
+    async def _resolve_queue(self) -> None:
+        approvals: Counter[str] = Counter()
+        gate = asyncio.Semaphore(self.config.cli_concurrency)
+
+        async def act(item: asyncpg.Record, decision: tuple[str, str | None]) -> None:
+            async with gate:
+                await self._review(item["workflow_id"], *decision)
+
+        for round_no in range(1, self.config.resolve_rounds + 1):
+            items = await self._review_items()
+            if not items or self.left() <= 0:
+                break
+            self.stats.resolution_rounds = round_no
+            destination = await self.env.sandbox_state()
+            refs = await self._operation_refs(items)
+            decisions = [self._decide(item, destination, refs, approvals, round_no)
+                         for item in items]
+            began = time.monotonic()
+            await asyncio.gather(*(act(i, d) for i, d in zip(items, decisions, strict=True)))
+            signalled = time.monotonic()
+            await self._wait_moved(items)
+            moved = time.monotonic()
+            await self._wait_quiet()
+            self.log(f"  review round {round_no}: " + ", ".join(
+                f"{n} {a}" for a, n in sorted(Counter(d[0] for d in decisions).items()))
+                + f" (CLI {signalled - began:.0f}s, applied {moved - signalled:.0f}s, "
+                f"settled {time.monotonic() - moved:.0f}s)")
+        self.stats.review_left = len(await self._review_items())
+
+    async def _operation_refs(self, items: list[asyncpg.Record]
+                              ) -> dict[str, tuple[str, str, str]]:
+        """op_key → (op_key, action, external reference) for the operations items wait on."""
+        keys = [i["destination_ref"] for i in items if i["destination_ref"]]
+        rows = await self.db.fetch(
+            "SELECT op_key, action, external_ref FROM operations WHERE op_key = ANY($1::text[])",
+            keys) if keys else []
+        return {r["op_key"]: (r["op_key"], r["action"], r["external_ref"] or "") for r in rows}
+
+    def _decide(self, item: asyncpg.Record, destination: dict[str, Any],
+                refs: dict[str, tuple[str, str, str]], approvals: Counter[str],
+                round_no: int) -> tuple[str, str | None]:
+        state, workflow_id = item["state"], item["workflow_id"]
+        if state == "blocked":
+            return Decision.RETRY, None
+        if state == "ambiguous":
+            op_key = item["destination_ref"] or ""
+            found = self._find_at_destination(refs.get(op_key), destination)
+            return (Decision.RESOLVE, found) if found else (Decision.RETRY, None)
+        reason = str(item["reason"] or "")
+        if reason in ("no_identity", "candidates") or approvals[workflow_id] >= 2 \
+                or round_no >= self.config.resolve_rounds - 1:
+            return Decision.REJECT, None
+        roll = self.rng.random()
+        if state == "awaiting_review" and roll < 0.2:
+            return Decision.HOLD, None
+        if roll > 0.9:
+            return Decision.REJECT, None
+        approvals[workflow_id] += 1
+        return Decision.APPROVE, None
+
+    def _find_at_destination(self, ref: tuple[str, str, str] | None,
+                             destination: dict[str, Any]) -> str | None:
+        """The record or email the unconfirmed side effect may have created."""
+        if ref is None:
+            return None
+        op_key, action, external_ref = ref
+        if action == "crm-upsert":
+            id_property = self.stack.env.get("INBOXCRM_CRM_ID_PROPERTY", "inboxcrm_contact_id")
+            for record in destination["contacts"]:
+                if str((record.get("properties") or {}).get(id_property)) == external_ref:
+                    return str(record["id"])
+        elif action == "crm-note":
+            try:
+                from activities.crm import note_key
+            except ImportError:
+                return None
+            key = note_key(op_key)
+            for note in destination.get("notes", []):
+                if key in (note.get("properties") or {}).values():
+                    return str(note["id"])
+        elif action == "send":
+            for message in destination["emails"]:
+                if message.get("idempotency_key") == external_ref:
+                    return str(message["id"])
+        return None
+
+    async def _review(self, workflow_id: str, action: str, evidence: str | None) -> None:
+        argv = [sys.executable, "-m", "inboxcrm.cli", "review", action, workflow_id,
+                "--reviewer", self.config.reviewer, "--note", f"chaos run {self.stats.run_id}"]
+        if evidence:
+            argv += ["--evidence", evidence]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, env=self.cli_env, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE)
+        try:
+            _, stderr = await asyncio.wait_for(proc.communicate(), timeout=60)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            stderr = b"timeout"
+        if proc.returncode == 0:
+            self.stats.review_actions[action] += 1
+        else:
+            self.stats.cli_failures += 1
+            self.stats.notes.append(f"review {action} {workflow_id} failed: "
+                                    f"{stderr.decode(errors='replace').strip()[-200:]}")
+
+    async def _wait_moved(self, items: list[asyncpg.Record], timeout: float = 60.0) -> None:
+        """Until each signalled item has changed state (or its signal was refused), so a
+        decision is never sent twice for one wait."""
+        marks = {i["workflow_id"]: i["updated_at"] for i in items}
+        deadline = time.monotonic() + timeout
+        while marks and time.monotonic() < deadline:
+            rows = await self.db.fetch(
+                "SELECT e.workflow_id, e.updated_at > m.mark AS moved,"
+                "       EXISTS (SELECT 1 FROM audit_log a WHERE a.workflow_id = e.workflow_id"
+                "               AND a.action LIKE 'signal_%' AND a.at > m.mark"
+                "               AND (a.detail ->> 'accepted') = 'false') AS refused"
+                " FROM inbound_events e JOIN unnest($1::text[], $2::timestamptz[])"
+                "   AS m(workflow_id, mark) ON m.workflow_id = e.workflow_id",
+                list(marks), list(marks.values()))
+            for row in rows:
+                if row["moved"] or row["refused"]:
+                    marks.pop(row["workflow_id"], None)
+            await asyncio.sleep(0.3)
+        if marks:
+            self.stats.notes.append(f"{len(marks)} signalled items did not move in {timeout:.0f}s")
+
+
+async def run_chaos(stack: Stack, config: ChaosConfig, log: Log | None = None) -> ChaosResult:
+    """Run the chaos scenario against a started stack whose worker and relay processes this
+    caller owns (it kills and restarts them, and leaves them running)."""
+    return await ChaosRun(stack, config, log or (lambda _line: None)).run()
+
+
+# --- a fresh stack of its own (`make chaos`) ---------------------------------------------
+def fresh_stack_config(data_dir: Path, database_url: str) -> Any:
+    from inboxcrm.stack.stack import isolated_config
+
+    return isolated_config(data_dir, database_url, queue_prefix="inboxcrm-chaos",
+                           temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None)
+
+
+async def _create_database(server_url: str) -> str:
+    return await postgres.create_database(server_url, "inboxcrm_chaos")
+
+
+async def _drop_database(server_url: str, database_url: str) -> None:
+    await postgres.drop_database(server_url, database_url)
+
+
+def run_on_fresh_stack(config: ChaosConfig, data_dir: Path, log: Log,
+                       keep_database: bool = False) -> ChaosResult:
+    """Start a stack of its own under `data_dir` (free ports; a fresh database in
+    $DATABASE_URL's server, else in an embedded PostgreSQL under data_dir), run, stop."""
+    from inboxcrm.stack import postgres
+    from inboxcrm.stack.processes import free_port
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server_url = os.environ.get("DATABASE_URL") or ""
+    started_pg = False
+    if not server_url:
+        pg_dir = data_dir / "pg"
+        started_pg = not postgres.is_running(pg_dir)
+        server_url = postgres.start(pg_dir, free_port())
+    database_url = asyncio.run(_create_database(server_url))
+    stack = Stack(fresh_stack_config(data_dir, database_url))
+    result: ChaosResult | None = None
+    try:
+        log(f"starting a fresh stack under {data_dir} (logs in {stack.log_dir})")
+        stack.start_all()
+        result = asyncio.run(run_chaos(stack, config, log))
+        return result
+    finally:
+        stack.stop()
+        if result is not None and (result.report.ok or not keep_database):
+            asyncio.run(_drop_database(server_url, database_url))
+        elif result is not None:
+            log(f"database kept for inspection: {database_url}")
+        if started_pg:
+            postgres.stop(data_dir / "pg")
+
+
+# --- output --------------------------------------------------------------------------------
+def summary_rows(result: ChaosResult) -> list[tuple[str, str]]:
+    s = result.stats
+    rows = [
+        ("run", s.run_id),
+        ("deliveries (distinct)", str(s.deliveries)),
+        ("posts (incl. redeliveries)", f"{s.posts} ({s.redeliveries} redeliveries)"),
+        ("same-identity collisions", str(s.collisions)),
+        ("opt-outs / auto-replies", f"{s.opt_outs} / {s.auto_replies}"),
+        ("relay answers", _counts(s.answers)),
+        ("post retries (503 / connection)", str(s.post_retries)),
+        ("deliveries never accepted", str(s.posts_given_up)),
+        ("destination calls", str(s.calls)),
+        ("calls that saw a fault", f"{s.faulted_calls} ({s.fault_share:.1%})"),
+        ("fault modes seen", _counts(Counter(k.split("/")[1] for k in s.fault_outcomes
+                                             for _ in range(s.fault_outcomes[k])))),
+        ("faults injected (target/mode)", str(sum(s.faults_injected.values()))),
+        ("worker kill -9 / restarts", f"{s.kills} / {s.kills}"),
+        ("relay restarts", str(s.relay_restarts)),
+        ("review actions (CLI)", _counts(s.review_actions) or "none"),
+        ("CLI failures", str(s.cli_failures)),
+        ("resolution rounds", str(s.resolution_rounds)),
+        ("left in review queue", str(s.review_left)),
+        ("final states", _counts(s.final_states)),
+        ("timings (s)", ", ".join(f"{k}={v}" for k, v in s.timings.items())),
+    ]
+    for name, examined, violations, note in check.summary_rows(result.report):
+        rows.append((f"check {name}", f"examined {examined or '-'}, violations {violations}"
+                     + ("" if note in ("ok", "none") else f" ({note})")))
+    verdict = "PASS" if result.exit_code == 0 else (
+        "VIOLATIONS" if result.exit_code == 1 else "INCOMPLETE: " + "; ".join(result.targets_met))
+    rows.append(("result", verdict))
+    return rows
+
+
+def _counts(counter: Counter[str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counter.items()))
+
+
+def format_table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{'metric'.ljust(width)} | value", f"{'-' * width}-+-{'-' * 40}"]
+    lines += [f"{k.ljust(width)} | {v}" for k, v in rows]
+    return "\n".join(lines)

@@ -1,0 +1,33 @@
+"""Outcome records of an external call, shared by every room: the three categories of a
+classified failure, the `ApplicationError` types the workflow branches on, and the classified
+result itself. The classifier that produces them is `inboxcrm.adapters.errors`; the failure
+table is in `docs/architecture.md` ("Failure classification").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Category(StrEnum):
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+    UNKNOWN = "unknown"
+
+
+class ErrorType(StrEnum):
+    """`ApplicationError.type` values the workflow branches on."""
+
+    TRANSIENT = "TransientError"        # retried by the activity's RetryPolicy
+    UNKNOWN_OUTCOME = "UnknownOutcome"  # retried; the next attempt reconciles first
+    PERMANENT = "PermanentError"        # non-retryable: item becomes `blocked`
+    AMBIGUOUS = "AmbiguousOutcome"      # non-retryable: item becomes `ambiguous`, held
+
+
+@dataclass(frozen=True)
+class Classified:
+    category: Category
+    reason: str                        # short, payload-free, e.g. "http_429", "connect_error"
+    retry_after: float | None = None   # seconds the provider asked us to wait
+    status_code: int | None = None
