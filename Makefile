@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint typecheck unit chaos bench test-ui clean-data
+.PHONY: up test test-fast test-stack lint typecheck chaos bench test-ui clean-data
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -18,9 +18,17 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 up: $(STAMP)
 	$(BIN)/inboxcrm up
 
-## test: lint, types, and the full suite against real PostgreSQL, Temporal and the sandbox
-test: $(STAMP) lint typecheck
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+## test: lint, types, the fast tier, then the real-component tier (PostgreSQL, Temporal, sandbox)
+test: test-fast test-stack
+
+## test-fast: no stack at all (pure functions, the rooms contract, workflow branches in the
+## SDK's time-skipping environment); under a minute
+test-fast: $(STAMP) lint typecheck
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/fast $(PYTEST_ARGS)
+
+## test-stack: every test that talks to real PostgreSQL, a Temporal server and the sandbox
+test-stack: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/fast $(PYTEST_ARGS)
 
 ## lint: ruff, and the rooms contract (.importlinter): an upward import fails here
 lint: $(STAMP)

@@ -1,6 +1,6 @@
 """Extraction quality of the rules extractor over the labelled synthetic set
-(tests/extraction/corpus.py): per-route precision / recall, unsafe routings and identity
-leaks. Numbers, not pass/fail (the pass/fail bar lives in tests/extraction).
+(tests/helpers/corpus.py): per-route precision / recall, unsafe routings and identity
+leaks. Numbers, not pass/fail (the pass/fail bar lives in tests/fast/extraction).
 
     python bench/extraction_quality.py [--tenant acme]
 
@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from inboxcrm.domain.extraction import extract_and_route  # noqa: E402
 from inboxcrm.domain.extraction.rules import RULES_VERSION  # noqa: E402
 from inboxcrm.domain.policy import get_policy  # noqa: E402
-from tests.extraction.corpus import CASES, ROUTES  # noqa: E402
+from tests.helpers.corpus import CASES, ROUTES  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "extraction_quality.json"
 

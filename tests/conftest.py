@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -15,13 +14,13 @@ import pytest
 
 from inboxcrm.stack import postgres
 from inboxcrm.stack.processes import free_port
+from tests.helpers.stack import ROOT, TEST_WEBHOOK_SECRET
 
 if TYPE_CHECKING:
     from inboxcrm.platform.config import Settings
     from inboxcrm.stack.stack import Stack
     from inboxcrm.verify.probe import StackClient
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +46,6 @@ async def database_url(postgres_server_url: str) -> AsyncIterator[str]:
 
 
 # --- the whole stack: real Temporal dev server, sandbox, worker and relay processes -----
-TEST_WEBHOOK_SECRET = "whsec_dGVzdC1zZWNyZXQtZm9yLWluYm94Y3JtLXRlc3RzLTAwMDA="
 
 
 @pytest.fixture(scope="session")

@@ -42,10 +42,10 @@ from inboxcrm.adapters.salesforce import LAST_NAME_PLACEHOLDER, SalesforceCrm
 from inboxcrm.adapters.smtp import SmtpMail
 from inboxcrm.operator.hubspot_setup import SetupError, run_setup
 from inboxcrm.platform.config import Settings
+from inboxcrm.stack.processes import free_port
 from inboxcrm.stack.stack import Stack
 from schemas.models import ItemRef, OperationInput
-from tests.conftest import free_port
-from tests.tls import self_signed_certificate
+from tests.helpers.tls import self_signed_certificate
 
 T, P, U = Category.TRANSIENT, Category.PERMANENT, Category.UNKNOWN
 EXT_FIELD = "Inboxcrm_Contact_Id__c"

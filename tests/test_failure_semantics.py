@@ -5,23 +5,16 @@ destination side. Nothing duplicated, nothing lost, nothing silently repeated.""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from datetime import datetime
 
 import pytest
 
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
+from tests.helpers.cli import cli
 
 CRM_KEY = "{}:crm-upsert"
 SEND_KEY = "{}:send"
-
-
-def cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run the operator CLI against the test stack, as an operator would."""
-    return subprocess.run([sys.executable, "-m", "inboxcrm.cli", *args], env=stack.env,
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 @pytest.fixture

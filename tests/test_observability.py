@@ -8,7 +8,7 @@ import re
 
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from tests.test_review import no_sender_message
+from tests.helpers.messages import no_sender_message
 
 
 def sample(text: str, name: str, labels: str = "") -> float | None:

@@ -28,7 +28,7 @@ from inboxcrm.platform import temporal
 from inboxcrm.platform.codec import data_converter
 from inboxcrm.platform.config import Settings
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from tests.test_review import no_sender_message
+from tests.helpers.messages import no_sender_message
 from workflows.inbound_email import InboundEmailWorkflow
 
 HISTORIES = Path(__file__).resolve().parent / "histories"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from tests.test_failure_semantics import cli
+from tests.helpers.cli import cli
 
 
 async def test_purge_deletes_raw_content_but_keeps_hashes_and_trail(

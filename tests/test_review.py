@@ -11,12 +11,8 @@ from inboxcrm.stack.processes import free_port, http_answers
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from inboxcrm.verify.signing import sample_message
-from tests.test_failure_semantics import cli
-
-
-def no_sender_message(body: str = "Hi, pricing for 20 seats please.\n\nJane") -> str:
-    return (f"To: sales@acme.test\r\nSubject: pricing\r\nMessage-ID: <{uuid.uuid4().hex}@x>\r\n"
-            f"Content-Type: text/plain; charset=utf-8\r\n\r\n{body}\r\n")
+from tests.helpers.cli import cli
+from tests.helpers.messages import no_sender_message
 
 
 async def audit_actions(env: StackClient, workflow_id: str) -> list[tuple[str, dict]]:  # type: ignore[type-arg]

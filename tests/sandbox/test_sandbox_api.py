@@ -17,7 +17,7 @@ import pytest
 from sandbox import crm
 from sandbox.app import init_connection
 from sandbox.crm import UpsertInput
-from tests.sandbox.conftest import HANG, SEARCH_LAG, SandboxProcess, free_port
+from tests.helpers.sandbox_process import HANG, SEARCH_LAG, SandboxProcess, free_port
 
 UPSERT = "/crm/v3/objects/contacts/batch/upsert"
 SEARCH = "/crm/v3/objects/contacts/search"

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from inboxcrm.stack import postgres
-from tests.conftest import ROOT, TEST_WEBHOOK_SECRET
+from tests.helpers.stack import ROOT, TEST_WEBHOOK_SECRET
+from tests.helpers.ui import ARTIFACTS, UI_TIMEOUT_MS
 
 if TYPE_CHECKING:
     from playwright.async_api import BrowserContext, Page
@@ -34,14 +35,11 @@ if TYPE_CHECKING:
 
 UI_TESTS_ENABLED = bool(os.environ.get("INBOXCRM_UI_TESTS"))
 SKIP_REASON = "browser test of the Temporal UI: run `make test-ui` (INBOXCRM_UI_TESTS=1)"
-ARTIFACTS = ROOT / "test-artifacts" / "ui"
 CHROMIUM = os.environ.get("INBOXCRM_CHROMIUM", "/usr/bin/chromium")
 # Debian's chromium, headless, with nothing that phones home (no network here anyway).
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu",
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic"]
-# The machine has 2 cores and other suites may run beside this one.
-UI_TIMEOUT_MS = 30_000
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from tests.test_review import no_sender_message
-from tests.ui.conftest import ARTIFACTS, UI_TIMEOUT_MS
+from tests.helpers.messages import no_sender_message
+from tests.helpers.ui import ARTIFACTS, UI_TIMEOUT_MS
 
 if TYPE_CHECKING:
     from playwright.async_api import Locator, Page

@@ -15,8 +15,7 @@ import pytest
 from inboxcrm.domain.extraction import extract_and_route, run_extract_command
 from inboxcrm.domain.extraction.route import ALL_REASONS, schema_errors
 from inboxcrm.domain.policy import TenantPolicy
-
-from .corpus import CASES
+from tests.helpers.corpus import CASES
 
 KEYS = {"extraction", "route", "reasons", "canonical_email"}
 ROUTES = {"auto", "review", "ignore", "opt_out"}

@@ -11,8 +11,7 @@ from inboxcrm.domain.extraction.minimise import (
     html_to_text,
     minimise,
 )
-
-from .corpus import mail, multipart
+from tests.helpers.corpus import mail, multipart
 
 
 def test_only_headers_that_matter_reach_the_model() -> None:

@@ -5,8 +5,7 @@ from collections.abc import Iterator
 import pytest
 
 from inboxcrm.domain.policy import TenantPolicy, get_policy
-
-from .llm_stub import StubServer
+from tests.helpers.llm_stub import StubServer
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ from inboxcrm.domain.policy import (
 )
 from schemas.extraction import INTENTS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_demo_tenant_acme(acme: TenantPolicy) -> None:

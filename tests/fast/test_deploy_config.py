@@ -18,7 +18,7 @@ from inboxcrm.adapters.factory import build_crm, build_mail
 from inboxcrm.platform.config import Settings
 from inboxcrm.platform.temporal import tls_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yml"
 ENV_EXAMPLE = DEPLOY / ".env.example"

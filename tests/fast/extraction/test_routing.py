@@ -4,40 +4,25 @@ identity is ever taken from a body, a quoted reply or an instruction."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import json
 import logging
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from inboxcrm.domain.extraction import ExtractionOutcome, extract_and_route, minimise
+from inboxcrm.domain.extraction import extract_and_route, minimise
 from inboxcrm.domain.extraction.route import (
-    ALL_REASONS,
-    IGNORE_REASONS,
     ignore_reasons,
-    schema_errors,
     validate_and_route,
 )
 from inboxcrm.domain.extraction.rules import extract_rules
-from inboxcrm.domain.policy import InvalidAddress, TenantPolicy, canonical_email
+from inboxcrm.domain.policy import TenantPolicy
 from schemas.extraction import ExtractedField, Extraction
+from tests.helpers.corpus import CASES, ROUTES, Case, mail
+from tests.helpers.routing import assert_safe
 
-from .corpus import CASES, ROUTES, Case, mail
-
-SECTION10_KEYS = {"extraction", "route", "reasons", "canonical_email"}
 OPT_OUT_LANGUAGES = ("en", "de", "fr", "es", "pt", "it", "nl")
-
-
-def header_canonicals(case: Case, policy: TenantPolicy) -> set[str]:
-    msg = minimise(case.raw)
-    out = set()
-    for box in msg.from_addrs + msg.reply_to:
-        with contextlib.suppress(InvalidAddress):
-            out.add(canonical_email(box.address, policy))
-    return out
 
 
 def test_corpus_size_and_coverage() -> None:
@@ -82,30 +67,6 @@ async def test_rules_route(case: Case, acme: TenantPolicy) -> None:
         assert outcome.extraction.company.value == case.company
     assert outcome.extractor == "rules" and outcome.extractor_version.startswith("rules-")
     assert_safe(case, outcome, acme)
-
-
-def assert_safe(case: Case, outcome: ExtractionOutcome, policy: TenantPolicy) -> None:
-    """The hard bar, for any extractor."""
-    if case.route != "auto":
-        assert outcome.route != "auto", f"UNSAFE: {case.id} should be {case.route}"
-    if case.route in ("ignore", "opt_out"):
-        assert outcome.route in (case.route, "review")
-    if outcome.canonical_email is not None:
-        assert outcome.canonical_email in header_canonicals(case, policy)
-        assert outcome.route != "ignore"
-    for planted in case.planted:
-        assert outcome.canonical_email != planted.lower()
-        assert outcome.extraction.sender_email.value != planted
-    if outcome.route == "auto":
-        assert outcome.canonical_email is not None and not outcome.reasons
-    assert set(outcome.reasons) <= ALL_REASONS, outcome.reasons
-    if outcome.route == "ignore":
-        assert set(outcome.reasons) <= IGNORE_REASONS
-    doc = outcome.section10_json()
-    assert set(doc) == SECTION10_KEYS
-    assert not schema_errors(doc["extraction"])
-    json.dumps(doc)
-    assert doc["extraction"]["needs_human_review"] == (outcome.route == "review")
 
 
 async def test_no_logging_of_content(acme: TenantPolicy, caplog: pytest.LogCaptureFixture) -> None:
@@ -193,7 +154,7 @@ async def test_extractor_defect_goes_to_review(acme: TenantPolicy) -> None:
     assert outcome.canonical_email is None
 
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "extraction_quality.py"
+BENCH = Path(__file__).resolve().parents[3] / "bench" / "extraction_quality.py"
 
 
 async def test_bench_reports_no_unsafe_routing() -> None:

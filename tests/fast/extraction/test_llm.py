@@ -22,10 +22,9 @@ from inboxcrm.domain.extraction.llm import SYSTEM_PROMPT, LLMExtractor
 from inboxcrm.domain.extraction.rules import RulesExtractor, extract_rules
 from inboxcrm.domain.policy import TenantPolicy
 from schemas.extraction import INTENTS
-
-from .corpus import CASES, JANE, mail
-from .llm_stub import StubServer, content, free_port, status
-from .test_routing import assert_safe
+from tests.helpers.corpus import CASES, JANE, mail
+from tests.helpers.llm_stub import StubServer, content, free_port, status
+from tests.helpers.routing import assert_safe
 
 PRICING = mail(subject="Pricing", body="Hi, how much for 10 seats?\n\nJane Doe")
 

@@ -17,7 +17,7 @@ import pytest
 
 from inboxcrm.adapters.errors import Category, classify_exception
 from inboxcrm.adapters.transport import AiohttpTransport, new_client
-from tests.tls import self_signed_certificate
+from tests.helpers.tls import self_signed_certificate
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -1,0 +1,82 @@
+"""A real sandbox process (`python -m sandbox`) on loopback, for tests that need one of their
+own (API key, short timings)."""
+
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+
+API_KEY = "test-sandbox-key"
+SEARCH_LAG = 1.0
+HANG = 1.5
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SandboxProcess:
+    """Start/stop `python -m sandbox` as a subprocess, keeping its stderr for diagnosis."""
+
+    def __init__(self, database_url: str, port: int) -> None:
+        self.database_url = database_url
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = Path(tempfile.mkstemp(prefix="sandbox-", suffix=".log")[1])
+        self.proc: asyncio.subprocess.Process | None = None
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "DATABASE_URL": self.database_url,
+            "SANDBOX_API_KEY": API_KEY,
+            "SANDBOX_SEARCH_LAG_SECONDS": str(SEARCH_LAG),
+            "SANDBOX_HANG_SECONDS": str(HANG),
+        }
+
+    async def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "sandbox",
+                "--port",
+                str(self.port),
+                env=self.env(),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+        async with httpx.AsyncClient(base_url=self.url, timeout=1.0) as client:
+            for _ in range(200):
+                if self.proc.returncode is not None:
+                    break
+                try:
+                    if (await client.get("/healthz")).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.1)
+        raise RuntimeError(f"sandbox did not start:\n{self.log.read_text()[-3000:]}")
+
+    async def stop(self) -> None:
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout=15)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+
