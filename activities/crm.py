@@ -12,6 +12,7 @@ import uuid
 import asyncpg
 from temporalio import activity
 
+from activities.failures import missing_row
 from activities.outbox import Attempt, OutboxRunner, Recorded
 from inboxcrm.adapters.base import ContactFields, CrmClient
 from schemas.models import Action, ItemState, OperationInput, OperationResult
@@ -59,7 +60,7 @@ class CrmActivities:
         async with self._pool.acquire() as conn:
             row = await conn.fetchrow(LOAD_NOTE_CONTEXT, attempt.op.item.event_id)
         if row is None or row["crm_record_id"] is None:
-            raise LookupError("no CRM record to log the email on")
+            raise missing_row("crm_record")
         text = (f"Inbound email received via {row['source']} at "
                 f"{row['received_at'].isoformat(timespec='seconds')} (delivery "
                 f"{row['delivery_id']}); intent: {row['intent'] or 'unknown'}; handled by "
@@ -88,7 +89,7 @@ class CrmActivities:
         async with self._pool.acquire() as conn:
             row = await conn.fetchrow(LOAD_CONTACT, _contact_id(attempt))
         if row is None:
-            raise LookupError("contact not found for operation")
+            raise missing_row("contact")
         record = await self._crm.upsert_contact(
             str(row["contact_id"]),
             ContactFields(email=row["email"], name=row["name"], company=row["company"]),
@@ -108,7 +109,7 @@ class CrmActivities:
 def _contact_id(attempt: Attempt) -> str:
     ref = attempt.claim.external_ref
     if ref is None:
-        raise LookupError("operation has no contact reference")
+        raise missing_row("contact_reference")
     return ref
 
 

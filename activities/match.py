@@ -10,18 +10,22 @@ is safe: every insert is `ON CONFLICT DO NOTHING` on the keys of docs/architectu
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.failures import missing_row
 from activities.heartbeat import heartbeating
 from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain.policy import TenantPolicy, get_policy
 from inboxcrm.store import queries as store
 from inboxcrm.store.suppression import SendInFlight, suppress_identity
 from schemas.models import Action, ItemState, PlanInput, PlanResult, operation_key
+
+if TYPE_CHECKING:
+    from inboxcrm.store.queries import Conn
 
 # Loads the event and shows `matching`; the row lock serialises a re-run with a zombie.
 START_MATCHING = """
@@ -147,7 +151,7 @@ class MatchActivities:
         async with self._pool.acquire() as conn, conn.transaction():
             event = await conn.fetchrow(START_MATCHING, item.event_id, ItemState.MATCHING)
             if event is None:
-                raise LookupError("event not found")
+                raise missing_row("event")
             extraction: dict[str, Any] = event["extraction"] or {}
             identity: str | None = event["canonical_email"]
             tx = _Planner(conn, plan, policy, extraction, self._crm_max_attempts,
@@ -163,7 +167,7 @@ class _Planner:
     """The steps of one match_and_plan transaction."""
 
     def __init__(
-        self, conn: Any, plan: PlanInput, policy: TenantPolicy, extraction: dict[str, Any],
+        self, conn: Conn, plan: PlanInput, policy: TenantPolicy, extraction: dict[str, Any],
         crm_max_attempts: int, send_max_attempts: int,
     ) -> None:
         self.conn = conn
@@ -227,6 +231,8 @@ class _Planner:
         contact = await self.conn.fetchrow(
             UPSERT_CONTACT, self.item.tenant, identity, email_as_written, name, company
         )
+        if contact is None:  # an upsert always returns its row; a missing one is a bug
+            raise missing_row("contact")
         contact_id = contact["contact_id"]
         inserted = bool(contact["inserted"])
         if not inserted:
@@ -253,7 +259,8 @@ class _Planner:
         return await self._plan_followup(result, contact_id, identity, inserted,
                                          contact["status"])
 
-    def _conflicting_field(self, contact: Any, name: str | None, company: str | None) -> str | None:
+    def _conflicting_field(self, contact: asyncpg.Record, name: str | None,
+                           company: str | None) -> str | None:
         proposed = {"name": name, "company": company}
         for field in self.policy.review_on_conflict:
             new, old = proposed.get(field), contact[field] if field in proposed else None
@@ -261,7 +268,8 @@ class _Planner:
                 return field
         return None
 
-    async def _fill_fields(self, contact: Any, name: str | None, company: str | None) -> None:
+    async def _fill_fields(self, contact: asyncpg.Record, name: str | None,
+                           company: str | None) -> None:
         allowed = set(self.policy.updatable_fields)
         new_name = name if "name" in allowed and name != contact["name"] else None
         new_company = company if "company" in allowed and company != contact["company"] else None
@@ -302,7 +310,7 @@ class _Planner:
             needs_approval,
         )
         if intent is None:
-            raise LookupError("follow-up intent neither created nor found")
+            raise missing_row("followup_intent")
         intent_id = str(intent["intent_id"])
         send_key = operation_key(self.item.workflow_id, Action.SEND)
         await self.conn.execute(

@@ -9,12 +9,13 @@ was already waiting (for example on a paused send) when the opt-out arrived.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING
 
 import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.failures import missing_row
 from activities.outbox import Attempt, OutboxRunner, Recorded
 from inboxcrm.adapters.base import MailClient, OutgoingEmail
 from inboxcrm.adapters.errors import Category, Classified, ErrorType
@@ -23,6 +24,9 @@ from inboxcrm.domain.unsubscribe_links import list_unsubscribe_headers
 from inboxcrm.store import ledger
 from inboxcrm.store import queries as store
 from schemas.models import Action, ItemState, OperationInput, OperationResult
+
+if TYPE_CHECKING:
+    from inboxcrm.store.queries import Conn
 
 # Fallback when the activity has no start-to-close timeout (it always has one here).
 LEASE_SECONDS = 30.0
@@ -94,7 +98,7 @@ class SendActivities:
             running_state=ItemState.SEND_PENDING, on_failure=self._release_lease,
         )
 
-    async def _release_lease(self, conn: Any, attempt: Attempt, failure: Classified) -> None:
+    async def _release_lease(self, conn: Conn, attempt: Attempt, failure: Classified) -> None:
         """A request that did not take effect frees the intent for the next attempt at once.
         After an *unknown* outcome the lease stays until it expires: the email may exist, and
         an opt-out must not be recorded as if it came first."""
@@ -113,7 +117,7 @@ class SendActivities:
             await conn.fetch(LOCK_CONTACT_OF_INTENT, intent_id)
             row = await conn.fetchrow(CLAIM_INTENT, intent_id)
             if row is None:
-                raise LookupError("intent not found")
+                raise missing_row("followup_intent")
             refusal = _ineligible(row)
             if refusal is not None:
                 await store.audit(
@@ -163,7 +167,7 @@ class SendActivities:
         )
 
 
-def _ineligible(row: Any) -> str | None:
+def _ineligible(row: asyncpg.Record) -> str | None:
     if row["status"] == "cancelled":
         return "intent_cancelled"
     if row["suppressed"]:
@@ -176,5 +180,5 @@ def _ineligible(row: Any) -> str | None:
 def _intent_id(attempt: Attempt) -> str:
     ref = attempt.claim.external_ref
     if ref is None:
-        raise LookupError("operation has no intent reference")
+        raise missing_row("intent_reference")
     return ref

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import asyncpg
 import httpx
 import typer
 from rich.console import Console
@@ -40,7 +41,7 @@ def fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
-def _with_db(settings: Settings, fn: Callable[[Any], Awaitable[T]]) -> T:
+def _with_db(settings: Settings, fn: Callable[[asyncpg.Connection[Any]], Awaitable[T]]) -> T:
     async def run() -> T:
         try:
             conn = await db.connect(settings.database_url)
@@ -146,7 +147,7 @@ def status(workflow_id: str) -> None:
     """One item's state, reason, operations and review task, as JSON."""
     settings = settings_from_env()
 
-    async def load(conn: Any) -> dict[str, Any] | None:
+    async def load(conn: asyncpg.Connection[Any]) -> dict[str, Any] | None:
         return await operator.item_status(conn, workflow_id)
 
     found = _with_db(settings, load)
@@ -199,7 +200,7 @@ def queue(tenant: Annotated[str | None, typer.Option()] = None, as_json: JsonOpt
     """The owned review queue, oldest first (references and reasons, never bodies)."""
     settings = settings_from_env()
 
-    async def load(conn: Any) -> list[dict[str, Any]]:
+    async def load(conn: asyncpg.Connection[Any]) -> list[dict[str, Any]]:
         return await operator.review_queue(conn, tenant)
 
     items = _with_db(settings, load)
@@ -317,7 +318,7 @@ def _switch(tenant: str | None, scope: str, paused: bool) -> None:
     settings = settings_from_env()
     actor = os.environ.get("USER", "operator")
 
-    async def apply(conn: Any) -> None:
+    async def apply(conn: asyncpg.Connection[Any]) -> None:
         await operator.set_pause(conn, tenant, scope, paused, actor)
 
     _with_db(settings, apply)
@@ -357,7 +358,7 @@ def audit(
         except InvalidAddress:
             fail("not a valid email address")
 
-    async def load(conn: Any) -> list[dict[str, Any]]:
+    async def load(conn: asyncpg.Connection[Any]) -> list[dict[str, Any]]:
         return await operator.audit_story(conn, workflow_id=workflow, canonical=canonical)
 
     entries = _with_db(settings, load)
@@ -464,7 +465,7 @@ def forget(email: Annotated[str, typer.Option("--email")],
             fail("not a valid email address")
     actor = os.environ.get("USER", "operator")
 
-    async def run(conn: Any) -> tuple[int, int]:
+    async def run(conn: asyncpg.Connection[Any]) -> tuple[int, int]:
         contacts = events = 0
         for address in canonical:
             report = await retention.forget(conn, tenants, address, actor)
@@ -551,7 +552,7 @@ def check(
         crm_id_property = settings.salesforce_external_id_field
         note_id_property = settings.salesforce_note_external_id_field
 
-    async def run(conn: Any) -> Any:
+    async def run(conn: asyncpg.Connection[Any]) -> Any:
         try:
             return await checker.check_invariants(
                 conn, url, settled=settled, scope=scope, crm_id_property=crm_id_property,

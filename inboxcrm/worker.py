@@ -13,6 +13,7 @@ import signal
 import uvloop
 from temporalio.worker import Worker
 
+from activities.bookkeeping import BookkeepingActivities
 from activities.crm import CrmActivities
 from activities.extract import ExtractActivities
 from activities.match import MatchActivities
@@ -41,6 +42,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
     crm_acts = CrmActivities(pool, crm, cap)
     send = SendActivities(pool, mail, cap)
+    bookkeeping = BookkeepingActivities(pool)
     review = ReviewActivities(pool)
     worker = Worker(
         client,
@@ -52,9 +54,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
             crm_acts.upsert_contact_in_crm,
             crm_acts.log_email_on_contact,
             send.submit_followup_email,
-            review.record_item_state,
-            review.record_audit,
-            review.mark_review_escalated,
+            bookkeeping.record_item_state,
+            bookkeeping.record_audit,
+            bookkeeping.mark_review_escalated,
             review.resolve_operation,
             review.grant_operation_retry,
             review.apply_review_corrections,

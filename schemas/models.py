@@ -178,3 +178,37 @@ class IntentApproval:
     item: ItemRef
     intent_id: str
     reviewer: str
+
+
+@dataclass
+class OperationStatus:
+    """One side effect as the workflow last saw it (the ledger row is the truth)."""
+
+    op_key: str
+    status: str = "pending"
+    destination_id: str | None = None
+
+
+@dataclass
+class OpenReview:
+    """The wait a person is asked to answer: why, who owns it, since when, what is allowed."""
+
+    reason: str
+    owner: str
+    since: str
+    allowed: list[str]
+    op_key: str | None = None
+
+
+@dataclass
+class ItemStatus:
+    """The `status` query's answer and the workflow's result: state, reason, operation keys
+    with destination IDs, and the open review if any."""
+
+    workflow_id: str
+    event_id: str | None = None
+    tenant: str | None = None
+    state: str = ItemState.RECEIVED.value
+    reason: str | None = None
+    operations: dict[str, OperationStatus] = field(default_factory=dict)
+    review: OpenReview | None = None

@@ -6,7 +6,7 @@ Pure, deterministic helpers, imported as passthrough (not re-executed per workfl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from temporalio.exceptions import ApplicationError
@@ -31,13 +31,6 @@ class Waiting:
     allowed: set[str]
     op_key: str | None = None
     since: str = ""
-
-
-@dataclass
-class ItemStatus:
-    state: str = ItemState.RECEIVED.value
-    reason: str | None = None
-    operations: dict[str, dict[str, str | None]] = field(default_factory=dict)
 
 
 class Rejected(Exception):

@@ -17,14 +17,17 @@ run when the SDK reads the signal and query signatures.
 """
 
 
+import dataclasses
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.bookkeeping import BookkeepingActivities
     from activities.crm import CrmActivities
     from activities.extract import ExtractActivities
     from activities.match import MatchActivities
@@ -46,13 +49,15 @@ with workflow.unsafe.imports_passed_through():
         AuditEntry,
         CorrectionInput,
         EscalationInput,
-        ExtractResult,
         InboundEmailInput,
         IntentApproval,
         ItemRef,
         ItemState,
+        ItemStatus,
+        OpenReview,
         OperationInput,
         OperationResult,
+        OperationStatus,
         PlanInput,
         PlanResult,
         ResolveInput,
@@ -64,7 +69,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.decisions import (
         RECOVERY_ACTIONS,
         REVIEW_ACTIONS,
-        ItemStatus,
         Rejected,
         Signal,
         Waiting,
@@ -93,11 +97,17 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = ["CRM_MAX_ATTEMPTS", "SEND_MAX_ATTEMPTS", "InboundEmailWorkflow"]
 
+# A step keeps its activity's signature: `fn(self, arg) -> result` in, `result` out.
+Owner = TypeVar("Owner")
+Arg = TypeVar("Arg")
+Result = TypeVar("Result")
+Step = Callable[[Owner, Arg], Awaitable[Result]]
+
 
 @workflow.defn(name=WORKFLOW_TYPE)
 class InboundEmailWorkflow:
     def __init__(self) -> None:
-        self._status = ItemStatus()
+        self._status = ItemStatus(workflow_id="")
         self._item: ItemRef | None = None
         self._signals: list[Signal] = []
         self._waiting: Waiting | None = None
@@ -110,9 +120,11 @@ class InboundEmailWorkflow:
 
     # --- the steps -----------------------------------------------------------------------
     @workflow.run
-    async def run(self, params: InboundEmailInput) -> dict[str, Any]:
+    async def run(self, params: InboundEmailInput) -> ItemStatus:
         self._item = ItemRef(event_id=params.event_id, workflow_id=workflow.info().workflow_id,
                              tenant=params.tenant)
+        self._status = ItemStatus(workflow_id=self._item.workflow_id,
+                                  event_id=params.event_id, tenant=params.tenant)
         try:
             await self._process()
         except Rejected:
@@ -121,7 +133,7 @@ class InboundEmailWorkflow:
 
     async def _process(self) -> None:
         self._show(ItemState.EXTRACTING, extra=[SA_TENANT.value_set(self.item.tenant)])
-        extraction: ExtractResult = await self._step(
+        extraction = await self._step(
             ExtractActivities.extract_message, self.item, EXTRACT_TIMEOUT, EXTRACT_RETRY)
         self._owner = extraction.review_owner
         self._escalation_hours = extraction.escalation_hours
@@ -164,17 +176,17 @@ class InboundEmailWorkflow:
 
     async def _plan(self, approved_by: str | None) -> PlanResult:
         self._show(ItemState.MATCHING)
-        plan: PlanResult = await self._step(
+        plan = await self._step(
             MatchActivities.match_and_plan, PlanInput(self.item, approved_by), PLAN_TIMEOUT,
             PLAN_RETRY)
         for action, key in (("crm-upsert", plan.crm_op_key), ("crm-note", plan.note_op_key),
                             ("send", plan.send_op_key)):
             if key:
-                self._status.operations.setdefault(action, {"op_key": key, "status": "pending",
-                                                            "destination_id": None})
+                self._status.operations.setdefault(action, OperationStatus(op_key=key))
         return plan
 
-    async def _step(self, fn: Any, arg: Any, timeout: timedelta, retry: RetryPolicy) -> Any:
+    async def _step(self, fn: Step[Owner, Arg, Result], arg: Arg, timeout: timedelta,
+                    retry: RetryPolicy) -> Result:
         """A non-outbox step; if it cannot finish, a person decides (retry or reject)."""
         while True:
             try:
@@ -182,8 +194,8 @@ class InboundEmailWorkflow:
             except STEP_FAILURES as err:
                 await self._recover(err, op_key=None)
 
-    async def _operation(self, fn: Any, op_key: str, state: ItemState,
-                         retry: RetryPolicy) -> OperationResult:
+    async def _operation(self, fn: Step[Owner, OperationInput, OperationResult], op_key: str,
+                         state: ItemState, retry: RetryPolicy) -> OperationResult:
         """An outbox operation: parks while paused, waits for a person when it cannot be
         completed or confirmed, and never runs again once completed."""
         action = op_key.rsplit(":", 1)[-1]
@@ -192,12 +204,11 @@ class InboundEmailWorkflow:
         while True:
             self._show(state)
             try:
-                result: OperationResult = await self._activity(
-                    fn, op, OPERATION_TIMEOUT, retry)
+                result = await self._activity(fn, op, OPERATION_TIMEOUT, retry)
             except STEP_FAILURES as err:
-                self._status.operations[action]["status"] = "failed"
+                self._status.operations[action].status = "failed"
                 if await self._recover(err, op_key=op_key) == "resolved":
-                    self._status.operations[action]["status"] = "completed"
+                    self._status.operations[action].status = "completed"
                     return OperationResult(status="completed", reason="resolved_by_reviewer")
                 continue
             if result.status == "parked":
@@ -207,8 +218,8 @@ class InboundEmailWorkflow:
                 if workflow.patched("pause-poll-backoff"):
                     pause_poll = min(pause_poll * 2, PAUSE_POLL_MAX)
                 continue
-            self._status.operations[action].update(
-                status=result.status, destination_id=result.destination_id)
+            self._status.operations[action].status = result.status
+            self._status.operations[action].destination_id = result.destination_id
             return result
 
     # --- people in the loop --------------------------------------------------------------
@@ -281,7 +292,7 @@ class InboundEmailWorkflow:
             elif decision.action == "resolve" and not decision.evidence:
                 problem = "evidence_required"
         accepted = problem is None
-        await self._bookkeeping(ReviewActivities.record_audit, AuditEntry(
+        await self._bookkeeping(BookkeepingActivities.record_audit, AuditEntry(
             self.item, decision.reviewer if decision else "unknown", f"signal_{signal.action}",
             {"accepted": accepted, "ignored_reason": problem,
              "note": decision.note if decision else None, "waiting_for": waiting.reason}))
@@ -289,7 +300,7 @@ class InboundEmailWorkflow:
 
     async def _escalate(self, reason: str) -> None:
         workflow.upsert_search_attributes([SA_OVERDUE.value_set(True)])
-        await self._bookkeeping(ReviewActivities.mark_review_escalated,
+        await self._bookkeeping(BookkeepingActivities.mark_review_escalated,
                                 EscalationInput(self.item, reason))
 
     # --- signals and query ---------------------------------------------------------------
@@ -327,19 +338,13 @@ class InboundEmailWorkflow:
 
     @workflow.query(name=QUERY_STATUS, description=(
         "State, reason, operation keys and destination IDs, and the open review (if any)."))
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ItemStatus:
         waiting = self._waiting
-        return {
-            "workflow_id": workflow.info().workflow_id,
-            "event_id": self._item.event_id if self._item else None,
-            "tenant": self._item.tenant if self._item else None,
-            "state": self._status.state,
-            "reason": self._status.reason,
-            "operations": self._status.operations,
-            "review": None if waiting is None else {
-                "reason": waiting.reason, "owner": self._owner, "since": waiting.since,
-                "allowed": sorted(waiting.allowed), "op_key": waiting.op_key},
-        }
+        return dataclasses.replace(
+            self._status, workflow_id=workflow.info().workflow_id,
+            review=None if waiting is None else OpenReview(
+                reason=waiting.reason, owner=self._owner, since=waiting.since,
+                allowed=sorted(waiting.allowed), op_key=waiting.op_key))
 
     # --- state mirroring -----------------------------------------------------------------
     @property
@@ -371,7 +376,7 @@ class InboundEmailWorkflow:
             updates = self._leave_review_updates()
         self._show(state, reason, updates)
         waiting = self._waiting
-        await self._bookkeeping(ReviewActivities.record_item_state, StateChange(
+        await self._bookkeeping(BookkeepingActivities.record_item_state, StateChange(
             self.item, state.value, reason,
             review_reason=reason if review else None,
             review_owner=self._owner if review else None,
@@ -391,8 +396,8 @@ class InboundEmailWorkflow:
         workflow.set_current_details("")
         return [SA_NEEDS_REVIEW.value_set(False), SA_OVERDUE.value_set(False)]
 
-    async def _activity(self, fn: Any, arg: Any, timeout: timedelta,
-                        retry: RetryPolicy) -> Any:
+    async def _activity(self, fn: Step[Owner, Arg, Result], arg: Arg, timeout: timedelta,
+                        retry: RetryPolicy) -> Result:
         """Run a step in the worker that runs this workflow (a local activity).
 
         Safe because no step relies on running once: every side effect goes through the
@@ -408,6 +413,6 @@ class InboundEmailWorkflow:
             fn, arg, start_to_close_timeout=timeout, retry_policy=retry,
             heartbeat_timeout=HEARTBEAT_TIMEOUT)
 
-    async def _bookkeeping(self, fn: Any, arg: Any) -> Any:
+    async def _bookkeeping(self, fn: Step[Owner, Arg, Result], arg: Arg) -> Result:
         return await workflow.execute_local_activity_method(
             fn, arg, start_to_close_timeout=BOOKKEEPING_TIMEOUT, retry_policy=BOOKKEEPING_RETRY)

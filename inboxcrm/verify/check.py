@@ -17,9 +17,13 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import asyncpg
 import httpx
+
+if TYPE_CHECKING:
+    from inboxcrm.store.queries import Conn
 
 TERMINAL_STATES = frozenset({"completed", "ignored", "suppressed", "rejected"})
 REVIEW_STATES = frozenset({"awaiting_review", "blocked", "ambiguous", "held"})
@@ -154,7 +158,8 @@ WHERE {IN_SCOPE.format(col="o.workflow_id")}
 
 
 # --- the checker -------------------------------------------------------------------------
-async def check_invariants(conn: Any, sandbox_url: str | None, *, settled: bool = False,
+async def check_invariants(conn: asyncpg.Pool | Conn, sandbox_url: str | None, *,
+                           settled: bool = False,
                            scope: str | None = None,
                            crm_id_property: str = "inboxcrm_contact_id",
                            note_id_property: str = "inboxcrm_note_id",
@@ -195,7 +200,7 @@ async def check_invariants(conn: Any, sandbox_url: str | None, *, settled: bool 
     return report
 
 
-async def _read_store(conn: Any, scope: str | None) -> tuple[list[Any], ...]:
+async def _read_store(conn: Conn, scope: str | None) -> tuple[list[Any], ...]:
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         return (await conn.fetch(EVENTS, scope), await conn.fetch(SCOPED_CONTACTS, scope),
                 await conn.fetch(SCOPED_INTENTS, scope), await conn.fetch(OPERATIONS, scope),
@@ -296,7 +301,7 @@ def _crm_records(contacts: list[Any], destination: dict[str, Any] | None,
     return result
 
 
-async def _emails_per_intent(conn: Any, contacts: list[Any], intents: list[Any],
+async def _emails_per_intent(conn: asyncpg.Pool | Conn, contacts: list[Any], intents: list[Any],
                              operations: list[Any], destination: dict[str, Any] | None,
                              scoped: bool) -> CheckResult:
     result = CheckResult("one_email_per_intent",
