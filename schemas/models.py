@@ -130,7 +130,7 @@ class AuditEntry:
     item: ItemRef
     actor: str
     action: str
-    detail: dict[str, str | int | bool | None] = field(default_factory=dict)
+    detail: dict[str, str | bool | int | None] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,0 +1,314 @@
+"""The workflow's branches in the SDK's time-skipping environment, no stack: every activity
+is replaced by a function registered under the activity's real name, so the workflow code
+under test is exactly the production class. Hours of review waits pass in milliseconds.
+
+What these prove is the orchestration (which step runs, which state the item ends in, what
+a person's decision does); what the steps do to PostgreSQL and the destinations is the
+stack tier's job."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio import activity
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from inboxcrm.platform.temporal import SEARCH_ATTRIBUTES as SEARCH_ATTRIBUTE_TYPES
+from schemas.contract import QUERY_STATUS, SEARCH_ATTRIBUTES, Decision
+from schemas.models import (
+    AuditEntry,
+    CorrectionInput,
+    EscalationInput,
+    ExtractResult,
+    InboundEmailInput,
+    IntentApproval,
+    ItemRef,
+    ItemStatus,
+    OperationInput,
+    OperationResult,
+    PlanInput,
+    PlanResult,
+    ResolveInput,
+    RetryGrant,
+    StateChange,
+)
+from schemas.outcomes import ErrorType
+from workflows.inbound_email import InboundEmailWorkflow
+
+TEST_SERVER = Path(sys.executable).with_name("temporal-test-server")
+
+
+@dataclass
+class Scenario:
+    """What the replaced activities answer, and what they were asked."""
+
+    route: str = "auto"
+    reasons: list[str] = field(default_factory=list)
+    plan: PlanResult = field(default_factory=lambda: planned())
+    crm_failures: list[ApplicationError] = field(default_factory=list)
+    calls: Counter[str] = field(default_factory=Counter)
+    states: list[str] = field(default_factory=list)
+    audit: list[str] = field(default_factory=list)
+
+    def activities(self) -> list[Callable[..., Any]]:
+        @activity.defn(name="extract_message")
+        async def extract_message(item: ItemRef) -> ExtractResult:
+            self.calls["extract"] += 1
+            return ExtractResult(route=self.route, reasons=list(self.reasons),
+                                 escalation_hours=1.0)
+
+        @activity.defn(name="match_and_plan")
+        async def match_and_plan(plan: PlanInput) -> PlanResult:
+            self.calls["plan"] += 1
+            return self.plan
+
+        @activity.defn(name="upsert_contact_in_crm")
+        async def upsert_contact_in_crm(op: OperationInput) -> OperationResult:
+            self.calls["crm-upsert"] += 1
+            if self.crm_failures:
+                raise self.crm_failures.pop(0)
+            return OperationResult(status="completed", destination_id="crm-1")
+
+        @activity.defn(name="log_email_on_contact")
+        async def log_email_on_contact(op: OperationInput) -> OperationResult:
+            self.calls["crm-note"] += 1
+            return OperationResult(status="completed", destination_id="note-1")
+
+        @activity.defn(name="submit_followup_email")
+        async def submit_followup_email(op: OperationInput) -> OperationResult:
+            self.calls["send"] += 1
+            return OperationResult(status="completed", destination_id="msg-1")
+
+        @activity.defn(name="record_item_state")
+        async def record_item_state(change: StateChange) -> None:
+            self.states.append(change.state)
+
+        @activity.defn(name="record_audit")
+        async def record_audit(entry: AuditEntry) -> None:
+            self.audit.append(f"{entry.action}:{entry.detail.get('accepted')}")
+
+        @activity.defn(name="mark_review_escalated")
+        async def mark_review_escalated(escalation: EscalationInput) -> None:
+            self.calls["escalated"] += 1
+
+        @activity.defn(name="resolve_operation")
+        async def resolve_operation(resolve: ResolveInput) -> None:
+            self.calls["resolved"] += 1
+
+        @activity.defn(name="grant_operation_retry")
+        async def grant_operation_retry(grant: RetryGrant) -> None:
+            self.calls["retry_granted"] += 1
+
+        @activity.defn(name="apply_review_corrections")
+        async def apply_review_corrections(correction: CorrectionInput) -> list[str]:
+            self.calls["corrected"] += 1
+            return []
+
+        @activity.defn(name="approve_followup_intent")
+        async def approve_followup_intent(approval: IntentApproval) -> None:
+            self.calls["intent_approved"] += 1
+
+        return [extract_message, match_and_plan, upsert_contact_in_crm, log_email_on_contact,
+                submit_followup_email, record_item_state, record_audit,
+                mark_review_escalated, resolve_operation, grant_operation_retry,
+                apply_review_corrections, approve_followup_intent]
+
+
+def planned(**overrides: Any) -> PlanResult:
+    values: dict[str, Any] = dict(
+        outcome="planned", contact_id="c-1", crm_op_key="wf:crm-upsert",
+        note_op_key="wf:crm-note", send_op_key="wf:send", intent_id="i-1")
+    values.update(overrides)
+    return PlanResult(**values)
+
+
+def permanent(reason: str) -> ApplicationError:
+    return ApplicationError(f"permanent: {reason}", type=ErrorType.PERMANENT.value,
+                            non_retryable=True)
+
+
+@pytest.fixture(scope="module")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    environment = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(TEST_SERVER))
+    # The workflow upserts the contract's search attributes: the test server must know them
+    # (it has no ListSearchAttributes, so the stack's `ensure_search_attributes` cannot run).
+    await environment.client.operator_service.add_search_attributes(AddSearchAttributesRequest(
+        namespace=environment.client.namespace, search_attributes=SEARCH_ATTRIBUTE_TYPES))
+    try:
+        yield environment
+    finally:
+        await environment.shutdown()
+
+
+async def run(env: WorkflowEnvironment, scenario: Scenario,
+              drive: Callable[[WorkflowHandle[Any, Any]], Any] | None = None) -> dict[str, Any]:
+    """Start one item on a worker of its own task queue, let `drive` act as a person, and
+    return the workflow's result as the JSON a client sees."""
+    queue = f"branches-{uuid.uuid4().hex[:8]}"
+    client: Client = env.client
+    async with Worker(client, task_queue=queue, workflows=[InboundEmailWorkflow],
+                      activities=scenario.activities()):
+        handle = await client.start_workflow(
+            InboundEmailWorkflow.run, InboundEmailInput(event_id="e-1", tenant="acme"),
+            id=f"inbound/acme/test/{uuid.uuid4().hex}", task_queue=queue)
+        if drive is not None:
+            await drive(handle)
+        result = await handle.result()
+    assert isinstance(result, ItemStatus)
+    return {"state": result.state, "reason": result.reason,
+            "operations": {k: v.status for k, v in result.operations.items()}}
+
+
+async def wait_for_state(handle: WorkflowHandle[Any, Any], state: str) -> dict[str, Any]:
+    for _ in range(200):
+        status: dict[str, Any] = await handle.query(QUERY_STATUS)
+        if status["state"] == state and status["review"] is not None:
+            return status
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never reached {state}: {status}")
+
+
+async def decide(handle: WorkflowHandle[Any, Any], decision: Decision,
+                 body: dict[str, Any] | None = None) -> None:
+    await handle.signal(decision, {"reviewer": "rita", **(body or {})})
+
+
+async def test_auto_item_runs_every_step_once(env: WorkflowEnvironment) -> None:
+    scenario = Scenario()
+    result = await run(env, scenario)
+    assert result["state"] == "completed" and result["reason"] == "followup_sent"
+    assert result["operations"] == {"crm-upsert": "completed", "crm-note": "completed",
+                                    "send": "completed"}
+    assert +scenario.calls == Counter(extract=1, plan=1, **{"crm-upsert": 1, "crm-note": 1},
+                                      send=1)
+    assert scenario.states == ["completed"]
+
+
+async def test_ignored_item_writes_and_sends_nothing(env: WorkflowEnvironment) -> None:
+    scenario = Scenario(route="ignore", reasons=["auto_reply"])
+    result = await run(env, scenario)
+    assert (result["state"], result["reason"]) == ("ignored", "auto_reply")
+    assert set(scenario.calls) == {"extract"}
+
+
+async def test_review_item_waits_for_approval_then_continues(env: WorkflowEnvironment) -> None:
+    scenario = Scenario(route="review", reasons=["prompt_injection"])
+
+    async def approve(handle: WorkflowHandle[Any, Any]) -> None:
+        status = await wait_for_state(handle, "awaiting_review")
+        assert status["review"]["reason"] == "prompt_injection"
+        assert scenario.calls["plan"] == 0  # nothing is written before a person decides
+        await decide(handle, Decision.APPROVE)
+
+    result = await run(env, scenario, approve)
+    assert result["state"] == "completed"
+    assert scenario.states[0] == "awaiting_review"
+    assert "signal_approve:True" in scenario.audit
+
+
+async def test_rejected_item_ends_rejected_without_side_effects(
+        env: WorkflowEnvironment) -> None:
+    scenario = Scenario(route="review", reasons=["legal_threat"])
+
+    async def reject(handle: WorkflowHandle[Any, Any]) -> None:
+        await wait_for_state(handle, "awaiting_review")
+        await decide(handle, Decision.REJECT)
+
+    result = await run(env, scenario, reject)
+    assert result["state"] == "rejected"
+    assert not {"plan", "crm-upsert", "send"} & set(scenario.calls)
+
+
+async def test_a_decision_without_a_reviewer_is_recorded_and_ignored(
+        env: WorkflowEnvironment) -> None:
+    scenario = Scenario(route="review", reasons=["prompt_injection"])
+
+    async def approve_badly_then_well(handle: WorkflowHandle[Any, Any]) -> None:
+        await wait_for_state(handle, "awaiting_review")
+        await handle.signal(Decision.APPROVE, {})
+        await decide(handle, Decision.APPROVE)
+
+    result = await run(env, scenario, approve_badly_then_well)
+    assert result["state"] == "completed"
+    assert scenario.audit[:2] == ["signal_approve:False", "signal_approve:True"]
+
+
+async def test_permanent_crm_error_blocks_until_a_person_retries(
+        env: WorkflowEnvironment) -> None:
+    scenario = Scenario(crm_failures=[permanent("http_400:INVALID_EMAIL")])
+
+    async def retry(handle: WorkflowHandle[Any, Any]) -> None:
+        status = await wait_for_state(handle, "blocked")
+        assert status["reason"] == "http_400:INVALID_EMAIL"
+        assert status["review"]["op_key"] == "wf:crm-upsert"
+        await decide(handle, Decision.RETRY)
+
+    result = await run(env, scenario, retry)
+    assert result["state"] == "completed"
+    assert scenario.calls["crm-upsert"] == 2 and scenario.calls["retry_granted"] == 1
+
+
+async def test_ambiguous_side_effect_resolved_with_evidence_is_not_repeated(
+        env: WorkflowEnvironment) -> None:
+    scenario = Scenario(crm_failures=[ApplicationError(
+        "unknown: read_timeout", type=ErrorType.AMBIGUOUS.value, non_retryable=True)])
+
+    async def resolve(handle: WorkflowHandle[Any, Any]) -> None:
+        await wait_for_state(handle, "ambiguous")
+        await decide(handle, Decision.RESOLVE)  # refused: no evidence
+        await decide(handle, Decision.RESOLVE, {"evidence": "crm record 42"})
+
+    result = await run(env, scenario, resolve)
+    assert result["state"] == "completed"
+    assert result["operations"]["crm-upsert"] == "completed"
+    assert scenario.calls["crm-upsert"] == 1 and scenario.calls["resolved"] == 1
+    assert "signal_resolve:False" in scenario.audit
+
+
+async def test_an_unanswered_review_escalates_after_the_tenant_deadline(
+        env: WorkflowEnvironment) -> None:
+    scenario = Scenario(route="review", reasons=["several_identities"])
+
+    async def wait_past_deadline(handle: WorkflowHandle[Any, Any]) -> None:
+        await wait_for_state(handle, "awaiting_review")
+        await env.sleep(timedelta(hours=2))  # the scenario's tenant escalates after 1 h
+        for _ in range(100):
+            if scenario.calls["escalated"]:
+                break
+            await asyncio.sleep(0.05)
+        assert scenario.calls["escalated"] == 1
+        await decide(handle, Decision.REJECT)
+
+    result = await run(env, scenario, wait_past_deadline)
+    assert result["state"] == "rejected"
+
+
+async def test_opt_out_plan_ends_suppressed_without_crm_or_mail(
+        env: WorkflowEnvironment) -> None:
+    scenario = Scenario(route="opt_out", plan=PlanResult(outcome="opted_out",
+                                                         reason="opt_out_recorded"))
+    result = await run(env, scenario)
+    assert (result["state"], result["reason"]) == ("suppressed", "opt_out_recorded")
+    assert not {"crm-upsert", "send"} & set(scenario.calls)
+
+
+def test_every_contract_search_attribute_is_used_by_the_workflow() -> None:
+    source = Path(sys.modules[InboundEmailWorkflow.__module__].__file__ or "").read_text()
+    names = {"SA_STATE", "SA_REVIEW_REASON", "SA_REVIEW_OWNER", "SA_TENANT",
+             "SA_NEEDS_REVIEW", "SA_OVERDUE"}
+    assert len(SEARCH_ATTRIBUTES) == len(names)
+    assert all(name in source for name in names)
