@@ -211,7 +211,7 @@ async def run_phases(stack: Any, opts: Options, result: dict[str, Any]) -> None:
     from inboxcrm.store import db as inboxcrm_db
 
     for k in range(1, opts.workers):  # replicas beyond the stack's own worker
-        stack.start_worker(f"worker-{k + 1}")
+        stack.start_worker(k + 1)
     floor_queue, bare_url = start_bench_processes(stack, opts.workers)
     pool = await inboxcrm_db.create_pool(stack.database_url, max_size=4)
     http = LaneClients(max(opts.concurrency, opts.post_concurrency))

@@ -61,11 +61,16 @@ def _with_db(settings: Settings, fn: Callable[[asyncpg.Connection[Any]], Awaitab
 def up() -> None:
     """Start the whole local stack (embedded defaults) and keep it running until Ctrl-C."""
     from inboxcrm.stack.processes import StackError
-    from inboxcrm.stack.stack import Stack, StackConfig
+    from inboxcrm.stack.stack import Stack, StackConfig, worker_count
 
     def port(name: str, default: int) -> int:
         return int(os.environ.get(name, default))
 
+    try:
+        workers = worker_count(os.environ, os.cpu_count())
+    except StackError as exc:
+        fail(str(exc), 2)
+        raise
     config = StackConfig(
         pg_port=port("INBOXCRM_PG_PORT", 55432),
         temporal_port=port("INBOXCRM_TEMPORAL_PORT", 7233),
@@ -75,6 +80,7 @@ def up() -> None:
         worker_metrics_port=port("INBOXCRM_WORKER_METRICS_PORT", 9464),
         database_url=os.environ.get("DATABASE_URL") or None,
         temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None,
+        workers=workers,
     )
     stack = Stack(config)
     started = time.monotonic()
@@ -87,7 +93,8 @@ def up() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, interrupted)
     try:
-        with out.status("starting PostgreSQL, Temporal, sandbox, worker and relay…"):
+        with out.status(f"starting PostgreSQL, Temporal, sandbox, {workers} worker(s) and "
+                        "relay…"):
             stack.start_all()
     except StackError as exc:
         stack.stop()

@@ -11,6 +11,7 @@ import asyncio
 import os
 import secrets
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from inboxcrm.stack import postgres
 from inboxcrm.stack.processes import (
     ROOT,
     ManagedProcess,
+    StackError,
     http_ok,
     python,
     require_free,
@@ -31,6 +33,29 @@ from schemas.contract import DEFAULT_TASK_QUEUE
 WORKER_READY = "worker running on task queue"
 
 
+def worker_count(environ: Mapping[str, str], cpus: int | None) -> int:
+    """How many worker processes `inboxcrm up` starts: `INBOXCRM_WORKERS`, else one per core.
+
+    A Python worker process keeps about one core busy (workflow tasks and activities share
+    its event loop), so a single one leaves the other cores of the machine idle."""
+    value = environ.get("INBOXCRM_WORKERS", "").strip()
+    if not value:
+        return max(cpus or 1, 1)
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise StackError(f"INBOXCRM_WORKERS must be a whole number of at least 1, "
+                         f"not {value!r} (unset: one worker per core)")
+    return count
+
+
+def worker_name(index: int) -> str:
+    """`worker`, `worker-2`, … (process and log file name of the index-th worker, from 1)."""
+    return "worker" if index == 1 else f"worker-{index}"
+
+
 @dataclass
 class StackConfig:
     data_dir: Path = ROOT / ".data"
@@ -40,7 +65,8 @@ class StackConfig:
     temporal_db_file: bool = True            # file-backed under data_dir (False: in memory)
     sandbox_port: int = 8090
     relay_port: int = 8080
-    worker_metrics_port: int = 9464
+    worker_metrics_port: int = 9464            # the first worker's; worker k gets this + k - 1
+    workers: int = 1                         # worker processes (`inboxcrm up`: one per core)
     database_url: str | None = None          # external PostgreSQL
     temporal_address: str | None = None      # external Temporal
     task_queue: str = DEFAULT_TASK_QUEUE
@@ -106,10 +132,28 @@ class Stack:
         self._start("sandbox", python("sandbox") + ["--port", str(cfg.sandbox_port)],
                     http_ok(f"{self.sandbox_url}/healthz"))
 
-    def start_worker(self, name: str = "worker") -> ManagedProcess:
-        proc = self._start(name, python("inboxcrm.worker"), None)
+    def start_worker(self, index: int = 1) -> ManagedProcess:
+        """Start (or restart, after a kill) the index-th worker process and wait until it
+        polls; each has its own metrics port, as replicas on one host need."""
+        proc = self._spawn_worker(index)
         proc.wait_ready(proc.log_has(WORKER_READY, since=proc.log_offset))
         return proc
+
+    def start_workers(self) -> list[ManagedProcess]:
+        """`config.workers` processes on the one task queue. The first registers the search
+        attributes alone; the others then start side by side."""
+        first = self.start_worker(1)
+        others = [self._spawn_worker(index) for index in range(2, self.config.workers + 1)]
+        for proc in others:
+            proc.wait_ready(proc.log_has(WORKER_READY, since=proc.log_offset))
+        return [first, *others]
+
+    def worker_metrics_address(self, index: int) -> str:
+        return f"127.0.0.1:{self.config.worker_metrics_port + index - 1}"
+
+    def _spawn_worker(self, index: int) -> ManagedProcess:
+        env = dict(self.env, INBOXCRM_WORKER_METRICS_ADDRESS=self.worker_metrics_address(index))
+        return self._start(worker_name(index), python("inboxcrm.worker"), None, env=env)
 
     def start_relay(self) -> ManagedProcess:
         require_free("relay", "127.0.0.1", self.config.relay_port, "INBOXCRM_RELAY_PORT")
@@ -118,7 +162,7 @@ class Stack:
 
     def start_all(self) -> None:
         self.start_infrastructure()
-        self.start_worker()
+        self.start_workers()
         self.start_relay()
 
     def stop(self) -> None:
@@ -156,7 +200,7 @@ class Stack:
             "INBOXCRM_RELAY_PORT": str(self.config.relay_port),
             "RELAY_URL": self.relay_url,
             "INBOXCRM_TASK_QUEUE": self.config.task_queue,
-            "INBOXCRM_WORKER_METRICS_ADDRESS": f"127.0.0.1:{self.config.worker_metrics_port}",
+            "INBOXCRM_WORKER_METRICS_ADDRESS": self.worker_metrics_address(1),
             "INBOXCRM_WEBHOOK_SECRET": webhook_secret(self.config.data_dir),
             # Postmark basic auth, Mailgun signing key, unsubscribe secret (.data/, 0600)
             **generated_credentials(self.config.data_dir),
@@ -191,6 +235,10 @@ class Stack:
             "INBOXCRM_CODEC_KEYS_FILE": self.env["INBOXCRM_CODEC_KEYS_FILE"],
             "RELAY_METRICS_URL": f"{self.relay_url}/metrics",
             "WORKER_METRICS_URL": f"http://{self.env['INBOXCRM_WORKER_METRICS_ADDRESS']}/metrics",
+            # One endpoint per worker process (the first is WORKER_METRICS_URL).
+            "WORKER_METRICS_URLS": ",".join(
+                f"http://{self.worker_metrics_address(index)}/metrics"
+                for index in range(1, self.config.workers + 1)),
         }
 
     def write_stack_env(self) -> Path:

@@ -1,0 +1,156 @@
+"""The documents match the tree: every section the code cites exists in docs/architecture.md,
+§9 names every room of `.importlinter` and every module in it, and every repository path the
+README, CONTRIBUTING and the architecture document mention exists."""
+
+from __future__ import annotations
+
+import configparser
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.stack import ROOT
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+SECTIONS = {
+    1: "Shape", 2: "Keys", 3: "Per-item states", 4: "Failure classification",
+    5: "Activities", 6: "People in the loop", 7: "Privacy and security", 8: "Running it",
+    9: "Rooms", 10: "Interfaces",
+}
+CITING_SUFFIXES = {".py", ".sql", ".md", ".toml", ".cfg", ".yml", ".yaml", ""}
+SKIP_DIRS = {".git", ".venv", ".data", "node_modules", "__pycache__", "test-artifacts"}
+# `docs/architecture.md §3`, `section 10 of docs/architecture.md`, (docs/architecture.md,
+# "People in the loop")
+CITE_NUMBER = re.compile(r"docs/architecture\.md`?\s*§(\d+)|section (\d+) of `?docs/architecture")
+CITE_TITLE = re.compile(r"docs/architecture\.md`?,?\s*\(?\"([^\"\n]+)\"")
+# A path in backticks that starts at a top-level folder of the repository.
+TOP_LEVEL = ("inboxcrm", "tests", "activities", "workflows", "schemas", "deploy", "bench",
+             "policies", "sandbox", "docs")
+PATH = re.compile(r"`((?:" + "|".join(TOP_LEVEL) + r")/[^`\s]*)`")
+
+
+def sections() -> dict[int, str]:
+    found = re.findall(r"^## (\d+)\. ([^(\n]+?)(?: \(.*\))?$", ARCHITECTURE.read_text(), re.M)
+    return {int(number): title for number, title in found}
+
+
+def section_text(number: int) -> str:
+    text = ARCHITECTURE.read_text()
+    start = re.search(rf"^## {number}\. .*$", text, re.M)
+    assert start is not None
+    end = re.search(r"^## \d+\. ", text[start.end():], re.M)
+    return text[start.end(): start.end() + end.start() if end else len(text)]
+
+
+def repository_files() -> list[Path]:
+    files = []
+    for path in ROOT.rglob("*"):
+        if SKIP_DIRS & set(path.relative_to(ROOT).parts) or not path.is_file():
+            continue
+        if path.suffix in CITING_SUFFIXES and path.stat().st_size < 1_000_000:
+            files.append(path)
+    return files
+
+
+def test_the_sections_keep_their_numbers() -> None:
+    """Code cites sections by number: renumbering would silently point every citation at
+    the wrong text."""
+    assert sections() == SECTIONS
+
+
+def test_every_citation_names_a_section_that_exists() -> None:
+    numbers, titles = set(sections()), set(sections().values())
+    cited = 0
+    for path in repository_files():
+        if path in (ARCHITECTURE, Path(__file__)):
+            continue
+        text = path.read_text(errors="replace")
+        for match in CITE_NUMBER.finditer(text):
+            number = int(match.group(1) or match.group(2))
+            assert number in numbers, f"{path.relative_to(ROOT)} cites §{number}"
+            cited += 1
+        for title in CITE_TITLE.findall(text):
+            assert title in titles, f"{path.relative_to(ROOT)} cites section {title!r}"
+            cited += 1
+    assert cited >= 20  # the citations are there to be checked
+
+
+def layer_of() -> dict[str, int]:
+    """Each room of the contract -> its layer, 0 at the top."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / ".importlinter")
+    lines = [line for line in config["importlinter:contract:rooms"]["layers"].split("\n")
+             if line.strip()]
+    return {room.strip(): level for level, line in enumerate(lines)
+            for room in line.split("|")}
+
+
+def layers() -> list[str]:
+    return list(layer_of())
+
+
+def room_rows() -> dict[str, str]:
+    rows = {}
+    for line in section_text(9).splitlines():
+        match = re.match(r"^\| `([a-z.]+)` \|", line)
+        if match:
+            rows[match.group(1)] = line
+    return rows
+
+
+def test_section_9_has_a_row_for_every_room_of_the_contract() -> None:
+    rooms, level = layers(), layer_of()
+    rows = list(room_rows())
+    assert sorted(rows) == sorted(rooms)
+    assert [level[r] for r in rows] == sorted((level[r] for r in rows), reverse=True), (
+        "§9's table goes from the bottom room up")
+    diagram = section_text(9)
+    for room in rooms:
+        assert re.search(rf"^{re.escape(room)}\b", diagram, re.M) or f"| {room}" in diagram, (
+            f"{room} missing from §9's diagram")
+
+
+@pytest.mark.parametrize("room", layers())
+def test_section_9_names_every_module_of_the_room(room: str) -> None:
+    row = room_rows()[room]
+    folder = ROOT.joinpath(*room.split("."))
+    if not folder.is_dir():
+        assert (folder.with_suffix(".py")).name in row
+        return
+    for module in sorted(folder.glob("*.py")):
+        if module.name != "__init__.py":
+            assert module.name in row, f"§9: {room} does not name {module.name}"
+    for package in sorted(p for p in folder.iterdir() if (p / "__init__.py").exists()):
+        assert f"{package.name}/" in row, f"§9: {room} does not name {package.name}/"
+
+
+@pytest.mark.parametrize("document", ["README.md", "CONTRIBUTING.md", "docs/architecture.md"])
+def test_every_path_a_document_mentions_exists(document: str) -> None:
+    text = (ROOT / document).read_text()
+    checked = 0
+    for raw in PATH.findall(text):
+        path = raw.rstrip(".,:;)")
+        if re.search(r"[<{*…]|NNN", path):  # a pattern, not a path
+            continue
+        path = path.split("::")[0]
+        assert (ROOT / path).exists(), f"{document} mentions {path}, which does not exist"
+        checked += 1
+    assert checked > 0
+
+
+def test_the_readme_layout_matches_the_tree() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Layout"):]
+    block = section[section.index("```\n") + 4: section.index("\n```", section.index("```\n"))]
+    # The left column: single-word paths (the right column describes them in prose).
+    words = {word.strip() for line in block.splitlines() for word in re.split(r"\s{2,}", line)}
+    named = {word.rstrip("/") for word in words
+             if word and " " not in word and ("/" in word or word.endswith(".py"))}
+    for path in named:
+        assert (ROOT / path).exists(), f"README layout names {path}, which does not exist"
+    rooms = {str(p.relative_to(ROOT)) for p in (ROOT / "inboxcrm").iterdir()
+             if (p / "__init__.py").exists()}
+    assert rooms <= named, f"README layout misses {sorted(rooms - named)}"
+    assert {"inboxcrm/cli.py", "inboxcrm/worker.py", "workflows", "activities", "schemas",
+            "sandbox"} <= named
