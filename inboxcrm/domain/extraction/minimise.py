@@ -25,6 +25,7 @@ from html.parser import HTMLParser
 
 from pydantic import BaseModel, ConfigDict
 
+from .reports import Report, detect_report
 from .signals import words
 
 # Headers the model sees (issue #4, item 2).
@@ -52,7 +53,39 @@ ROUTING_HEADERS = (
     "List-Owner",
     "List-Archive",
     "X-Failed-Recipients",
+    # upstream spam verdicts and bulk-sender marks (docs/architecture.md §5)
+    "X-Spam-Flag",
+    "X-Spam-Status",
+    "X-Spam-Score",
+    "X-Spam_score",
+    "X-Spam-Level",
+    "X-Mailgun-Sflag",
+    "X-Mailgun-Sscore",
+    "X-PM-Spam-Score",
+    "Feedback-ID",
+    "X-CSA-Complaints",
+    "X-Campaign",
+    "X-Campaign-ID",
+    "X-Mailer",
+    "X-MC-User",
+    "X-Mailchimp-Campaign",
+    "X-SG-EID",
+    "X-Report-Abuse",
+    "X-Mailgun-Tag",
+    "Cc",
 )
+# Trace headers the sender authentication reads (every occurrence, in order: the topmost
+# is the one the receiving boundary added last).
+AUTH_HEADERS = (
+    "Authentication-Results",
+    "Received-SPF",
+    "X-Mailgun-Spf",
+    "X-Mailgun-Dkim-Check-Result",
+    "X-Envelope-From",
+    "Return-Path",
+    "DKIM-Signature",
+)
+MAX_AUTH_HEADERS = 40
 
 MAX_RAW_BYTES = 5 * 1024 * 1024  # parse at most this much of a message
 MAX_PART_BYTES = 2 * 1024 * 1024  # decode at most this much of one part
@@ -84,6 +117,8 @@ class MinimisedMessage(BaseModel):
     reply_to: list[Mailbox] = []
     sender: list[Mailbox] = []
     to: list[Mailbox] = []
+    cc: list[Mailbox] = []
+    auth_headers: list[tuple[str, str]] = []  # AUTH_HEADERS occurrences, topmost first
     from_header_count: int = 0
     content_type: str = "text/plain"
     body: str = ""  # own text, then (if any) the forwarded block
@@ -94,6 +129,7 @@ class MinimisedMessage(BaseModel):
     truncated: bool = False
     is_html_only: bool = False
     has_report_part: bool = False
+    report: Report | None = None  # a delivery-status, feedback or bounce report
     hidden_text: str = ""  # HTML text hidden from the reader (scanned, never shown)
     defects: int = 0
     raw_size: int = 0
@@ -539,6 +575,17 @@ def _walk(part: Message, out: _Collector, depth: int) -> None:
         if isinstance(payload, list) and payload and isinstance(payload[0], Message):
             out.attached.append(payload[0])
         return
+    if ctype == "message/global":
+        # RFC 6532: a forwarded message (UTF-8 headers allowed, and unlike message/rfc822 a
+        # transfer encoding too): the same as an attached message/rfc822
+        payload = part.get_payload()
+        encoding = str(part.get("Content-Transfer-Encoding", "")).strip().lower()
+        if encoding in ("base64", "quoted-printable") or not isinstance(payload, list):
+            out.attached.append(message_from_bytes(_payload_bytes(part),
+                                                   policy=email_policy.compat32))
+        elif payload and isinstance(payload[0], Message):
+            out.attached.append(payload[0])
+        return
     if part.is_multipart():
         payload = part.get_payload()
         if isinstance(payload, list):
@@ -567,6 +614,22 @@ def _headers(msg: Message) -> tuple[dict[str, list[str]], int]:
     except Exception:
         pass
     return raw, len(raw.get("from", []))
+
+
+def _ordered(msg: Message, names: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Every occurrence of the named headers, in message order, names as spelt in `names`."""
+    wanted = {name.lower(): name for name in names}
+    out: list[tuple[str, str]] = []
+    try:
+        for name, value in msg.raw_items():
+            key = wanted.get(str(name).strip().lower())
+            if key is not None:
+                out.append((key, value if isinstance(value, str) else str(value)))
+                if len(out) >= MAX_AUTH_HEADERS:
+                    break
+    except Exception:  # a broken header block yields no trace headers, never a crash
+        return out
+    return out
 
 
 def _empty(raw_size: int, parse_failed: bool) -> MinimisedMessage:
@@ -611,6 +674,11 @@ def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> Min
 
     collector = _Collector()
     _walk(msg, collector, 0)
+    report = detect_report(msg) if depth == 0 else None
+    auth_headers = [
+        (name, decode_header_value(value, MAX_RAW_HEADER_CHARS))
+        for name, value in _ordered(msg, AUTH_HEADERS)
+    ][:MAX_AUTH_HEADERS]
     content_type = _content_type(msg)
 
     hidden = ""
@@ -665,6 +733,8 @@ def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> Min
         reply_to=_parse_mailboxes(raw_headers.get("reply-to", [])),
         sender=_parse_mailboxes(raw_headers.get("sender", [])),
         to=_parse_mailboxes(raw_headers.get("to", [])),
+        cc=_parse_mailboxes(raw_headers.get("cc", [])),
+        auth_headers=auth_headers,
         from_header_count=from_count,
         content_type=content_type,
         body=body,
@@ -676,6 +746,7 @@ def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> Min
         or len(text) >= MAX_TEXT_CHARS,
         is_html_only=is_html_only,
         has_report_part=collector.report or content_type == "multipart/report",
+        report=report,
         hidden_text=hidden,
         defects=collector.defects,
         raw_size=raw_size,
