@@ -424,6 +424,14 @@ _ATTRIBUTION = re.compile(
     r"(?:wrote|schrieb|a [ée]crit|escribi[óo]|escreveu|ha scritto|schreef)\b.{0,200}?:\s*$",
     re.IGNORECASE,
 )
+# "<date> <person> <verb>:" in languages whose attribution does not start with "On":
+# Russian, Ukrainian, Polish, Czech, Scandinavian, Finnish, Turkish, Greek, Chinese, Japanese.
+_ATTRIBUTION_END = re.compile(
+    r"(?:wrote|schrieb|a [ée]crit|escribi[óo]|escreveu|ha scritto|schreef|skrev|kirjoitti|"
+    r"napisa[łl]a?|napsala?|написала?|пишет|написав|написала|yazd[ıi]|έγραψε|写道|寫道|"
+    r"が書きました|님이 작성)\s*[:：]\s*$",
+    re.IGNORECASE,
+)
 _HEADER_FROM = re.compile(r"^\s*\*?(?:from|von|de|da|van)\s*:\*?\s*(.+)$", re.IGNORECASE)
 _HEADER_SENT = re.compile(
     r"^\s*\*?(?:sent|date|gesendet|datum|envoy[ée]|date d'envoi|enviado|fecha|data|inviato|"
@@ -441,7 +449,9 @@ _ATTRIBUTION_START = re.compile(r"^\s*(?:on|am|le|el|em|il|op)\b", re.IGNORECASE
 def _is_attribution(line: str) -> bool:
     """"On <date>, <person> wrote:" in the supported languages; a date or an address must be
     present so that ordinary sentences are not mistaken for one."""
-    return bool(_ATTRIBUTION.match(line)) and bool(re.search(r"\d|@", line))
+    if len(line) > 400 or not re.search(r"\d|@", line):
+        return False
+    return bool(_ATTRIBUTION.match(line) or _ATTRIBUTION_END.search(line))
 
 
 def _outlook_header_at(lines: list[str], i: int) -> bool:
@@ -458,6 +468,25 @@ def _forwarded_from(block: list[str]) -> list[Mailbox]:
     return []
 
 
+def _split_attribution(line: str, following: str) -> bool:
+    """An attribution folded over two lines with the verb on the second ("02.04.2012 14:20
+    пользователь "a@b" <" / "a@b> написал:")."""
+    return (len(line) < 200 and len(following) < 200 and bool(re.search(r"\d|@", line))
+            and not _QUOTE_LINE.match(line) and not _QUOTE_LINE.match(following)
+            and not _ATTRIBUTION_END.search(line)
+            and bool(_ATTRIBUTION_END.search(following)))
+
+
+def _below_quote(lines: list[str]) -> list[str]:
+    """The unquoted lines after a `>` quote block (a bottom-posted reply); nothing when the
+    history is not `>`-quoted (an Outlook-style header block: all of it is history)."""
+    rest = [line for line in lines if line.strip()]
+    if not rest or not _QUOTE_LINE.match(rest[0]):
+        return []
+    return [line for line in lines if not _QUOTE_LINE.match(line)
+            and not _is_attribution(line)]
+
+
 def _cut_replies(lines: list[str]) -> tuple[list[str], bool, bool]:
     """Drop `>` lines and everything from the first reply attribution / reply header.
     Returns (kept lines, quoted lines dropped, reply chain cut)."""
@@ -468,9 +497,13 @@ def _cut_replies(lines: list[str]) -> tuple[list[str], bool, bool]:
         if (
             _is_attribution(line)
             or (len(line) < 200 and _ATTRIBUTION_START.match(line) and _is_attribution(joined))
+            or _split_attribution(line, lines[i + 1] if i + 1 < len(lines) else "")
             or _ORIGINAL_MARKERS.match(line)
             or _outlook_header_at(lines, i)
         ):
+            if not any(k.strip() for k in kept):
+                # bottom-posted: the writer's text follows the quote
+                return _below_quote(lines[i + 1:]), True, True
             return kept, removed, True
         if _QUOTE_LINE.match(line):
             removed = True

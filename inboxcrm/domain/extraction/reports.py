@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 from email.message import Message
 from email.utils import getaddresses
@@ -23,6 +24,11 @@ from flufl.bounce import all_failures
 from pydantic import BaseModel, ConfigDict
 
 from .signals import DAEMON_LOCAL, fold, local_part
+
+# flufl.bounce logs a detector's exception with its traceback; the detector's verdict is
+# simply "no bounce" then, which this module handles: keep that out of the product's logs.
+logging.getLogger("flufl.bounce").addHandler(logging.NullHandler())
+logging.getLogger("flufl.bounce").propagate = False
 
 ReportKind = Literal["dsn", "arf", "bounce", "delay"]
 MAX_RECIPIENTS = 20
