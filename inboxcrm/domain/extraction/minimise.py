@@ -420,8 +420,9 @@ _ORIGINAL_MARKERS = re.compile(
     re.IGNORECASE,
 )
 _ATTRIBUTION = re.compile(
-    r"^\s*(?:on|am|le|el|em|il|op)\b.{0,300}?"
-    r"(?:wrote|schrieb|a [ée]crit|escribi[óo]|escreveu|ha scritto|schreef)\b.{0,200}?:\s*$",
+    r"^\s*(?:on|am|le|el|em|il|op|den|p[åa])\b.{0,300}?"
+    r"(?:wrote|schrieb|a [ée]crit|escribi[óo]|escreveu|ha scritto|schreef|skrev)\b"
+    r".{0,200}?:\s*$",
     re.IGNORECASE,
 )
 # "<date> <person> <verb>:" in languages whose attribution does not start with "On":
@@ -443,7 +444,7 @@ _FORWARD_SUBJECT = re.compile(
     re.IGNORECASE,
 )
 _QUOTE_LINE = re.compile(r"^\s*>")
-_ATTRIBUTION_START = re.compile(r"^\s*(?:on|am|le|el|em|il|op)\b", re.IGNORECASE)
+_ATTRIBUTION_START = re.compile(r"^\s*(?:on|am|le|el|em|il|op|den|p[åa])\b", re.IGNORECASE)
 
 
 def _is_attribution(line: str) -> bool:
