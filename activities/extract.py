@@ -1,6 +1,11 @@
 """extract_message: reads the stored raw message (never passed through workflow history),
 runs the configured extractor and the deterministic validation/routing, stores the
-validated record on the event and returns only the route and its reasons."""
+validated record on the event and returns only the route and its reasons.
+
+The event's source goes to the extractor with the message: a provider's verdict on the
+sender counts only when the message came through that provider (docs/architecture.md §5).
+A hard bounce or an abuse report about one of our follow-ups is ignored like any report,
+and suppresses the reported address in the same transaction as the stored record."""
 
 from __future__ import annotations
 
@@ -19,15 +24,16 @@ from inboxcrm.domain.extraction import (
     ExtractorUnavailable,
     extract_and_route,
 )
-from inboxcrm.domain.policy import get_policy
+from inboxcrm.domain.policy import InvalidAddress, TenantPolicy, canonical_email, get_policy
 from inboxcrm.store import queries as store
+from inboxcrm.store.suppression import SendInFlight, suppress_reported
 from schemas.models import ExtractResult, ItemRef, ItemState
 
 # Marks the item `extracting` and reads its raw message: one round trip.
 START_EXTRACTION = """
 UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now()
 WHERE event_id = $1
-RETURNING raw
+RETURNING raw, source
 """
 
 # The validated record and its audit entry, atomically in one statement.
@@ -55,15 +61,16 @@ class ExtractActivities:
             return await self._extract(item)
 
     async def _extract(self, item: ItemRef) -> ExtractResult:
-        raw = await self._pool.fetchval(START_EXTRACTION, item.event_id, ItemState.EXTRACTING)
-        if raw is None:
+        row = await self._pool.fetchrow(START_EXTRACTION, item.event_id, ItemState.EXTRACTING)
+        if row is None or row["raw"] is None:
             raise ApplicationError(
                 "raw message missing (purged?)", type=ErrorType.PERMANENT.value,
                 non_retryable=True,
             )
         try:
             policy = get_policy(item.tenant)
-            outcome = await extract_and_route(bytes(raw), policy, self._extractor)
+            outcome = await extract_and_route(bytes(row["raw"]), policy, self._extractor,
+                                              source=str(row["source"]))
         except ExtractorUnavailable as exc:
             delay = None
             if exc.retry_after is not None:
@@ -83,6 +90,8 @@ class ExtractActivities:
             "extractor_version": outcome.extractor_version,
             "route": outcome.route,
             "reasons": outcome.reasons,
+            "authentication": {k: outcome.authentication.get(k)
+                               for k in ("verdict", "reason", "method", "authority")},
             "intent": record.get("intent"),
             "confidence": {
                 name: (record.get(name) or {}).get("confidence")
@@ -94,10 +103,36 @@ class ExtractActivities:
                 for name in ("sender_email", "contact_name", "company")
             },
         }
-        await self._pool.execute(
-            STORE_EXTRACTION, item.event_id, record, outcome.route, outcome.reasons,
-            outcome.canonical_email, item.tenant, item.workflow_id, store.json_safe(detail),
-        )
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                STORE_EXTRACTION, item.event_id, record, outcome.route, outcome.reasons,
+                outcome.canonical_email, item.tenant, item.workflow_id,
+                store.json_safe(detail),
+            )
+            if outcome.suppression_candidates:
+                await self._suppress_reported(conn, item, policy, outcome.suppression_candidates)
         return ExtractResult(route=outcome.route, reasons=list(outcome.reasons),
                              extractor=outcome.extractor, review_owner=policy.review_owner,
                              escalation_hours=policy.escalation_hours)
+
+    async def _suppress_reported(self, conn: Any, item: ItemRef, policy: TenantPolicy,
+                                 report: dict[str, Any]) -> None:
+        identities = []
+        for address in report.get("recipients", []):
+            try:
+                identities.append(canonical_email(str(address), policy))
+            except InvalidAddress:
+                continue
+        reason = str(report["reason"])
+        try:
+            suppressed = await suppress_reported(conn, item.tenant, identities, reason=reason,
+                                                 source=f"event:{item.event_id}")
+        except SendInFlight as busy:
+            raise ApplicationError(
+                "send in flight for a reported identity", type=ErrorType.TRANSIENT.value,
+                next_retry_delay=timedelta(seconds=min(busy.retry_after, 5.0))) from None
+        if suppressed:
+            await store.audit(
+                conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+                contact_id=None, actor="extractor", action="suppression_recorded",
+                detail={"reason": reason, "identities": len(suppressed)})

@@ -169,11 +169,14 @@ def extract(
     file: Annotated[Path, typer.Argument(help="An RFC 5322 message (.eml).")],
     tenant: Annotated[str, typer.Option(help="Tenant whose policy applies.")] = "acme",
     as_json: JsonOpt = False,
+    source: Annotated[str, typer.Option(
+        help="The inbound source the message came through (standard, postmark, mailgun, "
+             "smtp): which provider verdicts on the sender are trusted.")] = "standard",
 ) -> None:
     """Offline extraction + validation + routing. Writes nothing."""
     from inboxcrm.domain.extraction import run_extract_command
 
-    raise typer.Exit(run_extract_command(file, tenant, as_json))
+    raise typer.Exit(run_extract_command(file, tenant, as_json, source=source))
 
 
 # --- send-test -------------------------------------------------------------------------

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from email_validator import EmailNotValidError, validate_email
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -67,6 +68,10 @@ class Thresholds(_Strict):
     company: float = Field(default=0.5, ge=0, le=1)
 
 
+SenderAuthentication = Literal["required", "prefer", "off"]
+_AUTHSERV_ID = r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?$"
+
+
 class TenantPolicy(_Strict):
     tenant: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_-]*$")
     mailboxes: list[str]
@@ -78,6 +83,19 @@ class TenantPolicy(_Strict):
     thresholds: Thresholds = Thresholds()
     review_owner: str = "sales-ops"
     escalation_hours: float = Field(default=24, gt=0)
+    # Who the sender is must be vouched for by the receiving MTA or provider before the
+    # product writes to a CRM or mails anyone (docs/architecture.md §5).
+    sender_authentication: SenderAuthentication = "required"
+    trusted_authserv_ids: list[str] = []
+    spam_score_threshold: float = Field(default=5.0, gt=0)
+
+    @field_validator("trusted_authserv_ids")
+    @classmethod
+    def _authserv_ids(cls, ids: list[str]) -> list[str]:
+        for authserv_id in ids:
+            if not re.match(_AUTHSERV_ID, authserv_id):
+                raise ValueError(f"authserv-id {authserv_id!r} is not a host name")
+        return [i.lower() for i in ids]
 
     @field_validator("mailboxes")
     @classmethod

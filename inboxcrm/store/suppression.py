@@ -1,6 +1,7 @@
 """Suppressing an identity: the one place that writes a suppression, cancels the identity's
 queued follow-ups and marks its contact, in the caller's transaction. Used by an opt-out
-email (activities/match.py) and by one-click unsubscribe (inboxcrm/ingress/unsubscribe.py).
+email (activities/match.py), by one-click unsubscribe (inboxcrm/ingress/unsubscribe.py) and
+by a hard bounce or abuse report of our own follow-up (activities/extract.py).
 
 Ordering against a send: both sides lock the contact row first (the send with FOR SHARE,
 while it checks eligibility and takes its lease). If a send already holds a live lease, its
@@ -48,6 +49,17 @@ RETURNING contact_id
 """
 
 
+# Did we mail this identity? Only a report about our own follow-up suppresses: anyone can
+# write a bounce, and a forged one must not silence an address we never wrote to.
+FOLLOWUP_SENT_TO = """
+SELECT EXISTS (
+    SELECT 1 FROM followup_intents i JOIN contacts c ON c.contact_id = i.contact_id
+    WHERE c.tenant = $1 AND c.canonical_email = $2
+      AND i.status IN ('sent', 'sending', 'ambiguous')
+)
+"""
+
+
 class SendInFlight(Exception):
     """A follow-up to this identity is being submitted right now; try again after
     `retry_after` seconds (at most the send attempt's lease)."""
@@ -81,3 +93,19 @@ async def suppress_identity(conn: Conn, tenant: str, canonical_email: str, *, re
         CANCEL_QUEUED_INTENTS, tenant, canonical_email, cancel_reason)]
     marked = await conn.fetch(MARK_CONTACT_SUPPRESSED, tenant, canonical_email)
     return Suppression(added, cancelled, len(marked))
+
+
+async def suppress_reported(conn: Conn, tenant: str, identities: list[str], *, reason: str,
+                            source: str) -> list[str]:
+    """A hard bounce (`bounced`) or an abuse report (`complaint`) about our mail: suppress
+    each reported identity we sent a follow-up to. Returns the identities suppressed now
+    (already suppressed ones are not repeated). Raises SendInFlight as suppress_identity."""
+    suppressed = []
+    for identity in identities:
+        if not await conn.fetchval(FOLLOWUP_SENT_TO, tenant, identity):
+            continue
+        done = await suppress_identity(conn, tenant, identity, reason=reason, source=source,
+                                       cancel_reason=reason)
+        if done.changed:
+            suppressed.append(identity)
+    return suppressed

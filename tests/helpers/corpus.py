@@ -334,14 +334,21 @@ def _cases() -> list[Case]:
                  ("List-Unsubscribe", "<mailto:unsubscribe@hooli.example>")],
         subject="This week at Hooli", body="Our latest features... Click to unsubscribe."),
         "ignore", ("bulk_list",), tags=("bulk",)))
-    add(Case("ignore_precedence_bulk", mail(
+    # `Precedence` alone is one weak signal (forwarders add it to human replies): a person
+    # looks; with a second bulk signal it is clear bulk mail
+    add(Case("review_precedence_bulk_alone", mail(
         from_="Deals <deals@shop.example>", headers=[("Precedence", "bulk")],
         subject="50% off", body="Huge savings this week!"),
-        "ignore", ("bulk_precedence",), tags=("bulk",)))
-    add(Case("ignore_precedence_junk", mail(
+        "review", ("bulk_precedence",), tags=("bulk",)))
+    add(Case("review_precedence_junk_alone", mail(
         from_="Promo <promo@shop.example>", headers=[("Precedence", "junk")],
         subject="Win a prize", body="You won!"),
-        "ignore", ("bulk_precedence",), tags=("bulk",)))
+        "review", ("bulk_precedence",), tags=("bulk",)))
+    add(Case("ignore_precedence_bulk_with_unsubscribe", mail(
+        from_="Deals <deals@shop.example>",
+        headers=[("Precedence", "bulk"), ("List-Unsubscribe", "<https://shop.example/u>")],
+        subject="50% off", body="Huge savings this week!"),
+        "ignore", ("bulk_list", "bulk_precedence"), tags=("bulk",)))
     add(Case("ignore_list_unsubscribe_with_list_post", mail(
         from_="Dev Forum <forum@lists.example>",
         headers=[("List-Unsubscribe", "<https://lists.example/unsub>"),
@@ -357,11 +364,12 @@ def _cases() -> list[Case]:
         from_="Carla <carla@acme.test>", subject="Lunch?",
         body="Anyone up for lunch?"),
         "ignore", ("own_domain",), tags=("loop",)))
-    add(Case("ignore_own_domain_forward", mail(
+    # a colleague forwarding a prospect: a lead for a person, the prospect proposed
+    add(Case("review_own_domain_forward", mail(
         from_="Carla <carla@acme.test>", subject="Fwd: Pricing",
         body="FYI\n\n---------- Forwarded message ---------\nFrom: Jane Doe <" + JANE
              + ">\nDate: Mon, 3 Jun 2024\nSubject: Pricing\n\nWhat does it cost?\n"),
-        "ignore", ("own_domain",), tags=("loop", "forwarded")))
+        "review", ("internal_forward",), canonical=JANE, tags=("forwarded",)))
     add(Case("ignore_auto_generated_with_unsubscribe", mail(
         from_="Billing <billing@vendor.example>",
         headers=[("Auto-Submitted", "auto-generated")], subject="Your invoice",

@@ -22,6 +22,14 @@ def header_canonicals(case: Case, policy: TenantPolicy) -> set[str]:
     return out
 
 
+def forwarded_canonicals(case: Case, policy: TenantPolicy) -> set[str]:
+    out = set()
+    for box in minimise(case.raw).forwarded_from:
+        with contextlib.suppress(InvalidAddress):
+            out.add(canonical_email(box.address, policy))
+    return out
+
+
 def assert_safe(case: Case, outcome: ExtractionOutcome, policy: TenantPolicy) -> None:
     """The hard bar, for any extractor."""
     if case.route != "auto":
@@ -29,7 +37,11 @@ def assert_safe(case: Case, outcome: ExtractionOutcome, policy: TenantPolicy) ->
     if case.route in ("ignore", "opt_out"):
         assert outcome.route in (case.route, "review")
     if outcome.canonical_email is not None:
-        assert outcome.canonical_email in header_canonicals(case, policy)
+        proposed = header_canonicals(case, policy)
+        if outcome.route == "review" and "internal_forward" in outcome.reasons:
+            # a colleague's forward: the forwarded sender is proposed to the reviewer
+            proposed = forwarded_canonicals(case, policy)
+        assert outcome.canonical_email in proposed
         assert outcome.route != "ignore"
     for planted in case.planted:
         assert outcome.canonical_email != planted.lower()
@@ -40,7 +52,7 @@ def assert_safe(case: Case, outcome: ExtractionOutcome, policy: TenantPolicy) ->
     if outcome.route == "ignore":
         assert set(outcome.reasons) <= IGNORE_REASONS
     doc = outcome.section10_json()
-    assert set(doc) == SECTION10_KEYS
+    assert set(doc) >= SECTION10_KEYS
     assert not schema_errors(doc["extraction"])
     json.dumps(doc)
     assert doc["extraction"]["needs_human_review"] == (outcome.route == "review")

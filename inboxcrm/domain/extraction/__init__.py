@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from inboxcrm.domain.policy import PolicyError, TenantPolicy, UnknownTenant, get_policy
 from schemas.extraction import Extraction
 
+from .authentication import Authentication, authenticate, blocking_reason
 from .base import (
     ExtractionInvalid,
     Extractor,
@@ -31,6 +32,7 @@ from .route import Decision, ignore_reasons, validate_and_route
 from .rules import RULES_VERSION, RulesExtractor
 
 __all__ = [
+    "Authentication",
     "ExtractionInvalid",
     "ExtractionOutcome",
     "Extractor",
@@ -58,14 +60,20 @@ class ExtractionOutcome(BaseModel):
     canonical_email: str | None
     extractor: str
     extractor_version: str
+    authentication: dict[str, Any] = {}  # Authentication.as_json() of the sender's verdict
+    # a hard bounce or complaint about earlier mail: {"reason": "bounced"|"complaint",
+    # "recipients": [...]}; the caller suppresses them if that mail was ours
+    suppression_candidates: dict[str, Any] | None = None
 
     def section10_json(self) -> dict[str, Any]:
-        """Exactly the `inboxcrm extract --json` document of docs/architecture.md §10."""
+        """The `inboxcrm extract --json` document of docs/architecture.md §10 (its four
+        keys), plus the sender's `authentication` verdict."""
         return {
             "extraction": self.extraction.model_dump(mode="json"),
             "route": self.route,
             "reasons": list(self.reasons),
             "canonical_email": self.canonical_email,
+            "authentication": dict(self.authentication),
         }
 
 
@@ -73,9 +81,11 @@ _RULES = RulesExtractor()
 
 
 async def extract_and_route(
-    raw: bytes, policy: TenantPolicy, extractor: Extractor | None = None
+    raw: bytes, policy: TenantPolicy, extractor: Extractor | None = None,
+    source: str = "standard",
 ) -> ExtractionOutcome:
-    """Minimise, extract, validate and route one raw message.
+    """Minimise, extract, validate and route one raw message that arrived through `source`
+    (standard | postmark | mailgun | smtp: which provider verdicts are trustworthy).
 
     Never raises on bad input. Raises ExtractorUnavailable (transient: retry later, see
     `retry_after`) or ExtractorMisconfigured (permanent) from an LLM extractor; an LLM
@@ -83,8 +93,9 @@ async def extract_and_route(
     Header-only ignore decisions (auto-replies, bounces, lists, loops) never call the
     model: the offline rules extractor fills the record for those."""
     message = minimise(raw)
+    auth = authenticate(message, policy, source)
     chosen: Extractor = extractor or _RULES
-    ignore = ignore_reasons(message, policy)
+    ignore = ignore_reasons(message, policy, source)
     if ignore:
         chosen = _RULES
     extra_reasons: list[str] = []
@@ -99,7 +110,8 @@ async def extract_and_route(
         extraction = Extraction.empty()
         extra_reasons.append("extractor_failed")
     try:
-        decision = validate_and_route(message, extraction, policy, precomputed_ignore=ignore)
+        decision = validate_and_route(message, extraction, policy, precomputed_ignore=ignore,
+                                      source=source, auth_reason=blocking_reason(auth, policy))
     except Exception:
         decision = Decision("review", ["routing_failed"], None, Extraction.empty())
     route: RouteName = decision.route
@@ -118,7 +130,16 @@ async def extract_and_route(
         canonical_email=canonical,
         extractor=chosen.name,
         extractor_version=chosen.version,
+        authentication=auth.as_json(),
+        suppression_candidates=_suppression_candidates(message, route),
     )
+
+
+def _suppression_candidates(message: MinimisedMessage, route: str) -> dict[str, Any] | None:
+    report = message.report
+    if route != "ignore" or report is None or report.suppresses is None:
+        return None
+    return {"reason": report.suppresses, "recipients": list(report.recipients)}
 
 
 def build_extractor(settings: object) -> Extractor:
@@ -166,6 +187,9 @@ def _summary(outcome: ExtractionOutcome) -> str:
         f"canonical_email: {outcome.canonical_email or '-'}",
         f"intent:          {record.intent}",
         f"possible_opt_out:{' yes' if record.possible_opt_out else ' no'}",
+        f"authentication:  {outcome.authentication.get('verdict', '-')}"
+        + (f" ({outcome.authentication['reason']})"
+           if outcome.authentication.get("reason") else ""),
     ]
     for name in ("sender_email", "contact_name", "company"):
         field = getattr(record, name)
@@ -176,7 +200,8 @@ def _summary(outcome: ExtractionOutcome) -> str:
 
 
 def run_extract_command(
-    path: Path, tenant: str, as_json: bool, extractor: Extractor | None = None
+    path: Path, tenant: str, as_json: bool, extractor: Extractor | None = None,
+    source: str = "standard",
 ) -> int:
     """`inboxcrm extract FILE.eml [--tenant T] [--json]`: offline extraction and validation
     under the tenant's policy. Writes nothing. Exit 0 for any content (garbage included);
@@ -203,11 +228,11 @@ def run_extract_command(
             print(f"inboxcrm extract: {exc}", file=sys.stderr)  # noqa: T201
             return 1
     try:
-        outcome = asyncio.run(extract_and_route(raw, policy, extractor))
+        outcome = asyncio.run(extract_and_route(raw, policy, extractor, source))
     except ExtractorError as exc:
         # the model could not answer: say so on stderr, still answer with the offline rules
         print(f"inboxcrm extract: {exc}; falling back to rules", file=sys.stderr)  # noqa: T201
-        outcome = asyncio.run(extract_and_route(raw, policy, _RULES))
+        outcome = asyncio.run(extract_and_route(raw, policy, _RULES, source))
     if as_json:
         print(json.dumps(outcome.section10_json(), ensure_ascii=False))  # noqa: T201
     else:

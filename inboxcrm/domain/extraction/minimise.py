@@ -25,6 +25,7 @@ from html.parser import HTMLParser
 
 from pydantic import BaseModel, ConfigDict
 
+from .reports import Report, detect_report
 from .signals import words
 
 # Headers the model sees (issue #4, item 2).
@@ -52,7 +53,39 @@ ROUTING_HEADERS = (
     "List-Owner",
     "List-Archive",
     "X-Failed-Recipients",
+    # upstream spam verdicts and bulk-sender marks (docs/architecture.md §5)
+    "X-Spam-Flag",
+    "X-Spam-Status",
+    "X-Spam-Score",
+    "X-Spam_score",
+    "X-Spam-Level",
+    "X-Mailgun-Sflag",
+    "X-Mailgun-Sscore",
+    "X-PM-Spam-Score",
+    "Feedback-ID",
+    "X-CSA-Complaints",
+    "X-Campaign",
+    "X-Campaign-ID",
+    "X-Mailer",
+    "X-MC-User",
+    "X-Mailchimp-Campaign",
+    "X-SG-EID",
+    "X-Report-Abuse",
+    "X-Mailgun-Tag",
+    "Cc",
 )
+# Trace headers the sender authentication reads (every occurrence, in order: the topmost
+# is the one the receiving boundary added last).
+AUTH_HEADERS = (
+    "Authentication-Results",
+    "Received-SPF",
+    "X-Mailgun-Spf",
+    "X-Mailgun-Dkim-Check-Result",
+    "X-Envelope-From",
+    "Return-Path",
+    "DKIM-Signature",
+)
+MAX_AUTH_HEADERS = 40
 
 MAX_RAW_BYTES = 5 * 1024 * 1024  # parse at most this much of a message
 MAX_PART_BYTES = 2 * 1024 * 1024  # decode at most this much of one part
@@ -84,6 +117,8 @@ class MinimisedMessage(BaseModel):
     reply_to: list[Mailbox] = []
     sender: list[Mailbox] = []
     to: list[Mailbox] = []
+    cc: list[Mailbox] = []
+    auth_headers: list[tuple[str, str]] = []  # AUTH_HEADERS occurrences, topmost first
     from_header_count: int = 0
     content_type: str = "text/plain"
     body: str = ""  # own text, then (if any) the forwarded block
@@ -94,6 +129,7 @@ class MinimisedMessage(BaseModel):
     truncated: bool = False
     is_html_only: bool = False
     has_report_part: bool = False
+    report: Report | None = None  # a delivery-status, feedback or bounce report
     hidden_text: str = ""  # HTML text hidden from the reader (scanned, never shown)
     defects: int = 0
     raw_size: int = 0
@@ -384,8 +420,17 @@ _ORIGINAL_MARKERS = re.compile(
     re.IGNORECASE,
 )
 _ATTRIBUTION = re.compile(
-    r"^\s*(?:on|am|le|el|em|il|op)\b.{0,300}?"
-    r"(?:wrote|schrieb|a [ée]crit|escribi[óo]|escreveu|ha scritto|schreef)\b.{0,200}?:\s*$",
+    r"^\s*(?:on|am|le|el|em|il|op|den|p[åa])\b.{0,300}?"
+    r"(?:wrote|schrieb|a [ée]crit|escribi[óo]|escreveu|ha scritto|schreef|skrev)\b"
+    r".{0,200}?:\s*$",
+    re.IGNORECASE,
+)
+# "<date> <person> <verb>:" in languages whose attribution does not start with "On":
+# Russian, Ukrainian, Polish, Czech, Scandinavian, Finnish, Turkish, Greek, Chinese, Japanese.
+_ATTRIBUTION_END = re.compile(
+    r"(?:wrote|schrieb|a [ée]crit|escribi[óo]|escreveu|ha scritto|schreef|skrev|kirjoitti|"
+    r"napisa[łl]a?|napsala?|написала?|пишет|написав|написала|yazd[ıi]|έγραψε|写道|寫道|"
+    r"が書きました|님이 작성)\s*[:：]\s*$",
     re.IGNORECASE,
 )
 _HEADER_FROM = re.compile(r"^\s*\*?(?:from|von|de|da|van)\s*:\*?\s*(.+)$", re.IGNORECASE)
@@ -399,13 +444,15 @@ _FORWARD_SUBJECT = re.compile(
     re.IGNORECASE,
 )
 _QUOTE_LINE = re.compile(r"^\s*>")
-_ATTRIBUTION_START = re.compile(r"^\s*(?:on|am|le|el|em|il|op)\b", re.IGNORECASE)
+_ATTRIBUTION_START = re.compile(r"^\s*(?:on|am|le|el|em|il|op|den|p[åa])\b", re.IGNORECASE)
 
 
 def _is_attribution(line: str) -> bool:
     """"On <date>, <person> wrote:" in the supported languages; a date or an address must be
     present so that ordinary sentences are not mistaken for one."""
-    return bool(_ATTRIBUTION.match(line)) and bool(re.search(r"\d|@", line))
+    if len(line) > 400 or not re.search(r"\d|@", line):
+        return False
+    return bool(_ATTRIBUTION.match(line) or _ATTRIBUTION_END.search(line))
 
 
 def _outlook_header_at(lines: list[str], i: int) -> bool:
@@ -422,6 +469,25 @@ def _forwarded_from(block: list[str]) -> list[Mailbox]:
     return []
 
 
+def _split_attribution(line: str, following: str) -> bool:
+    """An attribution folded over two lines with the verb on the second ("02.04.2012 14:20
+    пользователь "a@b" <" / "a@b> написал:")."""
+    return (len(line) < 200 and len(following) < 200 and bool(re.search(r"\d|@", line))
+            and not _QUOTE_LINE.match(line) and not _QUOTE_LINE.match(following)
+            and not _ATTRIBUTION_END.search(line)
+            and bool(_ATTRIBUTION_END.search(following)))
+
+
+def _below_quote(lines: list[str]) -> list[str]:
+    """The unquoted lines after a `>` quote block (a bottom-posted reply); nothing when the
+    history is not `>`-quoted (an Outlook-style header block: all of it is history)."""
+    rest = [line for line in lines if line.strip()]
+    if not rest or not _QUOTE_LINE.match(rest[0]):
+        return []
+    return [line for line in lines if not _QUOTE_LINE.match(line)
+            and not _is_attribution(line)]
+
+
 def _cut_replies(lines: list[str]) -> tuple[list[str], bool, bool]:
     """Drop `>` lines and everything from the first reply attribution / reply header.
     Returns (kept lines, quoted lines dropped, reply chain cut)."""
@@ -432,9 +498,13 @@ def _cut_replies(lines: list[str]) -> tuple[list[str], bool, bool]:
         if (
             _is_attribution(line)
             or (len(line) < 200 and _ATTRIBUTION_START.match(line) and _is_attribution(joined))
+            or _split_attribution(line, lines[i + 1] if i + 1 < len(lines) else "")
             or _ORIGINAL_MARKERS.match(line)
             or _outlook_header_at(lines, i)
         ):
+            if not any(k.strip() for k in kept):
+                # bottom-posted: the writer's text follows the quote
+                return _below_quote(lines[i + 1:]), True, True
             return kept, removed, True
         if _QUOTE_LINE.match(line):
             removed = True
@@ -539,6 +609,17 @@ def _walk(part: Message, out: _Collector, depth: int) -> None:
         if isinstance(payload, list) and payload and isinstance(payload[0], Message):
             out.attached.append(payload[0])
         return
+    if ctype == "message/global":
+        # RFC 6532: a forwarded message (UTF-8 headers allowed, and unlike message/rfc822 a
+        # transfer encoding too): the same as an attached message/rfc822
+        payload = part.get_payload()
+        encoding = str(part.get("Content-Transfer-Encoding", "")).strip().lower()
+        if encoding in ("base64", "quoted-printable") or not isinstance(payload, list):
+            out.attached.append(message_from_bytes(_payload_bytes(part),
+                                                   policy=email_policy.compat32))
+        elif payload and isinstance(payload[0], Message):
+            out.attached.append(payload[0])
+        return
     if part.is_multipart():
         payload = part.get_payload()
         if isinstance(payload, list):
@@ -567,6 +648,22 @@ def _headers(msg: Message) -> tuple[dict[str, list[str]], int]:
     except Exception:
         pass
     return raw, len(raw.get("from", []))
+
+
+def _ordered(msg: Message, names: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Every occurrence of the named headers, in message order, names as spelt in `names`."""
+    wanted = {name.lower(): name for name in names}
+    out: list[tuple[str, str]] = []
+    try:
+        for name, value in msg.raw_items():
+            key = wanted.get(str(name).strip().lower())
+            if key is not None:
+                out.append((key, value if isinstance(value, str) else str(value)))
+                if len(out) >= MAX_AUTH_HEADERS:
+                    break
+    except Exception:  # a broken header block yields no trace headers, never a crash
+        return out
+    return out
 
 
 def _empty(raw_size: int, parse_failed: bool) -> MinimisedMessage:
@@ -611,6 +708,11 @@ def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> Min
 
     collector = _Collector()
     _walk(msg, collector, 0)
+    report = detect_report(msg) if depth == 0 else None
+    auth_headers = [
+        (name, decode_header_value(value, MAX_RAW_HEADER_CHARS))
+        for name, value in _ordered(msg, AUTH_HEADERS)
+    ][:MAX_AUTH_HEADERS]
     content_type = _content_type(msg)
 
     hidden = ""
@@ -665,6 +767,8 @@ def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> Min
         reply_to=_parse_mailboxes(raw_headers.get("reply-to", [])),
         sender=_parse_mailboxes(raw_headers.get("sender", [])),
         to=_parse_mailboxes(raw_headers.get("to", [])),
+        cc=_parse_mailboxes(raw_headers.get("cc", [])),
+        auth_headers=auth_headers,
         from_header_count=from_count,
         content_type=content_type,
         body=body,
@@ -676,6 +780,7 @@ def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> Min
         or len(text) >= MAX_TEXT_CHARS,
         is_html_only=is_html_only,
         has_report_part=collector.report or content_type == "multipart/report",
+        report=report,
         hidden_text=hidden,
         defects=collector.defects,
         raw_size=raw_size,

@@ -18,6 +18,7 @@ from inboxcrm.domain.policy import InvalidAddress, TenantPolicy, canonical_email
 from schemas.extraction import ExtractedField, Extraction, load_schema
 
 from . import signals
+from .authentication import AUTH_REASONS
 from .minimise import Mailbox, MinimisedMessage
 
 Route = Literal["auto", "review", "ignore", "opt_out"]
@@ -26,7 +27,8 @@ FIELDS = ("sender_email", "contact_name", "company")
 # Every reason the router can give (field-specific ones as "<reason>:<field>").
 IGNORE_REASONS = frozenset({
     "auto_submitted", "auto_reply", "null_return_path", "multipart_report", "mailer_daemon",
-    "bounce", "bulk_list", "bulk_precedence", "own_mailbox", "own_domain",
+    "bounce", "bulk_list", "bulk_precedence", "own_mailbox", "own_domain", "abuse_report",
+    "delivery_delay", "upstream_spam", "bulk_signals",
 })
 REVIEW_REASONS = frozenset({
     "unparseable", "schema_invalid", "extractor_failed", "routing_failed", "missing_sender",
@@ -34,6 +36,8 @@ REVIEW_REASONS = frozenset({
     "shared_mailbox", "forwarded_sender_unknown", "forwarded_sender_mismatch",
     "different_contact_address", "prompt_injection", "complaint", "legal_threat",
     "extractor_flagged", "empty_message", "auto_reply_suspected", "possible_opt_out",
+    "bulk_precedence", "bulk_suspected", "bounce_suspected", "internal_forward",
+    *AUTH_REASONS,
     *(f"{kind}:{name}" for kind in ("evidence_not_found", "low_confidence")
       for name in ("sender_email", "contact_name", "company")),
 })
@@ -112,9 +116,87 @@ def header_identity(msg: MinimisedMessage) -> HeaderIdentity:
 
 
 _LIST_COMPANIONS = ("List-Post", "List-Help", "List-Subscribe", "List-Owner", "List-Archive")
+# Headers bulk senders and their ESPs add (RFC 8058 / feedback loops / campaign IDs).
+_ESP_HEADERS = ("Feedback-ID", "X-CSA-Complaints", "X-Campaign", "X-Campaign-ID", "X-MC-User",
+                "X-Mailchimp-Campaign", "X-SG-EID", "X-Report-Abuse")
+_BULK_MAILER = re.compile(
+    r"mailchimp|mailjet|sendgrid|sendinblue|brevo|campaign ?monitor|activecampaign|phplist|"
+    r"constant ?contact|mailerlite|getresponse|klaviyo|emarsys|acoustic|exacttarget|"
+    r"salesforce marketing|marketo|pardot|mass ?mail|bulk ?mail|newsletter",
+    re.IGNORECASE,
+)
+_UNDISCLOSED = re.compile(r"undisclosed|recipients? (?:list )?suppressed|:\s*;", re.IGNORECASE)
+MANY_RECIPIENTS = 10
+_SPAM_SCORE = re.compile(r"(?:^|[\s,;(])(?:score|hits)\s*=\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+_NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)")
 
 
-def ignore_reasons(msg: MinimisedMessage, policy: TenantPolicy) -> list[str]:
+def bulk_signals(msg: MinimisedMessage) -> list[str]:
+    """The bulk-mail signals present (each alone is weak; together they are clear)."""
+    headers, routing = msg.headers, msg.routing_headers
+    found: list[str] = []
+    if "List-Unsubscribe" in routing:
+        found.append("list_unsubscribe")
+    if any(h in routing for h in _LIST_COMPANIONS):
+        found.append("list_headers")
+    if headers.get("Precedence", "").strip().lower() in ("bulk", "list", "junk"):
+        found.append("precedence")
+    if any(h in routing for h in _ESP_HEADERS) or _BULK_MAILER.search(
+            routing.get("X-Mailer", "")):
+        found.append("esp")
+    recipients = msg.to + msg.cc
+    if len(recipients) > MANY_RECIPIENTS:
+        found.append("many_recipients")
+    elif not msg.to and (_UNDISCLOSED.search(headers.get("To", "")) or "To" not in headers):
+        found.append("undisclosed_recipients")
+    if any(signals.NOREPLY_LOCAL.match(signals.local_part(m.address)) for m in msg.from_addrs):
+        found.append("noreply_sender")
+    return found
+
+
+def upstream_spam(msg: MinimisedMessage, policy: TenantPolicy, source: str = "standard") -> bool:
+    """An upstream filter's verdict: a flag, or a score at or above the tenant's threshold.
+    A sender who forges one only harms their own message, so X-Spam-* counts from any
+    source; Mailgun's own verdict only on the Mailgun source."""
+    routing = msg.routing_headers
+    threshold = policy.spam_score_threshold
+    if routing.get("X-Spam-Flag", "").strip().lower().startswith("yes"):
+        return True
+    status = routing.get("X-Spam-Status", "")
+    if status.strip().lower().startswith("yes"):
+        return True
+    scores: list[str] = []
+    found = _SPAM_SCORE.search(status)
+    if found:
+        scores.append(found.group(1))
+    for name in ("X-Spam-Score", "X-Spam_score", "X-PM-Spam-Score"):
+        number = _NUMBER.match(routing.get(name, ""))
+        if number:
+            scores.append(number.group(1))
+    if source == "mailgun":
+        if routing.get("X-Mailgun-Sflag", "").strip().lower() == "yes":
+            return True
+        number = _NUMBER.match(routing.get("X-Mailgun-Sscore", ""))
+        if number:
+            scores.append(number.group(1))
+    return any(float(score) >= threshold for score in scores)
+
+
+def internal_forward(msg: MinimisedMessage, policy: TenantPolicy) -> Mailbox | None:
+    """A colleague (tenant's own domain, not its mailbox) forwarding one outside sender:
+    that sender, proposed for review. Otherwise None."""
+    if not msg.forwarded or not msg.from_addrs:
+        return None
+    if not all(policy.is_own_domain(m.address) for m in msg.from_addrs):
+        return None
+    outside = [m for m in msg.forwarded_from if not policy.is_own_domain(m.address)]
+    if len({m.address.lower() for m in outside}) != 1:
+        return None
+    return outside[0]
+
+
+def ignore_reasons(msg: MinimisedMessage, policy: TenantPolicy,
+                   source: str = "standard") -> list[str]:
     """Header-only reasons to ignore a message (no model is consulted for these)."""
     reasons: list[str] = []
     headers, routing = msg.headers, msg.routing_headers
@@ -142,34 +224,77 @@ def ignore_reasons(msg: MinimisedMessage, policy: TenantPolicy) -> list[str]:
         not msg.from_addrs and "mailer-daemon" in headers.get("From", "").lower()
     ):
         reasons.append("mailer_daemon")
-    if "X-Failed-Recipients" in routing and "mailer_daemon" not in reasons:
+    report = msg.report
+    if report is not None and not report.suspected:
+        if report.kind == "arf":
+            reasons.append("abuse_report")
+        elif report.kind == "delay":
+            reasons.append("delivery_delay")
+        elif "mailer_daemon" not in reasons:
+            reasons.append("bounce")
+    if "X-Failed-Recipients" in routing and not {"mailer_daemon", "bounce"} & set(reasons):
         reasons.append("bounce")
+    if upstream_spam(msg, policy, source):
+        reasons.append("upstream_spam")
 
-    identity = header_identity(msg)
-    noreply_from = any(
-        signals.NOREPLY_LOCAL.match(signals.local_part(m.address)) for m in msg.from_addrs
-    )
-    if "List-Id" in headers or (
-        "List-Unsubscribe" in routing
-        and (any(h in routing for h in _LIST_COMPANIONS) or precedence in ("bulk", "list")
-             or noreply_from)
+    bulk = bulk_signals(msg)
+    if "List-Id" in headers or {"list_unsubscribe", "list_headers"} <= set(bulk) or (
+        "list_unsubscribe" in bulk and ({"precedence", "noreply_sender"} & set(bulk))
     ):
         reasons.append("bulk_list")
-    if precedence in ("bulk", "list", "junk"):
+    elif len(bulk) >= 2:
+        reasons.append("bulk_signals")
+    if precedence in ("bulk", "list", "junk") and reasons:
         reasons.append("bulk_precedence")
 
     if any(policy.is_own_mailbox(m.address) for m in msg.from_addrs + msg.sender):
         reasons.append("own_mailbox")
     elif any(policy.is_own_domain(m.address) for m in msg.from_addrs) and not (
-        identity.form_notification
-        and identity.primary is not None
-        and not policy.is_own_domain(identity.primary.address)
+        _outside_visitor(msg, policy) or internal_forward(msg, policy) is not None
     ):
         reasons.append("own_domain")
     return reasons
 
 
+def _outside_visitor(msg: MinimisedMessage, policy: TenantPolicy) -> bool:
+    """A web-form notification from the tenant's own site about an outside visitor."""
+    identity = header_identity(msg)
+    return (identity.form_notification and identity.primary is not None
+            and not policy.is_own_domain(identity.primary.address))
+
+
 # --------------------------------------------------------------------------- validation
+
+
+def _internal_forward(msg: MinimisedMessage, extraction: Extraction, policy: TenantPolicy,
+                      original: Mailbox, auth_reason: str | None) -> Decision:
+    """A colleague forwarded an outside sender ("can someone follow up?"): a lead, not a
+    loop. A person decides; the forwarded sender is the proposed identity."""
+    reasons = ["internal_forward"]
+    canonical = _canon(original.address, policy)
+    if canonical is None:
+        reasons.append("invalid_sender")
+    if auth_reason is not None:
+        reasons.append(auth_reason)
+    names = " | ".join(m.name for m in msg.from_addrs + msg.forwarded_from)
+    if signals.looks_like_instruction(msg.header_text(), names, msg.own_text,
+                                      msg.forwarded_text, msg.hidden_text):
+        reasons.append("prompt_injection")
+        canonical = None
+    sender = ExtractedField.empty()
+    if canonical is not None and evidence_found(original.address, _squash(msg.as_text())):
+        sender = ExtractedField(value=original.address, confidence=0.9,
+                                evidence=original.address)
+    record = extraction.model_copy(update={
+        "sender_email": sender,
+        "contact_name": ExtractedField(value=original.name, confidence=0.6,
+                                       evidence=original.name)
+        if original.name and evidence_found(original.name, _squash(msg.as_text()))
+        else ExtractedField.empty(),
+        "company": ExtractedField.empty(),
+        "needs_human_review": True,
+    })
+    return Decision("review", reasons, canonical, record)
 
 
 def _squash(text: str) -> str:
@@ -197,10 +322,14 @@ def _add(reasons: list[str], reason: str) -> None:
 
 def validate_and_route(
     msg: MinimisedMessage, extraction: Extraction, policy: TenantPolicy,
-    *, precomputed_ignore: list[str] | None = None,
+    *, precomputed_ignore: list[str] | None = None, source: str = "standard",
+    auth_reason: str | None = None,
 ) -> Decision:
-    """Check an extraction against the message and the tenant policy; choose a route."""
-    ignore = precomputed_ignore if precomputed_ignore is not None else ignore_reasons(msg, policy)
+    """Check an extraction against the message and the tenant policy; choose a route.
+    `auth_reason` is the tenant's verdict on the sender's authentication (see
+    authentication.blocking_reason): present, it keeps the message from `auto`."""
+    ignore = precomputed_ignore if precomputed_ignore is not None else ignore_reasons(
+        msg, policy, source)
     if ignore:
         record = extraction.model_copy(update={"needs_human_review": False})
         return Decision("ignore", list(ignore), None, record)
@@ -208,6 +337,9 @@ def validate_and_route(
     reasons: list[str] = []
     if msg.parse_failed:
         _add(reasons, "unparseable")
+    forwarded_by_colleague = internal_forward(msg, policy)
+    if forwarded_by_colleague is not None:
+        return _internal_forward(msg, extraction, policy, forwarded_by_colleague, auth_reason)
 
     # 1. JSON Schema, in ordinary code, on the plain JSON form.
     if schema_errors(extraction.model_dump(mode="json")):
@@ -311,7 +443,7 @@ def validate_and_route(
         _add(reasons, "legal_threat")
     if extraction.needs_human_review:
         _add(reasons, "extractor_flagged")
-    if not msg.body.strip() and not msg.subject.strip():
+    if not msg.body.strip():
         _add(reasons, "empty_message")
     if signals.out_of_office_text(msg.own_text):
         _add(reasons, "auto_reply_suspected")
@@ -324,6 +456,18 @@ def validate_and_route(
         or signals.soft_opt_out(msg.own_text, subject_for_opt_out)
     ):
         _add(reasons, "possible_opt_out")
+
+    # 10. Weak bulk or bounce signals alone: never dropped silently, never answered.
+    bulk = bulk_signals(msg)
+    if "precedence" in bulk:
+        _add(reasons, "bulk_precedence")
+    elif bulk and bulk != ["noreply_sender"]:
+        _add(reasons, "bulk_suspected")
+    if msg.report is not None and msg.report.suspected:
+        _add(reasons, "bounce_suspected")
+    # 11. The sender must be vouched for by the trusted boundary (tenant policy).
+    if auth_reason is not None:
+        _add(reasons, auth_reason)
 
     doubt = any(r in IDENTITY_DOUBT or r.startswith("evidence_not_found:sender")
                 for r in reasons)

@@ -1,0 +1,213 @@
+"""Bounces and reports: what a mail administrator recognises before reading a message.
+
+RFC 3464 delivery status notifications and RFC 5965 abuse reports (ARF) are parsed from
+their machine-readable parts; everything else that looks like a bounce is handed to
+`flufl.bounce`, the detector GNU Mailman runs on its bounce addresses. The result says
+which kind of report this is and, for hard bounces and complaints, which addresses the
+report is about (a suppression candidate once the caller has checked it was our mail).
+
+Never raises on bad input. Addresses found here are personal data: they are kept in the
+minimised record for the planner, never logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+from email.message import Message
+from email.utils import getaddresses
+from typing import Literal
+
+from flufl.bounce import all_failures
+from pydantic import BaseModel, ConfigDict
+
+from .signals import DAEMON_LOCAL, fold, local_part
+
+# flufl.bounce logs a detector's exception with its traceback; the detector's verdict is
+# simply "no bounce" then, which this module handles: keep that out of the product's logs.
+logging.getLogger("flufl.bounce").addHandler(logging.NullHandler())
+logging.getLogger("flufl.bounce").propagate = False
+
+ReportKind = Literal["dsn", "arf", "bounce", "delay"]
+MAX_RECIPIENTS = 20
+MAX_NOTIFICATION_CHARS = 20000
+
+# Subjects only delivery systems write, in the languages of the MTAs seen in real mail.
+BOUNCE_SUBJECT = re.compile(
+    r"^(?:(?:re|fw|fwd)\s*:\s*)*(?:"
+    r"undeliverable|undelivered mail|undeliverable mail|returned mail|mail delivery fail|"
+    r"delivery (?:status notification|failure|has failed|failed|notification)|"
+    r"failure notice|mail system error|non[- ]?delivery|delivery report|"
+    r"nondeliverable|message not delivered|could not send message|"
+    r"warning: could not send|mail could not be delivered|"
+    r"non remis|non distribuable|unzustellbar|nicht zustellbar|"
+    r"nao (?:foi possivel )?entregue|no se (?:pudo|puede) entregar|mensaje no entregado|"
+    r"impossibile recapitare|niet bezorgd|onbestelbaar"
+    r")",
+)
+# The senders of delivery reports (besides MAILER-DAEMON / postmaster, see signals).
+REPORT_SENDER = re.compile(
+    r"^(?:mdaemon|mail-?daemon|bounces?(?:[+-].*)?|mailer|mail-?delivery(?:-?subsystem)?|"
+    r"microsoftexchange[0-9a-f]*|abuse|fbl|feedback|complaints?|arf|postmaster[+-].*)$"
+)
+_SES_NOTIFICATION = re.compile(r'"notificationType"\s*:\s*"(Bounce|Complaint)"')
+_SES_ADDRESS = re.compile(r'"emailAddress"\s*:\s*"([^"\s]{3,320})"')
+_SES_PERMANENT = re.compile(r'"bounceType"\s*:\s*"Permanent"')
+
+
+class Report(BaseModel):
+    """A machine-generated report about mail that was sent earlier."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: ReportKind
+    # dsn/bounce: addresses that failed permanently; arf: the complaining recipient(s)
+    recipients: list[str] = []
+    feedback_type: str | None = None  # arf: abuse, fraud, ...
+    # only the detector saw a bounce; nothing in the headers says so: a person decides
+    suspected: bool = False
+
+    @property
+    def suppresses(self) -> Literal["bounced", "complaint"] | None:
+        """The suppression reason this report asks for, if any."""
+        if not self.recipients or self.suspected:
+            return None
+        if self.kind == "arf":
+            return "complaint"
+        if self.kind in ("dsn", "bounce"):
+            return "bounced"
+        return None
+
+
+def _addresses(values: list[str]) -> list[str]:
+    out: list[str] = []
+    for value in values:
+        # "rfc822; someone@example.com" (RFC 3464 address-type prefix)
+        text = value.split(";", 1)[1] if ";" in value else value
+        for _, address in getaddresses([text.strip()]):
+            address = address.strip().strip("<>").lower()
+            if "@" in address and len(address) <= 320 and address not in out:
+                out.append(address)
+    return out[:MAX_RECIPIENTS]
+
+
+def _blocks(part: Message) -> list[Message]:
+    payload = part.get_payload()
+    if isinstance(payload, list):
+        return [p for p in payload if isinstance(p, Message)]
+    return []
+
+
+def _dsn(part: Message) -> Report:
+    """RFC 3464: per-recipient blocks; `Action: failed` with a 5.x.x status is hard."""
+    hard: list[str] = []
+    delayed = False
+    for block in _blocks(part)[1:]:
+        action = str(block.get("Action", "")).strip().lower()
+        status = str(block.get("Status", "")).strip()
+        if action == "failed" and status.startswith("5"):
+            recipient = block.get("Final-Recipient") or block.get("Original-Recipient")
+            hard += [a for a in _addresses([str(recipient or "")]) if a not in hard]
+        elif action in ("delayed", "failed", "relayed", "expanded", "delivered"):
+            delayed = delayed or action == "delayed"
+    if hard:
+        return Report(kind="dsn", recipients=hard[:MAX_RECIPIENTS])
+    return Report(kind="delay" if delayed else "dsn")
+
+
+def _original_recipients(msg: Message) -> list[str]:
+    for part in msg.walk():
+        ctype = part.get_content_type()
+        if ctype in ("message/rfc822", "message/global"):
+            inner = _blocks(part)
+            if inner:
+                return _addresses([str(v) for v in inner[0].get_all("To", [])])
+        if ctype == "text/rfc822-headers":
+            raw = part.get_payload(decode=True)
+            if isinstance(raw, bytes):
+                text = raw.decode("utf-8", errors="replace")
+                found = re.search(r"(?im)^to:(.*(?:\n[ \t].*)*)", text)
+                if found:
+                    return _addresses([found.group(1)])
+    return []
+
+
+def _arf(part: Message, msg: Message) -> Report:
+    """RFC 5965: the feedback report names the original recipient; else the reported
+    message's To."""
+    fields = _blocks(part)
+    block = fields[0] if fields else part
+    feedback_type = str(block.get("Feedback-Type", "")).strip().lower() or None
+    recipients = _addresses([str(v) for v in block.get_all("Original-Rcpt-To", [])])
+    if not recipients:
+        recipients = _original_recipients(msg)
+    return Report(kind="arf", recipients=recipients, feedback_type=feedback_type)
+
+
+def _from_local(msg: Message) -> str:
+    with contextlib.suppress(Exception):
+        pairs = getaddresses([str(v) for v in msg.get_all("From", [])])
+        if pairs:
+            return local_part(pairs[0][1])
+    return ""
+
+
+def looks_like_bounce(msg: Message) -> bool:
+    """Header evidence of a delivery report (sender, subject, null reverse path)."""
+    local = _from_local(msg)
+    if DAEMON_LOCAL.match(local) or REPORT_SENDER.match(local):
+        return True
+    with contextlib.suppress(Exception):
+        if BOUNCE_SUBJECT.match(fold(str(msg.get("Subject", "")))):
+            return True
+        return bool(re.fullmatch(r"\s*<\s*>\s*", str(msg.get("Return-Path", "x"))))
+    return False
+
+
+def _ses(msg: Message) -> Report | None:
+    """An Amazon SES notification delivered by mail (SNS): JSON in the body."""
+    for part in msg.walk():
+        if part.get_content_maintype() != "text":
+            continue
+        raw = part.get_payload(decode=True)
+        if not isinstance(raw, bytes):
+            continue
+        text = raw[:MAX_NOTIFICATION_CHARS].decode("utf-8", errors="replace")
+        found = _SES_NOTIFICATION.search(text)
+        if not found:
+            continue
+        with contextlib.suppress(ValueError):
+            text = json.dumps(json.loads(text))  # unescape an SNS-wrapped "Message" once
+        if found.group(1) == "Complaint":
+            return Report(kind="arf", recipients=_addresses(_SES_ADDRESS.findall(text)),
+                          feedback_type="abuse")
+        permanent = bool(_SES_PERMANENT.search(text.replace('\\"', '"')))
+        recipients = _addresses(_SES_ADDRESS.findall(text.replace('\\"', '"')))
+        return Report(kind="bounce", recipients=recipients if permanent else [])
+    return None
+
+
+def detect_report(msg: Message) -> Report | None:
+    """The report this message is, or None for ordinary mail. Never raises."""
+    try:
+        for part in msg.walk():
+            ctype = part.get_content_type()
+            if ctype in ("message/delivery-status", "message/global-delivery-status"):
+                return _dsn(part)
+            if ctype == "message/feedback-report":
+                return _arf(part, msg)
+        ses = _ses(msg)
+        if ses is not None:
+            return ses
+        headers_say_bounce = looks_like_bounce(msg)
+        temporary, permanent = all_failures(msg)
+        recipients = _addresses([a.decode("utf-8", "replace") for a in sorted(permanent)])
+        if headers_say_bounce:
+            return Report(kind="bounce", recipients=recipients)
+        if recipients or temporary:
+            return Report(kind="bounce", recipients=recipients, suspected=True)
+        return None
+    except Exception:  # a detector on adversarial input: no report, the router decides
+        return None
