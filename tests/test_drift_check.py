@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import pytest
 from temporalio.client import (
     Client,
     ScheduleActionExecutionStartWorkflow,
@@ -17,12 +19,24 @@ from temporalio.client import (
 )
 from temporalio.worker import Replayer
 
+from activities.drift import run_drift_check
+from inboxcrm.adapters.base import (
+    ContactFields,
+    CrmRecordView,
+    OutgoingEmail,
+    SentRecord,
+    Unverifiable,
+)
+from inboxcrm.adapters.hubspot import HubSpotCrm
+from inboxcrm.adapters.resend import ResendMail
+from inboxcrm.adapters.salesforce import SalesforceCrm
+from inboxcrm.adapters.smtp import SmtpMail
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from schemas.contract import DRIFT_CHECK_WORKFLOW_TYPE, drift_check_schedule_id
-from schemas.drift import DriftSummary
+from schemas.drift import DriftCheckRequest, DriftSummary, Trigger
 from tests.helpers.cli import cli
 from workflows.drift_check import DriftCheckWorkflow
 
@@ -131,3 +145,67 @@ async def test_a_record_deleted_behind_our_back_is_reported_by_the_next_schedule
     replayer = Replayer(workflows=[DriftCheckWorkflow], data_converter=client.data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
     assert result.replay_failure is None
+
+
+async def test_the_adapters_read_what_the_destination_holds_now(stack: Stack) -> None:
+    """The drift check's reads: a record by its CRM ID with our external-ID property (HubSpot
+    and Salesforce shapes), an email by the provider's ID; gone is None; SMTP cannot say."""
+    sandbox = stack.sandbox_url
+    hubspot = HubSpotCrm(sandbox, None, "inboxcrm_contact_id", 5)
+    salesforce = SalesforceCrm(sandbox, None, timeout=5)
+    mail = ResendMail(sandbox, None, "Acme Sales <sales@acme.test>", 5)
+    smtp = SmtpMail("127.0.0.1", 9, sender="sales@acme.test", security="none")
+    try:
+        for crm in (hubspot, salesforce):
+            contact_id = str(uuid.uuid4())
+            record = await crm.upsert_contact(
+                contact_id, ContactFields(unique_email("drift-read"), "Ada Byron"))
+            assert await crm.read_contact(record.record_id) == CrmRecordView(
+                record.record_id, contact_id)
+            assert await crm.read_contact("999999999999") is None
+        intent_id = str(uuid.uuid4())
+        sent = await mail.send(intent_id, OutgoingEmail(unique_email("drift-read"), "Hi", "Hello"))
+        assert await mail.read_sent(sent.message_id) == SentRecord(sent.message_id, intent_id)
+        assert await mail.read_sent(str(uuid.uuid4())) is None
+        with pytest.raises(Unverifiable):
+            await smtp.read_sent(f"<{intent_id}@acme.test>")
+    finally:
+        for client in (hubspot, salesforce, mail, smtp):
+            await client.aclose()
+
+
+async def test_follow_ups_sent_over_smtp_are_reported_unverifiable_never_present(
+    env: StackClient, stack: Stack, db: asyncpg.Pool,
+) -> None:
+    workflow_id, _, _ = await _completed_contact(env, db, "drift-smtp")
+    intent_id = await db.fetchval(
+        "SELECT i.intent_id::text FROM followup_intents i JOIN inbound_events e USING"
+        " (event_id) WHERE e.workflow_id = $1 AND i.status = 'sent'", workflow_id)
+    assert intent_id
+    crm = HubSpotCrm(stack.sandbox_url, None, "inboxcrm_contact_id", 5)
+    smtp = SmtpMail("127.0.0.1", 9, sender="sales@acme.test", security="none")
+    now = datetime.now(UTC)
+    request = DriftCheckRequest((now - timedelta(minutes=10)).isoformat(), now.isoformat(),
+                                10_000, Trigger.ON_DEMAND.value)
+    try:
+        report = await run_drift_check(db, crm, smtp, request, run_id=f"test:{uuid.uuid4()}")
+    finally:
+        await crm.aclose()
+    findings = {f.subject: f for f in report.findings}
+    assert findings[f"intent:{intent_id}"].kind == "unverifiable"
+    assert findings[f"intent:{intent_id}"].op_key == f"{workflow_id}:send"
+    assert report.mail == "smtp" and report.report_id is not None
+
+
+async def test_relay_gauges_show_the_latest_accepted_delivery_per_source(
+    env: StackClient, stack: Stack,
+) -> None:
+    """What the inbound-silence alert reads: the ledger's latest accepted delivery per source
+    (every relay replica reports the same; a restart does not reset it)."""
+    before = datetime.now(UTC).timestamp()
+    await env.deliver(message_from(unique_email("drift-gauge")))
+    metrics = (await env.http.get(f"{stack.relay_url}/metrics")).text
+    line = next(line for line in metrics.splitlines()
+                if line.startswith('inboxcrm_last_delivery_timestamp_seconds{source="standard"}'))
+    assert float(line.rsplit(" ", 1)[1]) >= before - 1
+    assert "\ninboxcrm_ambiguous_matches_open " in metrics
