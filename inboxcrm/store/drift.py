@@ -26,12 +26,14 @@ if TYPE_CHECKING:
 
 # $1, $2: the window; $3: the actions. The reference the check needs is the contact's current
 # CRM record ID (a reviewer's resolution may have changed it) or the intent's message ID.
+# A forgotten person's CRM record is deleted on purpose (`inboxcrm forget`): not drift.
 _COMPLETED_IN_WINDOW = """
 FROM operations o
 LEFT JOIN contacts c ON o.action = 'crm-upsert' AND c.contact_id::text = o.external_ref
 LEFT JOIN followup_intents i ON o.action = 'send' AND i.intent_id::text = o.external_ref
 WHERE o.status = 'completed' AND o.action = ANY($3::text[])
   AND o.last_transition >= $1 AND o.last_transition < $2
+  AND c.status IS DISTINCT FROM 'forgotten'
 """
 
 COUNT_COMPLETED = f"SELECT count(*) {_COMPLETED_IN_WINDOW}"
