@@ -22,9 +22,10 @@ up: $(STAMP)
 test: test-fast test-stack
 
 ## test-fast: no stack at all (pure functions, the rooms contract, workflow branches in the
-## SDK's time-skipping environment); under a minute
+## SDK's time-skipping environment, the alert rules under promtool); under a minute.
+## -rs prints why a test was skipped (promtool missing where apt could not install it).
 test-fast: $(STAMP) lint typecheck
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/fast $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/fast $(PYTEST_ARGS)
 
 ## test-stack: every test that talks to real PostgreSQL, a Temporal server and the sandbox
 test-stack: $(STAMP)

@@ -1,13 +1,15 @@
-"""One-shot deployment job: apply the database migrations and register the Temporal search
-attributes before (a new version of) the workers and relays start.
+"""One-shot deployment job: apply the database migrations, register the Temporal search
+attributes and the drift check's Schedule before (a new version of) the workers and relays
+start.
 
     python deploy/bootstrap.py [--skip-search-attributes]
 
 Safe to run repeatedly and concurrently: migrations run under an advisory lock and are
-recorded once each; registration adds only missing attribute names. Settings come from the
-usual environment (DATABASE_URL, TEMPORAL_ADDRESS, INBOXCRM_*). On Temporal Cloud, create the
-search attributes with `tcld namespace search-attributes add` (or the Cloud UI) and pass
---skip-search-attributes.
+recorded once each; registration adds only missing attribute names; the Schedule is created
+once and afterwards brought to the current INBOXCRM_DRIFT_CHECK_* settings. Settings come
+from the usual environment (DATABASE_URL, TEMPORAL_ADDRESS, INBOXCRM_*). On Temporal Cloud,
+create the search attributes with `tcld namespace search-attributes add` (or the Cloud UI)
+and pass --skip-search-attributes (the Schedule is still registered).
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ async def bootstrap(skip_search_attributes: bool) -> None:
     settings = get_settings()
     applied = await apply_migrations(settings.database_url)
     print(f"migrations applied now: {', '.join(applied) or 'none (up to date)'}")  # noqa: T201
-    if skip_search_attributes:
-        return
     client = await temporal.connect(settings)
-    added = await temporal.ensure_search_attributes(client, settings.temporal_namespace)
-    print(f"search attributes added: {', '.join(added) or 'none (all present)'}")  # noqa: T201
+    if not skip_search_attributes:
+        added = await temporal.ensure_search_attributes(client, settings.temporal_namespace)
+        print(f"search attributes added: {', '.join(added) or 'none (all present)'}")  # noqa: T201
+    outcome = await temporal.ensure_drift_check_schedule(client, settings)
+    print(f"drift check schedule: {outcome}")  # noqa: T201
 
 
 def main() -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -589,6 +591,123 @@ def check(
                 out.print(f"[red]violation[/red] {result.name}: {item}", highlight=False)
         out.print(f"{report.violations} violation(s); {len(report.in_flight)} in flight")
     if not report.ok:
+        raise typer.Exit(1)
+
+
+# --- reconcile -------------------------------------------------------------------------
+_SPAN = re.compile(r"^(\d{1,6})([smhd])$")
+_SPAN_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def _since(value: str, now: datetime) -> datetime:
+    """`24h`, `90m`, `7d`, `30s`, or an ISO 8601 time (UTC when it names no zone)."""
+    span = _SPAN.match(value.strip())
+    if span:
+        return now - timedelta(seconds=int(span[1]) * _SPAN_SECONDS[span[2]])
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        fail(f"--since {value!r}: give a span like 24h, 90m, 7d or an ISO 8601 time")
+        raise
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _drift_json(report: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from schemas.drift import DriftKind
+
+    return {**asdict(report), "drift": report.drift,
+            "counts": {kind.value: report.count(kind) for kind in DriftKind}}
+
+
+def _print_drift(report: Any, title: str) -> None:
+    from schemas.drift import CHECKED_ACTIONS, DriftKind
+
+    table = Table(title=title)
+    table.add_column("finding")
+    table.add_column("count", justify="right")
+    for kind in DriftKind:
+        count = report.count(kind)
+        table.add_row(kind.value, f"[red]{count}[/red]" if count else "0")
+    out.print(table)
+    out.print(f"run {report.run_id}: sampled {report.sampled} of "
+              f"{report.completed_in_window} completed operations "
+              f"({', '.join(CHECKED_ACTIONS)}) finished between {report.window_start} and "
+              f"{report.window_end}; asked CRM {report.crm}, mail {report.mail}; report "
+              f"{report.report_id} at {report.finished_at}. Only the sampled operations were "
+              "checked: a clean report does not prove that every message reached the CRM.",
+              highlight=False)
+    for finding in report.findings:
+        colour = "yellow" if finding.kind in ("unverifiable", "unchecked") else "red"
+        out.print(f"[{colour}]{finding.kind}[/{colour}] {finding.subject} {finding.detail}"
+                  + (f" ({finding.op_key})" if finding.op_key else ""), highlight=False)
+
+
+@app.command()
+def reconcile(
+    since: Annotated[str | None, typer.Option(
+        "--since", help="Check now the operations completed since then (24h, 90m, 7d or an "
+        "ISO 8601 time). Without it: the latest scheduled report.")] = None,
+    sample: Annotated[int | None, typer.Option(
+        "--sample", min=1, max=10_000,
+        help="Operations to check (default INBOXCRM_DRIFT_CHECK_SAMPLE_SIZE).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Drift between the ledger and the destinations, asked through the adapters: CRM
+    records missing or changed behind our back, follow-ups the provider does not know,
+    provider message IDs used twice. Prints the on-demand report (with --since) and the
+    latest scheduled one. Exit 1 on drift, 2 when there is no report to show."""
+    from activities.drift import run_drift_check
+    from inboxcrm.adapters.factory import ConfigurationError, build_crm, build_mail
+    from inboxcrm.store import drift as drift_store
+    from schemas.drift import DriftCheckRequest, Trigger
+
+    settings = settings_from_env()
+    now = datetime.now(UTC)
+    start = _since(since, now) if since is not None else None
+
+    async def check_now() -> Any:
+        assert start is not None
+        try:
+            crm, mail = build_crm(settings), build_mail(settings)
+        except ConfigurationError as exc:
+            fail(str(exc), 2)
+            raise
+        pool = await db.create_pool(settings.database_url, max_size=2)
+        try:
+            request = DriftCheckRequest(
+                window_start=start.isoformat(), window_end=now.isoformat(),
+                sample_size=sample or settings.drift_check_sample_size,
+                trigger=Trigger.ON_DEMAND.value)
+            return await run_drift_check(pool, crm, mail, request,
+                                         run_id=f"cli:{uuid.uuid4()}")
+        finally:
+            await pool.close()
+            await crm.aclose()
+            await mail.aclose()
+
+    async def latest(conn: Any) -> Any:
+        return await drift_store.latest_report(conn, Trigger.SCHEDULE.value)
+
+    scheduled = _with_db(settings, latest)
+    on_demand = asyncio.run(check_now()) if start is not None else None
+    shown = on_demand or scheduled
+    if as_json:
+        out.print_json(json.dumps({
+            "on_demand": _drift_json(on_demand) if on_demand else None,
+            "latest_scheduled": _drift_json(scheduled) if scheduled else None}))
+    else:
+        if on_demand is not None:
+            _print_drift(on_demand, "drift check (on demand)")
+        if scheduled is not None:
+            _print_drift(scheduled, "latest scheduled drift check")
+        else:
+            out.print("no scheduled drift check has run yet (its Temporal Schedule is "
+                      "registered by `make up` and deploy/bootstrap.py)")
+    if shown is None:
+        raise typer.Exit(2)
+    if shown.drift:
         raise typer.Exit(1)
 
 

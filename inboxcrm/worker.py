@@ -1,4 +1,5 @@
-"""The worker process: runs InboundEmailWorkflow and every activity on one task queue.
+"""The worker process: runs InboundEmailWorkflow, the scheduled DriftCheckWorkflow and every
+activity on one task queue.
 
 Stateless: any number of replicas may run; PostgreSQL constraints and the operation keys,
 not the worker, decide what is a duplicate.
@@ -15,6 +16,7 @@ from temporalio.worker import Worker
 
 from activities.bookkeeping import BookkeepingActivities
 from activities.crm import CrmActivities
+from activities.drift import DriftActivities
 from activities.extract import ExtractActivities
 from activities.match import MatchActivities
 from activities.review import ReviewActivities
@@ -25,6 +27,7 @@ from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.platform.logs import configure_logging
 from inboxcrm.store import db
+from workflows.drift_check import DriftCheckWorkflow
 from workflows.inbound_email import CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS, InboundEmailWorkflow
 
 log = logging.getLogger("inboxcrm.worker")
@@ -44,10 +47,11 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     send = SendActivities(pool, mail, cap)
     bookkeeping = BookkeepingActivities(pool)
     review = ReviewActivities(pool)
+    drift = DriftActivities(pool, crm, mail)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[InboundEmailWorkflow],
+        workflows=[InboundEmailWorkflow, DriftCheckWorkflow],
         activities=[
             extract.extract_message,
             match.match_and_plan,
@@ -61,6 +65,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
             review.grant_operation_retry,
             review.apply_review_corrections,
             review.approve_followup_intent,
+            drift.check_destination_drift,
         ],
         max_concurrent_activities=settings.max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sandbox import crm, mail, notes, salesforce
+from sandbox import crm, mail, notes, salesforce, tamper
 from sandbox.core import Mode, Sandbox, SandboxDep, Target, iso
 
 SCHEMA_LOCK_KEY = 0x5A4D_B0C5  # advisory lock: concurrent starts must not race on DDL
@@ -126,6 +126,7 @@ def create_app(
     app.include_router(mail.router)
     app.include_router(notes.router)
     app.include_router(salesforce.router)  # same table, same Sandbox.run faults
+    app.include_router(tamper.router)  # /_sandbox/contacts: changes behind the product's back
 
     @app.get("/healthz")
     async def healthz(sandbox: SandboxDep) -> JSONResponse:

@@ -37,3 +37,18 @@ SA_OVERDUE = SearchAttributeKey.for_bool("ReviewOverdue")
 SEARCH_ATTRIBUTES: tuple[SearchAttributeKey[str] | SearchAttributeKey[bool], ...] = (
     SA_STATE, SA_REVIEW_REASON, SA_REVIEW_OWNER, SA_TENANT, SA_NEEDS_REVIEW, SA_OVERDUE,
 )
+
+# The scheduled drift check (docs/architecture.md §4, "destination truth"): a Temporal Schedule
+# starts this workflow on the worker's task queue (`INBOXCRM_TASK_QUEUE`, default
+# DEFAULT_TASK_QUEUE), so each deployment's schedule reaches its own workers.
+DRIFT_CHECK_WORKFLOW_TYPE = "DriftCheckWorkflow"
+DRIFT_CHECK_SCHEDULE_ID = "inboxcrm-drift-check"
+DRIFT_CHECK_ACTIVITY = "check_destination_drift"
+
+
+def drift_check_schedule_id(task_queue: str) -> str:
+    """One schedule per task queue: deployments (and test stacks) sharing a Temporal
+    namespace never start each other's checks."""
+    if task_queue == DEFAULT_TASK_QUEUE:
+        return DRIFT_CHECK_SCHEDULE_ID
+    return f"{DRIFT_CHECK_SCHEDULE_ID}/{task_queue}"

@@ -30,6 +30,18 @@ class CrmRecord:
     adopted: bool = False        # an existing record with that email was adopted (409)
 
 
+@dataclass(frozen=True)
+class CrmRecordView:
+    """A CRM record as the destination holds it now (the drift check's read)."""
+
+    record_id: str
+    external_id: str | None  # our external-ID property on it (None: the record has none)
+
+
+class Unverifiable(Exception):
+    """The destination cannot be asked about what it holds (SMTP): reported, never guessed."""
+
+
 class CrmClient(Protocol):
     name: str
 
@@ -49,6 +61,10 @@ class CrmClient(Protocol):
         """The note logged under `note_key`, if any (reconciliation)."""
         ...
 
+    async def read_contact(self, record_id: str) -> CrmRecordView | None:
+        """Read a record by the CRM's own ID (drift check); None when it no longer exists."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -65,6 +81,14 @@ class SentEmail:
     message_id: str
 
 
+@dataclass(frozen=True)
+class SentRecord:
+    """An email as the provider holds it now (the drift check's read)."""
+
+    message_id: str
+    idempotency_key: str | None  # where the provider reports it (Resend does not)
+
+
 class MailClient(Protocol):
     name: str
     # False where an unknown outcome cannot be reconciled (no idempotency, no search): SMTP.
@@ -73,5 +97,10 @@ class MailClient(Protocol):
     async def send(self, idempotency_key: str, message: OutgoingEmail) -> SentEmail: ...
 
     async def find_sent(self, idempotency_key: str) -> SentEmail | None: ...
+
+    async def read_sent(self, message_id: str) -> SentRecord | None:
+        """Read an email by the provider's message ID (drift check); None when the provider
+        does not know it. Raises `Unverifiable` where the provider cannot be asked."""
+        ...
 
     async def aclose(self) -> None: ...

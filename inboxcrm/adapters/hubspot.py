@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
-from inboxcrm.adapters.base import AdapterError, ContactFields, CrmRecord
+from inboxcrm.adapters.base import AdapterError, ContactFields, CrmRecord, CrmRecordView
 from inboxcrm.adapters.errors import Category, Classified, classify_response
 from inboxcrm.adapters.http import json_field, send_request
 from inboxcrm.adapters.transport import new_client
@@ -123,6 +124,25 @@ class HubSpotCrm:
             params={"idProperty": NOTE_ID_PROPERTY}, passthrough=(404,), reason=_reason,
         )
         return None if response.status_code == 404 else str(response.json()["id"])
+
+    async def read_contact(self, record_id: str) -> CrmRecordView | None:
+        """GET by HubSpot's record ID with our property requested (custom properties are
+        returned only when asked for)."""
+        response = await send_request(
+            self._client, "GET", f"/crm/v3/objects/contacts/{quote(record_id, safe='')}",
+            params={"properties": self._id_property}, passthrough=(404,), reason=_reason,
+        )
+        if response.status_code == 404:
+            return None
+        try:
+            body = response.json()
+            properties = body.get("properties") or {}
+            found = str(body["id"])
+        except (ValueError, AttributeError, KeyError, TypeError):
+            raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None,
+                                          response.status_code)) from None
+        owner = properties.get(self._id_property) if isinstance(properties, dict) else None
+        return CrmRecordView(record_id=found, external_id=str(owner) if owner else None)
 
     async def aclose(self) -> None:
         await self._client.aclose()

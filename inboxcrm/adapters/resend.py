@@ -6,9 +6,12 @@ same email, so a retry can never send a second follow-up.
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import httpx
 
-from inboxcrm.adapters.base import OutgoingEmail, SentEmail
+from inboxcrm.adapters.base import AdapterError, OutgoingEmail, SentEmail, SentRecord
+from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.http import json_field, send_request
 from inboxcrm.adapters.transport import new_client
 
@@ -43,6 +46,24 @@ class ResendMail:
         )
         found = response.json().get("data") or []
         return SentEmail(message_id=str(found[0]["id"])) if found else None
+
+    async def read_sent(self, message_id: str) -> SentRecord | None:
+        """`GET /emails/{id}`: 404 when the provider does not know the ID. Resend's answer
+        carries no idempotency key; the sandbox's does, and then it is compared too."""
+        response = await send_request(
+            self._client, "GET", f"/emails/{quote(message_id, safe='')}", passthrough=(404,),
+            reason=_reason,
+        )
+        if response.status_code == 404:
+            return None
+        try:
+            body = response.json()
+            found = str(body["id"])
+        except (ValueError, KeyError, TypeError):
+            raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None,
+                                          response.status_code)) from None
+        key = body.get("idempotency_key") if isinstance(body, dict) else None
+        return SentRecord(message_id=found, idempotency_key=str(key) if key else None)
 
     async def aclose(self) -> None:
         await self._client.aclose()

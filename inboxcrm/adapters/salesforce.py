@@ -35,7 +35,7 @@ from urllib.parse import quote
 
 import httpx
 
-from inboxcrm.adapters.base import AdapterError, ContactFields, CrmRecord
+from inboxcrm.adapters.base import AdapterError, ContactFields, CrmRecord, CrmRecordView
 from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.http import send_request
 from inboxcrm.adapters.transport import new_client
@@ -134,6 +134,21 @@ class SalesforceCrm:
     async def find_note(self, note_key: str) -> str | None:
         found = await self._find(self._note_path(note_key))
         return found.record_id if found else None
+
+    async def read_contact(self, record_id: str) -> CrmRecordView | None:
+        """GET the Contact by its Salesforce Id with our external ID field."""
+        response = await send_request(
+            self._client, "GET", f"{self._sobjects}/Contact/{quote(record_id, safe='')}",
+            params={"fields": f"Id,{self._field}"}, passthrough=(404,), reason=_reason)
+        if response.status_code == 404:
+            return None
+        body = _json(response)
+        found = body.get("Id") or body.get("id")
+        if not isinstance(found, str) or not found:
+            raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None,
+                                          response.status_code))
+        owner = body.get(self._field)
+        return CrmRecordView(record_id=found, external_id=str(owner) if owner else None)
 
     async def _upsert(self, path: str, body: dict[str, Any]) -> CrmRecord:
         response = await send_request(self._client, "PATCH", path, json=body, reason=_reason)

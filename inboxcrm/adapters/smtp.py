@@ -30,7 +30,13 @@ import ssl
 from email.message import EmailMessage
 from typing import Literal
 
-from inboxcrm.adapters.base import AdapterError, OutgoingEmail, SentEmail
+from inboxcrm.adapters.base import (
+    AdapterError,
+    OutgoingEmail,
+    SentEmail,
+    SentRecord,
+    Unverifiable,
+)
 from inboxcrm.adapters.errors import Category, Classified, classify_exception
 
 Security = Literal["starttls", "ssl", "none"]
@@ -112,6 +118,11 @@ class SmtpMail:
     async def find_sent(self, idempotency_key: str) -> SentEmail | None:
         """SMTP cannot be searched: never answer "not sent" (that would allow a resend)."""
         raise AdapterError(Classified(Category.UNKNOWN, "smtp_not_searchable"))
+
+    async def read_sent(self, message_id: str) -> SentRecord | None:
+        """A relay keeps no queryable record of what it accepted: the drift check reports
+        SMTP follow-ups as unverifiable, never as present or missing."""
+        raise Unverifiable("smtp_not_searchable")
 
     async def aclose(self) -> None:
         return None

@@ -15,12 +15,30 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from inboxcrm.store.drift import DUPLICATE_MESSAGE_IDS_ALL, LATEST_SCHEDULED_GAUGES
+from schemas.drift import DriftKind
+
 DELIVERIES = "inboxcrm_deliveries_received"
 SIGNATURE_FAILURES = "inboxcrm_signature_failures"
 
-STORE_GAUGES = """
+# The latest accepted delivery per source: a loose index scan over
+# inbound_events (source, received_at), one index probe per source, not a table scan.
+LAST_DELIVERY_PER_SOURCE = """
+WITH RECURSIVE sources AS (
+    (SELECT source FROM inbound_events ORDER BY source LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.source FROM inbound_events e WHERE e.source > s.source
+            ORDER BY e.source LIMIT 1)
+    FROM sources s WHERE s.source IS NOT NULL)
+SELECT coalesce(jsonb_object_agg(source, (
+    SELECT extract(epoch FROM max(e.received_at)) FROM inbound_events e
+    WHERE e.source = sources.source)), '{}')
+FROM sources WHERE source IS NOT NULL
+"""
+
+STORE_GAUGES = f"""
 SELECT
-  (SELECT coalesce(jsonb_object_agg(state, n), '{}') FROM
+  (SELECT coalesce(jsonb_object_agg(state, n), '{{}}') FROM
      (SELECT state, count(*) AS n FROM inbound_events GROUP BY state) s) AS items,
   (SELECT count(*) FROM review_tasks WHERE status = 'open') AS queue_size,
   (SELECT coalesce(extract(epoch FROM now() - min(first_seen)), 0)
@@ -29,9 +47,7 @@ SELECT
      AS overdue,
   (SELECT count(*) FROM followup_intents WHERE status = 'sending' AND lease_until < now())
      AS stuck_sending,
-  (SELECT count(*) FROM (SELECT provider_message_id FROM followup_intents
-     WHERE provider_message_id IS NOT NULL GROUP BY provider_message_id
-     HAVING count(*) > 1) d) AS duplicate_message_ids,
+  (SELECT count(*) FROM ({DUPLICATE_MESSAGE_IDS_ALL}) d) AS duplicate_message_ids,
   (SELECT count(*) FROM followup_intents
      WHERE status = 'cancelled' AND cancel_reason IN ('suppressed', 'opt_out',
                                                       'unsubscribed')) AS suppression_blocks,
@@ -39,7 +55,11 @@ SELECT
      AS redelivery_mismatches,
   (SELECT count(*) FROM audit_log WHERE action = 'attempt_failed'
      AND detail ->> 'reason' = 'response_mismatch') AS provider_response_mismatches,
-  (SELECT count(*) FROM inbound_events WHERE workflow_started_at IS NULL) AS unstarted
+  (SELECT count(*) FROM inbound_events WHERE workflow_started_at IS NULL) AS unstarted,
+  (SELECT count(*) FROM review_tasks WHERE status = 'open' AND reason = 'candidates')
+     AS ambiguous_matches,
+  ({LAST_DELIVERY_PER_SOURCE}) AS last_delivery,
+  ({LATEST_SCHEDULED_GAUGES}) AS drift
 """
 
 
@@ -99,7 +119,41 @@ class _StoreCollector(Collector):
              "Provider answers that claimed success without the record"),
             ("inboxcrm_unstarted_events", "unstarted",
              "Stored deliveries whose workflow is not started yet (sweeper backlog)"),
+            ("inboxcrm_ambiguous_matches_open", "ambiguous_matches",
+             "Open review tasks for a match with several candidate contacts"),
         ):
             gauge = GaugeMetricFamily(name, text)
             gauge.add_metric([], float(snap[key] or 0))
             yield gauge
+        last = GaugeMetricFamily(
+            "inboxcrm_last_delivery_timestamp_seconds",
+            "Time of the latest accepted (stored) delivery per source", labels=["source"])
+        for source, at in sorted((snap["last_delivery"] or {}).items()):
+            last.add_metric([source], float(at or 0))
+        yield last
+        yield from _drift_gauges(snap["drift"])
+
+
+def _drift_gauges(drift: dict[str, Any] | None) -> Iterator[GaugeMetricFamily]:
+    """The latest scheduled drift check (nothing before the first run)."""
+    if not drift:
+        return
+    findings = GaugeMetricFamily(
+        "inboxcrm_drift_findings", "Findings of the latest scheduled drift check by kind "
+        "(missing, changed, duplicate_message_id: drift; unverifiable, unchecked: not asked)",
+        labels=["kind"])
+    columns = {DriftKind.MISSING: "missing", DriftKind.CHANGED: "changed",
+               DriftKind.DUPLICATE_MESSAGE_ID: "duplicate_message_ids",
+               DriftKind.UNVERIFIABLE: "unverifiable", DriftKind.UNCHECKED: "unchecked"}
+    for kind, column in columns.items():
+        findings.add_metric([kind.value], float(drift.get(column) or 0))
+    yield findings
+    for name, key, text in (
+        ("inboxcrm_drift_sampled", "sampled",
+         "Operations the latest scheduled drift check looked at"),
+        ("inboxcrm_drift_last_run_timestamp_seconds", "finished_at",
+         "When the latest scheduled drift check finished"),
+    ):
+        gauge = GaugeMetricFamily(name, text)
+        gauge.add_metric([], float(drift.get(key) or 0))
+        yield gauge

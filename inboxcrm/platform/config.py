@@ -98,6 +98,12 @@ class Settings(BaseSettings):
     max_concurrent_workflow_tasks: int = 50
     max_cached_workflows: int = 250
 
+    # Scheduled drift check (workflows/drift_check.py): every interval, a sample of the
+    # operations completed in the last window is checked at the destination.
+    drift_check_interval_seconds: int = Field(3600, ge=60)
+    drift_check_window_seconds: int = Field(86_400, ge=60)
+    drift_check_sample_size: int = Field(200, ge=1, le=10_000)
+
     # Payload encryption (docs/architecture.md §7; inboxcrm/platform/codec.py).
     # No key file: codec off.
     codec_keys_file: str | None = None

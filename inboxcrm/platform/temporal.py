@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from pathlib import Path
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -10,12 +11,24 @@ from temporalio.api.operatorservice.v1 import (
     AddSearchAttributesRequest,
     ListSearchAttributesRequest,
 )
-from temporalio.client import Client
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleIntervalSpec,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+    ScheduleUpdate,
+    ScheduleUpdateInput,
+)
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import TLSConfig
 
 from inboxcrm.platform.config import Settings
 from schemas import contract
+from schemas.drift import DriftCheckInput
 
 log = logging.getLogger("inboxcrm.platform.temporal")
 
@@ -94,3 +107,40 @@ async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
             AddSearchAttributesRequest(search_attributes=missing, namespace=namespace)
         )
     return sorted(missing)
+
+
+def drift_check_schedule(settings: Settings) -> Schedule:
+    """The drift check's Schedule as the settings describe it: one run at a time (a slow
+    run makes the next one skip, not pile up), no catch-up burst after an outage."""
+    interval = timedelta(seconds=settings.drift_check_interval_seconds)
+    return Schedule(
+        action=ScheduleActionStartWorkflow(
+            contract.DRIFT_CHECK_WORKFLOW_TYPE,
+            DriftCheckInput(window_seconds=settings.drift_check_window_seconds,
+                            sample_size=settings.drift_check_sample_size),
+            id=contract.drift_check_schedule_id(settings.task_queue),
+            task_queue=settings.task_queue,
+            execution_timeout=interval,
+        ),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=interval)]),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=interval),
+    )
+
+
+async def ensure_drift_check_schedule(client: Client, settings: Settings) -> str:
+    """Create the drift check's Schedule, or bring an existing one to the current settings
+    (idempotent; an operator's pause is kept). Returns "created" or "updated"."""
+    schedule = drift_check_schedule(settings)
+    schedule_id = contract.drift_check_schedule_id(settings.task_queue)
+    try:
+        await client.create_schedule(schedule_id, schedule)
+        return "created"
+    except ScheduleAlreadyRunningError:
+        pass
+
+    def keep_state(current: ScheduleUpdateInput) -> ScheduleUpdate:
+        schedule.state = current.description.schedule.state
+        return ScheduleUpdate(schedule=schedule)
+
+    await client.get_schedule_handle(schedule_id).update(keep_state)
+    return "updated"

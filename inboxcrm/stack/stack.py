@@ -163,7 +163,21 @@ class Stack:
     def start_all(self) -> None:
         self.start_infrastructure()
         self.start_workers()
+        self.register_schedules()
         self.start_relay()
+
+    def register_schedules(self) -> str:
+        """The drift check's Temporal Schedule, as `deploy/bootstrap.py` registers it in a
+        deployment (idempotent: a restart updates it to the current settings)."""
+        from inboxcrm.platform import temporal
+
+        settings = self.settings()
+
+        async def register() -> str:
+            client = await temporal.connect(settings)
+            return await temporal.ensure_drift_check_schedule(client, settings)
+
+        return asyncio.run(register())
 
     def stop(self) -> None:
         for proc in reversed(list(self.processes.values())):

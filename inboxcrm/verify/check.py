@@ -2,6 +2,10 @@
 the promises of docs/architecture.md — nothing duplicated, nothing lost, nothing stuck
 without an owner, every retry bounded.
 
+It reads the sandbox's whole state; the scheduled drift check (`activities/drift.py`) asks
+any destination through its adapter. Both judge a stored record with the same verdicts
+(`inboxcrm.store.drift`).
+
 Each check names what it examined and lists the IDs that violate it (workflow IDs, contact
 IDs, CRM record IDs, email IDs, operation keys, intent IDs) — never an address or a body.
 Without a destination URL the destination checks are skipped, and the report says so.
@@ -21,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import httpx
+
+from inboxcrm.store.drift import crm_record_drift, email_drift
 
 if TYPE_CHECKING:
     from inboxcrm.store.queries import Conn
@@ -292,12 +298,11 @@ def _crm_records(contacts: list[Any], destination: dict[str, Any] | None,
         if not record_id:
             continue
         record = by_id.get(str(record_id))
-        if record is None:
-            result.flag([f"contact:{c['contact_id']} missing_record:{record_id}"])
-            continue
-        owner = str((record.get("properties") or {}).get(id_property) or "")
-        if owner and owner != c["contact_id"]:
-            result.flag([f"contact:{c['contact_id']} record_of_other_contact:{record_id}"])
+        owner = str(((record or {}).get("properties") or {}).get(id_property) or "")
+        finding = crm_record_drift(c["contact_id"], str(record_id), exists=record is not None,
+                                   owner=owner or None)
+        if finding is not None:
+            result.flag([f"{finding.subject} {finding.detail}"])
     return result
 
 
@@ -393,13 +398,18 @@ def _sent_intents_confirmed(intents: list[Any],
     if _skip(result, destination):
         return result
     assert destination is not None
-    email_ids = {str(m.get("id")) for m in destination["emails"]}
+    by_id = {str(m.get("id")): m for m in destination["emails"]}
     keys = {str(m.get("idempotency_key")) for m in destination["emails"]}
     for intent in intents:
         if intent["status"] != "sent":
             continue
-        if intent["intent_id"] not in keys or (
-                intent["provider_message_id"] and intent["provider_message_id"] not in email_ids):
+        message_id = intent["provider_message_id"]
+        email = by_id.get(str(message_id)) if message_id else None
+        key = (email or {}).get("idempotency_key")
+        drift = message_id and email_drift(intent["intent_id"], str(message_id),
+                                           exists=email is not None,
+                                           key=str(key) if key else None)
+        if intent["intent_id"] not in keys or drift:
             result.flag([f"intent:{intent['intent_id']}"])
     return result
 
