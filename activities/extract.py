@@ -44,10 +44,12 @@ VALUES ($6, $1, $7, NULL, 'extractor', 'extracted', $8)
 
 
 class ExtractActivities:
-    def __init__(self, pool: asyncpg.Pool, extractor: Extractor, max_retry_after: float) -> None:
+    def __init__(self, pool: asyncpg.Pool, extractor: Extractor, max_retry_after: float,
+                 review_base_url: str = "") -> None:
         self._pool = pool
         self._extractor = extractor
         self._max_retry_after = max_retry_after
+        self._review_base_url = review_base_url
 
     @activity.defn(name="extract_message")
     async def extract_message(self, item: ItemRef) -> ExtractResult:
@@ -100,4 +102,6 @@ class ExtractActivities:
         )
         return ExtractResult(route=outcome.route, reasons=list(outcome.reasons),
                              extractor=outcome.extractor, review_owner=policy.review_owner,
-                             escalation_hours=policy.escalation_hours)
+                             escalation_hours=policy.escalation_hours,
+                             identity_known=outcome.canonical_email is not None,
+                             review_base_url=self._review_base_url)

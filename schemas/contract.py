@@ -15,7 +15,10 @@ DEFAULT_TASK_QUEUE = "inboxcrm"
 
 
 class Decision(StrEnum):
-    """A reviewer's decision: each is a signal (the UI's "Send a Signal") of this name."""
+    """A reviewer's decision. Each is an update of this name (the UI's "Send an Update", the
+    CLI: validated at once, answered with the new state or refused with the reason) and a
+    signal of this name (the UI's "Send a Signal", older callers: bound to the wait open when
+    it arrives, recorded as stale and dropped otherwise)."""
 
     APPROVE = "approve"
     HOLD = "hold"
