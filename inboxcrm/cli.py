@@ -282,6 +282,28 @@ def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
                   f"{', '.join(result.review.allowed)}", highlight=False)
 
 
+@review_app.command("show")
+def review_show(workflow_id: str, as_json: JsonOpt = False) -> None:
+    """The review card in the terminal: message with the lines behind the reason marked,
+    fields and evidence, candidates, suppression, proposed follow-up, decisions allowed now."""
+    import dataclasses
+
+    from inboxcrm.domain.review_card import build_card, render_text
+
+    settings = settings_from_env()
+    card = _with_db(settings, lambda conn: build_card(conn, workflow_id))
+    if card is None:
+        fail(f"no item with workflow ID {workflow_id!r}")
+        return
+    if as_json:
+        out.print_json(json.dumps(dataclasses.asdict(card)))
+        return
+    for line in render_text(card):
+        style = "bold yellow" if line.startswith(">> ") else (
+            "bold" if line.startswith("== ") else None)
+        out.print(line, style=style, highlight=False, markup=False, soft_wrap=True)
+
+
 ReviewerOpt = Annotated[str, typer.Option("--reviewer", help="Who decides (recorded).")]
 NoteOpt = Annotated[str | None, typer.Option("--note")]
 EvidenceOpt = Annotated[str | None, typer.Option("--evidence")]

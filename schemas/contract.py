@@ -40,3 +40,14 @@ SA_OVERDUE = SearchAttributeKey.for_bool("ReviewOverdue")
 SEARCH_ATTRIBUTES: tuple[SearchAttributeKey[str] | SearchAttributeKey[bool], ...] = (
     SA_STATE, SA_REVIEW_REASON, SA_REVIEW_OWNER, SA_TENANT, SA_NEEDS_REVIEW, SA_OVERDUE,
 )
+
+
+def decision_body(action: str, wait_id: str, needs_sender: bool = False) -> dict[str, object]:
+    """The exact body a decision needs at a wait (placeholders in angle brackets): shown in
+    the UI's current details and on the review card, sent by the CLI."""
+    body: dict[str, object] = {"reviewer": "<your name>", "wait_id": wait_id, "note": "<why>"}
+    if action == Decision.RESOLVE:
+        body["evidence"] = "<CRM record ID or provider message ID>"
+    if action == Decision.APPROVE and needs_sender:
+        body["corrections"] = {"sender_email": "<the sender's address>"}
+    return body

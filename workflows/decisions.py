@@ -19,6 +19,7 @@ from typing import Any
 
 from temporalio.exceptions import ApplicationError
 
+from schemas.contract import decision_body
 from schemas.models import DecisionBody, ItemState, ReviewDecision
 
 REVIEW_ACTIONS = {"approve", "hold", "reject"}
@@ -84,13 +85,7 @@ FOLLOWUP_CHOICE = ("approve: send this follow-up (this intent only); "
 
 def body_for(action: str, waiting: Waiting) -> dict[str, Any]:
     """The exact body a decision needs at this wait (placeholders in angle brackets)."""
-    body: dict[str, Any] = {"reviewer": "<your name>", "wait_id": waiting.wait_id,
-                            "note": "<why>"}
-    if action == "resolve":
-        body["evidence"] = "<CRM record ID or provider message ID>"
-    if action == "approve" and waiting.needs_sender:
-        body["corrections"] = {"sender_email": "<the sender's address>"}
-    return body
+    return decision_body(action, waiting.wait_id, waiting.needs_sender)
 
 
 def details(waiting: Waiting, state: ItemState) -> str:
