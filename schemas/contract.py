@@ -27,6 +27,10 @@ class Decision(StrEnum):
     RESOLVE = "resolve"
 
 
+# The ApplicationError type of a decision the workflow refused after accepting the update
+# (its wait was answered meanwhile). Its message is a reason for a person, never data.
+DECISION_REFUSED = "DecisionRefused"
+
 QUERY_STATUS = "status"
 
 # Search attributes: the Temporal UI's list filtered on `NeedsReview = true` is the review

@@ -198,8 +198,9 @@ async def test_the_review_card_shows_what_a_reviewer_decides_on(
     assert [m for line in card["lines"] for m in line["marks"]].count("prompt_injection") == 1
     fields = {f["name"]: f for f in card["fields"]}
     assert fields["sender_email"]["value"] == email and fields["sender_email"]["evidence"]
-    assert [c["email"] for c in card["candidates"]] == [email]
-    assert "same address" in card["candidates"][0]["why"]
+    exact, *by_name = card["candidates"]
+    assert exact["email"] == email and "same address" in exact["why"]
+    assert all("same name" in c["why"] and c["email"] != email for c in by_name)
     assert "not suppressed" in card["consent"]
     followup = card["followup"]
     assert followup["recipient"] == email and followup["subject"] == "Thanks for your message"

@@ -25,9 +25,6 @@ from schemas.models import DecisionBody, ItemState, ReviewDecision
 REVIEW_ACTIONS = {"approve", "hold", "reject"}
 RECOVERY_ACTIONS = {"retry", "resolve", "hold", "reject"}
 DECISION_FIELDS = {"reviewer", "note", "evidence", "corrections", "wait_id", "send_followup"}
-# The ApplicationError type of an update that was accepted but found its wait answered
-# meanwhile (two updates validated in the same workflow task).
-DECISION_REFUSED = "DecisionRefused"
 
 
 @dataclass

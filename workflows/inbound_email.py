@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.review import ReviewActivities
     from activities.send import SendActivities
     from schemas.contract import (
+        DECISION_REFUSED,
         QUERY_STATUS,
         SA_NEEDS_REVIEW,
         SA_OVERDUE,
@@ -70,7 +71,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from schemas.outcomes import ErrorType
     from workflows.decisions import (
-        DECISION_REFUSED,
         NEEDS_SENDER,
         RECOVERY_ACTIONS,
         REVIEW_ACTIONS,
@@ -408,7 +408,8 @@ class InboundEmailWorkflow:
         problem = refusal(self._waiting, action, body, self._status.state,
                           require_wait_id=True)
         if problem is not None:
-            raise ValueError(problem.message)
+            # A reason code type: its message stays readable in the UI (platform/codec.py).
+            raise ApplicationError(problem.message, type=DECISION_REFUSED, non_retryable=True)
 
     async def _answer(self, action: str, body: DecisionBody) -> ItemStatus:
         """An accepted update: queued like a signal; answers once the workflow took it."""
