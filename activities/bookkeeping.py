@@ -4,19 +4,31 @@ of it decides anything; reviewer decisions live in `activities/review.py`."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import asyncpg
 from temporalio import activity
 
 from inboxcrm.store import queries as store
 from schemas.models import REVIEW_STATES, AuditEntry, EscalationInput, ItemState, StateChange
 
+# A new wait (another wait ID) on a task still open gets its own escalation time; the same
+# wait re-entered (a hold) keeps it. $8 wait ID, $9 allowed decisions, $10 needs sender,
+# $11 the escalation time the workflow fixed when the wait opened (NULL: now + $7 seconds).
 OPEN_REVIEW_TASK = """
 INSERT INTO review_tasks (event_id, workflow_id, tenant, reason, owner, destination_ref,
-                          escalate_at)
-VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+                          escalate_at, wait_id, allowed, needs_sender)
+VALUES ($1, $2, $3, $4, $5, $6, COALESCE($11::timestamptz, now() + make_interval(secs => $7)),
+        $8, $9, $10)
 ON CONFLICT (workflow_id) WHERE status = 'open'
 DO UPDATE SET reason = EXCLUDED.reason, latest_attempt = now(),
-              destination_ref = COALESCE(EXCLUDED.destination_ref, review_tasks.destination_ref)
+              destination_ref = COALESCE(EXCLUDED.destination_ref, review_tasks.destination_ref),
+              wait_id = EXCLUDED.wait_id, allowed = EXCLUDED.allowed,
+              needs_sender = EXCLUDED.needs_sender,
+              escalate_at = CASE WHEN review_tasks.wait_id IS DISTINCT FROM EXCLUDED.wait_id
+                                 THEN EXCLUDED.escalate_at ELSE review_tasks.escalate_at END,
+              escalated_at = CASE WHEN review_tasks.wait_id IS DISTINCT FROM EXCLUDED.wait_id
+                                  THEN NULL ELSE review_tasks.escalated_at END
 """
 
 CLOSE_REVIEW_TASKS = """
@@ -77,6 +89,8 @@ class BookkeepingActivities:
                     OPEN_REVIEW_TASK, item.event_id, item.workflow_id, item.tenant,
                     change.review_reason, change.review_owner or "unassigned",
                     change.destination_ref, float((change.escalation_hours or 24) * 3600),
+                    change.wait_id, change.allowed or [], change.needs_sender,
+                    datetime.fromisoformat(change.escalate_at) if change.escalate_at else None,
                 )
             elif change.state not in REVIEW_STATES:
                 await conn.execute(CLOSE_REVIEW_TASKS, item.workflow_id, change.state)

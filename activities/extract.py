@@ -10,7 +10,7 @@ and suppresses the reported address in the same transaction as the stored record
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from temporalio import activity
@@ -28,6 +28,9 @@ from inboxcrm.domain.policy import InvalidAddress, TenantPolicy, canonical_email
 from inboxcrm.store import queries as store
 from inboxcrm.store.suppression import SendInFlight, suppress_reported
 from schemas.models import ExtractResult, ItemRef, ItemState
+
+if TYPE_CHECKING:
+    from inboxcrm.store.queries import Conn
 
 # Marks the item `extracting` and reads its raw message: one round trip.
 START_EXTRACTION = """
@@ -50,10 +53,12 @@ VALUES ($6, $1, $7, NULL, 'extractor', 'extracted', $8)
 
 
 class ExtractActivities:
-    def __init__(self, pool: asyncpg.Pool, extractor: Extractor, max_retry_after: float) -> None:
+    def __init__(self, pool: asyncpg.Pool, extractor: Extractor, max_retry_after: float,
+                 review_base_url: str = "") -> None:
         self._pool = pool
         self._extractor = extractor
         self._max_retry_after = max_retry_after
+        self._review_base_url = review_base_url
 
     @activity.defn(name="extract_message")
     async def extract_message(self, item: ItemRef) -> ExtractResult:
@@ -113,9 +118,11 @@ class ExtractActivities:
                 await self._suppress_reported(conn, item, policy, outcome.suppression_candidates)
         return ExtractResult(route=outcome.route, reasons=list(outcome.reasons),
                              extractor=outcome.extractor, review_owner=policy.review_owner,
-                             escalation_hours=policy.escalation_hours)
+                             escalation_hours=policy.escalation_hours,
+                             identity_known=outcome.canonical_email is not None,
+                             review_base_url=self._review_base_url)
 
-    async def _suppress_reported(self, conn: Any, item: ItemRef, policy: TenantPolicy,
+    async def _suppress_reported(self, conn: Conn, item: ItemRef, policy: TenantPolicy,
                                  report: dict[str, Any]) -> None:
         identities = []
         for address in report.get("recipients", []):

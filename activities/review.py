@@ -15,6 +15,9 @@ from inboxcrm.store import queries as store
 from schemas.models import (
     CorrectionInput,
     IntentApproval,
+    IntentDecline,
+    OperationInput,
+    OperationView,
     ResolveInput,
     RetryGrant,
 )
@@ -43,6 +46,20 @@ WHERE o.op_key = $1 AND o.action = 'send' AND followup_intents.intent_id = o.ext
 APPROVE_INTENT = """
 UPDATE followup_intents SET status = 'queued', approved_by = $2
 WHERE intent_id = $1::uuid AND status = 'awaiting_approval'
+"""
+
+# Approved without its follow-up: the intent and its send operation are cancelled together.
+DECLINE_INTENT = """
+WITH intent AS (
+    UPDATE followup_intents SET status = 'cancelled', cancel_reason = 'reviewer_declined'
+    WHERE intent_id = $1::uuid AND status IN ('queued', 'awaiting_approval')
+)
+UPDATE operations SET status = 'cancelled', last_transition = now()
+WHERE op_key = $2 AND status NOT IN ('completed', 'in_progress')
+"""
+
+OPERATION_VIEW = """
+SELECT attempts, max_attempts, last_error FROM operations WHERE op_key = $1
 """
 
 # Fields a reviewer may correct on approve, and where they live in the extraction record.
@@ -124,3 +141,22 @@ class ReviewActivities:
                 actor=approval.reviewer, action="followup_approved",
                 detail={"intent_id": approval.intent_id},
             )
+
+    @activity.defn(name="decline_followup_intent")
+    async def decline_followup_intent(self, decline: IntentDecline) -> None:
+        item = decline.item
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(DECLINE_INTENT, decline.intent_id, decline.op_key)
+            await store.audit(
+                conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+                actor=decline.reviewer, action="followup_declined",
+                detail={"intent_id": decline.intent_id},
+            )
+
+    @activity.defn(name="describe_operation")
+    async def describe_operation(self, op: OperationInput) -> OperationView:
+        """Read only: the ledger's attempts and error label, for the UI's current details."""
+        row = await self._pool.fetchrow(OPERATION_VIEW, op.op_key)
+        if row is None:
+            return OperationView()
+        return OperationView(row["attempts"], row["max_attempts"], row["last_error"])

@@ -41,7 +41,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     crm = build_crm(settings)  # INBOXCRM_CRM_PROVIDER / INBOXCRM_MAIL_PROVIDER
     mail = build_mail(settings)
     cap = settings.max_retry_after_seconds
-    extract = ExtractActivities(pool, build_extractor(settings), cap)
+    extract = ExtractActivities(pool, build_extractor(settings), cap,
+                                settings.public_relay_base_url)
     match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
     crm_acts = CrmActivities(pool, crm, cap)
     send = SendActivities(pool, mail, cap)
@@ -66,6 +67,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
             review.apply_review_corrections,
             review.approve_followup_intent,
             drift.check_destination_drift,
+            review.decline_followup_intent,
+            review.describe_operation,
         ],
         max_concurrent_activities=settings.max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,

@@ -15,7 +15,10 @@ DEFAULT_TASK_QUEUE = "inboxcrm"
 
 
 class Decision(StrEnum):
-    """A reviewer's decision: each is a signal (the UI's "Send a Signal") of this name."""
+    """A reviewer's decision. Each is an update of this name (the UI's "Send an Update", the
+    CLI: validated at once, answered with the new state or refused with the reason) and a
+    signal of this name (the UI's "Send a Signal", older callers: bound to the wait open when
+    it arrives, recorded as stale and dropped otherwise)."""
 
     APPROVE = "approve"
     HOLD = "hold"
@@ -23,6 +26,10 @@ class Decision(StrEnum):
     RETRY = "retry"
     RESOLVE = "resolve"
 
+
+# The ApplicationError type of a decision the workflow refused after accepting the update
+# (its wait was answered meanwhile). Its message is a reason for a person, never data.
+DECISION_REFUSED = "DecisionRefused"
 
 QUERY_STATUS = "status"
 
@@ -52,3 +59,14 @@ def drift_check_schedule_id(task_queue: str) -> str:
     if task_queue == DEFAULT_TASK_QUEUE:
         return DRIFT_CHECK_SCHEDULE_ID
     return f"{DRIFT_CHECK_SCHEDULE_ID}/{task_queue}"
+
+
+def decision_body(action: str, wait_id: str, needs_sender: bool = False) -> dict[str, object]:
+    """The exact body a decision needs at a wait (placeholders in angle brackets): shown in
+    the UI's current details and on the review card, sent by the CLI."""
+    body: dict[str, object] = {"reviewer": "<your name>", "wait_id": wait_id, "note": "<why>"}
+    if action == Decision.RESOLVE:
+        body["evidence"] = "<CRM record ID or provider message ID>"
+    if action == Decision.APPROVE and needs_sender:
+        body["corrections"] = {"sender_email": "<the sender's address>"}
+    return body

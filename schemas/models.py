@@ -78,6 +78,11 @@ class ExtractResult:
     # From the tenant's policy, so the workflow needs no I/O to know who owns its reviews.
     review_owner: str = "sales-ops"
     escalation_hours: float = 24.0
+    # False: the message gives no usable sender address, so an approval must carry
+    # `corrections.sender_email` (the planner has nobody to match otherwise).
+    identity_known: bool = True
+    # Where the review card lives (the relay's public URL), for the UI's current details.
+    review_base_url: str = ""
 
 
 @dataclass
@@ -123,6 +128,11 @@ class StateChange:
     review_owner: str | None = None
     destination_ref: str | None = None
     escalation_hours: float | None = None
+    # The wait the review task answers (fixed when it opens), for the review card.
+    wait_id: str | None = None
+    allowed: list[str] | None = None
+    escalate_at: str | None = None          # ISO 8601, fixed when the wait opens
+    needs_sender: bool = False
 
 
 @dataclass
@@ -134,14 +144,30 @@ class AuditEntry:
 
 
 @dataclass
+class DecisionBody:
+    """What a reviewer sends with a decision (the body of each decision update; signals take
+    the same fields as a JSON object). `reviewer` and `wait_id` are required; `evidence` for
+    `resolve`; `send_followup: false` on `approve` continues without the follow-up."""
+
+    reviewer: str = ""
+    wait_id: str = ""
+    note: str | None = None
+    evidence: str | None = None
+    corrections: dict[str, str] = field(default_factory=dict)
+    send_followup: bool = True
+
+
+@dataclass
 class ReviewDecision:
-    """A reviewer's signal body. `reviewer` is required."""
+    """A validated decision. `reviewer` is required."""
 
     action: str                     # approve | hold | reject | retry | resolve
     reviewer: str
     note: str | None = None
     evidence: str | None = None
     corrections: dict[str, str] = field(default_factory=dict)
+    wait_id: str | None = None      # signals may omit it (bound to the wait open on arrival)
+    send_followup: bool = True
 
 
 @dataclass
@@ -181,6 +207,25 @@ class IntentApproval:
 
 
 @dataclass
+class IntentDecline:
+    """A reviewer approved the item but not its follow-up: the intent is cancelled."""
+
+    item: ItemRef
+    intent_id: str
+    op_key: str
+    reviewer: str
+
+
+@dataclass
+class OperationView:
+    """The ledger's view of one operation, for the current details of a blocked step."""
+
+    attempts: int = 0
+    max_attempts: int = 0
+    last_error: str | None = None   # a payload-free label, e.g. http_400:VALIDATION_ERROR
+
+
+@dataclass
 class OperationStatus:
     """One side effect as the workflow last saw it (the ledger row is the truth)."""
 
@@ -198,6 +243,11 @@ class OpenReview:
     since: str
     allowed: list[str]
     op_key: str | None = None
+    wait_id: str = ""
+    escalate_at: str = ""
+    needs_sender: bool = False
+    intent_id: str | None = None    # the follow-up an approval of this wait approves
+    error: str | None = None        # the destination's error, for a blocked step
 
 
 @dataclass

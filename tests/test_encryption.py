@@ -227,10 +227,11 @@ async def test_failure_messages_are_encoded_in_history(env: StackClient, stack: 
     messages = [json.loads(p.data)["message"] for p in await EncryptionCodec(keys).decode(
         [f.encoded_attributes for f in failed])]
     assert "permanent: http_400:VALIDATION_ERROR" in messages
-    assert b"permanent: http_400:VALIDATION_ERROR" not in history
+    # The reason code of a classified failure stays readable (the UI's history rows show it);
+    # stack traces and every other message are sealed.
     assert b"Traceback" not in history and b"activities/" not in history
     for failure in failures_of(events):
-        assert failure.message == "Encoded failure"
+        assert failure.message in ("Encoded failure", "permanent: http_400:VALIDATION_ERROR")
         assert failure.stack_trace == ""
         assert failure.encoded_attributes.metadata["encoding"] == ENCRYPTED
     assert clear_payloads(events) == []
@@ -343,6 +344,12 @@ async def test_failure_attributes_are_encoded(tmp_path: Path) -> None:
     assert b"jane@example.com" not in failure.SerializeToString()
     restored = await converter.decode_failure(failure)
     assert str(restored) == "customer jane@example.com said no"
+
+    coded = Failure()
+    await converter.encode_failure(ApplicationError(
+        "permanent: http_400:VALIDATION_ERROR", type="PermanentError"), coded)
+    assert coded.message == "permanent: http_400:VALIDATION_ERROR"  # a reason code, readable
+    assert coded.stack_trace == "" and coded.encoded_attributes.data
 
 
 def test_key_file_creation_is_private_and_never_overwrites(tmp_path: Path) -> None:

@@ -89,7 +89,7 @@ async def test_resolve_records_a_side_effect_confirmed_by_a_person(
                           "properties": {"email": email}}]})
     record_id = manual.json()["results"][0]["id"]
     missing = cli(stack, "review", "resolve", workflow_id, "--reviewer", "dana")
-    assert missing.returncode == 1 and "--evidence" in missing.stderr
+    assert missing.returncode == 1 and "resolve needs evidence" in missing.stderr
     assert cli(stack, "review", "resolve", workflow_id, "--reviewer", "dana",
                "--evidence", record_id).returncode == 0
 

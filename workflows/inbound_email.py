@@ -21,6 +21,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeUpdate
@@ -34,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.review import ReviewActivities
     from activities.send import SendActivities
     from schemas.contract import (
+        DECISION_REFUSED,
         QUERY_STATUS,
         SA_NEEDS_REVIEW,
         SA_OVERDUE,
@@ -48,9 +50,11 @@ with workflow.unsafe.imports_passed_through():
         REVIEW_STATES,
         AuditEntry,
         CorrectionInput,
+        DecisionBody,
         EscalationInput,
         InboundEmailInput,
         IntentApproval,
+        IntentDecline,
         ItemRef,
         ItemState,
         ItemStatus,
@@ -67,15 +71,23 @@ with workflow.unsafe.imports_passed_through():
     )
     from schemas.outcomes import ErrorType
     from workflows.decisions import (
+        NEEDS_SENDER,
         RECOVERY_ACTIONS,
         REVIEW_ACTIONS,
+        WAIT_BARRIER,
+        WAIT_IDS,
+        Refusal,
         Rejected,
-        Signal,
+        Request,
         Waiting,
+        check_action,
         details,
         first,
         parse_decision,
         reason_of,
+        refusal,
+        signal_description,
+        update_description,
     )
     from workflows.step_options import (
         BOOKKEEPING_RETRY,
@@ -109,10 +121,14 @@ class InboundEmailWorkflow:
     def __init__(self) -> None:
         self._status = ItemStatus(workflow_id="")
         self._item: ItemRef | None = None
-        self._signals: list[Signal] = []
+        self._requests: list[Request] = []
         self._waiting: Waiting | None = None
+        self._wait_seq = 0                  # wait IDs: deterministic, one per opened wait
         self._owner = "sales-ops"
         self._escalation_hours = 24.0
+        self._identity_known = True
+        self._card_url = ""
+        self._send_followup = True          # False once a reviewer approved without it
         # What the search attributes already say: upsert only changes (each upsert is a
         # history event and a visibility write).
         self._shown_state: str | None = None
@@ -129,6 +145,8 @@ class InboundEmailWorkflow:
             await self._process()
         except Rejected:
             await self._enter(ItemState.REJECTED, "reviewer_rejected")
+        # An update that was just answered returns its result before the run ends.
+        await workflow.wait_condition(workflow.all_handlers_finished)
         return self.status()
 
     async def _process(self) -> None:
@@ -137,16 +155,21 @@ class InboundEmailWorkflow:
             ExtractActivities.extract_message, self.item, EXTRACT_TIMEOUT, EXTRACT_RETRY)
         self._owner = extraction.review_owner
         self._escalation_hours = extraction.escalation_hours
+        self._identity_known = extraction.identity_known
+        if extraction.review_base_url:
+            self._card_url = (f"{extraction.review_base_url}/review/"
+                              f"{quote(self.item.workflow_id, safe='')}")
         if extraction.route == "ignore":
             await self._enter(ItemState.IGNORED, first(extraction.reasons, "ignored"))
             return
         approved_by: str | None = None
         if extraction.route == "review":
-            approved_by = await self._review(first(extraction.reasons, "extraction_review"))
+            approved_by = (await self._review(
+                first(extraction.reasons, "extraction_review"))).reviewer
 
         plan = await self._plan(approved_by)
         while plan.outcome == "review":
-            approved_by = await self._review(plan.reason or "match_review")
+            approved_by = (await self._review(plan.reason or "match_review")).reviewer
             plan = await self._plan(approved_by)
         if plan.outcome == "opted_out":
             await self._enter(ItemState.SUPPRESSED, plan.reason)
@@ -163,10 +186,17 @@ class InboundEmailWorkflow:
             final = ItemState.SUPPRESSED if plan.reason == "suppressed" else ItemState.COMPLETED
             await self._enter(final, plan.reason or "no_followup")
             return
+        if not self._send_followup:
+            await self._decline_followup(plan, approved_by or "reviewer")
+            return
         if plan.intent_needs_approval:
-            reviewer = await self._review("followup_approval_required")
+            approval = await self._review("followup_approval_required", kind="followup",
+                                          intent_id=plan.intent_id)
+            if not approval.send_followup:
+                await self._decline_followup(plan, approval.reviewer)
+                return
             await self._bookkeeping(ReviewActivities.approve_followup_intent,
-                                    IntentApproval(self.item, plan.intent_id, reviewer))
+                                    IntentApproval(self.item, plan.intent_id, approval.reviewer))
         sent = await self._operation(SendActivities.submit_followup_email, plan.send_op_key,
                                      ItemState.SEND_PENDING, SEND_RETRY)
         if sent.status == "cancelled":
@@ -234,8 +264,14 @@ class InboundEmailWorkflow:
         else:
             state, reason = ItemState.BLOCKED, "retries_exhausted"
         allowed = set(RECOVERY_ACTIONS) if op_key else RECOVERY_ACTIONS - {"resolve"}
-        decision = await self._wait_for_person(
-            Waiting("recovery", reason, allowed, op_key), state)
+        waiting = Waiting("recovery", reason, allowed, op_key)
+        if op_key and workflow.patched(WAIT_IDS):
+            # The ledger's attempts and error label, for the current details.
+            view = await self._bookkeeping(ReviewActivities.describe_operation,
+                                           OperationInput(self.item, op_key))
+            waiting.attempts = f"{view.attempts}/{view.max_attempts}"
+            waiting.error = view.last_error
+        decision = await self._wait_for_person(waiting, state)
         if decision.action == "resolve":
             assert op_key is not None
             await self._bookkeeping(ReviewActivities.resolve_operation, ResolveInput(
@@ -247,32 +283,68 @@ class InboundEmailWorkflow:
                                     RetryGrant(self.item, op_key, decision.reviewer, budget))
         return "retry"
 
-    async def _review(self, reason: str) -> str:
-        """Wait for approve/reject; apply corrected fields. Returns the approving reviewer."""
-        decision = await self._wait_for_person(
-            Waiting("review", reason, set(REVIEW_ACTIONS)), ItemState.AWAITING_REVIEW)
+    async def _review(self, reason: str, kind: str = "review",
+                      intent_id: str | None = None) -> ReviewDecision:
+        """Wait for approve/reject; apply corrected fields. Returns the approval."""
+        waiting = Waiting(kind, reason, set(REVIEW_ACTIONS), intent_id=intent_id,
+                          needs_sender=kind == "review" and (
+                              not self._identity_known or reason in NEEDS_SENDER))
+        decision = await self._wait_for_person(waiting, ItemState.AWAITING_REVIEW)
         if decision.corrections:
-            await self._bookkeeping(ReviewActivities.apply_review_corrections,
-                                    CorrectionInput(self.item, decision.reviewer,
-                                                    dict(decision.corrections)))
-        return decision.reviewer
+            refused = await self._bookkeeping(ReviewActivities.apply_review_corrections,
+                                              CorrectionInput(self.item, decision.reviewer,
+                                                              dict(decision.corrections)))
+            if "sender_email" in decision.corrections and "sender_email" not in refused:
+                self._identity_known = True
+        if not decision.send_followup:
+            self._send_followup = False
+        return decision
 
     async def _wait_for_person(self, waiting: Waiting, state: ItemState) -> ReviewDecision:
-        waiting.since = workflow.now().isoformat()
+        """Open a wait (a new wait ID) and return the first decision that answers it.
+
+        The escalation time is fixed here: holds and refused decisions do not move it.
+        Workflows that opened their waits before wait IDs existed keep the old timing."""
+        bound = workflow.patched(WAIT_IDS)
+        if bound:
+            # A task boundary before the wait opens: decisions sent meanwhile (a double
+            # click, buffered while local steps ran in one workflow task) arrive now, while
+            # no wait is open, and are stale; none can answer a wait nobody has seen yet.
+            await workflow.sleep(WAIT_BARRIER)
+        self._wait_seq += 1
+        now = workflow.now()
+        escalate_at = now + timedelta(hours=self._escalation_hours)
+        waiting.seq, waiting.since = self._wait_seq, now.isoformat()
+        waiting.escalate_at, waiting.card_url = escalate_at.isoformat(), self._card_url
+        if not bound:
+            waiting.needs_sender = False
         self._waiting = waiting
         workflow.set_current_details(details(waiting, state))
         await self._enter(state, waiting.reason, review=True)
-        deadline = timedelta(hours=self._escalation_hours)
+        escalated = False
         while True:
+            if not bound:
+                timeout: timedelta | None = timedelta(
+                    days=3650 if escalated else self._escalation_hours * 24) / 24
+            else:
+                timeout = None if escalated else escalate_at - workflow.now()
+            if timeout is not None and timeout <= timedelta(0):
+                await self._escalate(waiting.reason)
+                escalated = True
+                continue
             try:
-                await workflow.wait_condition(lambda: bool(self._signals), timeout=deadline)
+                await workflow.wait_condition(lambda: bool(self._requests), timeout=timeout)
             except TimeoutError:
                 await self._escalate(waiting.reason)
-                deadline = timedelta(days=3650)
+                escalated = True
                 continue
-            decision = await self._take_decision(waiting)
+            request = self._requests.pop(0)
+            decision = await self._take_decision(request, waiting, bound)
             if decision is None:
                 continue
+            # An update answers once the decision shows in the state (it resumes when this
+            # coroutine next waits: after the state below is set).
+            request.outcome = "accepted"
             if decision.action == "hold":
                 await self._enter(ItemState.HELD, waiting.reason, review=True)
                 continue
@@ -282,69 +354,144 @@ class InboundEmailWorkflow:
             self._leave_review()
             return decision
 
-    async def _take_decision(self, waiting: Waiting) -> ReviewDecision | None:
-        """Validate the oldest signal; record it either way. Invalid bodies never crash."""
-        signal = self._signals.pop(0)
-        decision, problem = parse_decision(signal)
-        if decision is not None:
-            if decision.action not in waiting.allowed:
-                problem = f"not_allowed_while_{waiting.kind}"
-            elif decision.action == "resolve" and not decision.evidence:
-                problem = "evidence_required"
-        accepted = problem is None
+    async def _take_decision(self, request: Request, waiting: Waiting, bound: bool
+                             ) -> ReviewDecision | None:
+        """Check a request against the open wait; record it either way. A request that
+        arrived while no wait was open, or for an earlier wait, is stale. Invalid bodies
+        never crash."""
+        decision, _ = parse_decision(request.action, request.body)
+        if bound and request.wait_seq != waiting.seq:
+            problem: Refusal | None = Refusal("stale", "refused: this decision arrived for "
+                                              "an earlier wait (or none); the open wait is "
+                                              f"{waiting.wait_id} ({waiting.reason})")
+        elif bound:
+            problem = refusal(waiting, request.action, request.body, self._status.state,
+                              require_wait_id=request.via == "update")
+        elif decision is None:
+            problem = refusal(waiting, request.action, request.body, self._status.state,
+                              require_wait_id=False)
+        else:
+            problem = check_action(waiting, decision)
+        detail: dict[str, str | int | bool | None] = {
+            "accepted": problem is None, "ignored_reason": problem.code if problem else None,
+            "note": decision.note if decision else None, "waiting_for": waiting.reason}
+        if bound:
+            detail |= {"wait_id": waiting.wait_id, "via": request.via}
         await self._bookkeeping(BookkeepingActivities.record_audit, AuditEntry(
-            self.item, decision.reviewer if decision else "unknown", f"signal_{signal.action}",
-            {"accepted": accepted, "ignored_reason": problem,
-             "note": decision.note if decision else None, "waiting_for": waiting.reason}))
-        return decision if accepted else None
+            self.item, decision.reviewer if decision and decision.reviewer else "unknown",
+            f"signal_{request.action}", detail))
+        if problem is not None:
+            request.outcome, request.message = problem.code, problem.message
+            return None
+        return decision
 
     async def _escalate(self, reason: str) -> None:
         workflow.upsert_search_attributes([SA_OVERDUE.value_set(True)])
         await self._bookkeeping(BookkeepingActivities.mark_review_escalated,
                                 EscalationInput(self.item, reason))
 
-    # --- signals and query ---------------------------------------------------------------
-    @workflow.signal(name=Decision.APPROVE, description=(
-        "Approve an item awaiting review; processing continues. Body: {\"reviewer\": "
-        "\"name\" (required), \"note\": \"...\", \"corrections\": {\"sender_email\": \"...\", "
-        "\"name\": \"...\", \"company\": \"...\"}}"))
+    async def _decline_followup(self, plan: PlanResult, reviewer: str) -> None:
+        """The reviewer approved the item but not its follow-up: cancel that intent."""
+        assert plan.intent_id is not None and plan.send_op_key is not None
+        await self._bookkeeping(ReviewActivities.decline_followup_intent, IntentDecline(
+            self.item, plan.intent_id, plan.send_op_key, reviewer))
+        await self._enter(ItemState.COMPLETED, "followup_declined")
+
+    # --- decisions: signals (the UI's "Send a Signal") and updates ("Send an Update") -----
+    def _arrived(self, action: str, body: Any, via: str) -> Request:
+        request = Request(action, body, self._waiting.seq if self._waiting else None, via)
+        self._requests.append(request)
+        return request
+
+    def _validate(self, action: str, body: DecisionBody) -> None:
+        """An update validator: refuse before anything reaches history (no I/O, no state)."""
+        problem = refusal(self._waiting, action, body, self._status.state,
+                          require_wait_id=True)
+        if problem is not None:
+            # A reason code type: its message stays readable in the UI (platform/codec.py).
+            raise ApplicationError(problem.message, type=DECISION_REFUSED, non_retryable=True)
+
+    async def _answer(self, action: str, body: DecisionBody) -> ItemStatus:
+        """An accepted update: queued like a signal; answers once the workflow took it."""
+        request = self._arrived(action, body, "update")
+        await workflow.wait_condition(lambda: request.outcome is not None)
+        if request.outcome != "accepted":
+            raise ApplicationError(request.message, type=DECISION_REFUSED, non_retryable=True)
+        return self.status()
+
+    @workflow.signal(name=Decision.APPROVE, description=signal_description(Decision.APPROVE))
     def approve(self, body: Any) -> None:
-        self._signals.append(Signal(Decision.APPROVE, body))
+        self._arrived(Decision.APPROVE, body, "signal")
 
-    @workflow.signal(name=Decision.HOLD, description=(
-        "Park the item (state held) until another decision; it stays in the review queue. "
-        "Body: {\"reviewer\": \"name\" (required), \"note\": \"...\"}"))
+    @workflow.signal(name=Decision.HOLD, description=signal_description(Decision.HOLD))
     def hold(self, body: Any) -> None:
-        self._signals.append(Signal(Decision.HOLD, body))
+        self._arrived(Decision.HOLD, body, "signal")
 
-    @workflow.signal(name=Decision.REJECT, description=(
-        "Reject the item: it ends as rejected and nothing more is written or sent. "
-        "Body: {\"reviewer\": \"name\" (required), \"note\": \"...\"}"))
+    @workflow.signal(name=Decision.REJECT, description=signal_description(Decision.REJECT))
     def reject(self, body: Any) -> None:
-        self._signals.append(Signal(Decision.REJECT, body))
+        self._arrived(Decision.REJECT, body, "signal")
 
-    @workflow.signal(name=Decision.RETRY, description=(
-        "Blocked or ambiguous step: run it again with the same operation key and a fresh, "
-        "bounded attempt budget. Body: {\"reviewer\": \"name\" (required), \"note\": \"...\"}"))
+    @workflow.signal(name=Decision.RETRY, description=signal_description(Decision.RETRY))
     def retry(self, body: Any) -> None:
-        self._signals.append(Signal(Decision.RETRY, body))
+        self._arrived(Decision.RETRY, body, "signal")
 
-    @workflow.signal(name=Decision.RESOLVE, description=(
-        "Blocked or ambiguous side effect already exists: mark it complete with evidence "
-        "(e.g. the CRM record ID) and continue. Body: {\"reviewer\": \"name\" (required), "
-        "\"evidence\": \"...\" (required), \"note\": \"...\"}"))
+    @workflow.signal(name=Decision.RESOLVE, description=signal_description(Decision.RESOLVE))
     def resolve(self, body: Any) -> None:
-        self._signals.append(Signal(Decision.RESOLVE, body))
+        self._arrived(Decision.RESOLVE, body, "signal")
+
+    @workflow.update(name=Decision.APPROVE, description=update_description(Decision.APPROVE))
+    async def approve_update(self, body: DecisionBody) -> ItemStatus:
+        return await self._answer(Decision.APPROVE, body)
+
+    @approve_update.validator
+    def validate_approve(self, body: DecisionBody) -> None:
+        self._validate(Decision.APPROVE, body)
+
+    @workflow.update(name=Decision.HOLD, description=update_description(Decision.HOLD))
+    async def hold_update(self, body: DecisionBody) -> ItemStatus:
+        return await self._answer(Decision.HOLD, body)
+
+    @hold_update.validator
+    def validate_hold(self, body: DecisionBody) -> None:
+        self._validate(Decision.HOLD, body)
+
+    @workflow.update(name=Decision.REJECT, description=update_description(Decision.REJECT))
+    async def reject_update(self, body: DecisionBody) -> ItemStatus:
+        return await self._answer(Decision.REJECT, body)
+
+    @reject_update.validator
+    def validate_reject(self, body: DecisionBody) -> None:
+        self._validate(Decision.REJECT, body)
+
+    @workflow.update(name=Decision.RETRY, description=update_description(Decision.RETRY))
+    async def retry_update(self, body: DecisionBody) -> ItemStatus:
+        return await self._answer(Decision.RETRY, body)
+
+    @retry_update.validator
+    def validate_retry(self, body: DecisionBody) -> None:
+        self._validate(Decision.RETRY, body)
+
+    @workflow.update(name=Decision.RESOLVE, description=update_description(Decision.RESOLVE))
+    async def resolve_update(self, body: DecisionBody) -> ItemStatus:
+        return await self._answer(Decision.RESOLVE, body)
+
+    @resolve_update.validator
+    def validate_resolve(self, body: DecisionBody) -> None:
+        self._validate(Decision.RESOLVE, body)
 
     @workflow.query(name=QUERY_STATUS, description=(
-        "State, reason, operation keys and destination IDs, and the open review (if any)."))
+        "State, reason, operation keys and destination IDs, and the open wait (if any) with "
+        "its wait ID, allowed decisions and escalation time."))
     def status(self) -> ItemStatus:
         waiting = self._waiting
         return dataclasses.replace(
             self._status, workflow_id=workflow.info().workflow_id,
             review=None if waiting is None else OpenReview(
                 reason=waiting.reason, owner=self._owner, since=waiting.since,
-                allowed=sorted(waiting.allowed), op_key=waiting.op_key))
+                allowed=sorted(waiting.allowed), op_key=waiting.op_key,
+                wait_id=waiting.wait_id, escalate_at=waiting.escalate_at,
+                needs_sender=waiting.needs_sender, intent_id=waiting.intent_id,
+                error=waiting.error))
 
     # --- state mirroring -----------------------------------------------------------------
     @property
@@ -381,7 +528,11 @@ class InboundEmailWorkflow:
             review_reason=reason if review else None,
             review_owner=self._owner if review else None,
             destination_ref=waiting.op_key if waiting else None,
-            escalation_hours=self._escalation_hours))
+            escalation_hours=self._escalation_hours,
+            wait_id=waiting.wait_id if waiting and review else None,
+            allowed=sorted(waiting.allowed) if waiting and review else None,
+            escalate_at=waiting.escalate_at if waiting and review else None,
+            needs_sender=bool(waiting and waiting.needs_sender)))
 
     def _leave_review(self) -> None:
         updates = self._leave_review_updates()

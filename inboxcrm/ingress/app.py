@@ -1,5 +1,6 @@
 """The relay's HTTP app: one router per inbound source, plus health, metrics, the codec
-endpoint and one-click unsubscribe, assembled here (no route module imports another)."""
+endpoint, one-click unsubscribe and the review card, assembled here (no route module imports
+another)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from inboxcrm.ingress.intake import Ingestor, TemporalHandle, sweep_forever
 from inboxcrm.ingress.mailgun import mailgun_router
 from inboxcrm.ingress.metrics import RelayMetrics
 from inboxcrm.ingress.postmark import postmark_router
+from inboxcrm.ingress.review import review_router
 from inboxcrm.ingress.standard import standard_router
 from inboxcrm.ingress.unsubscribe import unsubscribe_router
 from inboxcrm.platform.config import Settings
@@ -48,6 +50,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(mailgun_router(settings))  # POST /v1/inbound/mailgun[/mime]
     app.include_router(codec_router(settings))  # POST /codec/encode, /codec/decode
     app.include_router(unsubscribe_router(settings))  # POST /v1/unsubscribe/{token}
+    app.include_router(review_router(settings))  # GET /review/{workflow_id}, /review/login
 
     @app.get("/metrics")
     async def prometheus_metrics(request: Request) -> Response:

@@ -181,6 +181,9 @@ class Ingestor:
             await client.start_workflow(
                 WORKFLOW_TYPE, InboundEmailInput(event_id=event_id, tenant=tenant),
                 id=workflow_id, task_queue=self.task_queue,
+                # The UI's workflow page: tenant, source and mailbox (the tenant's own
+                # address, never personal data); the review card says the rest.
+                static_summary=static_summary(workflow_id),
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 rpc_timeout=START_RPC_TIMEOUT,
@@ -206,6 +209,15 @@ class Ingestor:
                 break
             started += 1
         return started
+
+
+def static_summary(workflow_id: str) -> str:
+    """What the UI shows at the top of the workflow page, from the workflow ID
+    (`inbound/{tenant}/{source}/{mailbox}/{delivery_id}`; the delivery ID is left out)."""
+    parts = workflow_id.split("/")
+    if len(parts) >= 5 and parts[0] == "inbound":
+        return f"inbound email · tenant {parts[1]} · source {parts[2]} · mailbox {parts[3]}"
+    return "inbound email"
 
 
 class Unauthenticated(Exception):

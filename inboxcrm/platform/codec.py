@@ -47,13 +47,18 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from google.protobuf.message import DecodeError
 from temporalio.api.common.v1 import Payload
+from temporalio.api.failure.v1 import Failure
 from temporalio.converter import (
     DataConverter,
     DefaultFailureConverterWithEncodedAttributes,
     PayloadCodec,
+    PayloadConverter,
 )
+from temporalio.exceptions import ApplicationError
 
 from inboxcrm.platform.config import Settings
+from schemas.contract import DECISION_REFUSED
+from schemas.outcomes import ErrorType
 
 log = logging.getLogger("inboxcrm.platform.codec")
 
@@ -245,6 +250,23 @@ def payload_codec(settings: Settings) -> EncryptionCodec | None:
     return EncryptionCodec(keyring) if keyring is not None else None
 
 
+PLAIN_REASON_TYPES = frozenset({DECISION_REFUSED, *(t.value for t in ErrorType)})
+
+
+class ReasonCodeFailureConverter(DefaultFailureConverterWithEncodedAttributes):
+    """Every failure's message and stack trace are encrypted (an exception may quote data),
+    except that the message of an `ApplicationError` whose type is in PLAIN_REASON_TYPES
+    stays readable too: it is a payload-free reason code written by this project
+    (`permanent: http_400:VALIDATION_ERROR`, a refused decision), so the UI's history rows and
+    a refused update show the reason instead of "Encoded failure". Stack traces stay sealed."""
+
+    def to_failure(self, exception: BaseException, payload_converter: PayloadConverter,
+                   failure: Failure) -> None:
+        super().to_failure(exception, payload_converter, failure)
+        if isinstance(exception, ApplicationError) and exception.type in PLAIN_REASON_TYPES:
+            failure.message = exception.message
+
+
 def data_converter(settings: Settings) -> DataConverter:
     """The data converter every client and worker of this project uses."""
     codec = payload_codec(settings)
@@ -252,7 +274,7 @@ def data_converter(settings: Settings) -> DataConverter:
         return DataConverter.default
     return dataclasses.replace(
         DataConverter.default, payload_codec=codec,
-        failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
+        failure_converter_class=ReasonCodeFailureConverter,
     )
 
 

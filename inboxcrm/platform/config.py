@@ -54,6 +54,10 @@ class Settings(BaseSettings):
     mailgun_tolerance_seconds: int = 300
     unsubscribe_secret: SecretStr | None = None
     public_relay_url: str | None = None  # default: http://{relay_host}:{relay_port}
+    # The review card (GET /review/{workflow_id}): this bearer token, or a session cookie from
+    # its login form. One operator token, not scoped to a tenant. Unset: every request 401.
+    review_token: SecretStr | None = None
+    review_session_hours: float = 12.0
 
     # Destinations (the sandbox by default)
     sandbox_url: str = "http://127.0.0.1:8090"

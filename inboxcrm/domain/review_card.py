@@ -1,0 +1,332 @@
+"""The review card: what a reviewer needs in front of them to decide on one waiting item
+(docs/architecture.md §6): the minimised message with the lines that triggered the review
+reason marked, the headers that matter, the extracted fields with confidence and evidence,
+candidate contacts and why they match, consent and suppression, the proposed follow-up
+(rule, recipient, rendered subject and body), the operations with their attempts and the
+destination's error, and the decisions allowed now with the exact body each needs.
+
+Candidates and the proposed follow-up come from a dry run of the planner's rules on the
+store's current rows (read-only queries; nothing is written), so they exist before anyone
+approves. The relay (`GET /review/{workflow_id}`) and the CLI (`inboxcrm review show`) render
+the same card. It never reads workflow history.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.parser import BytesHeaderParser
+from email.policy import default as default_policy
+from typing import TYPE_CHECKING, Any
+
+from inboxcrm.domain.extraction import minimise
+from inboxcrm.domain.extraction.authentication import authenticate
+from inboxcrm.domain.extraction.minimise import MinimisedMessage
+from inboxcrm.domain.extraction.signals import (
+    addresses_in_text,
+    legal_threat,
+    looks_like_instruction,
+    opt_out_language,
+    soft_opt_out,
+)
+from inboxcrm.domain.policy import TenantPolicy, UnknownTenant, get_policy
+from inboxcrm.domain.templates import TEMPLATES, render
+from inboxcrm.store import review as queries
+from schemas.contract import decision_body
+
+if TYPE_CHECKING:
+    from inboxcrm.store.queries import Conn
+
+MAX_LINES = 80
+MAX_LINE_CHARS = 400
+MAX_HEADER_CHARS = 300
+FIELDS = ("sender_email", "contact_name", "company")
+
+
+@dataclass
+class Line:
+    """One line of the minimised message and the review reasons it triggered (if any)."""
+
+    text: str
+    marks: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FieldView:
+    name: str
+    value: str | None
+    confidence: float
+    evidence: str | None
+
+
+@dataclass
+class Candidate:
+    contact: str              # short reference of the integration contact
+    email: str
+    name: str | None
+    company: str | None
+    why: str
+
+
+@dataclass
+class Followup:
+    rule: str                 # rule_id vN
+    template_id: str
+    recipient: str | None
+    subject: str
+    body: str
+    status: str               # what happens to it now, in words
+
+
+@dataclass
+class OperationLine:
+    action: str
+    status: str
+    attempts: str             # n/max
+    error: str | None
+
+
+@dataclass
+class DecisionOption:
+    action: str
+    body: dict[str, object]
+
+
+@dataclass
+class ReviewCard:
+    workflow_id: str
+    tenant: str
+    source: str
+    mailbox: str
+    state: str
+    reason: str | None
+    reasons: list[str]
+    waiting: bool
+    wait_id: str | None = None
+    wait_reason: str | None = None
+    owner: str | None = None
+    escalate_at: str | None = None
+    overdue: bool = False
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    lines: list[Line] = field(default_factory=list)
+    truncated: bool = False
+    intent: str | None = None
+    fields: list[FieldView] = field(default_factory=list)
+    candidates: list[Candidate] = field(default_factory=list)
+    consent: list[str] = field(default_factory=list)
+    followup: Followup | None = None
+    operations: list[OperationLine] = field(default_factory=list)
+    decisions: list[DecisionOption] = field(default_factory=list)
+
+
+def _marks(line: str, reasons: set[str], evidence: dict[str, str]) -> list[str]:
+    """Which review reasons (or field evidence) this line of the message triggers."""
+    marks = []
+    if "prompt_injection" in reasons and looks_like_instruction(line):
+        marks.append("prompt_injection")
+    if "legal_threat" in reasons and legal_threat(line):
+        marks.append("legal_threat")
+    if reasons & {"possible_opt_out", "opt_out_phrase"} and (
+            opt_out_language(line, "") or soft_opt_out(line, "")):
+        marks.append("opt_out")
+    if reasons & {"different_contact_address", "several_identities"} and addresses_in_text(line):
+        marks.append("address")
+    marks += [f"evidence:{name}" for name, text in evidence.items() if text and text in line]
+    return marks
+
+
+def _verdict(message: MinimisedMessage, tenant: str, source: str) -> str:
+    """The same verdict the extractor reached, under the tenant's trust settings: which
+    boundary vouched for the sender, or why none did."""
+    try:
+        policy = get_policy(tenant)
+    except UnknownTenant:
+        return "unknown (tenant policy missing)"
+    auth = authenticate(message, policy, source)
+    by = f" by {auth.authority}" if auth.authority else ""
+    how = f" ({auth.method})" if auth.method else ""
+    why = f": {auth.reason}" if auth.reason else ""
+    setting = f"; tenant setting sender_authentication={policy.sender_authentication}"
+    return f"{auth.verdict}{how}{by}{why}{setting}"
+
+
+def _auth_results(raw: bytes) -> list[str]:
+    """`Authentication-Results` as received (bounded); evaluating them is the tenant
+    policy's job, the card only shows them."""
+    headers = BytesHeaderParser(policy=default_policy).parsebytes(raw[:64 * 1024])
+    return [str(v)[:MAX_HEADER_CHARS] for v in headers.get_all("Authentication-Results") or []]
+
+
+def _short(contact_id: Any) -> str:
+    return str(contact_id)[:8]
+
+
+async def build_card(conn: Conn, workflow_id: str) -> ReviewCard | None:
+    """The card of one item (None if the store has no such item)."""
+    row = await queries.review_item(conn, workflow_id)
+    if row is None:
+        return None
+    reasons = [str(r) for r in (row["route_reasons"] or [])]
+    waiting = row["wait_id"] is not None or row["task_status"] == "open"
+    now = datetime.now(UTC)
+    card = ReviewCard(
+        workflow_id=workflow_id, tenant=row["tenant"], source=row["source"],
+        mailbox=row["mailbox"], state=row["state"], reason=row["reason"], reasons=reasons,
+        waiting=waiting, wait_id=row["wait_id"], wait_reason=row["wait_reason"],
+        owner=row["owner"],
+        escalate_at=row["escalate_at"].astimezone(UTC).isoformat() if row["escalate_at"]
+        else None,
+        overdue=bool(row["escalate_at"] and row["escalate_at"] <= now))
+    extraction: dict[str, Any] = row["extraction"] or {}
+    _message(card, row["raw"], reasons, extraction)
+    _fields(card, extraction)
+    await _dry_run(conn, card, row, extraction)
+    for op in await queries.item_operations(conn, workflow_id):
+        card.operations.append(OperationLine(
+            op["action"], op["status"], f"{op['attempts']}/{op['max_attempts']}",
+            f"{op['last_error_category']}: {op['last_error']}" if op["last_error"] else None))
+    if waiting and row["wait_id"]:
+        card.decisions = [DecisionOption(a, decision_body(a, row["wait_id"], row["needs_sender"]))
+                          for a in sorted(row["allowed"] or [])]
+    return card
+
+
+def _message(card: ReviewCard, raw: bytes | None, reasons: list[str],
+             extraction: dict[str, Any]) -> None:
+    if raw is None:
+        card.headers.append(("Message", "purged (past retention)"))
+        return
+    message = minimise(bytes(raw))
+    for name in ("From", "Reply-To", "Sender", "Subject"):
+        if name in message.headers:
+            card.headers.append((name, message.headers[name][:MAX_HEADER_CHARS]))
+    card.headers.append(("Sender authentication", _verdict(message, card.tenant, card.source)))
+    for verdict in _auth_results(bytes(raw)):
+        card.headers.append(("Authentication-Results", verdict))
+    evidence = {name: (extraction.get(name) or {}).get("evidence") or "" for name in FIELDS}
+    lines = message.body.split("\n")
+    card.truncated = message.truncated or len(lines) > MAX_LINES
+    for text in lines[:MAX_LINES]:
+        clipped = text[:MAX_LINE_CHARS]
+        card.lines.append(Line(clipped, _marks(clipped, set(reasons), evidence)))
+
+
+def _fields(card: ReviewCard, extraction: dict[str, Any]) -> None:
+    card.intent = extraction.get("intent")
+    for name in FIELDS:
+        value = extraction.get(name) or {}
+        card.fields.append(FieldView(name, value.get("value"), float(value.get("confidence") or 0),
+                                     value.get("evidence")))
+
+
+def _value(extraction: dict[str, Any], name: str) -> str | None:
+    value = (extraction.get(name) or {}).get("value")
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+async def _dry_run(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str, Any]) -> None:
+    """What the planner would decide now, from read-only queries (docs/architecture.md §5)."""
+    tenant, identity = row["tenant"], row["canonical_email"]
+    try:
+        policy = get_policy(tenant)
+    except UnknownTenant:
+        card.consent.append("tenant policy missing: nothing can be planned")
+        return
+    contact = await queries.contact_by_identity(conn, tenant, identity) if identity else None
+    if contact is not None:
+        card.candidates.append(Candidate(
+            _short(contact["contact_id"]), contact["email"], contact["name"], contact["company"],
+            "same address (exact canonical email): this contact is updated, not duplicated"))
+    name = _value(extraction, "contact_name")
+    if name:
+        for other in await queries.contacts_by_name(conn, tenant, name, identity):
+            card.candidates.append(Candidate(
+                _short(other["contact_id"]), other["email"], other["name"], other["company"],
+                "same name, different address: a candidate only, never merged automatically"))
+    if identity is None:
+        card.consent.append("no trusted sender address: approve with corrections.sender_email "
+                            "to give one")
+    else:
+        suppressed = await queries.suppression(conn, tenant, identity)
+        card.consent.append(f"suppressed ({suppressed['reason']}): no follow-up is sent"
+                            if suppressed else "not suppressed")
+        if contact is not None and contact["status"] != "active":
+            card.consent.append(f"contact status {contact['status']}: no follow-up is sent")
+    if row["route"] == "opt_out":
+        card.consent.append("opt-out request: approving records the suppression")
+    await _followup(conn, card, row, extraction, policy, contact)
+
+
+async def _followup(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str, Any],
+                    policy: TenantPolicy, contact: Any) -> None:
+    planned = await queries.event_intent(conn, row["event_id"])
+    if planned is not None:
+        template = planned["template_id"]
+        subject, body = render(template, planned["name"]) if template in TEMPLATES else ("", "")
+        status = {"awaiting_approval": "planned; waits for a reviewer's approval of this intent",
+                  "queued": "planned; sent when the item continues",
+                  "sent": "sent", "cancelled": "cancelled"}.get(planned["status"],
+                                                                planned["status"])
+        card.followup = Followup(f"{planned['rule_id']} v{planned['rule_version']}", template,
+                                 planned["email"], subject, body, status)
+        return
+    rule = policy.rule_for_intent(str(extraction.get("intent")))
+    if rule is None:
+        return
+    recipient = _value(extraction, "sender_email") or row["canonical_email"]
+    subject, body = render(rule.template_id, _value(extraction, "contact_name"))
+    if row["canonical_email"] is None:
+        status = "no recipient yet (needs corrections.sender_email)"
+    elif any("suppressed" in line for line in card.consent if line != "not suppressed"):
+        status = "not sent: suppressed"
+    elif contact is not None and await queries.recent_followup(
+            conn, contact["contact_id"], rule.rule_id, row["event_id"], rule.quiet_period_hours):
+        status = f"not sent: quiet period ({rule.quiet_period_hours:g} h)"
+    elif contact is None and rule.new_prospect_requires_approval:
+        status = "proposed; a new prospect: its send needs a second approval of this intent"
+    else:
+        status = "proposed; sent after approval"
+    card.followup = Followup(f"{rule.rule_id} v{rule.version}", rule.template_id, recipient,
+                             subject, body, status)
+
+
+def render_text(card: ReviewCard) -> list[str]:
+    """The card as plain lines (the CLI adds colour). Marked message lines start with `>>`."""
+    out = [f"review card: {card.workflow_id}",
+           f"tenant {card.tenant} · source {card.source} · mailbox {card.mailbox}",
+           f"state {card.state}" + (f" ({card.reason})" if card.reason else "")]
+    if card.waiting:
+        out.append(f"open wait {card.wait_id or '?'}: {card.wait_reason} · owner {card.owner} "
+                   f"· escalates at {card.escalate_at}" + (" (OVERDUE)" if card.overdue else ""))
+    else:
+        out.append("no open wait: nothing to decide")
+    out += ["", f"reasons: {', '.join(card.reasons) or 'none'}", "", "== message (minimised) =="]
+    out += [f"{name}: {value}" for name, value in card.headers]
+    out.append("")
+    for line in card.lines:
+        out.append(f">> {line.text}    [{', '.join(line.marks)}]" if line.marks
+                   else f"   {line.text}")
+    if card.truncated:
+        out.append("   … (truncated)")
+    out += ["", f"== extracted fields (intent {card.intent}) =="]
+    out += [f"{f.name}: {f.value!r} confidence {f.confidence:.2f} evidence {f.evidence!r}"
+            for f in card.fields]
+    out += ["", "== candidate contacts =="]
+    out += [f"{c.contact} {c.email} {c.name or ''} {c.company or ''} — {c.why}"
+            for c in card.candidates] or ["none (a new contact would be created)"]
+    out += ["", "== consent and suppression =="] + card.consent
+    out += ["", "== proposed follow-up =="]
+    if card.followup is None:
+        out.append("none (no rule for this intent)")
+    else:
+        f = card.followup
+        out += [f"rule {f.rule} · template {f.template_id} · to {f.recipient or '(unknown)'}",
+                f"status: {f.status}", f"subject: {f.subject}", *f.body.rstrip().split("\n")]
+    if card.operations:
+        out += ["", "== operations =="]
+        out += [f"{o.action}: {o.status}, attempts {o.attempts}"
+                + (f", error {o.error}" if o.error else "") for o in card.operations]
+    out += ["", "== decisions allowed now =="]
+    out += [f"{d.action}: {json.dumps(d.body)}" for d in card.decisions] or ["none"]
+    return out

@@ -1,0 +1,93 @@
+"""Read-only queries behind the review card (`inboxcrm.domain.review_card`): the item with
+its open wait, its operations and follow-up intent, and the contacts, suppression and recent
+follow-ups a dry run of the planner looks at. Nothing here writes; nothing reads workflow
+history."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+if TYPE_CHECKING:
+    from inboxcrm.store.queries import Conn
+
+REVIEW_ITEM = """
+SELECT e.event_id, e.workflow_id, e.tenant, e.source, e.mailbox, e.state, e.reason, e.route,
+       e.route_reasons, e.extraction, e.canonical_email, e.raw, e.contact_id,
+       t.reason AS wait_reason, t.owner, t.status AS task_status, t.first_seen, t.wait_id,
+       t.allowed, t.needs_sender, t.escalate_at, t.escalated_at, t.destination_ref
+FROM inbound_events e
+LEFT JOIN LATERAL (
+    SELECT * FROM review_tasks r WHERE r.workflow_id = e.workflow_id AND r.status = 'open'
+    ORDER BY r.task_id DESC LIMIT 1
+) t ON true
+WHERE e.workflow_id = $1
+"""
+
+ITEM_OPERATIONS = """
+SELECT action, status, attempts, max_attempts, last_error_category, last_error,
+       destination_id
+FROM operations WHERE workflow_id = $1 ORDER BY first_seen
+"""
+
+EVENT_INTENT = """
+SELECT i.intent_id, i.rule_id, i.rule_version, i.template_id, i.status, i.needs_approval,
+       i.approved_by, c.email, c.name
+FROM followup_intents i JOIN contacts c ON c.contact_id = i.contact_id
+WHERE i.event_id = $1 ORDER BY i.created_at DESC LIMIT 1
+"""
+
+CONTACT_BY_IDENTITY = """
+SELECT contact_id, email, name, company, status, crm_record_id
+FROM contacts WHERE tenant = $1 AND canonical_email = $2
+"""
+
+CONTACTS_BY_NAME = """
+SELECT contact_id, email, name, company, status, crm_record_id
+FROM contacts WHERE tenant = $1 AND lower(name) = lower($2) AND canonical_email <> $3
+ORDER BY created_at LIMIT 10
+"""
+
+SUPPRESSION = """
+SELECT reason, created_at FROM suppressions WHERE tenant = $1 AND canonical_email = $2
+"""
+
+RECENT_FOLLOWUP = """
+SELECT EXISTS (
+    SELECT 1 FROM followup_intents
+    WHERE contact_id = $1 AND rule_id = $2 AND event_id <> $3 AND status <> 'cancelled'
+      AND created_at > now() - make_interval(secs => $4)
+)
+"""
+
+async def review_item(conn: Conn, workflow_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(REVIEW_ITEM, workflow_id)
+
+
+async def item_operations(conn: Conn, workflow_id: str) -> list[asyncpg.Record]:
+    return list(await conn.fetch(ITEM_OPERATIONS, workflow_id))
+
+
+async def event_intent(conn: Conn, event_id: Any) -> asyncpg.Record | None:
+    return await conn.fetchrow(EVENT_INTENT, event_id)
+
+
+async def contact_by_identity(conn: Conn, tenant: str, canonical: str
+                              ) -> asyncpg.Record | None:
+    return await conn.fetchrow(CONTACT_BY_IDENTITY, tenant, canonical)
+
+
+async def contacts_by_name(conn: Conn, tenant: str, name: str, canonical: str | None
+                           ) -> list[asyncpg.Record]:
+    return list(await conn.fetch(CONTACTS_BY_NAME, tenant, name, canonical or ""))
+
+
+async def suppression(conn: Conn, tenant: str, canonical: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(SUPPRESSION, tenant, canonical)
+
+
+async def recent_followup(conn: Conn, contact_id: Any, rule_id: str, event_id: Any,
+                          quiet_hours: float) -> bool:
+    return bool(await conn.fetchval(RECENT_FOLLOWUP, contact_id, rule_id, event_id,
+                                    float(quiet_hours * 3600)))
