@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from temporalio import activity
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -31,14 +31,17 @@ from schemas.contract import QUERY_STATUS, SEARCH_ATTRIBUTES, Decision
 from schemas.models import (
     AuditEntry,
     CorrectionInput,
+    DecisionBody,
     EscalationInput,
     ExtractResult,
     InboundEmailInput,
     IntentApproval,
+    IntentDecline,
     ItemRef,
     ItemStatus,
     OperationInput,
     OperationResult,
+    OperationView,
     PlanInput,
     PlanResult,
     ResolveInput,
@@ -121,10 +124,20 @@ class Scenario:
         async def approve_followup_intent(approval: IntentApproval) -> None:
             self.calls["intent_approved"] += 1
 
+        @activity.defn(name="decline_followup_intent")
+        async def decline_followup_intent(decline: IntentDecline) -> None:
+            self.calls["intent_declined"] += 1
+
+        @activity.defn(name="describe_operation")
+        async def describe_operation(op: OperationInput) -> OperationView:
+            return OperationView(attempts=self.calls[op.op_key.rsplit(":", 1)[-1]],
+                                 max_attempts=6, last_error="http_400:INVALID_EMAIL")
+
         return [extract_message, match_and_plan, upsert_contact_in_crm, log_email_on_contact,
                 submit_followup_email, record_item_state, record_audit,
                 mark_review_escalated, resolve_operation, grant_operation_retry,
-                apply_review_corrections, approve_followup_intent]
+                apply_review_corrections, approve_followup_intent, decline_followup_intent,
+                describe_operation]
 
 
 def planned(**overrides: Any) -> PlanResult:
@@ -312,3 +325,35 @@ def test_every_contract_search_attribute_is_used_by_the_workflow() -> None:
              "SA_NEEDS_REVIEW", "SA_OVERDUE"}
     assert len(SEARCH_ATTRIBUTES) == len(names)
     assert all(name in source for name in names)
+
+
+async def test_updates_refuse_what_the_open_wait_cannot_take_and_answer_the_rest(
+        env: WorkflowEnvironment) -> None:
+    """A refused update never reaches history; an accepted one answers with the new status."""
+    scenario = Scenario(route="review", reasons=["missing_sender"])
+
+    async def decide_by_update(handle: WorkflowHandle[Any, Any]) -> None:
+        status = await wait_for_state(handle, "awaiting_review")
+        wait_id = status["review"]["wait_id"]
+        refusals = {
+            "reviewer_required": DecisionBody(wait_id=wait_id),
+            "is not the open one": DecisionBody(reviewer="rita", wait_id="w999-review"),
+            "needs corrections.sender_email": DecisionBody(reviewer="rita", wait_id=wait_id),
+        }
+        for expected, body in refusals.items():
+            with pytest.raises(WorkflowUpdateFailedError) as refused:
+                await handle.execute_update(Decision.APPROVE, body)
+            assert expected in str(refused.value.cause), (expected, refused.value.cause)
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(Decision.RETRY,
+                                        DecisionBody(reviewer="rita", wait_id=wait_id))
+        assert "allowed: approve, hold, reject" in str(refused.value.cause)
+        answer = await handle.execute_update(
+            Decision.APPROVE, DecisionBody(reviewer="rita", wait_id=wait_id,
+                                           corrections={"sender_email": "jane@example.com"}),
+            result_type=ItemStatus)
+        assert answer.state != "awaiting_review" or answer.review is None
+
+    result = await run(env, scenario, decide_by_update)
+    assert result["state"] == "completed"
+    assert scenario.calls["corrected"] == 1
