@@ -89,9 +89,10 @@ class SendActivities:
     @activity.defn(name="submit_followup_email")
     async def submit_followup_email(self, op: OperationInput) -> OperationResult:
         return await self._runner.run(
-            op, reconcile=self._find if self._mail.reconcilable else None,
+            op, reconcile=self._by_repeating if self._mail.reconcilable else None,
             perform=self._submit, record_success=self._record,
             running_state=ItemState.SEND_PENDING, on_failure=self._release_lease,
+            key_window_seconds=self._mail.key_window_seconds,
         )
 
     async def _release_lease(self, conn: Any, attempt: Attempt, failure: Classified) -> None:
@@ -101,9 +102,11 @@ class SendActivities:
         if failure.category is not Category.UNKNOWN:
             await conn.execute(RELEASE_LEASE, _intent_id(attempt))
 
-    async def _find(self, attempt: Attempt) -> str | None:
-        sent = await self._mail.find_sent(_intent_id(attempt))
-        return sent.message_id if sent else None
+    async def _by_repeating(self, attempt: Attempt) -> str | None:
+        """The provider cannot be searched by key; inside the key's window (checked by the
+        runner) the identical request with the same key answers the original email's ID and
+        sends nothing. So: nothing to look up, submit again."""
+        return None
 
     async def _submit(self, attempt: Attempt) -> str | OperationResult:
         intent_id = _intent_id(attempt)

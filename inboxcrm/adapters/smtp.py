@@ -51,6 +51,7 @@ def message_id(idempotency_key: str, domain: str) -> str:
 class SmtpMail:
     name = "smtp"
     reconcilable = False
+    key_window_seconds: float | None = None
 
     def __init__(
         self,
@@ -108,10 +109,6 @@ class SmtpMail:
             raise AdapterError(Classified(Category.PERMANENT, "invalid_message")) from None
         await asyncio.to_thread(self._deliver, msg, message.to)
         return SentEmail(message_id=str(msg["Message-ID"]))
-
-    async def find_sent(self, idempotency_key: str) -> SentEmail | None:
-        """SMTP cannot be searched: never answer "not sent" (that would allow a resend)."""
-        raise AdapterError(Classified(Category.UNKNOWN, "smtp_not_searchable"))
 
     async def aclose(self) -> None:
         return None
