@@ -3,11 +3,12 @@
 Resend semantics: within 24 hours of a key's first request, the same key with the same
 payload returns the first email's id and sends nothing; the same key with another payload
 is a 409 invalid_idempotent_request; a key whose first request is still in flight is a 409
-concurrent_idempotent_requests. After 24 hours (on the sandbox's clock, `/_sandbox/clock`)
-the key is forgotten: the same request sends again. Keys are claimed with a single
-INSERT ... ON CONFLICT. The list takes only `limit`, `after` and `before` (newest first,
-`has_more`); any other query parameter is ignored, as Resend ignores it: there is no lookup
-by idempotency key.
+concurrent_idempotent_requests until it has sent (once the email exists, the same request
+answers its ID even while the first response is held back). After 24 hours (on the
+sandbox's clock, `/_sandbox/clock`) the key is forgotten: the same request sends again.
+Keys are claimed with a single INSERT ... ON CONFLICT. The list takes only `limit`, `after`
+and `before` (newest first, `has_more`); any other query parameter is ignored, as Resend
+ignores it: there is no lookup by idempotency key.
 """
 
 from __future__ import annotations
@@ -221,12 +222,14 @@ class Mailer:
                 message = "This idempotency key has already been used with a different payload."
                 response = mail_error(409, "invalid_idempotent_request", message)
                 return Outcome(response, "idempotency_mismatch")
+            if state["email_id"] is not None:
+                # Committed: the answer is the email, even while the first request's own
+                # response is still held back (timeout_after_commit).
+                return Outcome(JSONResponse({"id": str(state["email_id"])}))
             if state["busy"]:
                 message = "The original request with this idempotency key is still in progress."
                 response = mail_error(409, "concurrent_idempotent_requests", message)
                 return Outcome(response, "in_flight")
-            if state["email_id"] is not None:
-                return Outcome(JSONResponse({"id": str(state["email_id"])}))
         raise RuntimeError("idempotency key claim kept racing")
 
 

@@ -46,10 +46,13 @@ PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 405, 409, 410, 413, 415, 422
 TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 # Provider-specific answers whose status alone would mislead.
 TRANSIENT_REASONS = frozenset({
-    "http_409:concurrent_idempotent_requests",  # Resend: the first request is still running
     "http_403:REQUEST_LIMIT_EXCEEDED",          # Salesforce: org API limit, not a permission
     "http_400:UNABLE_TO_LOCK_ROW",              # Salesforce: record locked by a concurrent save
     "http_207:RATE_LIMITS",                     # HubSpot batch: the one input was rate limited
+})
+# The request reached the provider and its outcome is not known yet: reconcile (repeat).
+UNKNOWN_REASONS = frozenset({
+    "http_409:concurrent_idempotent_requests",  # Resend: the first request is still running
 })
 # The side effect may exist and no later attempt can confirm it: held for a person.
 AMBIGUOUS_REASONS = frozenset({
@@ -124,7 +127,7 @@ def classify_status(
     if label in DAILY_LIMIT_REASONS:
         return Classified(Category.TRANSIENT, label, None, status_code,
                           park_until=next_daily_reset())
-    if label in AMBIGUOUS_REASONS:
+    if label in AMBIGUOUS_REASONS or label in UNKNOWN_REASONS:
         return Classified(Category.UNKNOWN, label, None, status_code)
     if label in PERMANENT_REASONS:
         return Classified(Category.PERMANENT, label, None, status_code)

@@ -7,7 +7,8 @@ unknown outcome is reconciled. Resend offers no lookup by key (its list takes on
 `after` and `before`), so past the window nothing can confirm the outcome: the operation is
 held (`activities/outbox.py`). A key reused with another payload (409
 `invalid_idempotent_request`) is held too; a key whose first request is still running (409
-`concurrent_idempotent_requests`) is retried later, as Resend documents.
+`concurrent_idempotent_requests`) is an outcome not known yet: repeated later, as Resend
+documents, keeping the intent's lease (an opt-out waits for it).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ STATUS_TABLE = [
     (500, None, T), (502, None, T), (503, None, T), (507, None, T), (599, None, T),
     (504, None, U),                                   # a gateway timeout may hide a commit
     (302, None, U), (100, None, U),                   # not what a write expects: unknown
-    (409, "http_409:concurrent_idempotent_requests", T),  # Resend: first request in flight
+    (409, "http_409:concurrent_idempotent_requests", U),  # Resend: first request in flight
     (409, "http_409:invalid_idempotent_request", U),      # Resend: key used before: held
     (409, "http_409:CONFLICT", P),
     (403, "http_403:REQUEST_LIMIT_EXCEEDED", T),          # Salesforce: org API limit
@@ -198,6 +198,8 @@ def test_resend_key_used_with_another_payload_is_held() -> None:
     error = to_application_error(
         classify_status(409, None, "http_409:invalid_idempotent_request"), max_retry_after=60)
     assert (error.type, error.non_retryable) == (ErrorType.AMBIGUOUS.value, True)
+    # The first request with the key is still running: it may yet send. Not a failure that
+    # frees the intent (an opt-out must wait), but an outcome to reconcile by repeating later.
     busy = to_application_error(
         classify_status(409, None, "http_409:concurrent_idempotent_requests"), max_retry_after=60)
-    assert busy.type == ErrorType.TRANSIENT.value  # Resend: "try the request again later"
+    assert (busy.type, busy.non_retryable) == (ErrorType.UNKNOWN_OUTCOME.value, False)
