@@ -7,7 +7,10 @@ first (read-after-write consistent, not the lagging search index).
 
 from __future__ import annotations
 
+import email.parser
+import email.utils
 import uuid
+from datetime import datetime, timedelta
 
 import asyncpg
 from temporalio import activity
@@ -21,12 +24,16 @@ LOAD_CONTACT = """
 SELECT contact_id, email, name, company FROM contacts WHERE contact_id = $1::uuid
 """
 
+# `head`: the start of the stored message, for its Date header (NULL once purged).
 LOAD_NOTE_CONTEXT = """
 SELECT c.crm_record_id, e.source, e.received_at, e.route, e.extraction ->> 'intent' AS intent,
-       e.delivery_id
+       e.delivery_id, substring(e.raw FROM 1 FOR 65536) AS head
 FROM inbound_events e JOIN contacts c ON c.contact_id = e.contact_id
 WHERE e.event_id = $1::uuid
 """
+
+# A Date header further ahead of the receipt than clock skew explains is not believed.
+MAX_DATE_AHEAD = timedelta(hours=1)
 
 # Written with the completed ledger row (ledger.success_statement): $2 the CRM record ID,
 # $11 the operation's external reference, our contact ID.
@@ -54,18 +61,29 @@ class CrmActivities:
         )
 
     async def _find_note(self, attempt: Attempt) -> str | None:
-        return await self._crm.find_note(note_key(attempt.op.op_key))
+        """Reconcile: the note by its unique property; when found, re-assert its association
+        (the attempt may have ended between the upsert and the association)."""
+        note_id = await self._crm.find_note(note_key(attempt.op.op_key))
+        if note_id is not None:
+            row = await self._note_context(attempt)
+            await self._crm.associate_note(note_id, row["crm_record_id"])
+        return note_id
 
-    async def _log_note(self, attempt: Attempt) -> str:
+    async def _note_context(self, attempt: Attempt) -> asyncpg.Record:
         async with self._pool.acquire() as conn:
             row = await conn.fetchrow(LOAD_NOTE_CONTEXT, attempt.op.item.event_id)
         if row is None or row["crm_record_id"] is None:
             raise missing_row("crm_record")
+        return row
+
+    async def _log_note(self, attempt: Attempt) -> str:
+        row = await self._note_context(attempt)
         text = (f"Inbound email received via {row['source']} at "
                 f"{row['received_at'].isoformat(timespec='seconds')} (delivery "
                 f"{row['delivery_id']}); intent: {row['intent'] or 'unknown'}; handled by "
                 "inboxcrm.")
-        return await self._crm.log_note(note_key(attempt.op.op_key), row["crm_record_id"], text)
+        return await self._crm.log_note(note_key(attempt.op.op_key), row["crm_record_id"], text,
+                                        message_date(row["head"], row["received_at"]))
 
     def _record_note(self, attempt: Attempt, note_id: str, reconciled: bool) -> Recorded:
         return Recorded(
@@ -111,6 +129,21 @@ def _contact_id(attempt: Attempt) -> str:
     if ref is None:
         raise missing_row("contact_reference")
     return ref
+
+
+def message_date(head: bytes | None, received_at: datetime) -> datetime:
+    """When the email was written: its Date header, else (missing, unparsable, without a
+    time zone, purged, or implausibly far ahead) when we received it."""
+    if head:
+        value = email.parser.BytesHeaderParser().parsebytes(head).get("Date")
+        try:
+            written = email.utils.parsedate_to_datetime(str(value)) if value else None
+        except (TypeError, ValueError):
+            written = None
+        if written is not None and written.tzinfo is not None and (
+                written <= received_at + MAX_DATE_AHEAD):
+            return written
+    return received_at
 
 
 def note_key(op_key: str) -> str:

@@ -4,12 +4,20 @@
 previous attempt may have taken effect → call the destination → record the result before
 reporting success. Starting an attempt and recording a success are one statement each.
 Failures are classified once (`inboxcrm.adapters.errors`) and stored on the row without payload.
+
+Where the destination's only tool is an idempotency key with a window (Resend: 24 h from the
+key's first request), repeating the identical request inside the window is the
+reconciliation; once the window (counted from the first attempt's time in the ledger, less a
+margin) has passed, a repeat could send again, so any later attempt is held as `ambiguous`
+with the reference and the first attempt's time for the person who decides. A limit with a
+known reset (HubSpot's DAILY) parks the tenant's scope until then and gives the attempt back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -22,6 +30,10 @@ from inboxcrm.adapters.errors import Category, Classified, ErrorType, to_applica
 from inboxcrm.store import ledger
 from inboxcrm.store import queries as store
 from schemas.models import OperationInput, OperationResult
+
+# The window is counted from our first attempt's start, which precedes the provider's first
+# sight of the key; the margin covers clock skew between the two.
+KEY_WINDOW_MARGIN = timedelta(hours=1)
 
 _STATUS_FOR_CATEGORY = {
     Category.TRANSIENT: "waiting",
@@ -70,12 +82,15 @@ class OutboxRunner:
         record_success: Callable[[Attempt, str, bool], Recorded],
         running_state: str,
         on_failure: Callable[[Any, Attempt, Classified], Awaitable[None]] | None = None,
+        key_window_seconds: float | None = None,
     ) -> OperationResult:
         """Run one attempt. `reconcile` is None where the destination cannot be asked
-        (then an uncertain previous attempt makes the operation ambiguous)."""
+        (then an uncertain previous attempt makes the operation ambiguous).
+        `key_window_seconds`: how long the destination deduplicates by our key; a repeat
+        attempt after it is held."""
         async with heartbeating():
             return await self._attempt(op, reconcile, perform, record_success, running_state,
-                                       on_failure)
+                                       on_failure, key_window_seconds)
 
     async def _attempt(
         self,
@@ -85,6 +100,7 @@ class OutboxRunner:
         record_success: Callable[[Attempt, str, bool], Recorded],
         running_state: str,
         on_failure: Callable[[Any, Attempt, Classified], Awaitable[None]] | None,
+        key_window_seconds: float | None,
     ) -> OperationResult:
         item = op.item
         async with self.pool.acquire() as conn:
@@ -102,6 +118,12 @@ class OutboxRunner:
         attempt = Attempt(op, claim)
         activity.logger.info("operation attempt #%d", claim.attempts,
                              extra={"op_key": op.op_key})
+        if key_window_seconds is not None and claim.attempts > 1 and (
+                claim.since_first_attempt
+                >= key_window_seconds - KEY_WINDOW_MARGIN.total_seconds()):
+            await self._hold(attempt, "idempotency_window_passed")
+            raise ApplicationError("idempotency key window passed; outcome unconfirmed",
+                                   type=ErrorType.AMBIGUOUS.value, non_retryable=True)
         try:
             if claim.needs_reconcile:
                 if reconcile is None:
@@ -117,6 +139,9 @@ class OutboxRunner:
         except AdapterError as exc:
             classified = exc.classified
             _count("inboxcrm_operation_failures", self.action, classified.category.value)
+            if classified.park_until is not None:
+                await self._park(attempt, classified, on_failure)
+                return OperationResult(status="parked", reason=classified.reason)
             error = to_application_error(classified, max_retry_after=self.max_retry_after,
                                          reconcilable=reconcile is not None)
             status = _STATUS_FOR_CATEGORY[classified.category]
@@ -152,6 +177,41 @@ class OutboxRunner:
             store.json_safe(entry.detail), *mirror_args)
         _count("inboxcrm_operations_completed", self.action,
                "reconciled" if reconciled else "sent")
+
+    async def _park(self, attempt: Attempt, classified: Classified,
+                    on_failure: Callable[[Any, Attempt, Classified], Awaitable[None]] | None,
+                    ) -> None:
+        """The destination's limit lasts until a reset: park the tenant's scope until then
+        (read by the next attempt's start like a pause) and give this attempt back."""
+        op, item = attempt.op, attempt.op.item
+        assert classified.park_until is not None
+        async with self.pool.acquire() as conn, conn.transaction():
+            await ledger.park_scope(conn, op.op_key, classified, tenant=item.tenant,
+                                    scope=self.pause_scope, until=classified.park_until)
+            if on_failure is not None:
+                await on_failure(conn, attempt, classified)
+            await store.audit(
+                conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+                actor=self.action, action="scope_parked",
+                detail={"op_key": op.op_key, "scope": self.pause_scope,
+                        "until": classified.park_until.isoformat(),
+                        "reason": classified.reason},
+            )
+
+    async def _hold(self, attempt: Attempt, reason: str) -> None:
+        """Ambiguous: held for a person, with what they need to decide (the reference the
+        destination knows, e.g. the intent ID = idempotency key, and the first attempt's
+        time, from which the key's window ran)."""
+        op, item, claim = attempt.op, attempt.op.item, attempt.claim
+        first = claim.first_attempt_at.isoformat() if claim.first_attempt_at else None
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(ledger.RECORD_FAILURE, op.op_key, "ambiguous", "unknown", reason)
+            await store.audit(
+                conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+                actor=self.action, action="operation_ambiguous",
+                detail={"op_key": op.op_key, "reason": reason, "attempt": claim.attempts,
+                        "external_ref": claim.external_ref, "first_attempt_at": first},
+            )
 
     async def _mark(self, op: OperationInput, status: str, category: str, reason: str) -> None:
         async with self.pool.acquire() as conn:

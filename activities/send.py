@@ -89,63 +89,97 @@ class SendActivities:
         self._mail = mail
         self._runner = OutboxRunner(pool, action=Action.SEND.value, pause_scope="send",
                                     max_retry_after=max_retry_after, mirror=MIRROR_SENT)
+        # Attempts that repeat an unconfirmed one: their lease is kept on any failure.
+        self._uncertain: set[str] = set()
 
     @activity.defn(name="submit_followup_email")
     async def submit_followup_email(self, op: OperationInput) -> OperationResult:
         return await self._runner.run(
-            op, reconcile=self._find if self._mail.reconcilable else None,
+            op, reconcile=self._by_repeating if self._mail.reconcilable else None,
             perform=self._submit, record_success=self._record,
             running_state=ItemState.SEND_PENDING, on_failure=self._release_lease,
+            key_window_seconds=self._mail.key_window_seconds,
         )
 
     async def _release_lease(self, conn: Conn, attempt: Attempt, failure: Classified) -> None:
         """A request that did not take effect frees the intent for the next attempt at once.
-        After an *unknown* outcome the lease stays until it expires: the email may exist, and
-        an opt-out must not be recorded as if it came first."""
-        if failure.category is not Category.UNKNOWN:
+        After an *unknown* outcome, or in an attempt that repeated an unconfirmed one, the
+        lease stays until it expires: the email may exist, and an opt-out must not be
+        recorded as if it came first."""
+        name = _attempt_name(attempt)
+        uncertain = name in self._uncertain
+        self._uncertain.discard(name)
+        if failure.category is not Category.UNKNOWN and not uncertain:
             await conn.execute(RELEASE_LEASE, _intent_id(attempt))
 
-    async def _find(self, attempt: Attempt) -> str | None:
-        sent = await self._mail.find_sent(_intent_id(attempt))
-        return sent.message_id if sent else None
+    async def _by_repeating(self, attempt: Attempt) -> str | None:
+        """The provider cannot be searched by key; inside the key's window (checked by the
+        runner) the identical request with the same key answers the original email's ID and
+        sends nothing. So: nothing to look up, submit again (`_submit` lets the repeat take
+        over the unconfirmed attempt's lease)."""
+        return None
 
     async def _submit(self, attempt: Attempt) -> str | OperationResult:
         intent_id = _intent_id(attempt)
         item = attempt.op.item
-        attempt_name = f"{attempt.op.op_key}#{attempt.claim.attempts}"
+        attempt_name = _attempt_name(attempt)
+        held: str | None = None
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.fetch(LOCK_CONTACT_OF_INTENT, intent_id)
             row = await conn.fetchrow(CLAIM_INTENT, intent_id)
             if row is None:
                 raise missing_row("followup_intent")
+            owner = str(row["lease_owner"] or "")
+            # An earlier attempt of this operation took the lease and never gave it back: its
+            # outcome is unknown (a failure that did not take effect releases the lease), so
+            # this attempt repeats it with the same key, as a reconciliation.
+            uncertain = (row["status"] == "sending" and owner != attempt_name
+                         and owner.rpartition("#")[0] == attempt.op.op_key)
             refusal = _ineligible(row)
             if refusal is not None:
                 await store.audit(
                     conn, tenant=item.tenant, event_id=item.event_id,
                     workflow_id=item.workflow_id, actor="send", action="eligibility_checked",
-                    detail={"intent_id": intent_id, "eligible": False, "reason": refusal},
+                    detail={"intent_id": intent_id, "eligible": False, "reason": refusal,
+                            "previous_attempt_unconfirmed": uncertain},
                 )
-                if row["status"] != "cancelled":
-                    await conn.execute(CANCEL_INTENT, intent_id, refusal)
-                await ledger.set_status(conn, attempt.op.op_key, "cancelled")
-                return OperationResult(status="cancelled", reason=refusal)
-            if row["status"] == "awaiting_approval":
+                if uncertain:
+                    # Repeating could send to someone who may no longer be written to, and
+                    # nothing else can confirm the earlier attempt: held for a person.
+                    held = f"unconfirmed_then_{refusal}"
+                    await conn.execute(ledger.RECORD_FAILURE, attempt.op.op_key, "ambiguous",
+                                       "unknown", held)
+                else:
+                    if row["status"] != "cancelled":
+                        await conn.execute(CANCEL_INTENT, intent_id, refusal)
+                    await ledger.set_status(conn, attempt.op.op_key, "cancelled")
+                    return OperationResult(status="cancelled", reason=refusal)
+            elif row["status"] == "awaiting_approval":
                 raise ApplicationError("follow-up not approved", type=ErrorType.PERMANENT.value,
                                        non_retryable=True)
-            remaining = row["lease_remaining"]
-            if remaining is not None and remaining > 0 and row["lease_owner"] != attempt_name:
-                # An earlier attempt (crashed, or a zombie of a timed-out one) holds the lease:
-                # come back when it expires, rather than spending attempts meanwhile.
-                raise ApplicationError(
-                    "intent lease held", type=ErrorType.UNKNOWN_OUTCOME.value,
-                    next_retry_delay=timedelta(seconds=float(remaining) + 0.5))
-            # The lease lasts as long as this attempt may: after its start-to-close timeout
-            # Temporal starts the next attempt, which must be able to take over.
-            timeout = activity.info().start_to_close_timeout
-            lease = timeout.total_seconds() if timeout else LEASE_SECONDS
-            await conn.execute(
-                TAKE_LEASE, intent_id, attempt_name, lease, item.tenant, item.event_id,
-                item.workflow_id, {"intent_id": intent_id, "eligible": True, "reason": None})
+            else:
+                remaining = row["lease_remaining"]
+                if (remaining is not None and remaining > 0 and owner != attempt_name
+                        and not uncertain):
+                    # Another holder (a crashed or zombie attempt of another operation on this
+                    # intent): come back when its lease expires, not spending attempts.
+                    raise ApplicationError(
+                        "intent lease held", type=ErrorType.UNKNOWN_OUTCOME.value,
+                        next_retry_delay=timedelta(seconds=float(remaining) + 0.5))
+                # The lease lasts as long as this attempt may: after its start-to-close
+                # timeout Temporal starts the next attempt, which must be able to take over.
+                timeout = activity.info().start_to_close_timeout
+                lease = timeout.total_seconds() if timeout else LEASE_SECONDS
+                await conn.execute(
+                    TAKE_LEASE, intent_id, attempt_name, lease, item.tenant, item.event_id,
+                    item.workflow_id, {"intent_id": intent_id, "eligible": True, "reason": None,
+                                       "previous_attempt_unconfirmed": uncertain})
+        if held is not None:
+            raise ApplicationError("previous send unconfirmed and the intent is no longer "
+                                   "eligible", type=ErrorType.AMBIGUOUS.value,
+                                   non_retryable=True)
+        if uncertain:
+            self._uncertain.add(attempt_name)
         subject, text = render(row["template_id"], row["name"])
         sent = await self._mail.send(
             intent_id,
@@ -154,6 +188,7 @@ class SendActivities:
                                    **list_unsubscribe_headers(row["tenant"],
                                                               row["contact_id"])}),
         )
+        self._uncertain.discard(attempt_name)
         return sent.message_id
 
     def _record(self, attempt: Attempt, message_id: str, reconciled: bool) -> Recorded:
@@ -175,6 +210,11 @@ def _ineligible(row: asyncpg.Record) -> str | None:
     if row["contact_status"] != "active":
         return f"contact_{row['contact_status']}"
     return None
+
+
+def _attempt_name(attempt: Attempt) -> str:
+    """The lease owner: this operation's attempt (`{op_key}#{n}`)."""
+    return f"{attempt.op.op_key}#{attempt.claim.attempts}"
 
 
 def _intent_id(attempt: Attempt) -> str:

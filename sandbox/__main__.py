@@ -1,7 +1,10 @@
 """`python -m sandbox [--host H] [--port P]`: serve the sandbox with uvicorn.
 
 Settings come from DATABASE_URL, SANDBOX_SEARCH_LAG_SECONDS, SANDBOX_HANG_SECONDS and
-SANDBOX_API_KEY; flags override them. Start-up problems (port taken, database
+SANDBOX_API_KEY; flags override them. `--ssl-certfile`/`--ssl-keyfile` serve https (clients
+that speak only https, such as simple-salesforce). `--idempotency-key-hours` is how long a
+Resend idempotency key is kept (24, as Resend; 0 keeps keys for ever, a debug setting that
+the conformance suite must catch). Start-up problems (port taken, database
 unreachable, bad settings) are one line on stderr, not a traceback: exit 2 for usage and
 port problems, 1 when the database cannot be reached.
 """
@@ -53,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--search-lag-seconds", type=float, help="default: 2.0")
     parser.add_argument("--hang-seconds", type=float, help="default: 30.0")
     parser.add_argument("--api-key", help="default: $SANDBOX_API_KEY (unset: no auth)")
+    parser.add_argument("--ssl-certfile", help="serve https with this PEM certificate")
+    parser.add_argument("--ssl-keyfile", help="the certificate's PEM private key")
+    parser.add_argument("--idempotency-key-hours", type=float, default=24.0,
+                        help="how long a mail idempotency key is kept (0: for ever)")
     parser.add_argument("--log-level", default="info")
     parser.add_argument(
         "--access-log",
@@ -107,20 +114,28 @@ def main(argv: list[str] | None = None) -> int:
         if lag < 0 or hang < 0:
             raise StartupError("--search-lag-seconds and --hang-seconds must not be negative")
         api_key = args.api_key if args.api_key is not None else os.environ.get("SANDBOX_API_KEY")
+        if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+            raise StartupError("--ssl-certfile and --ssl-keyfile go together")
+        if args.idempotency_key_hours < 0:
+            raise StartupError("--idempotency-key-hours must not be negative")
         sock = _bind(args.host, args.port)
         asyncio.run(_probe(database_url))
     except StartupError as exc:
         sys.stderr.write(f"sandbox: {exc}\n")
         return exc.code
-    app = create_app(database_url, search_lag_seconds=lag, hang_seconds=hang, api_key=api_key)
+    app = create_app(database_url, search_lag_seconds=lag, hang_seconds=hang, api_key=api_key,
+                     key_ttl_seconds=args.idempotency_key_hours * 3600)
     config = uvicorn.Config(
         app,
         log_level=args.log_level,
         access_log=args.access_log,
         timeout_graceful_shutdown=5,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
     )
     server = uvicorn.Server(config)
-    sys.stderr.write(f"sandbox: serving on http://{args.host}:{args.port}\n")
+    scheme = "https" if args.ssl_certfile else "http"
+    sys.stderr.write(f"sandbox: serving on {scheme}://{args.host}:{args.port}\n")
     server.run(sockets=[sock])
     return 0 if server.started else 1
 

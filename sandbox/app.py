@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandbox import crm, mail, notes, salesforce, tamper
-from sandbox.core import Mode, Sandbox, SandboxDep, Target, iso
+from sandbox.core import KEY_TTL_SECONDS, Mode, Policy, Sandbox, SandboxDep, Target, iso
 
 SCHEMA_LOCK_KEY = 0x5A4D_B0C5  # advisory lock: concurrent starts must not race on DDL
 
@@ -65,6 +65,18 @@ class FaultIn(BaseModel):
     mode: Mode
     count: int = Field(default=1, ge=1, le=1_000_000)
     retry_after: int = Field(default=1, ge=0, le=86_400)
+    # rate_limit on a crm.* target: HubSpot's policyName (default SECONDLY).
+    policy: Policy | None = None
+
+
+class ClockIn(BaseModel):
+    """Move the sandbox's clock: forward by `advance_seconds`, or to `offset_seconds` from
+    the real time (0: back to real time)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    advance_seconds: float | None = Field(default=None, ge=0, le=10 * 365 * 86_400)
+    offset_seconds: float | None = Field(default=None, ge=0, le=10 * 365 * 86_400)
 
 
 class ConfigIn(BaseModel):
@@ -94,10 +106,11 @@ def _fault_json(row: asyncpg.Record) -> dict[str, Any]:
         "count": row["count"],
         "remaining": row["remaining"],
         "retry_after": row["retry_after"],
+        "policy": row["policy"],
     }
 
 
-_FAULT_COLUMNS = "id, target, mode, count, remaining, retry_after"
+_FAULT_COLUMNS = "id, target, mode, count, remaining, retry_after, policy"
 
 
 def create_app(
@@ -106,6 +119,7 @@ def create_app(
     search_lag_seconds: float = 2.0,
     hang_seconds: float = 30.0,
     api_key: str | None = None,
+    key_ttl_seconds: float = KEY_TTL_SECONDS,
 ) -> FastAPI:
     """The sandbox ASGI app; the pool is opened and the schema ensured at startup."""
 
@@ -116,7 +130,7 @@ def create_app(
         )
         try:
             await prepare_database(pool, search_lag_seconds, hang_seconds)
-            app.state.sandbox = Sandbox(pool, api_key or None)
+            app.state.sandbox = Sandbox(pool, api_key or None, key_ttl_seconds)
             yield
         finally:
             await pool.close()
@@ -125,6 +139,7 @@ def create_app(
     app.include_router(crm.router)
     app.include_router(mail.router)
     app.include_router(notes.router)
+    app.include_router(notes.associations)
     app.include_router(salesforce.router)  # same table, same Sandbox.run faults
     app.include_router(tamper.router)  # /_sandbox/contacts: changes behind the product's back
 
@@ -141,12 +156,13 @@ def create_app(
         """Queue a fault; faults for one target are consumed oldest first."""
         fault = await _control_body(request, FaultIn)
         row = await sandbox.pool.fetchrow(
-            "INSERT INTO sandbox.faults (target, mode, count, remaining, retry_after) "
-            f"VALUES ($1, $2, $3, $3, $4) RETURNING {_FAULT_COLUMNS}",
+            "INSERT INTO sandbox.faults (target, mode, count, remaining, retry_after, policy) "
+            f"VALUES ($1, $2, $3, $3, $4, $5) RETURNING {_FAULT_COLUMNS}",
             fault.target,
             fault.mode,
             fault.count,
             fault.retry_after,
+            fault.policy,
         )
         if row is None:
             raise RuntimeError("INSERT ... RETURNING returned no row")
@@ -171,17 +187,14 @@ def create_app(
             contacts = await conn.fetch(
                 "SELECT id, properties, created_at, updated_at FROM sandbox.contacts ORDER BY id"
             )
-            note_rows = await conn.fetch(
-                "SELECT id, id_value, contact_id, body, created_at, updated_at "
-                "FROM sandbox.notes ORDER BY id"
-            )
+            note_rows = await conn.fetch(f"{notes.SELECT_NOTES} ORDER BY n.id")
             emails = await conn.fetch(
                 "SELECT id, sender, recipients, subject, idempotency_key, created_at "
                 "FROM sandbox.emails ORDER BY created_at, id"
             )
         return {
             "contacts": [crm.contact_json(r) for r in contacts],
-            "notes": [notes.note_json(r) for r in note_rows],
+            "notes": [notes.state_json(r) for r in note_rows],
             "emails": [
                 {
                     "id": str(r["id"]),
@@ -235,13 +248,40 @@ def create_app(
         )
         return await get_config(sandbox)
 
+    @app.get("/_sandbox/clock")
+    async def get_clock(sandbox: SandboxDep) -> dict[str, Any]:
+        row = await sandbox.pool.fetchrow(
+            "SELECT sandbox.now() AS now, clock_offset_seconds FROM sandbox.config WHERE id"
+        )
+        assert row is not None
+        return {"now": iso(row["now"]), "offset_seconds": row["clock_offset_seconds"]}
+
+    @app.post("/_sandbox/clock")
+    async def set_clock(request: Request, sandbox: SandboxDep) -> dict[str, Any]:
+        """Move the sandbox's time (every process on this database): key expiry, daily limits."""
+        move = await _control_body(request, ClockIn)
+        if (move.advance_seconds is None) == (move.offset_seconds is None):
+            raise RequestValidationError(
+                [{"loc": ("body",), "msg": "give advance_seconds or offset_seconds",
+                  "type": "value_error"}])
+        await sandbox.pool.execute(
+            "UPDATE sandbox.config SET clock_offset_seconds = "
+            "coalesce($2, clock_offset_seconds + $1) WHERE id",
+            move.advance_seconds,
+            move.offset_seconds,
+        )
+        return await get_clock(sandbox)
+
     @app.post("/_sandbox/reset")
     async def reset(sandbox: SandboxDep) -> dict[str, bool]:
-        """Forget all records, faults and calls; keep the settings. Ids are never reused."""
-        await sandbox.pool.execute(
-            "TRUNCATE sandbox.notes, sandbox.contacts, sandbox.emails, sandbox.email_requests, "
-            "sandbox.faults, sandbox.calls"
-        )
+        """Forget all records, faults and calls, and put the clock back to real time; keep the
+        settings. Ids are never reused."""
+        async with sandbox.pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "TRUNCATE sandbox.note_contacts, sandbox.notes, sandbox.contacts, sandbox.emails, "
+                "sandbox.email_requests, sandbox.faults, sandbox.calls"
+            )
+            await conn.execute("UPDATE sandbox.config SET clock_offset_seconds = 0 WHERE id")
         return {"ok": True}
 
     return app

@@ -19,7 +19,9 @@ import asyncpg
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-Target = Literal["crm.upsert", "crm.search", "crm.note", "mail.send"]
+Target = Literal["crm.upsert", "crm.search", "crm.note", "crm.association", "mail.send"]
+# HubSpot's 429 `policyName`s: which limit was hit (the daily one resets at midnight).
+Policy = Literal["SECONDLY", "TEN_SECONDLY_ROLLING", "DAILY"]
 Mode = Literal[
     "rate_limit",
     "server_error",
@@ -48,6 +50,7 @@ class Fault:
     id: int
     mode: str
     retry_after: int
+    policy: str | None = None
 
 
 @dataclass
@@ -99,46 +102,59 @@ def _is_crm(target: str) -> bool:
 
 
 def unauthorized(target: str, name: str = "invalid_api_key") -> JSONResponse:
-    """401 in the shape of the service behind `target`."""
+    """The service's refusal of a missing or wrong credential: HubSpot 401; Resend 401
+    `missing_api_key` without one, 403 `invalid_api_key` for a wrong one."""
     if _is_crm(target):
         return crm_error(
             401,
             "INVALID_AUTHENTICATION",
             "Authentication credentials not found or invalid.",
         )
-    message = (
-        "Missing API key in the authorization header."
-        if name == "missing_api_key"
-        else "API key is invalid."
-    )
-    return mail_error(401, name, message)
+    if name == "missing_api_key":
+        return mail_error(401, name, "Missing API key in the authorization header.")
+    return mail_error(403, name, "API key is invalid.")
+
+
+_POLICY_MESSAGES = {
+    "SECONDLY": "You have reached your secondly limit.",
+    "TEN_SECONDLY_ROLLING": "You have reached your ten_secondly_rolling limit.",
+    "DAILY": "You have reached your daily limit.",
+}
+
+
+def crm_rate_limited(fault: Fault) -> JSONResponse:
+    """HubSpot's 429: `policyName` says which limit. The daily limit resets at midnight in the
+    account's time zone; no Retry-After is sent for it (waiting seconds would not help)."""
+    policy = fault.policy or "SECONDLY"
+    body = {
+        "status": "error",
+        "message": _POLICY_MESSAGES.get(policy, _POLICY_MESSAGES["SECONDLY"]),
+        "errorType": "RATE_LIMIT",
+        "correlationId": str(uuid.uuid4()),
+        "policyName": policy,
+        "category": "RATE_LIMITS",
+    }
+    headers = {} if policy == "DAILY" else {"Retry-After": str(fault.retry_after)}
+    return JSONResponse(body, status_code=429, headers=headers)
 
 
 def fault_response(target: str, fault: Fault) -> JSONResponse:
     """The error a real service answers with for an immediate fault mode."""
     crm = _is_crm(target)
     if fault.mode == "rate_limit":
-        headers = {"Retry-After": str(fault.retry_after)}
         if crm:
-            body: dict[str, Any] = {
-                "status": "error",
-                "message": "You have reached your secondly limit.",
-                "errorType": "RATE_LIMIT",
-                "correlationId": str(uuid.uuid4()),
-                "policyName": "SECONDLY",
-                "category": "RATE_LIMITS",
-            }
-        else:
-            body = {
-                "statusCode": 429,
-                "name": "rate_limit_exceeded",
-                "message": "Too many requests. Please limit the number of requests per second.",
-            }
+            return crm_rate_limited(fault)
+        body = {
+            "statusCode": 429,
+            "name": "rate_limit_exceeded",
+            "message": "Too many requests. Please limit the number of requests per second.",
+        }
+        headers = {"Retry-After": str(fault.retry_after)}
         return JSONResponse(body, status_code=429, headers=headers)
     if fault.mode == "server_error":
         if crm:
             return crm_error(500, "INTERNAL_ERROR", "Internal error.")
-        return mail_error(500, "internal_server_error", "An unexpected error occurred.")
+        return mail_error(500, "application_error", "An unexpected error occurred.")
     if fault.mode == "invalid_field":
         if crm:
             return crm_error(400, "VALIDATION_ERROR", "Property values were not valid.")
@@ -166,20 +182,27 @@ WITH taken AS (
         LIMIT 1
     )
       AND f.remaining > 0
-    RETURNING f.id, f.mode, f.retry_after
+    RETURNING f.id, f.mode, f.retry_after, f.policy
 )
-SELECT t.id, t.mode, t.retry_after,
+SELECT t.id, t.mode, t.retry_after, t.policy,
        EXISTS (SELECT 1 FROM sandbox.faults WHERE target = $1 AND remaining > 0) AS pending
 FROM (SELECT 1) AS one LEFT JOIN taken AS t ON true
 """
 
 
-class Sandbox:
-    """Per-process handle: the pool and the API key. All other state lives in Postgres."""
+# Resend keeps an idempotency key for 24 hours after its first request.
+KEY_TTL_SECONDS = 24 * 3600.0
 
-    def __init__(self, pool: asyncpg.Pool, api_key: str | None) -> None:
+
+class Sandbox:
+    """Per-process handle: the pool, the API key and how long idempotency keys last (0: for
+    ever, a debug setting the conformance suite must catch). All other state is in Postgres."""
+
+    def __init__(self, pool: asyncpg.Pool, api_key: str | None,
+                 key_ttl_seconds: float = KEY_TTL_SECONDS) -> None:
         self.pool = pool
         self.api_key = api_key
+        self.key_ttl_seconds = key_ttl_seconds
 
     async def config(self) -> Config:
         row = await self.pool.fetchrow(
@@ -200,7 +223,7 @@ class Sandbox:
             row = await self.pool.fetchrow(_CONSUME_FAULT, target)
             assert row is not None  # the LEFT JOIN always yields one row
             if row["id"] is not None:
-                return Fault(row["id"], row["mode"], row["retry_after"])
+                return Fault(row["id"], row["mode"], row["retry_after"], row["policy"])
             if not row["pending"]:
                 return None
         return None

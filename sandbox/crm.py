@@ -26,6 +26,9 @@ UPSERT_ATTEMPTS = 10
 MAX_SEARCH_LIMIT = 200
 # Properties the sandbox cannot use as an upsert idProperty (not custom unique properties).
 RESERVED_ID_PROPERTIES = frozenset({"email", "hs_object_id"})
+# The fields of HubSpot's batch-upsert input (SimplePublicObjectBatchInputUpsert); any other
+# field (e.g. `associations`) is rejected.
+UPSERT_FIELDS = frozenset({"id", "properties", "idProperty", "objectWriteTraceId"})
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 
 
@@ -83,6 +86,9 @@ def parse_upsert(body: Any) -> list[UpsertInput] | str:
     for n, raw in enumerate(raw_inputs):
         if not isinstance(raw, dict):
             return f"inputs[{n}] must be an object."
+        unknown = sorted(set(raw) - UPSERT_FIELDS)
+        if unknown:
+            return f'Invalid input JSON: Unrecognized field "{unknown[0]}" in inputs[{n}].'
         id_property, id_value = raw.get("idProperty"), raw.get("id")
         if not isinstance(id_property, str) or not id_property:
             return f"inputs[{n}].idProperty is required."

@@ -1,9 +1,14 @@
-"""Resend-compatible mail subset: send with Idempotency-Key, get, search by key.
+"""Resend-compatible mail subset: send with Idempotency-Key, get one, list.
 
-Resend semantics: the same key with the same payload returns the first email's id and
-sends nothing; the same key with another payload is a 409 invalid_idempotent_request; a
-key whose first request is still in flight is a 409 concurrent_idempotent_requests. Keys
-are claimed with a single INSERT ... ON CONFLICT, and an email row's key is unique.
+Resend semantics: within 24 hours of a key's first request, the same key with the same
+payload returns the first email's id and sends nothing; the same key with another payload
+is a 409 invalid_idempotent_request; a key whose first request is still in flight is a 409
+concurrent_idempotent_requests until it has sent (once the email exists, the same request
+answers its ID even while the first response is held back). After 24 hours (on the
+sandbox's clock, `/_sandbox/clock`) the key is forgotten: the same request sends again.
+Keys are claimed with a single INSERT ... ON CONFLICT. The list takes only `limit`, `after`
+and `before` (newest first, `has_more`); any other query parameter is ignored, as Resend
+ignores it: there is no lookup by idempotency key.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ router = APIRouter()
 
 MAX_RECIPIENTS = 50
 MAX_KEY_LENGTH = 256
+LIST_DEFAULT_LIMIT = 20
+LIST_MAX_LIMIT = 100
 
 
 @dataclass(frozen=True)
@@ -76,14 +83,21 @@ def payload_hash(body: Any) -> str:
 
 
 def email_json(row: asyncpg.Record) -> dict[str, Any]:
+    """Resend's email object (every key of the SDK's `Email`), plus the sandbox's headers
+    and idempotency key for inspection."""
     return {
         "object": "email",
         "id": str(row["id"]),
+        "message_id": f"<{row['id']}@sandbox.resend.test>",
         "to": row["recipients"],
         "from": row["sender"],
         "subject": row["subject"],
         "text": row["text_body"],
         "html": row["html_body"],
+        "bcc": None,
+        "cc": None,
+        "reply_to": None,
+        "scheduled_at": None,
         "headers": row["headers"],
         "created_at": row["created_at"].isoformat(),
         "idempotency_key": row["idempotency_key"],
@@ -91,14 +105,23 @@ def email_json(row: asyncpg.Record) -> dict[str, Any]:
     }
 
 
+# Claims a key: new, or known with this payload and no email yet, or expired ($4 seconds
+# after its first request on the sandbox clock; 0: never), and not in flight. An expired key
+# starts a new window.
 _CLAIM = """
-INSERT INTO sandbox.email_requests AS r (idempotency_key, payload_hash, in_flight_until)
-VALUES ($1, $2, clock_timestamp() + make_interval(secs => $3::float8))
+INSERT INTO sandbox.email_requests AS r
+    (idempotency_key, payload_hash, in_flight_until, created_at)
+VALUES ($1, $2, clock_timestamp() + make_interval(secs => $3::float8), sandbox.now())
 ON CONFLICT (idempotency_key) DO UPDATE
-SET in_flight_until = EXCLUDED.in_flight_until
-WHERE r.payload_hash = EXCLUDED.payload_hash
-  AND r.email_id IS NULL
-  AND (r.in_flight_until IS NULL OR r.in_flight_until < clock_timestamp())
+SET in_flight_until = EXCLUDED.in_flight_until, payload_hash = EXCLUDED.payload_hash,
+    email_id = NULL,
+    created_at = CASE WHEN $4::float8 > 0
+                       AND r.created_at <= sandbox.now() - make_interval(secs => $4::float8)
+                      THEN EXCLUDED.created_at ELSE r.created_at END
+WHERE (r.in_flight_until IS NULL OR r.in_flight_until < clock_timestamp())
+  AND ((r.payload_hash = EXCLUDED.payload_hash AND r.email_id IS NULL)
+       OR ($4::float8 > 0
+           AND r.created_at <= sandbox.now() - make_interval(secs => $4::float8)))
 RETURNING r.idempotency_key
 """
 
@@ -137,7 +160,8 @@ class Mailer:
 
     async def _claim(self) -> bool:
         return (
-            await self.pool.fetchval(_CLAIM, self.key, self.hash, await self._lease()) is not None
+            await self.pool.fetchval(_CLAIM, self.key, self.hash, await self._lease(),
+                                     self.sandbox.key_ttl_seconds) is not None
         )
 
     async def _release(self) -> None:
@@ -198,12 +222,14 @@ class Mailer:
                 message = "This idempotency key has already been used with a different payload."
                 response = mail_error(409, "invalid_idempotent_request", message)
                 return Outcome(response, "idempotency_mismatch")
+            if state["email_id"] is not None:
+                # Committed: the answer is the email, even while the first request's own
+                # response is still held back (timeout_after_commit).
+                return Outcome(JSONResponse({"id": str(state["email_id"])}))
             if state["busy"]:
                 message = "The original request with this idempotency key is still in progress."
                 response = mail_error(409, "concurrent_idempotent_requests", message)
                 return Outcome(response, "in_flight")
-            if state["email_id"] is not None:
-                return Outcome(JSONResponse({"id": str(state["email_id"])}))
         raise RuntimeError("idempotency key claim kept racing")
 
 
@@ -237,17 +263,51 @@ async def get_email(request: Request, email_id: str, sandbox: SandboxDep) -> Res
     return JSONResponse(email_json(row))
 
 
+_CURSOR = "SELECT created_at, id FROM sandbox.emails WHERE id = $1"
+
+
+def _uuid(value: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
+
+
 @router.get("/emails")
 async def list_emails(
-    request: Request, sandbox: SandboxDep, idempotency_key: str | None = None
+    request: Request, sandbox: SandboxDep, limit: str | None = None,
+    after: str | None = None, before: str | None = None,
 ) -> Response:
-    """Emails with the given idempotency key (all emails without one). No lag."""
+    """Sent emails, newest first, `limit` (1-100, default 20) per page, paged by the `after`
+    or `before` email ID; `has_more` says whether the page could go on. No lag."""
     if (denial := sandbox.denied(request, "mail.send")) is not None:
         return denial
-    if idempotency_key is None:
-        rows = await sandbox.pool.fetch(f"{_SELECT_EMAILS} ORDER BY created_at, id")
-    else:
-        rows = await sandbox.pool.fetch(
-            f"{_SELECT_EMAILS} WHERE idempotency_key = $1 ORDER BY created_at", idempotency_key
-        )
-    return JSONResponse({"object": "list", "data": [email_json(r) for r in rows]})
+    try:
+        size = LIST_DEFAULT_LIMIT if limit is None else int(limit)
+    except ValueError:
+        size = 0
+    if not 1 <= size <= LIST_MAX_LIMIT:
+        return mail_error(422, "validation_error",
+                          f"`limit` must be between 1 and {LIST_MAX_LIMIT}.")
+    if after is not None and before is not None:
+        return mail_error(422, "validation_error", "Use `after` or `before`, not both.")
+    cursor_id = after if after is not None else before
+    where, order, args = "", "DESC", [size + 1]
+    if cursor_id is not None:
+        parsed = _uuid(cursor_id)
+        cursor = await sandbox.pool.fetchrow(_CURSOR, parsed) if parsed else None
+        if cursor is None:
+            return mail_error(422, "validation_error", "The cursor is not a known email ID.")
+        if after is not None:
+            where = "WHERE (created_at, id) < ($2, $3)"
+        else:
+            where, order = "WHERE (created_at, id) > ($2, $3)", "ASC"
+        args += [cursor["created_at"], cursor["id"]]
+    rows = await sandbox.pool.fetch(
+        f"{_SELECT_EMAILS} {where} ORDER BY created_at {order}, id {order} LIMIT $1", *args)
+    has_more = len(rows) > size
+    page = list(rows[:size])
+    if order == "ASC":
+        page.reverse()
+    return JSONResponse({"object": "list", "has_more": has_more,
+                         "data": [email_json(r) for r in page]})

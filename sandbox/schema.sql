@@ -81,3 +81,35 @@ CREATE TABLE IF NOT EXISTS sandbox.notes (
     updated_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     CONSTRAINT notes_id_property_key UNIQUE (id_property, id_value)
 );
+
+-- The sandbox's own clock (`POST /_sandbox/clock`): an offset added to the real time where the
+-- services keep time-bound state (idempotency keys expire 24 h after their first request).
+ALTER TABLE sandbox.config ADD COLUMN IF NOT EXISTS clock_offset_seconds double precision
+    NOT NULL DEFAULT 0;
+
+CREATE OR REPLACE FUNCTION sandbox.now() RETURNS timestamptz LANGUAGE sql VOLATILE AS $$
+    SELECT clock_timestamp() + make_interval(secs => coalesce(
+        (SELECT clock_offset_seconds FROM sandbox.config WHERE id), 0))
+$$;
+
+-- Resend keeps a key for 24 h from its first request: after that the same key sends again,
+-- so one key can belong to several emails, and a key row records when its window began.
+ALTER TABLE sandbox.emails DROP CONSTRAINT IF EXISTS emails_idempotency_key_key;
+CREATE INDEX IF NOT EXISTS emails_idempotency_key_idx ON sandbox.emails (idempotency_key);
+ALTER TABLE sandbox.emails ALTER COLUMN created_at SET DEFAULT sandbox.now();
+ALTER TABLE sandbox.email_requests ADD COLUMN IF NOT EXISTS created_at timestamptz
+    NOT NULL DEFAULT sandbox.now();
+
+-- A rate-limit fault may name HubSpot's policy (SECONDLY, TEN_SECONDLY_ROLLING, DAILY).
+ALTER TABLE sandbox.faults ADD COLUMN IF NOT EXISTS policy text;
+
+-- HubSpot notes carry hs_timestamp and are associated with a contact by the v4 association
+-- call, not by the upsert: `contact_id` is only a Salesforce Task's WhoId.
+ALTER TABLE sandbox.notes ALTER COLUMN contact_id DROP NOT NULL;
+ALTER TABLE sandbox.notes ADD COLUMN IF NOT EXISTS hs_timestamp text;
+CREATE TABLE IF NOT EXISTS sandbox.note_contacts (
+    note_id    bigint NOT NULL REFERENCES sandbox.notes (id) ON DELETE CASCADE,
+    contact_id bigint NOT NULL REFERENCES sandbox.contacts (id) ON DELETE CASCADE,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (note_id, contact_id)
+);

@@ -7,6 +7,7 @@ table is in `docs/architecture.md` ("Failure classification").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 
@@ -31,3 +32,6 @@ class Classified:
     reason: str                        # short, payload-free, e.g. "http_429", "connect_error"
     retry_after: float | None = None   # seconds the provider asked us to wait
     status_code: int | None = None
+    # A limit that lasts until a known reset (HubSpot's DAILY): park the tenant's scope until
+    # then instead of retrying; the attempt is not counted.
+    park_until: datetime | None = None

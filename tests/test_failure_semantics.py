@@ -202,7 +202,7 @@ async def test_worker_killed_after_provider_accepted_email(
 
     state, _ = await env.wait_state(workflow_id, {"completed", "ambiguous"}, timeout=90)
     assert len(await env.emails_to(email)) == 1  # one email or ambiguous, never two
-    assert state == "completed"  # the sandbox can be searched by key: reconciled
+    assert state == "completed"  # the same key inside its window: reconciled by repeating
 
 
 async def test_opt_out_cancels_a_queued_intent_while_sends_are_paused(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol
 
 from inboxcrm.adapters.errors import Classified
@@ -53,8 +54,10 @@ class CrmClient(Protocol):
         """Look the contact up by external ID; read-after-write consistent where possible."""
         ...
 
-    async def log_note(self, note_key: str, record_id: str, text: str) -> str:
-        """Log the inbound email on the contact, keyed by `note_key`. Safe to repeat."""
+    async def log_note(self, note_key: str, record_id: str, text: str,
+                       occurred_at: datetime) -> str:
+        """Log the inbound email on the contact (dated `occurred_at`, the message's date),
+        keyed by `note_key`, and associate it with the record. Safe to repeat."""
         ...
 
     async def find_note(self, note_key: str) -> str | None:
@@ -63,6 +66,11 @@ class CrmClient(Protocol):
 
     async def read_contact(self, record_id: str) -> CrmRecordView | None:
         """Read a record by the CRM's own ID (drift check); None when it no longer exists."""
+        ...
+
+    async def associate_note(self, note_id: str, record_id: str) -> None:
+        """Make sure the note is associated with the record (reconciliation re-asserts it
+        after finding the note). Safe to repeat."""
         ...
 
     async def aclose(self) -> None: ...
@@ -91,12 +99,15 @@ class SentRecord:
 
 class MailClient(Protocol):
     name: str
-    # False where an unknown outcome cannot be reconciled (no idempotency, no search): SMTP.
+    # False where an unknown outcome cannot be reconciled (no idempotency key): SMTP.
     reconcilable: bool
+    # How long the provider keeps an idempotency key after its first request (Resend: 24 h).
+    # Inside it, repeating the identical request with the same key IS the reconciliation (the
+    # provider answers the original ID and sends nothing); past it a repeat would send again.
+    # None where there is no key.
+    key_window_seconds: float | None
 
     async def send(self, idempotency_key: str, message: OutgoingEmail) -> SentEmail: ...
-
-    async def find_sent(self, idempotency_key: str) -> SentEmail | None: ...
 
     async def read_sent(self, message_id: str) -> SentRecord | None:
         """Read an email by the provider's message ID (drift check); None when the provider

@@ -5,6 +5,11 @@ Every outcome of an external call is one of three categories:
 - permanent: retrying cannot help (invalid field, bad credential, not found): stop, block;
 - unknown:   the request was sent and we do not know whether it took effect: reconcile first.
 
+Two refinements: a limit with a known reset (HubSpot's `DAILY` 429) is transient with a
+`park_until` (the scope waits for the reset like a pause, spending no attempts); an answer
+that says a side effect may exist but can never be confirmed (Resend's
+`invalid_idempotent_request`: the key was already used) is unknown and ambiguous: held.
+
 Activities turn a classified failure into an `ApplicationError` whose `type` the workflow
 understands (see ErrorType). Messages never carry payloads or personal data.
 """
@@ -16,7 +21,7 @@ import smtplib
 import socket
 import ssl
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import httpx
 from temporalio.exceptions import ApplicationError
@@ -31,6 +36,7 @@ __all__ = [
     "classify_response",
     "classify_smtp_code",
     "classify_status",
+    "next_daily_reset",
     "parse_retry_after",
     "to_application_error",
 ]
@@ -40,11 +46,27 @@ PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 405, 409, 410, 413, 415, 422
 TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 # Provider-specific answers whose status alone would mislead.
 TRANSIENT_REASONS = frozenset({
-    "http_409:concurrent_idempotent_requests",  # Resend: the first request is still running
     "http_403:REQUEST_LIMIT_EXCEEDED",          # Salesforce: org API limit, not a permission
     "http_400:UNABLE_TO_LOCK_ROW",              # Salesforce: record locked by a concurrent save
     "http_207:RATE_LIMITS",                     # HubSpot batch: the one input was rate limited
 })
+# The request reached the provider and its outcome is not known yet: reconcile (repeat).
+UNKNOWN_REASONS = frozenset({
+    "http_409:concurrent_idempotent_requests",  # Resend: the first request is still running
+})
+# The side effect may exist and no later attempt can confirm it: held for a person.
+AMBIGUOUS_REASONS = frozenset({
+    "http_409:invalid_idempotent_request",  # Resend: the key was used with another payload
+})
+# Limits that last until a daily reset: park the scope until then (`park_until`).
+DAILY_LIMIT_REASONS = frozenset({
+    "http_429:DAILY",  # HubSpot: the account's daily limit
+})
+# HubSpot resets the daily limit at midnight in the account's time zone, which the API does
+# not tell: we park until the next midnight UTC plus this margin. Where the account's midnight
+# comes earlier, the scope waits a few hours longer; where later, the first call after the
+# park meets the limit again and parks again, spending no attempt.
+DAILY_RESET_MARGIN = timedelta(minutes=5)
 PERMANENT_REASONS = frozenset({
     "http_300:MULTIPLE_MATCHES",   # Salesforce upsert: several records match; never pick one
     "http_207:VALIDATION_ERROR",   # HubSpot batch (multi-status): the one input was invalid
@@ -53,6 +75,7 @@ PERMANENT_REASONS = frozenset({
 DEFAULT_RETRY_AFTER: dict[str, float] = {
     "http_429:SECONDLY": 1.0,                 # HubSpot burst limit (policyName)
     "http_429:TEN_SECONDLY_ROLLING": 10.0,    # HubSpot 10-second rolling limit (policyName)
+    "http_429:TEN_SECONDLY": 10.0,            # the same limit under its short name
     "http_207:RATE_LIMITS": 1.0,
     "http_403:REQUEST_LIMIT_EXCEEDED": 60.0,  # Salesforce 24 h org limit: back off long
 }
@@ -86,6 +109,13 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, parsed.timestamp() - (time.time() if now is None else now))
 
 
+def next_daily_reset(now: datetime | None = None) -> datetime:
+    """When a daily limit met `now` is reset (see DAILY_RESET_MARGIN)."""
+    moment = (now or datetime.now(UTC)).astimezone(UTC)
+    midnight = moment.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)
+    return midnight + DAILY_RESET_MARGIN
+
+
 def classify_status(
     status_code: int, retry_after: str | None = None, reason: str | None = None
 ) -> Classified:
@@ -94,6 +124,11 @@ def classify_status(
     delay = parse_retry_after(retry_after)
     if delay is None:
         delay = DEFAULT_RETRY_AFTER.get(label)
+    if label in DAILY_LIMIT_REASONS:
+        return Classified(Category.TRANSIENT, label, None, status_code,
+                          park_until=next_daily_reset())
+    if label in AMBIGUOUS_REASONS or label in UNKNOWN_REASONS:
+        return Classified(Category.UNKNOWN, label, None, status_code)
     if label in PERMANENT_REASONS:
         return Classified(Category.PERMANENT, label, None, status_code)
     if label in TRANSIENT_REASONS:
@@ -183,6 +218,8 @@ def to_application_error(
     by key (SMTP): an unknown outcome there is ambiguous and must wait for a person.
     """
     message = f"{classified.category.value}: {classified.reason}"
+    if classified.reason in AMBIGUOUS_REASONS:
+        return ApplicationError(message, type=ErrorType.AMBIGUOUS.value, non_retryable=True)
     if classified.category is Category.PERMANENT:
         return ApplicationError(message, type=ErrorType.PERMANENT.value, non_retryable=True)
     if classified.category is Category.UNKNOWN:

@@ -2,11 +2,21 @@
 
 Upserts go through batch upsert with `idProperty` = a unique custom property holding our
 integration contact ID, so repeating the call can never create a second record.
+
+The inbound email is logged as a note: a batch upsert by the unique `inboxcrm_note_id`
+property with `hs_timestamp` (required by HubSpot: the message's date places the note on the
+contact's timeline) and no `associations` (the batch-upsert input has none), then the v4
+default association `PUT /crm/v4/objects/notes/{noteId}/associations/default/contacts/
+{contactId}`, which is safe to repeat. Both run under the note's one operation key.
+
+A 429 names its limit in `policyName`: SECONDLY and TEN_SECONDLY_ROLLING are retried after
+a short wait; DAILY parks the tenant's CRM scope until the reset (`inboxcrm.adapters.errors`).
 """
 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -18,7 +28,6 @@ from inboxcrm.adapters.http import json_field, send_request
 from inboxcrm.adapters.transport import new_client
 
 NOTE_ID_PROPERTY = "inboxcrm_note_id"
-NOTE_TO_CONTACT = 202  # HubSpot-defined association type: note → contact
 _EXISTING_ID = re.compile(r"Existing ID:\s*(\d+)")
 
 
@@ -101,22 +110,32 @@ class HubSpotCrm:
             return None
         return CrmRecord(record_id=str(response.json()["id"]))
 
-    async def log_note(self, note_key: str, record_id: str, text: str) -> str:
-        """Log a note on the contact, upserted by the unique `inboxcrm_note_id` property
-        (created by `inboxcrm hubspot-setup`), so a retry never logs it twice."""
+    async def log_note(self, note_key: str, record_id: str, text: str,
+                       occurred_at: datetime) -> str:
+        """Upsert the note by the unique `inboxcrm_note_id` property (created by `inboxcrm
+        hubspot-setup`), then associate it with the contact: a retry repeats both and
+        changes nothing."""
+        stamp = occurred_at.astimezone(UTC).isoformat(timespec="milliseconds")
         body = {"inputs": [{
             "idProperty": NOTE_ID_PROPERTY, "id": note_key,
-            "properties": {"hs_note_body": text, NOTE_ID_PROPERTY: note_key},
-            "associations": [{"to": {"id": record_id}, "types": [
-                {"associationCategory": "HUBSPOT_DEFINED",
-                 "associationTypeId": NOTE_TO_CONTACT}]}],
+            "properties": {"hs_note_body": text, "hs_timestamp": stamp.replace("+00:00", "Z"),
+                           NOTE_ID_PROPERTY: note_key},
         }]}
         response = await send_request(self._client, "POST", "/crm/v3/objects/notes/batch/upsert",
                                       json=body, reason=_reason)
         results = response.json().get("results") or []
         if len(results) != 1 or "id" not in results[0]:
             raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None, 200))
-        return str(results[0]["id"])
+        note_id = str(results[0]["id"])
+        await self.associate_note(note_id, record_id)
+        return note_id
+
+    async def associate_note(self, note_id: str, record_id: str) -> None:
+        """The v4 default (unlabelled) note → contact association; idempotent."""
+        await send_request(
+            self._client, "PUT",
+            f"/crm/v4/objects/notes/{quote(note_id, safe='')}/associations/default/contacts/"
+            f"{quote(record_id, safe='')}", reason=_reason)
 
     async def find_note(self, note_key: str) -> str | None:
         response = await send_request(

@@ -1,7 +1,14 @@
 """Resend-compatible mail adapter (also the sandbox's contract).
 
-The intent's UUID is the `Idempotency-Key`: the provider answers a repeated key with the
-same email, so a retry can never send a second follow-up.
+The intent's UUID is the `Idempotency-Key`: for 24 hours after the key's first request,
+Resend answers the identical request with the same email's ID and sends nothing, so a retry
+inside that window can never send a second follow-up, and repeating the request is how an
+unknown outcome is reconciled. Resend offers no lookup by key (its list takes only `limit`,
+`after` and `before`), so past the window nothing can confirm the outcome: the operation is
+held (`activities/outbox.py`). A key reused with another payload (409
+`invalid_idempotent_request`) is held too; a key whose first request is still running (409
+`concurrent_idempotent_requests`) is an outcome not known yet: repeated later, as Resend
+documents, keeping the intent's lease (an opt-out waits for it).
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.http import json_field, send_request
 from inboxcrm.adapters.transport import new_client
 
+KEY_WINDOW_SECONDS = 24 * 3600.0  # Resend keeps an idempotency key 24 h after first use
+
 
 def _reason(response: httpx.Response) -> str | None:
     name = json_field(response, "name")
@@ -24,6 +33,7 @@ def _reason(response: httpx.Response) -> str | None:
 class ResendMail:
     name = "resend"
     reconcilable = True
+    key_window_seconds: float | None = KEY_WINDOW_SECONDS
 
     def __init__(self, base_url: str, token: str | None, sender: str, timeout: float) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -38,14 +48,6 @@ class ResendMail:
             headers={"Idempotency-Key": idempotency_key}, reason=_reason,
         )
         return SentEmail(message_id=str(response.json()["id"]))
-
-    async def find_sent(self, idempotency_key: str) -> SentEmail | None:
-        response = await send_request(
-            self._client, "GET", "/emails", params={"idempotency_key": idempotency_key},
-            reason=_reason,
-        )
-        found = response.json().get("data") or []
-        return SentEmail(message_id=str(found[0]["id"])) if found else None
 
     async def read_sent(self, message_id: str) -> SentRecord | None:
         """`GET /emails/{id}`: 404 when the provider does not know the ID. Resend's answer

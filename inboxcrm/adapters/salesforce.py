@@ -30,6 +30,7 @@ Answers (all classification in `inboxcrm.adapters.errors`):
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -125,11 +126,16 @@ class SalesforceCrm:
         index). 404: no such record. 300 (several records) raises, as for the upsert."""
         return await self._find(self._path(external_id))
 
-    async def log_note(self, note_key: str, record_id: str, text: str) -> str:
-        """Log the inbound email as a completed Task on the Contact; returns the Task Id."""
+    async def log_note(self, note_key: str, record_id: str, text: str,
+                       occurred_at: datetime) -> str:
+        """Log the inbound email as a completed Task on the Contact (`WhoId`, so the upsert
+        itself associates it), dated the message's day; returns the Task Id."""
         body = {"WhoId": record_id, "Subject": NOTE_SUBJECT, "Description": text,
-                "Status": "Completed"}
+                "Status": "Completed", "ActivityDate": occurred_at.date().isoformat()}
         return (await self._upsert(self._note_path(note_key), body)).record_id
+
+    async def associate_note(self, note_id: str, record_id: str) -> None:
+        """The Task's `WhoId` is written by the same upsert that creates it: nothing to do."""
 
     async def find_note(self, note_key: str) -> str | None:
         found = await self._find(self._note_path(note_key))

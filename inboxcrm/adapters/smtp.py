@@ -57,6 +57,7 @@ def message_id(idempotency_key: str, domain: str) -> str:
 class SmtpMail:
     name = "smtp"
     reconcilable = False
+    key_window_seconds: float | None = None
 
     def __init__(
         self,
@@ -114,10 +115,6 @@ class SmtpMail:
             raise AdapterError(Classified(Category.PERMANENT, "invalid_message")) from None
         await asyncio.to_thread(self._deliver, msg, message.to)
         return SentEmail(message_id=str(msg["Message-ID"]))
-
-    async def find_sent(self, idempotency_key: str) -> SentEmail | None:
-        """SMTP cannot be searched: never answer "not sent" (that would allow a resend)."""
-        raise AdapterError(Classified(Category.UNKNOWN, "smtp_not_searchable"))
 
     async def read_sent(self, message_id: str) -> SentRecord | None:
         """A relay keeps no queryable record of what it accepted: the drift check reports

@@ -19,7 +19,7 @@ WHERE e.workflow_id = $1
 
 ITEM_OPERATIONS = """
 SELECT op_key, action, status, attempts, max_attempts, last_error_category, last_error,
-       destination_id, first_seen, last_transition
+       external_ref, destination_id, first_seen, first_attempt_at, last_transition
 FROM operations WHERE workflow_id = $1 ORDER BY first_seen
 """
 

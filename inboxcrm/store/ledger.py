@@ -11,6 +11,7 @@ a crash anywhere leaves evidence the next attempt can act on:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -24,26 +25,32 @@ if TYPE_CHECKING:
 # the row-locked claim, and the item's state mirror. When paused nothing is claimed and the
 # item shows `<running_state> / paused`; when the row cannot be claimed (completed,
 # cancelled, out of attempts) the state is left alone and `previous` tells which.
+# A scope parked by a destination's limit (`parked.crm`, until a time) counts as paused.
+# The claim stamps the first attempt's time (`first_attempt_at`) once.
 # $1 op_key, $2 tenant, $3 switch key (`paused.crm` / `paused.send`), $4 event_id,
-# $5 running state.
+# $5 running state, $6 park key (`parked.crm` / `parked.send`).
 BEGIN_ATTEMPT = """
 WITH switch AS (
     SELECT EXISTS (
         SELECT 1 FROM settings
-        WHERE tenant IN ('*', $2) AND key IN ($3, 'paused.all') AND value = 'true'::jsonb
+        WHERE tenant IN ('*', $2)
+          AND ((key IN ($3, 'paused.all') AND value = 'true'::jsonb)
+               OR (key = $6 AND (value ->> 'until')::timestamptz > now()))
     ) AS paused
 ), previous AS (
     SELECT op_key, status, last_error_category, attempts, destination_id, external_ref
     FROM operations WHERE op_key = $1 FOR UPDATE
 ), claimed AS (
     UPDATE operations AS o
-    SET status = 'in_progress', attempts = o.attempts + 1, last_transition = now()
+    SET status = 'in_progress', attempts = o.attempts + 1, last_transition = now(),
+        first_attempt_at = coalesce(o.first_attempt_at, now())
     FROM previous, switch
     WHERE o.op_key = previous.op_key
       AND NOT switch.paused
       AND previous.status NOT IN ('completed', 'cancelled')
       AND o.attempts < o.max_attempts
-    RETURNING o.attempts
+    RETURNING o.attempts, o.first_attempt_at,
+              extract(epoch FROM now() - o.first_attempt_at) AS since_first_attempt
 ), mirrored AS (
     UPDATE inbound_events AS e
     SET state = $5, reason = CASE WHEN switch.paused THEN 'paused' END, updated_at = now()
@@ -54,7 +61,8 @@ SELECT switch.paused, previous.op_key IS NOT NULL AS found,
        claimed.attempts IS NOT NULL AS claimed,
        previous.status AS previous_status, previous.last_error_category AS previous_category,
        COALESCE(claimed.attempts, previous.attempts) AS attempts,
-       previous.destination_id, previous.external_ref
+       previous.destination_id, previous.external_ref, claimed.first_attempt_at,
+       claimed.since_first_attempt
 FROM switch LEFT JOIN previous ON true LEFT JOIN claimed ON true
 """
 
@@ -100,12 +108,31 @@ SET_STATUS = """
 UPDATE operations SET status = $2, last_transition = now() WHERE op_key = $1
 """
 
+# A reviewer's retry also starts a new idempotency-key window: the person has looked at the
+# destination and decided that this operation is to be done (again).
 EXTEND_ATTEMPT_BUDGET = """
 UPDATE operations
 SET max_attempts = attempts + $2, status = CASE WHEN status = 'completed' THEN status
                                             ELSE 'waiting' END,
+    first_attempt_at = CASE WHEN status = 'completed' THEN first_attempt_at END,
     last_transition = now()
 WHERE op_key = $1
+"""
+
+# A destination's limit parks the tenant's scope until `until` (like a pause), and the
+# attempt that met the limit is given back: waiting for a reset spends no attempt budget.
+# $1 op_key, $2 category, $3 reason, $4 tenant, $5 park key, $6 park value (until, reason).
+PARK_SCOPE = """
+WITH refunded AS (
+    UPDATE operations
+    SET status = 'waiting', attempts = greatest(attempts - 1, 0), last_error_category = $2,
+        last_error = $3, last_transition = now()
+    WHERE op_key = $1
+)
+INSERT INTO settings (tenant, key, value, updated_by)
+VALUES ($4, $5, $6, 'destination-limit')
+ON CONFLICT (tenant, key) DO UPDATE
+SET value = EXCLUDED.value, updated_by = EXCLUDED.updated_by, updated_at = now()
 """
 
 
@@ -121,6 +148,8 @@ class Claim:
     external_ref: str | None
     exhausted: bool = False
     paused: bool = False
+    first_attempt_at: datetime | None = None  # set on a claimed attempt
+    since_first_attempt: float = 0.0          # seconds, on the database's clock
 
 
 class OperationNotFound(LookupError):
@@ -132,7 +161,7 @@ async def begin_attempt(conn: Conn, op_key: str, *, tenant: str, pause_scope: st
     """Claim the operation for this attempt unless its scope is paused, and show the item
     as `running_state`: one statement (`BEGIN_ATTEMPT`), row-locked."""
     row = await conn.fetchrow(BEGIN_ATTEMPT, op_key, tenant, f"paused.{pause_scope}", event_id,
-                              running_state)
+                              running_state, f"parked.{pause_scope}")
     assert row is not None  # the statement always returns its one `switch` row
     if row["paused"]:
         return Claim(op_key, False, None, False, row["attempts"] or 0, row["external_ref"],
@@ -143,7 +172,9 @@ async def begin_attempt(conn: Conn, op_key: str, *, tenant: str, pause_scope: st
         needs_reconcile = row["previous_status"] == "in_progress" or (
             row["previous_category"] == "unknown"
         )
-        return Claim(op_key, False, None, needs_reconcile, row["attempts"], row["external_ref"])
+        return Claim(op_key, False, None, needs_reconcile, row["attempts"], row["external_ref"],
+                     first_attempt_at=row["first_attempt_at"],
+                     since_first_attempt=float(row["since_first_attempt"] or 0))
     if row["previous_status"] in ("completed", "cancelled"):
         return Claim(op_key, True, row["destination_id"], False, row["attempts"],
                      row["external_ref"])
@@ -165,6 +196,14 @@ async def record_failure(
     await conn.execute(
         RECORD_FAILURE, op_key, status, classified.category.value, classified.reason[:200]
     )
+
+
+async def park_scope(conn: Conn, op_key: str, classified: Classified, *, tenant: str,
+                     scope: str, until: datetime) -> None:
+    """Park `tenant`'s `scope` until `until` and give this attempt back (`PARK_SCOPE`)."""
+    await conn.execute(PARK_SCOPE, op_key, classified.category.value, classified.reason[:200],
+                       tenant, f"parked.{scope}",
+                       {"until": until.isoformat(), "reason": classified.reason[:200]})
 
 
 async def set_status(conn: Conn, op_key: str, status: str) -> None:

@@ -150,16 +150,29 @@ class StackClient:
         return list(response.json()["calls"])
 
     async def inject(self, target: str, mode: str, count: int = 1,
-                     retry_after: float | None = None) -> None:
+                     retry_after: float | None = None, policy: str | None = None) -> None:
+        """Queue a sandbox fault; `policy` names HubSpot's 429 limit (e.g. DAILY)."""
         body: dict[str, Any] = {"target": target, "mode": mode, "count": count}
         if retry_after is not None:
             body["retry_after"] = retry_after
+        if policy is not None:
+            body["policy"] = policy
         response = await self.http.post(f"{self.endpoints.sandbox_url}/_sandbox/faults", json=body)
         response.raise_for_status()
 
     async def reset_faults(self) -> None:
         await self.http.delete(f"{self.endpoints.sandbox_url}/_sandbox/faults")
         await self.sandbox_config(search_lag_seconds=2, hang_seconds=6)
+        await self.move_sandbox_clock(offset_seconds=0)
+
+    async def move_sandbox_clock(self, *, advance_seconds: float | None = None,
+                                 offset_seconds: float | None = None) -> None:
+        """Move the sandbox's time (its idempotency keys expire 24 h after first use)."""
+        body = ({"advance_seconds": advance_seconds} if advance_seconds is not None
+                else {"offset_seconds": offset_seconds})
+        response = await self.http.post(f"{self.endpoints.sandbox_url}/_sandbox/clock",
+                                        json=body)
+        response.raise_for_status()
 
     async def sandbox_config(self, **values: float) -> None:
         response = await self.http.post(f"{self.endpoints.sandbox_url}/_sandbox/config",

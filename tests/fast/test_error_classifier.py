@@ -5,7 +5,7 @@ from __future__ import annotations
 import smtplib
 import socket
 import ssl
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -15,6 +15,7 @@ from inboxcrm.adapters.errors import (
     ErrorType,
     classify_exception,
     classify_status,
+    next_daily_reset,
     parse_retry_after,
     to_application_error,
 )
@@ -30,8 +31,8 @@ STATUS_TABLE = [
     (500, None, T), (502, None, T), (503, None, T), (507, None, T), (599, None, T),
     (504, None, U),                                   # a gateway timeout may hide a commit
     (302, None, U), (100, None, U),                   # not what a write expects: unknown
-    (409, "http_409:concurrent_idempotent_requests", T),  # Resend: first request in flight
-    (409, "http_409:invalid_idempotent_request", P),      # Resend: key reused, a bug
+    (409, "http_409:concurrent_idempotent_requests", U),  # Resend: first request in flight
+    (409, "http_409:invalid_idempotent_request", U),      # Resend: key used before: held
     (409, "http_409:CONFLICT", P),
     (403, "http_403:REQUEST_LIMIT_EXCEEDED", T),          # Salesforce: org API limit
     (403, "http_403:INSUFFICIENT_ACCESS", P),             # Salesforce: a real permission
@@ -145,6 +146,7 @@ def test_messages_carry_no_payload() -> None:
 
 @pytest.mark.parametrize(("reason", "seconds"), [
     ("http_429:SECONDLY", 1.0), ("http_429:TEN_SECONDLY_ROLLING", 10.0),
+    ("http_429:TEN_SECONDLY", 10.0),
     ("http_403:REQUEST_LIMIT_EXCEEDED", 60.0), ("http_429", None),
 ])
 def test_documented_windows_without_retry_after(reason: str, seconds: float | None) -> None:
@@ -174,3 +176,30 @@ def test_smtp_read_timeout_is_named() -> None:
     except smtplib.SMTPServerDisconnected as caught:
         classified = classify_exception(caught)
     assert (classified.category, classified.reason) == (U, "smtp_timeout")
+
+
+def test_hubspot_daily_limit_parks_until_the_reset_and_the_short_ones_wait() -> None:
+    """DAILY: no retry on a backoff (it would fail until midnight and spend the budget) but a
+    park until the next reset; SECONDLY/TEN_SECONDLY: a short wait, no park."""
+    daily = classify_status(429, None, "http_429:DAILY")
+    assert (daily.category, daily.retry_after) == (T, None)
+    assert daily.park_until is not None
+    assert daily.park_until - datetime.now(UTC) <= timedelta(days=1, minutes=5)
+    assert daily.park_until.hour == 0 and daily.park_until.minute == 5
+    for policy in ("SECONDLY", "TEN_SECONDLY_ROLLING"):
+        assert classify_status(429, "2", f"http_429:{policy}").park_until is None
+    evening = datetime(2026, 3, 1, 23, 59, tzinfo=UTC)
+    assert next_daily_reset(evening) == datetime(2026, 3, 2, 0, 5, tzinfo=UTC)
+
+
+def test_resend_key_used_with_another_payload_is_held() -> None:
+    """`invalid_idempotent_request`: something was already sent under this key and nothing
+    can confirm what: ambiguous, never blocked-and-retried, never resent under a new key."""
+    error = to_application_error(
+        classify_status(409, None, "http_409:invalid_idempotent_request"), max_retry_after=60)
+    assert (error.type, error.non_retryable) == (ErrorType.AMBIGUOUS.value, True)
+    # The first request with the key is still running: it may yet send. Not a failure that
+    # frees the intent (an opt-out must wait), but an outcome to reconcile by repeating later.
+    busy = to_application_error(
+        classify_status(409, None, "http_409:concurrent_idempotent_requests"), max_retry_after=60)
+    assert (busy.type, busy.non_retryable) == (ErrorType.UNKNOWN_OUTCOME.value, False)

@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import socket
+import ssl
 import sys
 import tempfile
 from pathlib import Path
@@ -26,12 +27,17 @@ def free_port() -> int:
 
 
 class SandboxProcess:
-    """Start/stop `python -m sandbox` as a subprocess, keeping its stderr for diagnosis."""
+    """Start/stop `python -m sandbox` as a subprocess, keeping its stderr for diagnosis.
 
-    def __init__(self, database_url: str, port: int) -> None:
+    `tls` = (certificate, key): serve https (the certificate is its own CA)."""
+
+    def __init__(self, database_url: str, port: int, *, args: tuple[str, ...] = (),
+                 tls: tuple[Path, Path] | None = None) -> None:
         self.database_url = database_url
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        self.args = args
+        self.tls = tls
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
         self.log = Path(tempfile.mkstemp(prefix="sandbox-", suffix=".log")[1])
         self.proc: asyncio.subprocess.Process | None = None
 
@@ -45,6 +51,8 @@ class SandboxProcess:
         }
 
     async def start(self) -> None:
+        tls_args = (["--ssl-certfile", str(self.tls[0]), "--ssl-keyfile", str(self.tls[1])]
+                    if self.tls else [])
         with self.log.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -52,12 +60,16 @@ class SandboxProcess:
                 "sandbox",
                 "--port",
                 str(self.port),
+                *tls_args,
+                *self.args,
                 env=self.env(),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
             )
-        async with httpx.AsyncClient(base_url=self.url, timeout=1.0) as client:
+        verify: ssl.SSLContext | bool = (ssl.create_default_context(cafile=str(self.tls[0]))
+                                         if self.tls else True)
+        async with httpx.AsyncClient(base_url=self.url, timeout=1.0, verify=verify) as client:
             for _ in range(200):
                 if self.proc.returncode is not None:
                     break

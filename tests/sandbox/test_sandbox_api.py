@@ -243,10 +243,42 @@ async def test_same_key_same_payload_sends_once(client, anon) -> None:
     got = (await client.get(f"/emails/{first.json()['id']}")).json()
     assert got["subject"] == "Thanks" and got["idempotency_key"] == "k-1"
     assert got["headers"] == {"X-Entity-Ref-ID": "abc"} and got["from"] == "Sales <sales@acme.test>"
-    listed = (await client.get("/emails", params={"idempotency_key": "k-1"})).json()["data"]
-    assert [e["id"] for e in listed] == [first.json()["id"]]
-    assert (await client.get("/emails", params={"idempotency_key": "k-x"})).json()["data"] == []
     assert (await client.get("/emails/00000000-0000-0000-0000-000000000000")).status_code == 404
+
+
+async def test_key_expires_after_24_hours_on_the_sandbox_clock(client, anon) -> None:
+    """Resend keeps a key for 24 h after its first request: the sandbox clock moves past
+    that, and the same request sends a second email."""
+    first = (await send(client, "k-exp")).json()["id"]
+    (await anon.post("/_sandbox/clock", json={"advance_seconds": 23 * 3600})).raise_for_status()
+    assert (await send(client, "k-exp")).json()["id"] == first
+    (await anon.post("/_sandbox/clock", json={"advance_seconds": 2 * 3600})).raise_for_status()
+    second = (await send(client, "k-exp")).json()["id"]
+    assert second != first
+    assert (await send(client, "k-exp", email_body(subject="Other"))).status_code == 409
+    assert [e["idempotency_key"] for e in (await state(anon))["emails"]] == ["k-exp"] * 2
+    clock = (await anon.get("/_sandbox/clock")).json()
+    assert clock["offset_seconds"] == 25 * 3600
+    (await anon.post("/_sandbox/reset")).raise_for_status()
+    assert (await anon.get("/_sandbox/clock")).json()["offset_seconds"] == 0
+    assert (await anon.post("/_sandbox/clock", json={})).status_code == 422
+
+
+async def test_list_pages_newest_first_and_ignores_unknown_filters(client, anon) -> None:
+    """Only limit/after/before, as on Resend: `?idempotency_key=` filters nothing."""
+    ids = [(await send(client, f"k-list-{n}", email_body(subject=f"S{n}"))).json()["id"]
+           for n in range(5)]
+    newest_first = ids[::-1]
+    whole = (await client.get("/emails", params={"idempotency_key": "k-list-0"})).json()
+    assert ([e["id"] for e in whole["data"]], whole["has_more"]) == (newest_first, False)
+    page = (await client.get("/emails", params={"limit": 2})).json()
+    assert ([e["id"] for e in page["data"]], page["has_more"]) == (newest_first[:2], True)
+    page = (await client.get("/emails", params={"limit": 2, "after": newest_first[1]})).json()
+    assert ([e["id"] for e in page["data"]], page["has_more"]) == (newest_first[2:4], True)
+    page = (await client.get("/emails", params={"limit": 2, "before": newest_first[3]})).json()
+    assert [e["id"] for e in page["data"]] == newest_first[1:3]
+    for bad in ({"limit": 0}, {"limit": 101}, {"after": "nope"}):
+        assert (await client.get("/emails", params=bad)).status_code == 422
 
 
 async def test_key_reuse_with_other_payload_is_409(client, anon) -> None:
@@ -311,8 +343,8 @@ async def test_after_commit_timeout_sent_once_and_replays_same_id(client, anon) 
         await send(client, "k-late", timeout=SHORT)
     emails = (await state(anon))["emails"]
     assert len(emails) == 1  # committed before the hang
-    retry = await send(client, "k-late")
-    assert retry.status_code == 409 and retry.json()["name"] == "concurrent_idempotent_requests"
+    retry = await send(client, "k-late")  # committed: the same email, before the answer came
+    assert retry.status_code == 200 and retry.json()["id"] == emails[0]["id"]
     await asyncio.sleep(max(0.0, HANG + 0.3 - (time.monotonic() - started)))
     replay = await send(client, "k-late")
     assert replay.status_code == 200 and replay.json()["id"] == emails[0]["id"]
@@ -344,7 +376,7 @@ EXPECTED_FAULTS = {
     ("invalid_field", "crm"): (400, "category", "VALIDATION_ERROR"),
     ("invalid_field", "mail"): (422, "name", "validation_error"),
     ("unauthorized", "crm"): (401, "category", "INVALID_AUTHENTICATION"),
-    ("unauthorized", "mail"): (401, "name", "invalid_api_key"),
+    ("unauthorized", "mail"): (403, "name", "invalid_api_key"),
 }
 
 
@@ -480,8 +512,8 @@ async def test_api_key_is_required(client, anon) -> None:
     missing = await send(anon, "k-auth")
     assert (missing.status_code, missing.json()["name"]) == (401, "missing_api_key")
     wrong = await send(anon, "k-auth", headers={"Authorization": "Bearer nope"})
-    assert (wrong.status_code, wrong.json()["name"]) == (401, "invalid_api_key")
-    assert (await anon.get("/emails", params={"idempotency_key": "k-auth"})).status_code == 401
+    assert (wrong.status_code, wrong.json()["name"]) == (403, "invalid_api_key")
+    assert (await anon.get("/emails")).status_code == 401
     assert await records(anon) == 0
     assert [c["outcome"] for c in await calls(anon, "mail.send")] == ["unauthenticated"] * 2
     assert (await anon.get("/healthz")).json() == {"ok": True}

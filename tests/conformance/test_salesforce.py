@@ -1,0 +1,78 @@
+"""Salesforce through simple-salesforce, over https (it speaks nothing else) with the
+sandbox's self-signed CA trusted: upsert by External ID, read by External ID, the Task that
+logs the email, and the errors the Salesforce adapter relies on, as the SDK raises them."""
+
+from __future__ import annotations
+
+import ssl
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from simple_salesforce.exceptions import (
+    SalesforceExpiredSession,
+    SalesforceMalformedRequest,
+    SalesforceRefusedRequest,
+    SalesforceResourceNotFound,
+)
+
+from tests.helpers.conformance import salesforce_client
+from tests.helpers.sandbox_process import API_KEY, SandboxProcess
+
+FIELD = "Inboxcrm_Contact_Id__c"
+NOTE_FIELD = "Inboxcrm_Note_Id__c"
+
+
+@pytest.fixture
+def sf(tls_sandbox: SandboxProcess, certificate: tuple[Path, Path]) -> Any:
+    return salesforce_client(tls_sandbox.url, API_KEY, certificate[0])
+
+
+async def fault(tls_sandbox: SandboxProcess, certificate: tuple[Path, Path], **body: Any
+                ) -> None:
+    trusted = ssl.create_default_context(cafile=str(certificate[0]))
+    async with httpx.AsyncClient(base_url=tls_sandbox.url, verify=trusted) as c:
+        (await c.post("/_sandbox/faults", json=body)).raise_for_status()
+
+
+async def test_upsert_by_external_id_creates_once_then_updates(sf: Any) -> None:
+    external = str(uuid.uuid4())
+    fields = {"Email": "ada@example.com", "LastName": "Lovelace", "FirstName": "Ada"}
+    assert sf.Contact.upsert(f"{FIELD}/{external}", fields) == 201
+    assert sf.Contact.upsert(f"{FIELD}/{external}", fields) in (200, 204)
+    record = sf.Contact.get_by_custom_id(FIELD, external)
+    assert record["attributes"]["type"] == "Contact" and record[FIELD] == external
+    assert sf.Contact.get(record["Id"])["Email"] == "ada@example.com"
+
+
+async def test_task_logs_the_email_on_the_contact_once(sf: Any) -> None:
+    external = str(uuid.uuid4())
+    sf.Contact.upsert(f"{FIELD}/{external}", {"Email": "lin@example.com", "LastName": "Lin"})
+    contact = sf.Contact.get_by_custom_id(FIELD, external)["Id"]
+    key = str(uuid.uuid4())
+    task = {"WhoId": contact, "Subject": "Inbound email (inboxcrm)", "Description": "x",
+            "Status": "Completed", "ActivityDate": "2026-11-29"}
+    assert sf.Task.upsert(f"{NOTE_FIELD}/{key}", task) == 201
+    assert sf.Task.upsert(f"{NOTE_FIELD}/{key}", task) in (200, 204)
+    assert sf.Task.get_by_custom_id(NOTE_FIELD, key)["WhoId"] == contact
+
+
+async def test_errors_are_the_sdk_exceptions(sf: Any, tls_sandbox: SandboxProcess,
+                                             certificate: tuple[Path, Path]) -> None:
+    with pytest.raises(SalesforceResourceNotFound) as missing:
+        sf.Contact.get_by_custom_id(FIELD, "nobody")
+    assert missing.value.content[0]["errorCode"] == "NOT_FOUND"
+    with pytest.raises(SalesforceMalformedRequest) as invalid:
+        sf.Contact.upsert(f"{FIELD}/{uuid.uuid4()}", {"Email": "not-an-address",
+                                                      "LastName": "X"})
+    assert invalid.value.content[0]["errorCode"] == "INVALID_EMAIL_ADDRESS"
+    await fault(tls_sandbox, certificate, target="crm.upsert", mode="unauthorized")
+    with pytest.raises(SalesforceExpiredSession) as expired:
+        sf.Contact.upsert(f"{FIELD}/{uuid.uuid4()}", {"LastName": "X"})
+    assert expired.value.content[0]["errorCode"] == "INVALID_SESSION_ID"
+    await fault(tls_sandbox, certificate, target="crm.upsert", mode="rate_limit")
+    with pytest.raises(SalesforceRefusedRequest) as limited:
+        sf.Contact.upsert(f"{FIELD}/{uuid.uuid4()}", {"LastName": "X"})
+    assert limited.value.content[0]["errorCode"] == "REQUEST_LIMIT_EXCEEDED"
