@@ -1,11 +1,13 @@
 """The review desk's decisions: each answers one open wait (a wait ID), as an update that is
 accepted or refused at once, or as a signal bound to the wait open when it arrived.
 
-The follow-up tenant here is `approvals` (tests/fixtures/policies): follow-ups to new
-prospects need a reviewer's approval of that intent."""
+The tenant here is the demo tenant `globex` with its production defaults: follow-ups to new
+prospects need a reviewer's approval of that intent, and only senders vouched for by its
+trusted boundary (`mx.globex.test`) count as authenticated."""
 
 from __future__ import annotations
 
+import re
 from urllib.parse import quote, urlencode
 
 from inboxcrm.stack.stack import Stack
@@ -13,11 +15,19 @@ from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers.cli import cli
 from tests.helpers.messages import no_sender_message
 
-APPROVALS = {"tenant": "approvals", "mailbox": "sales@approvals.test"}
+APPROVALS = {"tenant": "globex", "mailbox": "hello@globex.test"}
+_FROM_DOMAIN = re.compile(r"^From:.*@([A-Za-z0-9.-]+)>?\s*$", re.MULTILINE)
 
 
 def to_approvals(raw: str) -> str:
-    return raw.replace("sales@acme.test", APPROVALS["mailbox"])
+    """The message as globex's MX hands it over: addressed to globex, with the MX's own
+    `Authentication-Results` (DMARC pass for the From domain) on top."""
+    raw = raw.replace("sales@acme.test", APPROVALS["mailbox"])
+    sender = _FROM_DOMAIN.search(raw)
+    if sender is None:
+        return raw
+    return (f"Authentication-Results: mx.globex.test; dmarc=pass header.from={sender.group(1)}"
+            f"\r\n{raw}")
 
 
 async def open_wait(env: StackClient, workflow_id: str) -> str:
@@ -203,9 +213,9 @@ async def test_the_review_card_shows_what_a_reviewer_decides_on(
     assert all("same name" in c["why"] and c["email"] != email for c in by_name)
     assert "not suppressed" in card["consent"]
     headers = dict(map(tuple, card["headers"]))
-    # The test tenant trusts no boundary: the verdict says so instead of passing silently.
+    # acme trusts no boundary (a demo setting): the card says so rather than passing silently.
     assert headers["Sender authentication"].startswith("none")
-    assert "sender_authentication=" in headers["Sender authentication"]
+    assert "sender_authentication=off" in headers["Sender authentication"]
     followup = card["followup"]
     assert followup["recipient"] == email and followup["subject"] == "Thanks for your message"
     assert "quiet period" in followup["status"]  # the first item's follow-up was 0 h ago

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from inboxcrm.stack import postgres
-from tests.helpers.stack import ROOT, TEST_WEBHOOK_SECRET, policies_for_tests
+from tests.helpers.stack import ROOT, TEST_WEBHOOK_SECRET
 from tests.helpers.ui import ARTIFACTS, UI_TIMEOUT_MS
 
 if TYPE_CHECKING:
@@ -80,9 +80,7 @@ def ui_stack(ui_database_url: str) -> Iterator[Stack]:
     # Always our own dev server: it serves the Web UI, with our codec endpoint.
     config = isolated_config(ROOT / ".data" / "ui-stack", ui_database_url,
                              queue_prefix="inboxcrm-ui", ui=True,
-                             extra_env={"INBOXCRM_WEBHOOK_SECRET": TEST_WEBHOOK_SECRET,
-                                        "INBOXCRM_POLICY_DIR": str(policies_for_tests(
-                                            ROOT / ".data" / "ui-stack"))})
+                             extra_env={"INBOXCRM_WEBHOOK_SECRET": TEST_WEBHOOK_SECRET})
     running = Stack(config)
     try:
         running.start_all()

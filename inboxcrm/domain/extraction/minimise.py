@@ -708,7 +708,7 @@ def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> Min
 
     collector = _Collector()
     _walk(msg, collector, 0)
-    report = detect_report(msg) if depth == 0 else None
+    report = detect_report(msg, raw) if depth == 0 else None
     auth_headers = [
         (name, decode_header_value(value, MAX_RAW_HEADER_CHARS))
         for name, value in _ordered(msg, AUTH_HEADERS)
