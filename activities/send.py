@@ -8,7 +8,6 @@ was already waiting (for example on a paused send) when the opt-out arrived.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -16,7 +15,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.failures import missing_row
-from activities.outbox import Attempt, OutboxRunner, Recorded
+from activities.outbox import Attempt, Deferred, Fenced, OutboxRunner, Recorded
 from inboxcrm.adapters.base import MailClient, OutgoingEmail
 from inboxcrm.adapters.errors import Category, Classified, ErrorType
 from inboxcrm.domain.templates import render
@@ -41,6 +40,7 @@ FOR SHARE OF c
 
 CLAIM_INTENT = """
 SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.lease_owner,
+       i.provider_message_id,
        extract(epoch FROM i.lease_until - clock_timestamp()) AS lease_remaining,
        c.status AS contact_status, c.email, c.name, c.tenant, c.canonical_email,
        EXISTS (SELECT 1 FROM suppressions s
@@ -68,9 +68,10 @@ CANCEL_INTENT = """
 UPDATE followup_intents SET status = 'cancelled', cancel_reason = $2 WHERE intent_id = $1::uuid
 """
 
+# Only the attempt that holds the lease releases it ($2, the lease owner).
 RELEASE_LEASE = """
 UPDATE followup_intents SET status = 'queued', lease_owner = NULL, lease_until = NULL
-WHERE intent_id = $1::uuid AND status = 'sending'
+WHERE intent_id = $1::uuid AND status = 'sending' AND lease_owner = $2
 """
 
 # Written with the completed ledger row (ledger.success_statement): $2 the provider's
@@ -79,7 +80,7 @@ MIRROR_SENT = """
 UPDATE followup_intents
 SET status = 'sent', provider_message_id = $2, sent_at = now(), lease_owner = NULL,
     lease_until = NULL
-WHERE intent_id = $11::uuid
+WHERE intent_id = $11::uuid AND EXISTS (SELECT 1 FROM completed)
 """
 
 
@@ -103,7 +104,7 @@ class SendActivities:
         After an *unknown* outcome the lease stays until it expires: the email may exist, and
         an opt-out must not be recorded as if it came first."""
         if failure.category is not Category.UNKNOWN:
-            await conn.execute(RELEASE_LEASE, _intent_id(attempt))
+            await conn.execute(RELEASE_LEASE, _intent_id(attempt), _lease_owner(attempt))
 
     async def _find(self, attempt: Attempt) -> str | None:
         sent = await self._mail.find_sent(_intent_id(attempt))
@@ -112,12 +113,16 @@ class SendActivities:
     async def _submit(self, attempt: Attempt) -> str | OperationResult:
         intent_id = _intent_id(attempt)
         item = attempt.op.item
-        attempt_name = f"{attempt.op.op_key}#{attempt.claim.attempts}"
+        attempt_name = _lease_owner(attempt)
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.fetch(LOCK_CONTACT_OF_INTENT, intent_id)
             row = await conn.fetchrow(CLAIM_INTENT, intent_id)
             if row is None:
                 raise missing_row("followup_intent")
+            if row["status"] == "sent":
+                # Already sent (by an overlapping attempt, or resolved by a person): never
+                # submit again; the provider's message ID is the result.
+                return str(row["provider_message_id"])
             refusal = _ineligible(row)
             if refusal is not None:
                 await store.audit(
@@ -127,7 +132,10 @@ class SendActivities:
                 )
                 if row["status"] != "cancelled":
                     await conn.execute(CANCEL_INTENT, intent_id, refusal)
-                await ledger.set_status(conn, attempt.op.op_key, "cancelled")
+                if not await ledger.record_failure(conn, attempt.op.op_key,
+                                                   attempt.claim.attempts, "cancelled", None,
+                                                   refusal):
+                    raise Fenced()
                 return OperationResult(status="cancelled", reason=refusal)
             if row["status"] == "awaiting_approval":
                 raise ApplicationError("follow-up not approved", type=ErrorType.PERMANENT.value,
@@ -136,9 +144,7 @@ class SendActivities:
             if remaining is not None and remaining > 0 and row["lease_owner"] != attempt_name:
                 # An earlier attempt (crashed, or a zombie of a timed-out one) holds the lease:
                 # come back when it expires, rather than spending attempts meanwhile.
-                raise ApplicationError(
-                    "intent lease held", type=ErrorType.UNKNOWN_OUTCOME.value,
-                    next_retry_delay=timedelta(seconds=float(remaining) + 0.5))
+                raise Deferred("intent_lease_held", float(remaining) + 0.5)
             # The lease lasts as long as this attempt may: after its start-to-close timeout
             # Temporal starts the next attempt, which must be able to take over.
             timeout = activity.info().start_to_close_timeout
@@ -175,6 +181,11 @@ def _ineligible(row: asyncpg.Record) -> str | None:
     if row["contact_status"] != "active":
         return f"contact_{row['contact_status']}"
     return None
+
+
+def _lease_owner(attempt: Attempt) -> str:
+    """The attempt, as the intent's lease names it: operation key and claim token."""
+    return f"{attempt.op.op_key}#{attempt.claim.attempts}"
 
 
 def _intent_id(attempt: Attempt) -> str:

@@ -153,7 +153,7 @@ async def test_pause_switches(pool: asyncpg.Pool, tenant: str, key: str, scope: 
 async def _succeed(pool: asyncpg.Pool, op_key: str, event_id: str, contact_id: str,
                    destination_id: str, ref: str) -> None:
     await pool.execute(
-        ledger.success_statement(MIRROR_CRM_RECORD), op_key, destination_id, None, TENANT,
+        ledger.success_statement(MIRROR_CRM_RECORD), op_key, destination_id, 1, TENANT,
         event_id, "wf", contact_id, "crm", "crm_upserted", {"op_key": op_key}, ref)
 
 

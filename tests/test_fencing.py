@@ -1,0 +1,132 @@
+"""Fencing of the operation ledger: two attempts of one operation overlap (a slow local
+activity outlives its step and its re-run starts), against the real sandbox behind a gate.
+Whatever order they finish in: one destination effect, and a settled row stays settled."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from activities.crm import CrmActivities
+from activities.send import SendActivities
+from inboxcrm.adapters.factory import build_crm, build_mail
+from inboxcrm.platform.config import Settings
+from inboxcrm.verify.probe import StackClient
+from schemas.models import OperationInput, OperationResult
+from tests.helpers.outbox import Gate, GatedCrm, GatedMail, PlannedItem, planned_item
+
+CAP = 30.0
+
+
+@pytest.fixture
+async def clients(app_settings: Settings) -> AsyncIterator[dict[str, Any]]:
+    crm, mail = build_crm(app_settings), build_mail(app_settings)
+    yield {"crm": crm, "mail": mail}
+    await crm.aclose()
+    await mail.aclose()
+
+
+def _attempt(fn: Any, op: OperationInput) -> asyncio.Task[OperationResult]:
+    return asyncio.create_task(ActivityEnvironment().run(fn, op))
+
+
+async def _row(db: asyncpg.Pool, op_key: str) -> asyncpg.Record:
+    row = await db.fetchrow(
+        "SELECT status, attempts, destination_id FROM operations WHERE op_key = $1", op_key)
+    assert row is not None
+    return row
+
+
+async def _audits(db: asyncpg.Pool, planned: PlannedItem, action: str) -> list[Any]:
+    rows = await db.fetch("SELECT detail FROM audit_log WHERE workflow_id = $1 AND action = $2",
+                          planned.item.workflow_id, action)
+    return [r["detail"] for r in rows]
+
+
+@pytest.mark.parametrize("lose_answer", [True, False], ids=["lost-answer", "late-answer"])
+async def test_overlapping_crm_attempts_make_one_record_and_the_row_stays_completed(
+        env: StackClient, db: asyncpg.Pool, clients: dict[str, Any], lose_answer: bool) -> None:
+    planned = await planned_item(db)
+    op = planned.op("crm-upsert")
+    gate = Gate()
+    slow = CrmActivities(db, GatedCrm(clients["crm"], gate, lose_answer=lose_answer), CAP)
+    rerun = CrmActivities(db, clients["crm"], CAP)
+
+    first = _attempt(slow.upsert_contact_in_crm, op)
+    await asyncio.wait_for(gate.entered.wait(), 10)   # the record exists; attempt 1 stalls
+    second = await ActivityEnvironment().run(rerun.upsert_contact_in_crm, op)
+    assert second.status == "completed" and second.reconciled
+    gate.opened.set()
+    late = await first
+
+    assert late.status == "completed" and late.destination_id == second.destination_id
+    row = await _row(db, op.op_key)
+    assert (row["status"], row["destination_id"]) == ("completed", second.destination_id)
+    assert len(await env.crm_records_for(planned.email)) == 1
+    assert len(await _audits(db, planned, "crm_upserted")) == 1
+    if lose_answer:
+        assert [d["fenced"] for d in await _audits(db, planned, "attempt_failed")] == [True]
+
+
+@pytest.mark.parametrize("lose_answer", [True, False], ids=["lost-answer", "late-answer"])
+async def test_overlapping_send_attempts_send_one_email_and_the_row_stays_completed(
+        env: StackClient, db: asyncpg.Pool, clients: dict[str, Any], lose_answer: bool) -> None:
+    planned = await planned_item(db)
+    op = planned.op("send")
+    gate = Gate()
+    slow = SendActivities(db, GatedMail(clients["mail"], gate, lose_answer=lose_answer), CAP)
+    rerun = SendActivities(db, clients["mail"], CAP)
+
+    first = _attempt(slow.submit_followup_email, op)
+    await asyncio.wait_for(gate.entered.wait(), 10)   # the provider took it; attempt 1 stalls
+    second = await ActivityEnvironment().run(rerun.submit_followup_email, op)
+    assert second.status == "completed" and second.reconciled
+    gate.opened.set()
+    late = await first
+
+    assert late.status == "completed"
+    row = await _row(db, op.op_key)
+    assert (row["status"], row["destination_id"]) == ("completed", second.destination_id)
+    assert len(await env.emails_to(planned.email)) == 1
+    assert len(await _audits(db, planned, "followup_sent")) == 1
+    intent = await db.fetchrow("SELECT status, provider_message_id FROM followup_intents "
+                               "WHERE intent_id = $1::uuid", planned.intent_id)
+    assert intent is not None and intent["status"] == "sent"
+
+
+async def test_a_send_refuses_an_intent_already_sent(
+        env: StackClient, db: asyncpg.Pool, clients: dict[str, Any]) -> None:
+    """The intent says `sent` (an overlapping attempt's mirror, a person's resolve) while the
+    row was left retryable: the next attempt reports the stored message, it sends nothing."""
+    planned = await planned_item(db)
+    await db.execute("UPDATE followup_intents SET status = 'sent', provider_message_id = 'm-1' "
+                     "WHERE intent_id = $1::uuid", planned.intent_id)
+    await db.execute("UPDATE operations SET status = 'waiting', attempts = 1, "
+                     "last_error_category = 'transient' WHERE op_key = $1",
+                     planned.op("send").op_key)
+    send = SendActivities(db, clients["mail"], CAP)
+
+    result = await ActivityEnvironment().run(send.submit_followup_email, planned.op("send"))
+
+    assert (result.status, result.destination_id) == ("completed", "m-1")
+    assert await env.emails_to(planned.email) == []
+
+
+async def test_a_cancelled_send_stays_cancelled(
+        env: StackClient, db: asyncpg.Pool, clients: dict[str, Any]) -> None:
+    """A re-run after the attempt that cancelled it (a suppression) must not say `completed`."""
+    planned = await planned_item(db)
+    await db.execute("UPDATE operations SET status = 'cancelled', attempts = 1 "
+                     "WHERE op_key = $1", planned.op("send").op_key)
+    send = SendActivities(db, clients["mail"], CAP)
+
+    result = await ActivityEnvironment().run(send.submit_followup_email, planned.op("send"))
+
+    assert result.status == "cancelled"
+    assert (await _row(db, planned.op("send").op_key))["status"] == "cancelled"
+    assert await env.emails_to(planned.email) == []
