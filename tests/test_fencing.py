@@ -13,12 +13,22 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.crm import CrmActivities
+from activities.review import ReviewActivities
 from activities.send import SendActivities
 from inboxcrm.adapters.factory import build_crm, build_mail
 from inboxcrm.platform.config import Settings
-from inboxcrm.verify.probe import StackClient
-from schemas.models import OperationInput, OperationResult
-from tests.helpers.outbox import Gate, GatedCrm, GatedMail, PlannedItem, planned_item
+from inboxcrm.stack.stack import Stack
+from inboxcrm.verify.probe import StackClient, message_from, unique_email
+from schemas.models import OperationInput, OperationResult, RetryGrant
+from tests.helpers.cli import cli
+from tests.helpers.outbox import (
+    Gate,
+    GatedCrm,
+    GatedMail,
+    PlannedItem,
+    UnsearchableMail,
+    planned_item,
+)
 
 CAP = 30.0
 
@@ -130,3 +140,61 @@ async def test_a_cancelled_send_stays_cancelled(
     assert result.status == "cancelled"
     assert (await _row(db, planned.op("send").op_key))["status"] == "cancelled"
     assert await env.emails_to(planned.email) == []
+
+
+@pytest.fixture
+def send_resumed(stack: Stack):  # type: ignore[no-untyped-def]
+    yield
+    cli(stack, "resume", "--tenant", "acme", "--scope", "send")
+
+
+async def test_a_send_cancelled_before_a_crash_ends_suppressed(
+        env: StackClient, db: asyncpg.Pool, stack: Stack, send_resumed: None) -> None:
+    """The attempt that found the suppression cancelled the operation, then its worker died
+    before the workflow heard of it: the re-run must end `suppressed`, not `followup_sent`."""
+    email = unique_email("cancelledcrash")
+    assert cli(stack, "pause", "--tenant", "acme", "--scope", "send").returncode == 0
+    workflow_id = await env.deliver(message_from(email))
+    await env.wait_state(workflow_id, "send_pending")
+    # What the cancelling attempt committed before the crash (send.py, one transaction).
+    async with db.acquire() as conn, conn.transaction():
+        await conn.execute("INSERT INTO suppressions (tenant, canonical_email, reason, source) "
+                           "VALUES ('acme', $1, 'opt_out_request', 'test')", email)
+        await conn.execute("UPDATE followup_intents i SET status = 'cancelled', "
+                           "cancel_reason = 'suppressed' FROM inbound_events e "
+                           "WHERE e.event_id = i.event_id AND e.workflow_id = $1", workflow_id)
+        await conn.execute("UPDATE operations SET status = 'cancelled', attempts = 1 "
+                           "WHERE op_key = $1", f"{workflow_id}:send")
+
+    assert cli(stack, "resume", "--tenant", "acme", "--scope", "send").returncode == 0
+
+    state, _ = await env.wait_state(workflow_id, {"suppressed", "completed"})
+    assert state == "suppressed"
+    assert await env.emails_to(email) == []
+
+
+async def test_retry_of_an_ambiguous_send_sends_with_the_same_key_and_records_who(
+        env: StackClient, db: asyncpg.Pool, clients: dict[str, Any]) -> None:
+    """An unsearchable relay dropped the answer: the send is ambiguous. A person checks the
+    relay's log, finds nothing, and says `retry`: the next attempt sends, with the intent's
+    key, instead of finding the same uncertainty again."""
+    planned = await planned_item(db)
+    op = planned.op("send")
+    send = SendActivities(db, UnsearchableMail(clients["mail"], drops=1), CAP)
+    with pytest.raises(Exception, match="AmbiguousOutcome"):
+        await ActivityEnvironment().run(send.submit_followup_email, op)
+    assert (await _row(db, op.op_key))["status"] == "ambiguous"
+
+    review = ReviewActivities(db)
+    await ActivityEnvironment().run(review.grant_operation_retry,
+                                    RetryGrant(planned.item, op.op_key, "dana", 3))
+    await asyncio.sleep(1.2)  # the dropped attempt's lease (its 1 s step timeout) expires
+    result = await ActivityEnvironment().run(send.submit_followup_email, op)
+
+    assert result.status == "completed" and not result.reconciled
+    emails = await env.emails_to(planned.email)
+    assert [m["idempotency_key"] for m in emails] == [planned.intent_id]
+    [grant] = await db.fetch("SELECT actor, detail FROM audit_log WHERE workflow_id = $1 "
+                             "AND action = 'operation_retry_granted'", planned.item.workflow_id)
+    assert grant["actor"] == "dana"
+    assert grant["detail"]["checked_not_sent"] is True

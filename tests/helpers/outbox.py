@@ -129,3 +129,28 @@ class GatedMail:
 
     async def aclose(self) -> None:
         return None
+
+
+class UnsearchableMail:
+    """The real mail client as an SMTP relay looks to the outbox: it cannot be searched, and
+    its first `drops` submissions end without an answer (and, as a person later checks,
+    without an email)."""
+
+    reconcilable = False
+
+    def __init__(self, real: MailClient, *, drops: int) -> None:
+        self.name = "smtp"
+        self._real = real
+        self._drops = drops
+
+    async def send(self, idempotency_key: str, message: OutgoingEmail) -> SentEmail:
+        if self._drops > 0:
+            self._drops -= 1
+            raise LOST_ANSWER
+        return await self._real.send(idempotency_key, message)
+
+    async def find_sent(self, idempotency_key: str) -> SentEmail | None:
+        raise AdapterError(Classified(Category.UNKNOWN, "smtp_not_searchable"))
+
+    async def aclose(self) -> None:
+        return None
