@@ -333,8 +333,23 @@ def pause(tenant: Annotated[str | None, typer.Option()] = None, scope: ScopeOpt 
 
 @app.command()
 def resume(tenant: Annotated[str | None, typer.Option()] = None, scope: ScopeOpt = "all") -> None:
-    """Lift a pause."""
+    """Lift a pause, and wake the items parked on it (a signal each)."""
+    from inboxcrm.operator.wake import wake_parked
+    from inboxcrm.platform import temporal
+
     _switch(tenant, scope, False)
+    settings = settings_from_env()
+
+    async def wake() -> int:
+        return await wake_parked(await temporal.connect(settings), tenant, scope)
+
+    try:
+        woken = asyncio.run(wake())
+    except Exception as exc:  # noqa: BLE001 - the switch is lifted; items wake on their own
+        err.print(f"[yellow]warning:[/yellow] could not signal parked items "
+                  f"({type(exc).__name__}); they resume on their own within an hour")
+        return
+    out.print(f"woke {woken} parked item(s)")
 
 
 # --- audit -----------------------------------------------------------------------------

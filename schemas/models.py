@@ -56,12 +56,6 @@ def inbound_workflow_id(tenant: str, source: str, mailbox: str, delivery_id: str
 
 
 @dataclass
-class InboundEmailInput:
-    event_id: str
-    tenant: str
-
-
-@dataclass
 class ItemRef:
     """Identifies the item an activity works on."""
 
@@ -97,6 +91,35 @@ class PlanResult:
     intent_id: str | None = None
     intent_needs_approval: bool = False
     candidates: int = 0
+
+
+@dataclass
+class OperationStatus:
+    """One side effect as the workflow last saw it (the ledger row is the truth)."""
+
+    op_key: str
+    status: str = "pending"
+    destination_id: str | None = None
+
+
+@dataclass
+class CarriedState:
+    """What a run hands to its continuation (continue-as-new) once the item is planned: the
+    plan, who owns its reviews, and the operations as last seen. Everything else is in the
+    store (the ledger tells which operations are done)."""
+
+    plan: PlanResult
+    owner: str = "sales-ops"
+    escalation_hours: float = 24.0
+    operations: dict[str, OperationStatus] = field(default_factory=dict)
+
+
+@dataclass
+class InboundEmailInput:
+    event_id: str
+    tenant: str
+    # Set only by continue-as-new: the continuation resumes after planning.
+    carried: CarriedState | None = None
 
 
 @dataclass
@@ -178,15 +201,6 @@ class IntentApproval:
     item: ItemRef
     intent_id: str
     reviewer: str
-
-
-@dataclass
-class OperationStatus:
-    """One side effect as the workflow last saw it (the ledger row is the truth)."""
-
-    op_key: str
-    status: str = "pending"
-    destination_id: str | None = None
 
 
 @dataclass
