@@ -1,6 +1,10 @@
 """extract_message: reads the stored raw message (never passed through workflow history),
 runs the configured extractor and the deterministic validation/routing, stores the
-validated record on the event and returns only the route and its reasons."""
+validated record on the event and returns only the route and its reasons.
+
+The extraction is stored once per event: a re-run (a crash, a replay) answers from the
+stored record and never asks the model again, which might answer differently and leave an
+orphan contact behind."""
 
 from __future__ import annotations
 
@@ -11,7 +15,9 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.failures import missing_row
 from activities.heartbeat import heartbeating
+from activities.step_attempts import counted_attempt
 from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain.extraction import (
     Extractor,
@@ -23,11 +29,13 @@ from inboxcrm.domain.policy import get_policy
 from inboxcrm.store import queries as store
 from schemas.models import ExtractResult, ItemRef, ItemState
 
-# Marks the item `extracting` and reads its raw message: one round trip.
+# Marks the item `extracting` and reads its raw message and any stored extraction: one
+# round trip.
 START_EXTRACTION = """
 UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now()
 WHERE event_id = $1
-RETURNING raw
+RETURNING raw, extraction IS NOT NULL AND route IS NOT NULL AS extracted, route,
+          route_reasons
 """
 
 # The validated record and its audit entry, atomically in one statement.
@@ -51,18 +59,25 @@ class ExtractActivities:
 
     @activity.defn(name="extract_message")
     async def extract_message(self, item: ItemRef) -> ExtractResult:
-        async with heartbeating():
+        async with heartbeating(), counted_attempt(self._pool, item, "extract"):
             return await self._extract(item)
 
     async def _extract(self, item: ItemRef) -> ExtractResult:
-        raw = await self._pool.fetchval(START_EXTRACTION, item.event_id, ItemState.EXTRACTING)
+        event = await self._pool.fetchrow(START_EXTRACTION, item.event_id, ItemState.EXTRACTING)
+        if event is None:
+            raise missing_row("event")
+        policy = get_policy(item.tenant)
+        if event["extracted"]:
+            return ExtractResult(route=event["route"], reasons=list(event["route_reasons"] or []),
+                                 extractor="stored", review_owner=policy.review_owner,
+                                 escalation_hours=policy.escalation_hours)
+        raw = event["raw"]
         if raw is None:
             raise ApplicationError(
                 "raw message missing (purged?)", type=ErrorType.PERMANENT.value,
                 non_retryable=True,
             )
         try:
-            policy = get_policy(item.tenant)
             outcome = await extract_and_route(bytes(raw), policy, self._extractor)
         except ExtractorUnavailable as exc:
             delay = None

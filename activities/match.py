@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.failures import missing_row
 from activities.heartbeat import heartbeating
+from activities.step_attempts import counted_attempt
 from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain.policy import TenantPolicy, get_policy
 from inboxcrm.store import queries as store
@@ -138,7 +139,7 @@ class MatchActivities:
         item = plan.item
         policy = get_policy(item.tenant)
         try:
-            async with heartbeating():
+            async with heartbeating(), counted_attempt(self._pool, item, "plan"):
                 return await self._plan(plan, policy)
         except SendInFlight as busy:
             # An opt-out waits for a follow-up already on the wire (see suppression.py).

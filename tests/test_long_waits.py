@@ -6,20 +6,29 @@ against the test stack's PostgreSQL and sandbox (counted on the destination side
 from __future__ import annotations
 
 import asyncio
+import os
 from datetime import timedelta
 
 import asyncpg
+import httpx
+import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from inboxcrm.platform.config import Settings
+from inboxcrm.stack import postgres
 from inboxcrm.stack.stack import Stack
 from inboxcrm.store import items as operator
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from schemas.contract import SIGNAL_WAKE
 from schemas.models import InboundEmailInput
 from tests.helpers.cli import cli
+from tests.helpers.stack import ROOT
 from tests.helpers.time_skipping import skipping_worker, stored_event
 from workflows.inbound_email import InboundEmailWorkflow
+
+# Longer than every step's retry budget against a refused connection (bookkeeping ~15 s,
+# extraction ~15 s, CRM and send ~31 s, planning ~71 s: workflows/step_options.py).
+OUTAGE_SECONDS = 90
 
 
 async def _switch(pool: asyncpg.Pool, paused: bool) -> None:
@@ -91,3 +100,41 @@ async def test_resume_wakes_parked_items_at_once(
     await env.wait_state(workflow_id, "completed", timeout=10)
     assert len(await env.crm_records_for(email)) == 1
     assert len(await env.emails_to(email)) == 1
+
+
+async def test_a_store_outage_longer_than_every_retry_budget_needs_no_one(
+        env: StackClient, db: asyncpg.Pool, stack: Stack) -> None:
+    """PostgreSQL really stopped for longer than any step's retry budget, with items parked
+    and one in flight: none fails, none waits for a person; when the store is back every item
+    finishes on its own, once. The outage shows on the worker's metrics."""
+    if os.environ.get("DATABASE_URL"):
+        pytest.skip("needs the embedded PostgreSQL server it can stop")
+    data_dir = ROOT / ".data" / "test-pg"
+    port = postgres.running_port(data_dir)
+    assert port is not None
+    emails = [unique_email("outage") for _ in range(3)]
+    assert cli(stack, "pause", "--tenant", "acme", "--scope", "send").returncode == 0
+    try:
+        parked = [await env.deliver(message_from(email)) for email in emails[:2]]
+        for workflow_id in parked:
+            await env.wait_state(workflow_id, "send_pending")
+        in_flight = await env.deliver(message_from(emails[2]))
+        postgres.stop(data_dir)
+        try:
+            await asyncio.sleep(OUTAGE_SECONDS)
+        finally:
+            postgres.start(data_dir, port)
+    finally:
+        assert cli(stack, "resume", "--tenant", "acme", "--scope", "send").returncode == 0
+
+    client = await env.temporal()
+    for workflow_id in [*parked, in_flight]:
+        result = await asyncio.wait_for(client.get_workflow_handle_for(
+            InboundEmailWorkflow.run, workflow_id).result(), timeout=300)
+        assert (result.state, result.reason) == ("completed", "followup_sent")
+    for email in emails:
+        assert len(await env.crm_records_for(email)) == 1
+        assert len(await env.emails_to(email)) == 1
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(stack.stack_env()["WORKER_METRICS_URL"])).text
+    assert "inboxcrm_store_waits" in metrics
