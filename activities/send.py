@@ -8,6 +8,8 @@ was already waiting (for example on a paused send) when the opt-out arrived.
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -29,6 +31,11 @@ if TYPE_CHECKING:
 
 # Fallback when the activity has no start-to-close timeout (it always has one here).
 LEASE_SECONDS = 30.0
+# Left of the step after the lease ends: recording the result before the step times out.
+RECORD_MARGIN_SECONDS = 3.0
+# Less lease than this left in the step: do not start (the next attempt will have a whole
+# step).
+MIN_LEASE_SECONDS = 2.0
 
 # The contact row first (FOR SHARE): an opt-out locks it FOR UPDATE before it writes the
 # suppression, so eligibility and the lease below never interleave with one.
@@ -114,6 +121,12 @@ class SendActivities:
         intent_id = _intent_id(attempt)
         item = attempt.op.item
         attempt_name = _lease_owner(attempt)
+        # Taken before the transaction whose now() starts the lease, so the delivery's
+        # deadline is never later than the lease's end.
+        lease = _lease_seconds()
+        deliver_by = time.monotonic() + lease
+        if lease < MIN_LEASE_SECONDS:
+            raise Deferred("step_time_exhausted", 0.5)
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.fetch(LOCK_CONTACT_OF_INTENT, intent_id)
             row = await conn.fetchrow(CLAIM_INTENT, intent_id)
@@ -145,10 +158,6 @@ class SendActivities:
                 # An earlier attempt (crashed, or a zombie of a timed-out one) holds the lease:
                 # come back when it expires, rather than spending attempts meanwhile.
                 raise Deferred("intent_lease_held", float(remaining) + 0.5)
-            # The lease lasts as long as this attempt may: after its start-to-close timeout
-            # Temporal starts the next attempt, which must be able to take over.
-            timeout = activity.info().start_to_close_timeout
-            lease = timeout.total_seconds() if timeout else LEASE_SECONDS
             await conn.execute(
                 TAKE_LEASE, intent_id, attempt_name, lease, item.tenant, item.event_id,
                 item.workflow_id, {"intent_id": intent_id, "eligible": True, "reason": None})
@@ -158,7 +167,8 @@ class SendActivities:
             OutgoingEmail(to=row["email"], subject=subject, text=text,
                           headers={"Auto-Submitted": "auto-replied",
                                    **list_unsubscribe_headers(row["tenant"],
-                                                              row["contact_id"])}),
+                                                              row["contact_id"])},
+                          deliver_by=deliver_by),
         )
         return sent.message_id
 
@@ -181,6 +191,19 @@ def _ineligible(row: asyncpg.Record) -> str | None:
     if row["contact_status"] != "active":
         return f"contact_{row['contact_status']}"
     return None
+
+
+def _lease_seconds() -> float:
+    """The send lease: what is left of this step, less the time to record the result. The
+    step (start-to-close) covers claim, reconcile and call; the lease covers the delivery and
+    ends before the step does, so a re-run (after the step's timeout) never meets a live
+    lease of a delivery that may still hand the message over."""
+    info = activity.info()
+    timeout = info.start_to_close_timeout
+    if not timeout:
+        return LEASE_SECONDS
+    elapsed = max((datetime.now(UTC) - info.started_time).total_seconds(), 0.0)
+    return timeout.total_seconds() - elapsed - RECORD_MARGIN_SECONDS
 
 
 def _lease_owner(attempt: Attempt) -> str:

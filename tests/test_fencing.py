@@ -10,7 +10,6 @@ from typing import Any
 
 import asyncpg
 import pytest
-from temporalio.testing import ActivityEnvironment
 
 from activities.crm import CrmActivities
 from activities.review import ReviewActivities
@@ -28,6 +27,7 @@ from tests.helpers.outbox import (
     PlannedItem,
     UnsearchableMail,
     planned_item,
+    step_env,
 )
 
 CAP = 30.0
@@ -42,7 +42,7 @@ async def clients(app_settings: Settings) -> AsyncIterator[dict[str, Any]]:
 
 
 def _attempt(fn: Any, op: OperationInput) -> asyncio.Task[OperationResult]:
-    return asyncio.create_task(ActivityEnvironment().run(fn, op))
+    return asyncio.create_task(step_env().run(fn, op))
 
 
 async def _row(db: asyncpg.Pool, op_key: str) -> asyncpg.Record:
@@ -69,7 +69,7 @@ async def test_overlapping_crm_attempts_make_one_record_and_the_row_stays_comple
 
     first = _attempt(slow.upsert_contact_in_crm, op)
     await asyncio.wait_for(gate.entered.wait(), 10)   # the record exists; attempt 1 stalls
-    second = await ActivityEnvironment().run(rerun.upsert_contact_in_crm, op)
+    second = await step_env().run(rerun.upsert_contact_in_crm, op)
     assert second.status == "completed" and second.reconciled
     gate.opened.set()
     late = await first
@@ -94,7 +94,7 @@ async def test_overlapping_send_attempts_send_one_email_and_the_row_stays_comple
 
     first = _attempt(slow.submit_followup_email, op)
     await asyncio.wait_for(gate.entered.wait(), 10)   # the provider took it; attempt 1 stalls
-    second = await ActivityEnvironment().run(rerun.submit_followup_email, op)
+    second = await step_env().run(rerun.submit_followup_email, op)
     assert second.status == "completed" and second.reconciled
     gate.opened.set()
     late = await first
@@ -121,7 +121,7 @@ async def test_a_send_refuses_an_intent_already_sent(
                      planned.op("send").op_key)
     send = SendActivities(db, clients["mail"], CAP)
 
-    result = await ActivityEnvironment().run(send.submit_followup_email, planned.op("send"))
+    result = await step_env().run(send.submit_followup_email, planned.op("send"))
 
     assert (result.status, result.destination_id) == ("completed", "m-1")
     assert await env.emails_to(planned.email) == []
@@ -135,7 +135,7 @@ async def test_a_cancelled_send_stays_cancelled(
                      "WHERE op_key = $1", planned.op("send").op_key)
     send = SendActivities(db, clients["mail"], CAP)
 
-    result = await ActivityEnvironment().run(send.submit_followup_email, planned.op("send"))
+    result = await step_env().run(send.submit_followup_email, planned.op("send"))
 
     assert result.status == "cancelled"
     assert (await _row(db, planned.op("send").op_key))["status"] == "cancelled"
@@ -182,14 +182,14 @@ async def test_retry_of_an_ambiguous_send_sends_with_the_same_key_and_records_wh
     op = planned.op("send")
     send = SendActivities(db, UnsearchableMail(clients["mail"], drops=1), CAP)
     with pytest.raises(Exception, match="AmbiguousOutcome"):
-        await ActivityEnvironment().run(send.submit_followup_email, op)
+        await step_env(timeout=6).run(send.submit_followup_email, op)  # a 3 s lease
     assert (await _row(db, op.op_key))["status"] == "ambiguous"
 
     review = ReviewActivities(db)
-    await ActivityEnvironment().run(review.grant_operation_retry,
+    await step_env().run(review.grant_operation_retry,
                                     RetryGrant(planned.item, op.op_key, "dana", 3))
-    await asyncio.sleep(1.2)  # the dropped attempt's lease (its 1 s step timeout) expires
-    result = await ActivityEnvironment().run(send.submit_followup_email, op)
+    await asyncio.sleep(3.5)  # the dropped attempt's lease expires
+    result = await step_env().run(send.submit_followup_email, op)
 
     assert result.status == "completed" and not result.reconciled
     emails = await env.emails_to(planned.email)

@@ -5,10 +5,13 @@ test opens when it wants the slow attempt to come back."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
+from temporalio.testing import ActivityEnvironment
 
 from inboxcrm.adapters.base import (
     AdapterError,
@@ -21,6 +24,15 @@ from inboxcrm.adapters.base import (
 )
 from inboxcrm.adapters.errors import Category, Classified
 from schemas.models import ItemRef, OperationInput
+
+
+def step_env(timeout: float = 45.0) -> ActivityEnvironment:
+    """An activity context as a step gets it: started now, with the step's timeout (the send
+    lease is what is left of it)."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, started_time=datetime.now(UTC),
+                                   start_to_close_timeout=timedelta(seconds=timeout))
+    return env
 
 
 @dataclass(frozen=True)
