@@ -609,6 +609,9 @@ def chaos(
         ".data/chaos"),
     keep_database: Annotated[bool, typer.Option(
         "--keep-database", help="Keep the run's database when a violation is found.")] = False,
+    freeze: Annotated[float, typer.Option(
+        min=0, help="Long-fault phase: seconds the store is frozen (SIGSTOP) with sends "
+        "paused over the run; 0 turns it off.")] = 0.0,
 ) -> None:
     """Chaos run on a fresh stack of its own (free ports, fresh database): concurrent
     deliveries and redeliveries, sandbox faults, worker kill -9s, a relay restart, then
@@ -618,7 +621,8 @@ def chaos(
     from inboxcrm.verify.chaos import ChaosConfig, run_on_fresh_stack, summary_rows
 
     config = ChaosConfig(events=events, seed=seed, kills=kills, concurrency=concurrency,
-                         rate=rate, deadline=max(1800.0, events * 3.0))
+                         rate=rate, deadline=max(1800.0, events * 3.0) + freeze * 2,
+                         freeze_seconds=freeze)
     try:
         result = run_on_fresh_stack(config, data_dir.resolve(),
                                     lambda line: out.print(line, highlight=False, markup=False),

@@ -276,14 +276,15 @@ class InboundEmailWorkflow:
 
     async def _wait_for_store(self) -> None:
         """Capped backoff while the store is unreachable: visible in the query
-        (`reason = store_unavailable`) and the worker's metrics (`inboxcrm_store_waits`)."""
+        (`reason = store_unavailable`) and the worker's metrics (`inboxcrm_store_waits`).
+        A wake signal (`inboxcrm resume`) tries again at once."""
         reason = self._status.reason
         self._status.reason = "store_unavailable"
         workflow.metric_meter().create_counter(
             "inboxcrm_store_waits", "Workflow waits for an unreachable store").add(1)
         workflow.logger.warning("store unavailable; waiting %ss",
                                 self._store_wait.total_seconds())
-        await workflow.sleep(self._store_wait)
+        await self._sleep_unless_woken(self._store_wait)
         self._store_wait = min(self._store_wait * 2, STORE_WAIT_MAX)
         self._status.reason = reason
 
@@ -418,7 +419,8 @@ class InboundEmailWorkflow:
         self._signals.append(Signal(Decision.RESOLVE, body))
 
     @workflow.signal(name=SIGNAL_WAKE, description=(
-        "Sent by `inboxcrm resume`: an item parked on a pause checks again now. No body."))
+        "Sent by `inboxcrm resume`: an item parked on a pause (or waiting for the store) "
+        "checks again now. No body."))
     def wake(self) -> None:
         self._woken = True
 

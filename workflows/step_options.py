@@ -73,10 +73,11 @@ PAUSE_FALLBACK_MAX = timedelta(hours=1)
 # plan (Temporal's hard limit is 51,200; a 30-day pause stays far below either).
 HISTORY_LIMIT = 1_000
 # A step that failed because the store was unreachable (or hung: a timeout) waits for the
-# store, doubling up to STORE_WAIT_MAX: no person is asked, and a week-long outage costs
-# about a thousand history events a day at most.
+# store, doubling up to STORE_WAIT_MAX: no person is asked, the item resumes at most one
+# step after the store is back (a wake signal cuts the wait short), and an outage costs
+# about 2,000 history events a day at most (a waiting operation continues as new).
 STORE_WAIT_FIRST = timedelta(seconds=10)
-STORE_WAIT_MAX = timedelta(minutes=10)
+STORE_WAIT_MAX = timedelta(minutes=5)
 
 # How a step that could not finish reaches the workflow: a regular activity's failure is an
 # ActivityError around the cause; a local activity's non-retryable failure or timeout can
