@@ -38,7 +38,8 @@ MAX_DATE_AHEAD = timedelta(hours=1)
 # Written with the completed ledger row (ledger.success_statement): $2 the CRM record ID,
 # $11 the operation's external reference, our contact ID.
 MIRROR_CRM_RECORD = """
-UPDATE contacts SET crm_record_id = $2, updated_at = now() WHERE contact_id = $11::uuid
+UPDATE contacts SET crm_record_id = $2, updated_at = now()
+WHERE contact_id = $11::uuid AND EXISTS (SELECT 1 FROM completed)
 """
 
 

@@ -5,7 +5,11 @@ validated record on the event and returns only the route and its reasons.
 The event's source goes to the extractor with the message: a provider's verdict on the
 sender counts only when the message came through that provider (docs/architecture.md §5).
 A hard bounce or an abuse report about one of our follow-ups is ignored like any report,
-and suppresses the reported address in the same transaction as the stored record."""
+and suppresses the reported address in the same transaction as the stored record.
+
+The extraction is stored once per event: a re-run (a crash, a replay) answers from the
+stored record and never asks the model again, which might answer differently and leave an
+orphan contact behind."""
 
 from __future__ import annotations
 
@@ -16,7 +20,9 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.failures import missing_row
 from activities.heartbeat import heartbeating
+from activities.step_attempts import counted_attempt
 from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain.extraction import (
     Extractor,
@@ -32,11 +38,13 @@ from schemas.models import ExtractResult, ItemRef, ItemState
 if TYPE_CHECKING:
     from inboxcrm.store.queries import Conn
 
-# Marks the item `extracting` and reads its raw message: one round trip.
+# Marks the item `extracting` and reads its raw message, its source and any stored
+# extraction: one round trip.
 START_EXTRACTION = """
 UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now()
 WHERE event_id = $1
-RETURNING raw, source
+RETURNING raw, source, extraction IS NOT NULL AND route IS NOT NULL AS extracted, route,
+          route_reasons, canonical_email IS NOT NULL AS identity_known
 """
 
 # The validated record and its audit entry, atomically in one statement.
@@ -62,20 +70,29 @@ class ExtractActivities:
 
     @activity.defn(name="extract_message")
     async def extract_message(self, item: ItemRef) -> ExtractResult:
-        async with heartbeating():
+        async with heartbeating(), counted_attempt(self._pool, item, "extract"):
             return await self._extract(item)
 
     async def _extract(self, item: ItemRef) -> ExtractResult:
-        row = await self._pool.fetchrow(START_EXTRACTION, item.event_id, ItemState.EXTRACTING)
-        if row is None or row["raw"] is None:
+        event = await self._pool.fetchrow(START_EXTRACTION, item.event_id, ItemState.EXTRACTING)
+        if event is None:
+            raise missing_row("event")
+        policy = get_policy(item.tenant)
+        if event["extracted"]:
+            return ExtractResult(route=event["route"], reasons=list(event["route_reasons"] or []),
+                                 extractor="stored", review_owner=policy.review_owner,
+                                 escalation_hours=policy.escalation_hours,
+                                 identity_known=bool(event["identity_known"]),
+                                 review_base_url=self._review_base_url)
+        raw = event["raw"]
+        if raw is None:
             raise ApplicationError(
                 "raw message missing (purged?)", type=ErrorType.PERMANENT.value,
                 non_retryable=True,
             )
         try:
-            policy = get_policy(item.tenant)
-            outcome = await extract_and_route(bytes(row["raw"]), policy, self._extractor,
-                                              source=str(row["source"]))
+            outcome = await extract_and_route(bytes(raw), policy, self._extractor,
+                                              source=str(event["source"]))
         except ExtractorUnavailable as exc:
             delay = None
             if exc.retry_after is not None:

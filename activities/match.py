@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.failures import missing_row
 from activities.heartbeat import heartbeating
+from activities.step_attempts import counted_attempt
 from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain.policy import TenantPolicy, get_policy
 from inboxcrm.store import queries as store
@@ -80,14 +81,15 @@ ON CONFLICT (op_key) DO NOTHING
 """
 
 # What stops a follow-up for an active contact: a suppression of the identity, or another
-# event's live intent for the same rule within the quiet period.
+# event's live intent for this contact, under any rule, within the rule's quiet period (one
+# follow-up per contact per quiet period, as the README and policies/README.md promise).
 FOLLOWUP_BLOCKERS = """
 SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant = $1 AND canonical_email = $2)
            AS suppressed,
        EXISTS (SELECT 1 FROM followup_intents
-               WHERE contact_id = $3 AND rule_id = $4 AND event_id <> $5
+               WHERE contact_id = $3 AND event_id <> $4
                  AND status <> 'cancelled'
-                 AND created_at > now() - make_interval(secs => $6)) AS recent
+                 AND created_at > now() - make_interval(secs => $5)) AS recent
 """
 
 # The intent, inserted or (a re-run) the one already there. The second branch reads the
@@ -138,7 +140,7 @@ class MatchActivities:
         item = plan.item
         policy = get_policy(item.tenant)
         try:
-            async with heartbeating():
+            async with heartbeating(), counted_attempt(self._pool, item, "plan"):
                 return await self._plan(plan, policy)
         except SendInFlight as busy:
             # An opt-out waits for a follow-up already on the wire (see suppression.py).
@@ -291,8 +293,8 @@ class _Planner:
         blockers = None
         if contact_status == "active":
             blockers = await self.conn.fetchrow(
-                FOLLOWUP_BLOCKERS, self.item.tenant, identity, contact_id, rule.rule_id,
-                self.item.event_id, float(rule.quiet_period_hours * 3600),
+                FOLLOWUP_BLOCKERS, self.item.tenant, identity, contact_id, self.item.event_id,
+                float(rule.quiet_period_hours * 3600),
             )
         if blockers is None or blockers["suppressed"]:
             await self.audit("followup_not_planned", {"reason": "suppressed"}, contact_id)

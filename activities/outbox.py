@@ -11,6 +11,10 @@ reconciliation; once the window (counted from the first attempt's time in the le
 margin) has passed, a repeat could send again, so any later attempt is held as `ambiguous`
 with the reference and the first attempt's time for the person who decides. A limit with a
 known reset (HubSpot's DAILY) parks the tenant's scope until then and gives the attempt back.
+
+Every write an attempt makes to its row is fenced by its claim token (`ledger`): an attempt
+that a re-run overtook (a slow local activity outliving its step) cannot complete, fail or
+release anything; it reports what the row says now instead.
 """
 
 from __future__ import annotations
@@ -51,6 +55,21 @@ class Recorded:
     action: str
     detail: dict[str, Any]
     contact_id: str | None = None
+
+
+class Fenced(Exception):  # noqa: N818 - a condition, not an error
+    """This attempt's claim no longer owns its row (a later attempt claimed it, or it was
+    settled): it must not write anything more."""
+
+
+class Deferred(Exception):  # noqa: N818 - a condition, not an error
+    """The attempt did nothing and should be tried again after `retry_after` seconds (e.g. an
+    earlier attempt still holds the intent's lease)."""
+
+    def __init__(self, reason: str, retry_after: float) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -110,6 +129,9 @@ class OutboxRunner:
         if claim.paused:
             return OperationResult(status="parked", reason="paused")
         if claim.already_completed:
+            if claim.cancelled:
+                # Cancelled stays cancelled (by a suppression or a rejection): never "sent".
+                return OperationResult(status="cancelled", reason="already_cancelled")
             return OperationResult(status="completed", destination_id=claim.destination_id,
                                    reason="already_completed")
         if claim.exhausted:
@@ -121,13 +143,15 @@ class OutboxRunner:
         if key_window_seconds is not None and claim.attempts > 1 and (
                 claim.since_first_attempt
                 >= key_window_seconds - KEY_WINDOW_MARGIN.total_seconds()):
-            await self._hold(attempt, "idempotency_window_passed")
+            if not await self._hold(attempt, "idempotency_window_passed"):
+                return await self._settled(op)
             raise ApplicationError("idempotency key window passed; outcome unconfirmed",
                                    type=ErrorType.AMBIGUOUS.value, non_retryable=True)
         try:
             if claim.needs_reconcile:
                 if reconcile is None:
-                    await self._mark(op, "ambiguous", "unknown", "unreconcilable_previous_attempt")
+                    await self._mark(attempt, "ambiguous", "unknown",
+                                     "unreconcilable_previous_attempt")
                     raise ApplicationError("previous attempt unconfirmed",
                                            type=ErrorType.AMBIGUOUS.value, non_retryable=True)
                 found = await reconcile(attempt)
@@ -136,11 +160,22 @@ class OutboxRunner:
                     return OperationResult(status="completed", destination_id=found,
                                            reconciled=True)
             outcome = await perform(attempt)
+        except Fenced:
+            return await self._settled(op)
+        except Deferred as later:
+            # Nothing happened in this attempt: the row goes back to waiting with what was
+            # known before it (an uncertain earlier attempt stays uncertain).
+            category = "unknown" if claim.needs_reconcile else claim.previous_category
+            await self._mark(attempt, "waiting", category, later.reason)
+            raise ApplicationError(later.reason, type=ErrorType.TRANSIENT.value,
+                                   next_retry_delay=timedelta(seconds=later.retry_after)
+                                   ) from None
         except AdapterError as exc:
             classified = exc.classified
             _count("inboxcrm_operation_failures", self.action, classified.category.value)
             if classified.park_until is not None:
-                await self._park(attempt, classified, on_failure)
+                if not await self._park(attempt, classified, on_failure):
+                    return await self._settled(op)
                 return OperationResult(status="parked", reason=classified.reason)
             error = to_application_error(classified, max_retry_after=self.max_retry_after,
                                          reconcilable=reconcile is not None)
@@ -148,46 +183,60 @@ class OutboxRunner:
             if error.type == ErrorType.AMBIGUOUS.value:
                 status = "ambiguous"
             async with self.pool.acquire() as conn, conn.transaction():
-                await ledger.record_failure(conn, op.op_key, classified, status)
-                if on_failure is not None:
+                owned = await ledger.record_failure(conn, op.op_key, claim.attempts, status,
+                                                    classified.category.value,
+                                                    classified.reason)
+                if owned and on_failure is not None:
                     await on_failure(conn, attempt, classified)
                 await store.audit(
                     conn, tenant=item.tenant, event_id=item.event_id,
                     workflow_id=item.workflow_id, actor=self.action, action="attempt_failed",
                     detail={"op_key": op.op_key, "attempt": claim.attempts,
                             "category": classified.category.value, "reason": classified.reason,
-                            "retry_after": classified.retry_after},
+                            "retry_after": classified.retry_after, "fenced": not owned},
                 )
+            if not owned:
+                return await self._settled(op)
             raise error from None
         if isinstance(outcome, OperationResult):
             return outcome
-        await self._succeed(attempt, outcome, False, record_success)
+        try:
+            await self._succeed(attempt, outcome, False, record_success)
+        except Fenced:
+            return await self._settled(op)
         return OperationResult(status="completed", destination_id=outcome)
 
     async def _succeed(
         self, attempt: Attempt, destination_id: str, reconciled: bool,
         record_success: Callable[[Attempt, str, bool], Recorded],
     ) -> None:
+        """Record the success with its mirror and audit entry, if this attempt still owns
+        the row (raises Fenced otherwise: nothing is written)."""
         item = attempt.op.item
         entry = record_success(attempt, destination_id, reconciled)
         mirror_args = [attempt.claim.external_ref] if self._mirrors else []
-        await self.pool.execute(
-            self._success_sql, attempt.op.op_key, destination_id, None, item.tenant,
-            item.event_id, item.workflow_id, entry.contact_id, entry.actor, entry.action,
-            store.json_safe(entry.detail), *mirror_args)
+        owned = await self.pool.fetchval(
+            self._success_sql, attempt.op.op_key, destination_id, attempt.claim.attempts,
+            item.tenant, item.event_id, item.workflow_id, entry.contact_id, entry.actor,
+            entry.action, store.json_safe(entry.detail), *mirror_args)
+        if not owned:
+            raise Fenced()
         _count("inboxcrm_operations_completed", self.action,
                "reconciled" if reconciled else "sent")
 
     async def _park(self, attempt: Attempt, classified: Classified,
                     on_failure: Callable[[Any, Attempt, Classified], Awaitable[None]] | None,
-                    ) -> None:
+                    ) -> bool:
         """The destination's limit lasts until a reset: park the tenant's scope until then
-        (read by the next attempt's start like a pause) and give this attempt back."""
+        (read by the next attempt's start like a pause) and give this attempt back. False:
+        this attempt no longer owns its row (fenced), nothing was written."""
         op, item = attempt.op, attempt.op.item
         assert classified.park_until is not None
         async with self.pool.acquire() as conn, conn.transaction():
-            await ledger.park_scope(conn, op.op_key, classified, tenant=item.tenant,
-                                    scope=self.pause_scope, until=classified.park_until)
+            if not await ledger.park_scope(conn, op.op_key, attempt.claim.attempts, classified,
+                                           tenant=item.tenant, scope=self.pause_scope,
+                                           until=classified.park_until):
+                return False
             if on_failure is not None:
                 await on_failure(conn, attempt, classified)
             await store.audit(
@@ -197,25 +246,46 @@ class OutboxRunner:
                         "until": classified.park_until.isoformat(),
                         "reason": classified.reason},
             )
+        return True
 
-    async def _hold(self, attempt: Attempt, reason: str) -> None:
+    async def _hold(self, attempt: Attempt, reason: str) -> bool:
         """Ambiguous: held for a person, with what they need to decide (the reference the
         destination knows, e.g. the intent ID = idempotency key, and the first attempt's
-        time, from which the key's window ran)."""
+        time, from which the key's window ran). False: fenced off, nothing written."""
         op, item, claim = attempt.op, attempt.op.item, attempt.claim
         first = claim.first_attempt_at.isoformat() if claim.first_attempt_at else None
         async with self.pool.acquire() as conn, conn.transaction():
-            await conn.execute(ledger.RECORD_FAILURE, op.op_key, "ambiguous", "unknown", reason)
+            if not await ledger.record_failure(conn, op.op_key, claim.attempts, "ambiguous",
+                                               "unknown", reason):
+                return False
             await store.audit(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=self.action, action="operation_ambiguous",
                 detail={"op_key": op.op_key, "reason": reason, "attempt": claim.attempts,
                         "external_ref": claim.external_ref, "first_attempt_at": first},
             )
+        return True
 
-    async def _mark(self, op: OperationInput, status: str, category: str, reason: str) -> None:
+    async def _mark(self, attempt: Attempt, status: str, category: str | None,
+                    reason: str) -> None:
         async with self.pool.acquire() as conn:
-            await conn.execute(ledger.RECORD_FAILURE, op.op_key, status, category, reason)
+            if not await ledger.record_failure(conn, attempt.op.op_key, attempt.claim.attempts,
+                                               status, category, reason):
+                raise Fenced()
+
+    async def _settled(self, op: OperationInput) -> OperationResult:
+        """A fenced-off attempt reports the row as it is now: settled by another attempt, or
+        still owned by one (then the next attempt of this step reconciles first)."""
+        _count("inboxcrm_operation_attempts_fenced", self.action, "fenced")
+        async with self.pool.acquire() as conn:
+            status, destination_id = await ledger.current_status(conn, op.op_key)
+        if status == "completed":
+            return OperationResult(status="completed", destination_id=destination_id,
+                                   reason="completed_by_another_attempt")
+        if status == "cancelled":
+            return OperationResult(status="cancelled", reason="cancelled")
+        raise ApplicationError("another attempt owns the operation",
+                               type=ErrorType.UNKNOWN_OUTCOME.value)
 
 
 def _count(name: str, action: str, outcome: str) -> None:

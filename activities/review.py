@@ -88,13 +88,18 @@ class ReviewActivities:
 
     @activity.defn(name="grant_operation_retry")
     async def grant_operation_retry(self, grant: RetryGrant) -> None:
+        """A fresh budget on the same key. Answering an ambiguous (unconfirmed) outcome, a
+        retry means "I checked: it did not happen": the next attempt sends again with the same
+        key / Message-ID, and this entry records who took that decision."""
         item = grant.item
         async with self._pool.acquire() as conn, conn.transaction():
-            await ledger.extend_attempt_budget(conn, grant.op_key, grant.budget)
+            granted = await ledger.extend_attempt_budget(conn, grant.op_key, grant.budget)
             await store.audit(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=grant.reviewer, action="operation_retry_granted",
-                detail={"op_key": grant.op_key, "budget": grant.budget},
+                detail={"op_key": grant.op_key, "budget": grant.budget,
+                        "previous_status": granted.previous_status,
+                        "checked_not_sent": granted.checked_not_sent},
             )
 
     @activity.defn(name="apply_review_corrections")

@@ -8,7 +8,8 @@ was already waiting (for example on a paused send) when the opt-out arrived.
 
 from __future__ import annotations
 
-from datetime import timedelta
+import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -16,7 +17,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.failures import missing_row
-from activities.outbox import Attempt, OutboxRunner, Recorded
+from activities.outbox import Attempt, Deferred, Fenced, OutboxRunner, Recorded
 from inboxcrm.adapters.base import MailClient, OutgoingEmail
 from inboxcrm.adapters.errors import Category, Classified, ErrorType
 from inboxcrm.domain.templates import render
@@ -30,6 +31,11 @@ if TYPE_CHECKING:
 
 # Fallback when the activity has no start-to-close timeout (it always has one here).
 LEASE_SECONDS = 30.0
+# Left of the step after the lease ends: recording the result before the step times out.
+RECORD_MARGIN_SECONDS = 3.0
+# Less lease than this left in the step: do not start (the next attempt will have a whole
+# step).
+MIN_LEASE_SECONDS = 2.0
 
 # The contact row first (FOR SHARE): an opt-out locks it FOR UPDATE before it writes the
 # suppression, so eligibility and the lease below never interleave with one.
@@ -41,6 +47,7 @@ FOR SHARE OF c
 
 CLAIM_INTENT = """
 SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.lease_owner,
+       i.provider_message_id,
        extract(epoch FROM i.lease_until - clock_timestamp()) AS lease_remaining,
        c.status AS contact_status, c.email, c.name, c.tenant, c.canonical_email,
        EXISTS (SELECT 1 FROM suppressions s
@@ -68,9 +75,10 @@ CANCEL_INTENT = """
 UPDATE followup_intents SET status = 'cancelled', cancel_reason = $2 WHERE intent_id = $1::uuid
 """
 
+# Only the attempt that holds the lease releases it ($2, the lease owner).
 RELEASE_LEASE = """
 UPDATE followup_intents SET status = 'queued', lease_owner = NULL, lease_until = NULL
-WHERE intent_id = $1::uuid AND status = 'sending'
+WHERE intent_id = $1::uuid AND status = 'sending' AND lease_owner = $2
 """
 
 # Written with the completed ledger row (ledger.success_statement): $2 the provider's
@@ -79,7 +87,7 @@ MIRROR_SENT = """
 UPDATE followup_intents
 SET status = 'sent', provider_message_id = $2, sent_at = now(), lease_owner = NULL,
     lease_until = NULL
-WHERE intent_id = $11::uuid
+WHERE intent_id = $11::uuid AND EXISTS (SELECT 1 FROM completed)
 """
 
 
@@ -105,12 +113,12 @@ class SendActivities:
         """A request that did not take effect frees the intent for the next attempt at once.
         After an *unknown* outcome, or in an attempt that repeated an unconfirmed one, the
         lease stays until it expires: the email may exist, and an opt-out must not be
-        recorded as if it came first."""
-        name = _attempt_name(attempt)
+        recorded as if it came first. Only the lease's own holder releases it."""
+        name = _lease_owner(attempt)
         uncertain = name in self._uncertain
         self._uncertain.discard(name)
         if failure.category is not Category.UNKNOWN and not uncertain:
-            await conn.execute(RELEASE_LEASE, _intent_id(attempt))
+            await conn.execute(RELEASE_LEASE, _intent_id(attempt), name)
 
     async def _by_repeating(self, attempt: Attempt) -> str | None:
         """The provider cannot be searched by key; inside the key's window (checked by the
@@ -122,13 +130,23 @@ class SendActivities:
     async def _submit(self, attempt: Attempt) -> str | OperationResult:
         intent_id = _intent_id(attempt)
         item = attempt.op.item
-        attempt_name = _attempt_name(attempt)
+        attempt_name = _lease_owner(attempt)
+        # Taken before the transaction whose now() starts the lease, so the delivery's
+        # deadline is never later than the lease's end.
+        lease = _lease_seconds()
+        deliver_by = time.monotonic() + lease
+        if lease < MIN_LEASE_SECONDS:
+            raise Deferred("step_time_exhausted", 0.5)
         held: str | None = None
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.fetch(LOCK_CONTACT_OF_INTENT, intent_id)
             row = await conn.fetchrow(CLAIM_INTENT, intent_id)
             if row is None:
                 raise missing_row("followup_intent")
+            if row["status"] == "sent":
+                # Already sent (by an overlapping attempt, or resolved by a person): never
+                # submit again; the provider's message ID is the result.
+                return str(row["provider_message_id"])
             owner = str(row["lease_owner"] or "")
             # An earlier attempt of this operation took the lease and never gave it back: its
             # outcome is unknown (a failure that did not take effect releases the lease), so
@@ -147,12 +165,17 @@ class SendActivities:
                     # Repeating could send to someone who may no longer be written to, and
                     # nothing else can confirm the earlier attempt: held for a person.
                     held = f"unconfirmed_then_{refusal}"
-                    await conn.execute(ledger.RECORD_FAILURE, attempt.op.op_key, "ambiguous",
-                                       "unknown", held)
+                    if not await ledger.record_failure(conn, attempt.op.op_key,
+                                                       attempt.claim.attempts, "ambiguous",
+                                                       "unknown", held):
+                        raise Fenced()
                 else:
                     if row["status"] != "cancelled":
                         await conn.execute(CANCEL_INTENT, intent_id, refusal)
-                    await ledger.set_status(conn, attempt.op.op_key, "cancelled")
+                    if not await ledger.record_failure(conn, attempt.op.op_key,
+                                                       attempt.claim.attempts, "cancelled",
+                                                       None, refusal):
+                        raise Fenced()
                     return OperationResult(status="cancelled", reason=refusal)
             elif row["status"] == "awaiting_approval":
                 raise ApplicationError("follow-up not approved", type=ErrorType.PERMANENT.value,
@@ -163,13 +186,7 @@ class SendActivities:
                         and not uncertain):
                     # Another holder (a crashed or zombie attempt of another operation on this
                     # intent): come back when its lease expires, not spending attempts.
-                    raise ApplicationError(
-                        "intent lease held", type=ErrorType.UNKNOWN_OUTCOME.value,
-                        next_retry_delay=timedelta(seconds=float(remaining) + 0.5))
-                # The lease lasts as long as this attempt may: after its start-to-close
-                # timeout Temporal starts the next attempt, which must be able to take over.
-                timeout = activity.info().start_to_close_timeout
-                lease = timeout.total_seconds() if timeout else LEASE_SECONDS
+                    raise Deferred("intent_lease_held", float(remaining) + 0.5)
                 await conn.execute(
                     TAKE_LEASE, intent_id, attempt_name, lease, item.tenant, item.event_id,
                     item.workflow_id, {"intent_id": intent_id, "eligible": True, "reason": None,
@@ -186,7 +203,8 @@ class SendActivities:
             OutgoingEmail(to=row["email"], subject=subject, text=text,
                           headers={"Auto-Submitted": "auto-replied",
                                    **list_unsubscribe_headers(row["tenant"],
-                                                              row["contact_id"])}),
+                                                              row["contact_id"])},
+                          deliver_by=deliver_by),
         )
         self._uncertain.discard(attempt_name)
         return sent.message_id
@@ -212,8 +230,21 @@ def _ineligible(row: asyncpg.Record) -> str | None:
     return None
 
 
-def _attempt_name(attempt: Attempt) -> str:
-    """The lease owner: this operation's attempt (`{op_key}#{n}`)."""
+def _lease_seconds() -> float:
+    """The send lease: what is left of this step, less the time to record the result. The
+    step (start-to-close) covers claim, reconcile and call; the lease covers the delivery and
+    ends before the step does, so a re-run (after the step's timeout) never meets a live
+    lease of a delivery that may still hand the message over."""
+    info = activity.info()
+    timeout = info.start_to_close_timeout
+    if not timeout:
+        return LEASE_SECONDS
+    elapsed = max((datetime.now(UTC) - info.started_time).total_seconds(), 0.0)
+    return timeout.total_seconds() - elapsed - RECORD_MARGIN_SECONDS
+
+
+def _lease_owner(attempt: Attempt) -> str:
+    """The attempt, as the intent's lease names it: operation key and claim token."""
     return f"{attempt.op.op_key}#{attempt.claim.attempts}"
 
 

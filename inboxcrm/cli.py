@@ -390,8 +390,23 @@ def pause(tenant: Annotated[str | None, typer.Option()] = None, scope: ScopeOpt 
 
 @app.command()
 def resume(tenant: Annotated[str | None, typer.Option()] = None, scope: ScopeOpt = "all") -> None:
-    """Lift a pause."""
+    """Lift a pause, and wake the items parked on it (a signal each)."""
+    from inboxcrm.operator.wake import wake_parked
+    from inboxcrm.platform import temporal
+
     _switch(tenant, scope, False)
+    settings = settings_from_env()
+
+    async def wake() -> int:
+        return await wake_parked(await temporal.connect(settings), tenant, scope)
+
+    try:
+        woken = asyncio.run(wake())
+    except Exception as exc:  # noqa: BLE001 - the switch is lifted; items wake on their own
+        err.print(f"[yellow]warning:[/yellow] could not signal parked items "
+                  f"({type(exc).__name__}); they resume on their own within an hour")
+        return
+    out.print(f"woke {woken} parked item(s)")
 
 
 # --- audit -----------------------------------------------------------------------------
@@ -768,6 +783,9 @@ def chaos(
         ".data/chaos"),
     keep_database: Annotated[bool, typer.Option(
         "--keep-database", help="Keep the run's database when a violation is found.")] = False,
+    freeze: Annotated[float, typer.Option(
+        min=0, help="Long-fault phase: seconds the store is frozen (SIGSTOP) with sends "
+        "paused over the run; 0 turns it off.")] = 0.0,
 ) -> None:
     """Chaos run on a fresh stack of its own (free ports, fresh database): concurrent
     deliveries and redeliveries, sandbox faults, worker kill -9s, a relay restart, then
@@ -777,7 +795,8 @@ def chaos(
     from inboxcrm.verify.chaos import ChaosConfig, run_on_fresh_stack, summary_rows
 
     config = ChaosConfig(events=events, seed=seed, kills=kills, concurrency=concurrency,
-                         rate=rate, deadline=max(1800.0, events * 3.0))
+                         rate=rate, deadline=max(1800.0, events * 3.0) + freeze * 2,
+                         freeze_seconds=freeze)
     try:
         result = run_on_fresh_stack(config, data_dir.resolve(),
                                     lambda line: out.print(line, highlight=False, markup=False),

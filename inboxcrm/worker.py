@@ -10,7 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
 
+import asyncpg
 import uvloop
 from temporalio.worker import Worker
 
@@ -21,8 +25,10 @@ from activities.extract import ExtractActivities
 from activities.match import MatchActivities
 from activities.review import ReviewActivities
 from activities.send import SendActivities
+from activities.store_outage import StoreOutageInterceptor
+from inboxcrm.adapters.base import CrmClient, MailClient
 from inboxcrm.adapters.factory import build_crm, build_mail
-from inboxcrm.domain.extraction import build_extractor
+from inboxcrm.domain.extraction import Extractor, build_extractor
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.platform.logs import configure_logging
@@ -33,6 +39,34 @@ from workflows.inbound_email import CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS, Inbound
 log = logging.getLogger("inboxcrm.worker")
 
 
+def activity_functions(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
+                       extractor: Extractor, max_retry_after: float,
+                       review_base_url: str = "") -> list[Callable[..., Any]]:
+    """Every activity InboundEmailWorkflow runs, bound to its resources."""
+    extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url)
+    match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
+    crm_acts = CrmActivities(pool, crm, max_retry_after)
+    send = SendActivities(pool, mail, max_retry_after)
+    bookkeeping = BookkeepingActivities(pool)
+    review = ReviewActivities(pool)
+    return [
+        extract.extract_message,
+        match.match_and_plan,
+        crm_acts.upsert_contact_in_crm,
+        crm_acts.log_email_on_contact,
+        send.submit_followup_email,
+        bookkeeping.record_item_state,
+        bookkeeping.record_audit,
+        bookkeeping.mark_review_escalated,
+        review.resolve_operation,
+        review.grant_operation_retry,
+        review.apply_review_corrections,
+        review.approve_followup_intent,
+        review.decline_followup_intent,
+        review.describe_operation,
+    ]
+
+
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     client = await temporal.connect(
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
@@ -40,41 +74,24 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     pool = await db.create_pool(settings.database_url, max_size=20)
     crm = build_crm(settings)  # INBOXCRM_CRM_PROVIDER / INBOXCRM_MAIL_PROVIDER
     mail = build_mail(settings)
-    cap = settings.max_retry_after_seconds
-    extract = ExtractActivities(pool, build_extractor(settings), cap,
-                                settings.public_relay_base_url)
-    match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
-    crm_acts = CrmActivities(pool, crm, cap)
-    send = SendActivities(pool, mail, cap)
-    bookkeeping = BookkeepingActivities(pool)
-    review = ReviewActivities(pool)
-    drift = DriftActivities(pool, crm, mail)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=[InboundEmailWorkflow, DriftCheckWorkflow],
-        activities=[
-            extract.extract_message,
-            match.match_and_plan,
-            crm_acts.upsert_contact_in_crm,
-            crm_acts.log_email_on_contact,
-            send.submit_followup_email,
-            bookkeeping.record_item_state,
-            bookkeeping.record_audit,
-            bookkeeping.mark_review_escalated,
-            review.resolve_operation,
-            review.grant_operation_retry,
-            review.apply_review_corrections,
-            review.approve_followup_intent,
-            drift.check_destination_drift,
-            review.decline_followup_intent,
-            review.describe_operation,
-        ],
+        activities=[*activity_functions(pool, crm, mail, build_extractor(settings),
+                                        settings.max_retry_after_seconds,
+                                        settings.public_relay_base_url),
+                    DriftActivities(pool, crm, mail).check_destination_drift],
         max_concurrent_activities=settings.max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
         # Items parked for review wait for days: keep a bounded number in memory; an evicted
         # one replays its (short) history when its signal arrives.
         max_cached_workflows=settings.max_cached_workflows,
+        # A PostgreSQL outage is reported as `StoreUnavailable` by every activity.
+        interceptors=[StoreOutageInterceptor()],
+        # A rollout drains: in-flight steps (an SMTP send among them) finish instead of
+        # being cancelled into an unknown outcome.
+        graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
     )
     try:
         async with worker:

@@ -32,6 +32,9 @@ class Decision(StrEnum):
 DECISION_REFUSED = "DecisionRefused"
 
 QUERY_STATUS = "status"
+# Sent by `inboxcrm resume` to items parked on a pause: check again now (no body). A wake
+# that arrives when nothing is parked changes nothing.
+SIGNAL_WAKE = "wake"
 
 # Search attributes: the Temporal UI's list filtered on `NeedsReview = true` is the review
 # queue. Registration (`make up`, bootstrap) is derived from this tuple.

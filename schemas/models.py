@@ -56,12 +56,6 @@ def inbound_workflow_id(tenant: str, source: str, mailbox: str, delivery_id: str
 
 
 @dataclass
-class InboundEmailInput:
-    event_id: str
-    tenant: str
-
-
-@dataclass
 class ItemRef:
     """Identifies the item an activity works on."""
 
@@ -102,6 +96,42 @@ class PlanResult:
     intent_id: str | None = None
     intent_needs_approval: bool = False
     candidates: int = 0
+
+
+@dataclass
+class OperationStatus:
+    """One side effect as the workflow last saw it (the ledger row is the truth)."""
+
+    op_key: str
+    status: str = "pending"
+    destination_id: str | None = None
+
+
+@dataclass
+class CarriedState:
+    """What a run hands to its continuation (continue-as-new) once the item is planned: the
+    plan, who owns its reviews, and the operations as last seen. Everything else is in the
+    store (the ledger tells which operations are done)."""
+
+    plan: PlanResult
+    owner: str = "sales-ops"
+    escalation_hours: float = 24.0
+    operations: dict[str, OperationStatus] = field(default_factory=dict)
+    # The people-in-the-loop state a later wait depends on: who approved the item, whether
+    # they declined its follow-up, how many waits were opened (wait IDs stay unique per
+    # item across runs) and the review card's link.
+    approved_by: str | None = None
+    send_followup: bool = True
+    wait_seq: int = 0
+    card_url: str = ""
+
+
+@dataclass
+class InboundEmailInput:
+    event_id: str
+    tenant: str
+    # Set only by continue-as-new: the continuation resumes after planning.
+    carried: CarriedState | None = None
 
 
 @dataclass
@@ -223,15 +253,6 @@ class OperationView:
     attempts: int = 0
     max_attempts: int = 0
     last_error: str | None = None   # a payload-free label, e.g. http_400:VALIDATION_ERROR
-
-
-@dataclass
-class OperationStatus:
-    """One side effect as the workflow last saw it (the ledger row is the truth)."""
-
-    op_key: str
-    status: str = "pending"
-    destination_id: str | None = None
 
 
 @dataclass

@@ -24,6 +24,9 @@ class ErrorType(StrEnum):
     UNKNOWN_OUTCOME = "UnknownOutcome"  # retried; the next attempt reconciles first
     PERMANENT = "PermanentError"        # non-retryable: item becomes `blocked`
     AMBIGUOUS = "AmbiguousOutcome"      # non-retryable: item becomes `ambiguous`, held
+    # PostgreSQL unreachable: retried; past the step's budget the item waits for the store
+    # (capped backoff), never for a person: an outage alone needs no operator action.
+    STORE_UNAVAILABLE = "StoreUnavailable"
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,12 @@ transient → retried, permanent → blocked for a person, unknown → reconcile
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import email
 import email.policy
 import json
 import ssl
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ from inboxcrm.platform.config import Settings
 from inboxcrm.stack.processes import free_port
 from inboxcrm.stack.stack import Stack
 from schemas.models import ItemRef, OperationInput
+from tests.helpers.outbox import step_env
 from tests.helpers.tls import self_signed_certificate
 
 T, P, U = Category.TRANSIENT, Category.PERMANENT, Category.UNKNOWN
@@ -539,6 +542,35 @@ async def test_smtp_no_final_reply_before_timeout_is_unknown(smtp_server: SmtpSe
     assert (error.classified.category, error.classified.reason) == (U, "smtp_timeout")
 
 
+async def test_smtp_hands_nothing_over_without_time_left_on_the_lease(
+    smtp_server: SmtpServer,
+) -> None:
+    """Too little of the send lease left for DATA: nothing is handed over (transient), so an
+    attempt that lost its lease cannot deliver after an opt-out recorded once it expired."""
+    message = dataclasses.replace(followup("ada@example.com"),
+                                  deliver_by=time.monotonic() + 0.5)
+    error = await failure(smtp_mail(smtp_server.port, timeout=30).send(str(uuid.uuid4()),
+                                                                       message))
+    assert (error.classified.category, error.classified.reason) == (T, "smtp_lease_too_short")
+    assert smtp_server.recorder.messages == []
+
+
+async def test_smtp_delivery_ends_inside_the_lease_even_with_a_long_timeout(
+    smtp_server: SmtpServer,
+) -> None:
+    """The server takes the data and then stalls; the client's command timeout (30 s) is far
+    longer than the lease: the attempt still ends (unknown) before the lease does."""
+    smtp_server.recorder.data_reply = "hang"
+    deliver_by = time.monotonic() + 5
+    message = dataclasses.replace(followup("ada@example.com"), deliver_by=deliver_by)
+
+    error = await failure(smtp_mail(smtp_server.port, timeout=30).send(str(uuid.uuid4()),
+                                                                       message))
+
+    assert time.monotonic() < deliver_by
+    assert (error.classified.category, error.classified.reason) == (U, "smtp_timeout")
+
+
 async def test_smtp_failures_before_data_are_transient(smtp_server: SmtpServer) -> None:
     """Nothing before DATA can deliver a message: a drop there is safe to retry."""
     smtp_server.recorder.rcpt_reply = "drop"
@@ -646,7 +678,7 @@ async def test_outbox_holds_an_unconfirmed_smtp_send_and_never_repeats_it(
     seeded = await seed(db, "send")
     smtp_server.recorder.data_reply = "drop"
     send = SendActivities(db, smtp_mail(smtp_server.port), 300)
-    activity_env = ActivityEnvironment()
+    activity_env = step_env()
 
     with pytest.raises(ApplicationError) as first:
         await activity_env.run(send.submit_followup_email, seeded.op)
@@ -656,8 +688,8 @@ async def test_outbox_holds_an_unconfirmed_smtp_send_and_never_repeats_it(
         "ambiguous", "unknown", "smtp_disconnected")
     assert len(smtp_server.recorder.messages) == 1
 
-    # Another attempt (a Temporal retry, a reviewer's retry) cannot ask SMTP what happened:
-    # it stays held and sends nothing.
+    # Another attempt (a Temporal retry) cannot ask SMTP what happened: it stays held and
+    # sends nothing. Only a person who checked can say `retry` (tests/test_fencing.py).
     smtp_server.recorder.data_reply = "250 OK"
     with pytest.raises(ApplicationError) as second:
         await activity_env.run(send.submit_followup_email, seeded.op)
@@ -672,7 +704,7 @@ async def test_outbox_sends_over_smtp_and_records_the_message_id(
     seeded = await seed(db, "send")
     send = SendActivities(db, smtp_mail(smtp_server.port), 300)
 
-    result = await ActivityEnvironment().run(send.submit_followup_email, seeded.op)
+    result = await step_env().run(send.submit_followup_email, seeded.op)
 
     assert result.status == "completed"
     assert result.destination_id == f"<{seeded.intent_id}@acme.test>"

@@ -153,7 +153,7 @@ async def test_pause_switches(pool: asyncpg.Pool, tenant: str, key: str, scope: 
 async def _succeed(pool: asyncpg.Pool, op_key: str, event_id: str, contact_id: str,
                    destination_id: str, ref: str) -> None:
     await pool.execute(
-        ledger.success_statement(MIRROR_CRM_RECORD), op_key, destination_id, None, TENANT,
+        ledger.success_statement(MIRROR_CRM_RECORD), op_key, destination_id, 1, TENANT,
         event_id, "wf", contact_id, "crm", "crm_upserted", {"op_key": op_key}, ref)
 
 
@@ -191,3 +191,22 @@ async def test_success_is_all_or_nothing(pool: asyncpg.Pool) -> None:
         "SELECT count(*) FROM audit_log WHERE event_id = $1 AND action = 'crm_upserted'",
         uuid.UUID(event_id))
     assert audits == 0
+
+
+async def test_the_quiet_period_is_per_contact_across_rules(pool: asyncpg.Pool) -> None:
+    """A follow-up under one rule keeps every rule quiet for that contact (README: one
+    follow-up per contact per quiet period)."""
+    from activities.match import FOLLOWUP_BLOCKERS
+
+    _, first_event, contact_id = await _operation(pool)
+    _, second_event, _ = await _operation(pool)
+    await pool.execute(
+        "INSERT INTO followup_intents (event_id, tenant, contact_id, rule_id, rule_version, "
+        "template_id) VALUES ($1::uuid, $2, $3::uuid, 'ack', 1, 'ack-v1')",
+        first_event, TENANT, contact_id)
+
+    # The second event would follow up under another rule ("renewal"), for the same contact.
+    blockers = await _row(pool, FOLLOWUP_BLOCKERS, TENANT, "nobody@example.com",
+                          uuid.UUID(contact_id), uuid.UUID(second_event), 24 * 3600.0)
+
+    assert (blockers["suppressed"], blockers["recent"]) == (False, True)

@@ -14,6 +14,7 @@ To add stored histories from the current code, run this file with
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -27,7 +28,9 @@ from temporalio.worker import Replayer
 from inboxcrm.platform import temporal
 from inboxcrm.platform.codec import data_converter
 from inboxcrm.platform.config import Settings
+from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
+from tests.helpers.cli import cli
 from tests.helpers.messages import no_sender_message
 from workflows.inbound_email import InboundEmailWorkflow
 
@@ -35,7 +38,15 @@ HISTORIES = Path(__file__).resolve().parent / "histories"
 HISTORY_KEYS = HISTORIES / "codec-keys.json"
 
 
-async def test_histories_replay_deterministically(env: StackClient, app_settings: Settings) -> None:
+async def test_histories_replay_deterministically(env: StackClient, app_settings: Settings,
+                                                 stack: Stack) -> None:
+    assert cli(stack, "pause", "--tenant", "acme", "--scope", "send").returncode == 0
+    try:
+        paused = await env.deliver(message_from(unique_email("replaypaused")))
+        await env.wait_state(paused, "send_pending")
+        await asyncio.sleep(6)  # parked, checked once more
+    finally:
+        assert cli(stack, "resume", "--tenant", "acme", "--scope", "send").returncode == 0
     happy = await env.deliver(message_from(unique_email("replay")))
     reviewed = await env.deliver(no_sender_message())
     await env.wait_state(happy, "completed")
@@ -50,7 +61,8 @@ async def test_histories_replay_deterministically(env: StackClient, app_settings
                                            "corrections": {"sender_email": unique_email("r")}})
     await env.wait_state(blocked, "blocked")
     await env.signal(blocked, "retry", {"reviewer": "dana"})
-    scenarios = {"happy": happy, "reviewed": reviewed, "blocked-retried": blocked}
+    scenarios = {"happy": happy, "reviewed": reviewed, "blocked-retried": blocked,
+                 "paused-woken": paused}
     for workflow_id in scenarios.values():
         await env.wait_state(workflow_id, "completed")
 

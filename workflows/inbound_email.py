@@ -17,6 +17,7 @@ run when the SDK reads the signal and query signatures.
 """
 
 
+import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -43,12 +44,14 @@ with workflow.unsafe.imports_passed_through():
         SA_REVIEW_REASON,
         SA_STATE,
         SA_TENANT,
+        SIGNAL_WAKE,
         WORKFLOW_TYPE,
         Decision,
     )
     from schemas.models import (
         REVIEW_STATES,
         AuditEntry,
+        CarriedState,
         CorrectionInput,
         DecisionBody,
         EscalationInput,
@@ -97,7 +100,9 @@ with workflow.unsafe.imports_passed_through():
         EXTRACT_RETRY,
         EXTRACT_TIMEOUT,
         HEARTBEAT_TIMEOUT,
+        HISTORY_LIMIT,
         OPERATION_TIMEOUT,
+        PAUSE_FALLBACK_MAX,
         PAUSE_POLL,
         PAUSE_POLL_MAX,
         PLAN_RETRY,
@@ -105,6 +110,9 @@ with workflow.unsafe.imports_passed_through():
         SEND_MAX_ATTEMPTS,
         SEND_RETRY,
         STEP_FAILURES,
+        STORE_WAIT_FIRST,
+        STORE_WAIT_MAX,
+        is_store_outage,
     )
 
 __all__ = ["CRM_MAX_ATTEMPTS", "SEND_MAX_ATTEMPTS", "InboundEmailWorkflow"]
@@ -129,10 +137,16 @@ class InboundEmailWorkflow:
         self._identity_known = True
         self._card_url = ""
         self._send_followup = True          # False once a reviewer approved without it
+        self._approved_by: str | None = None
         # What the search attributes already say: upsert only changes (each upsert is a
         # history event and a visibility write).
         self._shown_state: str | None = None
         self._shown_review = False
+        # Durable-for-days: the plan being carried out (handed to a continuation), a pending
+        # wake-up from `inboxcrm resume`, and how long the next store wait is.
+        self._plan_result: PlanResult | None = None
+        self._woken = False
+        self._store_wait = STORE_WAIT_FIRST
 
     # --- the steps -----------------------------------------------------------------------
     @workflow.run
@@ -142,7 +156,10 @@ class InboundEmailWorkflow:
         self._status = ItemStatus(workflow_id=self._item.workflow_id,
                                   event_id=params.event_id, tenant=params.tenant)
         try:
-            await self._process()
+            if params.carried is None:
+                await self._process()
+            else:
+                await self._resume_carried(params.carried)
         except Rejected:
             await self._enter(ItemState.REJECTED, "reviewer_rejected")
         # An update that was just answered returns its result before the run ends.
@@ -171,10 +188,26 @@ class InboundEmailWorkflow:
         while plan.outcome == "review":
             approved_by = (await self._review(plan.reason or "match_review")).reviewer
             plan = await self._plan(approved_by)
+        self._approved_by = approved_by
         if plan.outcome == "opted_out":
             await self._enter(ItemState.SUPPRESSED, plan.reason)
             return
+        await self._carry_out(plan)
 
+    async def _resume_carried(self, carried: CarriedState) -> None:
+        """A continuation (continue-as-new) picks up after planning: completed operations
+        answer from the ledger at once, the rest run as they would have."""
+        self._owner = carried.owner
+        self._escalation_hours = carried.escalation_hours
+        self._status.operations = dict(carried.operations)
+        self._approved_by = carried.approved_by
+        self._send_followup = carried.send_followup
+        self._wait_seq = carried.wait_seq
+        self._card_url = carried.card_url
+        await self._carry_out(carried.plan)
+
+    async def _carry_out(self, plan: PlanResult) -> None:
+        self._plan_result = plan
         assert plan.crm_op_key is not None
         await self._operation(CrmActivities.upsert_contact_in_crm, plan.crm_op_key,
                               ItemState.CRM_PENDING, CRM_RETRY)
@@ -187,7 +220,7 @@ class InboundEmailWorkflow:
             await self._enter(final, plan.reason or "no_followup")
             return
         if not self._send_followup:
-            await self._decline_followup(plan, approved_by or "reviewer")
+            await self._decline_followup(plan, self._approved_by or "reviewer")
             return
         if plan.intent_needs_approval:
             approval = await self._review("followup_approval_required", kind="followup",
@@ -197,6 +230,7 @@ class InboundEmailWorkflow:
                 return
             await self._bookkeeping(ReviewActivities.approve_followup_intent,
                                     IntentApproval(self.item, plan.intent_id, approval.reviewer))
+            plan.intent_needs_approval = False  # a continuation must not ask again
         sent = await self._operation(SendActivities.submit_followup_email, plan.send_op_key,
                                      ItemState.SEND_PENDING, SEND_RETRY)
         if sent.status == "cancelled":
@@ -222,6 +256,9 @@ class InboundEmailWorkflow:
             try:
                 return await self._activity(fn, arg, timeout, retry)
             except STEP_FAILURES as err:
+                if self._store_outage(err):
+                    await self._wait_for_store()
+                    continue
                 await self._recover(err, op_key=None)
 
     async def _operation(self, fn: Step[Owner, OperationInput, OperationResult], op_key: str,
@@ -236,6 +273,10 @@ class InboundEmailWorkflow:
             try:
                 result = await self._activity(fn, op, OPERATION_TIMEOUT, retry)
             except STEP_FAILURES as err:
+                if self._store_outage(err):
+                    await self._wait_for_store()
+                    self._continue_if_long()
+                    continue
                 self._status.operations[action].status = "failed"
                 if await self._recover(err, op_key=op_key) == "resolved":
                     self._status.operations[action].status = "completed"
@@ -243,6 +284,12 @@ class InboundEmailWorkflow:
                 continue
             if result.status == "parked":
                 self._show(state, "paused")
+                # Woken by `inboxcrm resume` (a signal); the timer is only the fallback.
+                if workflow.patched("pause-wake"):
+                    self._continue_if_long()
+                    await self._sleep_unless_woken(pause_poll)
+                    pause_poll = min(pause_poll * 2, PAUSE_FALLBACK_MAX)
+                    continue
                 await workflow.sleep(pause_poll)
                 # Introduced while workflows were running: old histories keep the fixed poll.
                 if workflow.patched("pause-poll-backoff"):
@@ -251,6 +298,51 @@ class InboundEmailWorkflow:
             self._status.operations[action].status = result.status
             self._status.operations[action].destination_id = result.destination_id
             return result
+
+    # --- long waits: pauses, store outages, continue-as-new ------------------------------
+    async def _sleep_unless_woken(self, fallback: timedelta) -> None:
+        self._woken = False
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(lambda: self._woken, timeout=fallback)
+
+    def _store_outage(self, err: FailureError) -> bool:
+        """A failure that waiting fixes (docs/architecture.md §4). Histories written before
+        this existed sent every failure to a person."""
+        return is_store_outage(err) and workflow.patched("store-outage-waits")
+
+    async def _wait_for_store(self) -> None:
+        """Capped backoff while the store is unreachable: visible in the query
+        (`reason = store_unavailable`) and the worker's metrics (`inboxcrm_store_waits`).
+        A wake signal (`inboxcrm resume`) tries again at once."""
+        reason = self._status.reason
+        self._status.reason = "store_unavailable"
+        workflow.metric_meter().create_counter(
+            "inboxcrm_store_waits", "Workflow waits for an unreachable store").add(1)
+        workflow.logger.warning("store unavailable; waiting %ss",
+                                self._store_wait.total_seconds())
+        await self._sleep_unless_woken(self._store_wait)
+        self._store_wait = min(self._store_wait * 2, STORE_WAIT_MAX)
+        self._status.reason = reason
+
+    def _continue_if_long(self) -> None:
+        """Past HISTORY_LIMIT events (or when the server suggests it) a run that is only
+        waiting continues as new with its plan, so no pause or outage outgrows the history.
+        Not while a reviewer's decision is still unread or an update is being answered
+        (either would be lost)."""
+        info = workflow.info()
+        if (self._plan_result is None or self._requests
+                or not workflow.all_handlers_finished()):
+            return
+        if (info.get_current_history_length() < HISTORY_LIMIT
+                and not info.is_continue_as_new_suggested()):
+            return
+        workflow.continue_as_new(InboundEmailInput(
+            self.item.event_id, self.item.tenant, carried=CarriedState(
+                plan=self._plan_result, owner=self._owner,
+                escalation_hours=self._escalation_hours,
+                operations=dict(self._status.operations), approved_by=self._approved_by,
+                send_followup=self._send_followup, wait_seq=self._wait_seq,
+                card_url=self._card_url)))
 
     # --- people in the loop --------------------------------------------------------------
     async def _recover(self, err: FailureError, op_key: str | None) -> str:
@@ -479,6 +571,12 @@ class InboundEmailWorkflow:
     def validate_resolve(self, body: DecisionBody) -> None:
         self._validate(Decision.RESOLVE, body)
 
+    @workflow.signal(name=SIGNAL_WAKE, description=(
+        "Sent by `inboxcrm resume`: an item parked on a pause (or waiting for the store) "
+        "checks again now. No body."))
+    def wake(self) -> None:
+        self._woken = True
+
     @workflow.query(name=QUERY_STATUS, description=(
         "State, reason, operation keys and destination IDs, and the open wait (if any) with "
         "its wait ID, allowed decisions and escalation time."))
@@ -565,5 +663,17 @@ class InboundEmailWorkflow:
             heartbeat_timeout=HEARTBEAT_TIMEOUT)
 
     async def _bookkeeping(self, fn: Step[Owner, Arg, Result], arg: Arg) -> Result:
-        return await workflow.execute_local_activity_method(
-            fn, arg, start_to_close_timeout=BOOKKEEPING_TIMEOUT, retry_policy=BOOKKEEPING_RETRY)
+        """State mirror, audit, review tasks: never fail the workflow. Past a few quick
+        attempts the item waits for the store (capped backoff) for as long as it takes."""
+        while True:
+            try:
+                result = await workflow.execute_local_activity_method(
+                    fn, arg, start_to_close_timeout=BOOKKEEPING_TIMEOUT,
+                    retry_policy=BOOKKEEPING_RETRY)
+            except STEP_FAILURES:
+                if not workflow.patched("store-outage-waits"):
+                    raise
+                await self._wait_for_store()
+                continue
+            self._store_wait = STORE_WAIT_FIRST  # the store answers again
+            return result

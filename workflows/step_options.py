@@ -37,15 +37,26 @@ SEND_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coeffici
                          maximum_interval=timedelta(seconds=60),
                          maximum_attempts=SEND_MAX_ATTEMPTS,
                          non_retryable_error_types=NON_RETRYABLE)
-# Bookkeeping writes (state, audit, review tasks) are idempotent single statements.
+# Bookkeeping writes (state, audit, review tasks) are idempotent single statements: a few
+# quick attempts (about a minute against a frozen store), then the workflow waits for the
+# store (STORE_WAIT_*) and tries again, for as long as the outage lasts.
 BOOKKEEPING_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
-                                maximum_interval=timedelta(seconds=30), maximum_attempts=20)
+                                maximum_interval=timedelta(seconds=10), maximum_attempts=5)
 
+# The timeout chain, innermost first (docs/architecture.md §4):
+#   HTTP call ≤ INBOXCRM_HTTP_TIMEOUT_SECONDS (10 s); SMTP ≤ one command timeout per step,
+#   and DATA starts only if it can end inside the send lease (activities/send.py);
+#   an operation attempt = claim + reconcile (one call) + call + record ≤ OPERATION_TIMEOUT,
+#   which is also the send lease, so no delivery outlives the lease;
+#   a step's attempts run inside workflow tasks that the SDK keeps alive while a local
+#   activity runs (workflow task timeout 10 s: a dead worker is noticed after it);
+#   the worker's graceful shutdown (INBOXCRM_SHUTDOWN_GRACE_SECONDS) ≥ OPERATION_TIMEOUT, and
+#   the pod's terminationGracePeriodSeconds exceeds that (deploy/k8s/worker.yaml).
 # Worst case of the LLM extractor: its own bounded retries of a 30 s call.
 EXTRACT_TIMEOUT = timedelta(seconds=120)
 PLAN_TIMEOUT = timedelta(seconds=30)
-# Outlives the adapter's HTTP timeout plus one reconciliation lookup.
-OPERATION_TIMEOUT = timedelta(seconds=25)
+# Claim + reconcile (10 s) + call (10 s) + record, with room for slow statements.
+OPERATION_TIMEOUT = timedelta(seconds=45)
 BOOKKEEPING_TIMEOUT = timedelta(seconds=10)
 # Activities heartbeat every 2 s: a killed worker's attempt is retried after this, not after
 # the start-to-close timeout.
@@ -55,8 +66,31 @@ HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 # (a day costs ~1.5k timers, not 17k).
 PAUSE_POLL = timedelta(seconds=5)
 PAUSE_POLL_MAX = timedelta(seconds=60)
+# Since `inboxcrm resume` wakes parked items with a signal, the re-check is only the fallback
+# for a missed signal: it backs off to an hour (~24 checks a day).
+PAUSE_FALLBACK_MAX = timedelta(hours=1)
+# Past this many history events a run waiting on a pause continues as new, carrying the
+# plan (Temporal's hard limit is 51,200; a 30-day pause stays far below either).
+HISTORY_LIMIT = 1_000
+# A step that failed because the store was unreachable (or hung: a timeout) waits for the
+# store, doubling up to STORE_WAIT_MAX: no person is asked, the item resumes at most one
+# step after the store is back (a wake signal cuts the wait short), and an outage costs
+# about 2,000 history events a day at most (a waiting operation continues as new).
+STORE_WAIT_FIRST = timedelta(seconds=10)
+STORE_WAIT_MAX = timedelta(minutes=5)
 
 # How a step that could not finish reaches the workflow: a regular activity's failure is an
 # ActivityError around the cause; a local activity's non-retryable failure or timeout can
 # arrive as the cause itself.
 STEP_FAILURES = (ActivityError, ApplicationError, StepTimeout)
+
+
+def is_store_outage(err: BaseException) -> bool:
+    """The store was unreachable (`StoreUnavailable`) or the step hung past its timeout.
+    Adapters time out well inside a step, so a step timeout means our side hung: the store
+    frozen or partitioned, or the worker overloaded; waiting, not a person, fixes it."""
+    cause = err.cause if isinstance(err, ActivityError) else err
+    if isinstance(cause, StepTimeout):
+        return True
+    return (isinstance(cause, ApplicationError)
+            and cause.type == ErrorType.STORE_UNAVAILABLE.value)

@@ -82,6 +82,9 @@ class OutgoingEmail:
     subject: str
     text: str
     headers: dict[str, str] = field(default_factory=dict)
+    # `time.monotonic()` by which the delivery must be over (the end of the send lease): an
+    # adapter that cannot finish by then must not start handing the message over.
+    deliver_by: float | None = None
 
 
 @dataclass(frozen=True)

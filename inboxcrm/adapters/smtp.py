@@ -12,7 +12,11 @@ What it does to keep repeats harmless where it can:
 - everything before the DATA payload (connect, EHLO, STARTTLS, AUTH, MAIL, RCPT) cannot
   have delivered anything: a failure there is at worst transient (`sent=False`);
 - a 4xx reply, even to the end of DATA, means the server did not take the message
-  (RFC 5321 section 4.2.5): transient; 5xx: permanent (blocked).
+  (RFC 5321 section 4.2.5): transient; 5xx: permanent (blocked);
+- the delivery ends inside the send lease (`OutgoingEmail.deliver_by`): DATA starts only
+  if all of its socket waits fit in the time left, each bounded to its share of it, so a
+  thread that outlives its step cannot hand a message over after the lease ended (and an
+  opt-out recorded after the lease always comes after any delivery).
 
 Security: `starttls` (port 587, the default), `ssl` (implicit TLS, port 465) or `none`
 (local relays and tests only). Certificates are verified with the system store.
@@ -27,6 +31,7 @@ import email.utils
 import re
 import smtplib
 import ssl
+import time
 from email.message import EmailMessage
 from typing import Literal
 
@@ -45,6 +50,10 @@ SECURITY_MODES: tuple[Security, ...] = ("starttls", "ssl", "none")
 OWN_HEADERS = frozenset({"from", "to", "subject", "date", "message-id", "sender", "cc", "bcc"})
 _HEADER_NAME = re.compile(r"^[!-9;-~]{1,76}$")  # RFC 5322 field name: printable, no colon
 _KEY = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+# DATA is at most four socket waits: send the command, read its reply, send the message,
+# read the final reply. Below this much time per wait the message is not handed over.
+DATA_WAITS = 4
+MIN_WAIT_SECONDS = 1.0
 
 
 def message_id(idempotency_key: str, domain: str) -> str:
@@ -113,7 +122,7 @@ class SmtpMail:
         except ValueError:
             # Nothing was sent; retrying the same content cannot help.
             raise AdapterError(Classified(Category.PERMANENT, "invalid_message")) from None
-        await asyncio.to_thread(self._deliver, msg, message.to)
+        await asyncio.to_thread(self._deliver, msg, message.to, message.deliver_by)
         return SentEmail(message_id=str(msg["Message-ID"]))
 
     async def read_sent(self, message_id: str) -> SentRecord | None:
@@ -132,7 +141,7 @@ class SmtpMail:
         return smtplib.SMTP(self._host, self._port, timeout=self._timeout,
                             local_hostname=self._local_hostname)
 
-    def _deliver(self, msg: EmailMessage, recipient: str) -> None:
+    def _deliver(self, msg: EmailMessage, recipient: str, deliver_by: float | None) -> None:
         needs_utf8 = not (self._envelope_from.isascii() and recipient.isascii())
         policy = email.policy.SMTPUTF8 if needs_utf8 else email.policy.SMTP
         payload = msg.as_bytes(policy=policy)
@@ -154,6 +163,7 @@ class SmtpMail:
             code, reply = client.rcpt(recipient)
             if code not in (250, 251):
                 raise smtplib.SMTPRecipientsRefused({recipient: (code, reply)})
+            _fit_data_into(client, deliver_by, self._timeout)
             sent = True
             code, reply = client.data(payload)
             if code != 250:
@@ -170,3 +180,14 @@ class SmtpMail:
                         client.quit()
                     else:
                         client.close()
+
+
+def _fit_data_into(client: smtplib.SMTP, deliver_by: float | None, timeout: float) -> None:
+    """Bound DATA's socket waits so it ends by `deliver_by`; refuse (transient: nothing was
+    handed over) when the time left is too short."""
+    if deliver_by is None or client.sock is None:
+        return
+    wait = min(timeout, (deliver_by - time.monotonic()) / DATA_WAITS)
+    if wait < MIN_WAIT_SECONDS:
+        raise AdapterError(Classified(Category.TRANSIENT, "smtp_lease_too_short"))
+    client.sock.settimeout(wait)

@@ -6,6 +6,12 @@ a crash anywhere leaves evidence the next attempt can act on:
 - a completed row is never repeated: the stored result is returned;
 - a row left `in_progress` (crash mid-call) or failed with an `unknown` outcome is
   reconciled against the destination before anything is sent again.
+
+Fencing: the attempt number a claim sets (`attempts`) is the claim's token. A slow attempt
+can outlive its step (a local activity's timeout only *requests* cancellation) and overlap
+its own re-run; so completion, failure and lease release are written only while the row is
+still `in_progress` under that token, and a `completed` or `cancelled` row is never
+overwritten by anyone. A write refused by the fence tells the caller what the row says now.
 """
 
 from __future__ import annotations
@@ -72,16 +78,27 @@ SELECT op_key, workflow_id, event_id, action, status, attempts, max_attempts,
 FROM operations WHERE op_key = $1
 """
 
+# A reviewer's resolve: the side effect exists. Never rewrites a completed or cancelled row.
 COMPLETE_OPERATION = """
 UPDATE operations
 SET status = 'completed', destination_id = $2, evidence = COALESCE($3, evidence),
     last_error_category = NULL, last_error = NULL, last_transition = now()
-WHERE op_key = $1
+WHERE op_key = $1 AND status NOT IN ('completed', 'cancelled')
+"""
+
+# An attempt's success, fenced by its claim token ($3).
+_COMPLETE_CLAIMED = """
+UPDATE operations
+SET status = 'completed', destination_id = $2, last_error_category = NULL, last_error = NULL,
+    last_transition = now()
+WHERE op_key = $1 AND status = 'in_progress' AND attempts = $3
+RETURNING op_key
 """
 
 _INSERT_SUCCESS_AUDIT = """
 INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
-VALUES ($4, $5, $6, $7, $8, $9, $10)
+SELECT $4, $5, $6, $7, $8, $9, $10 WHERE EXISTS (SELECT 1 FROM completed)
+RETURNING true
 """
 
 
@@ -89,50 +106,72 @@ def success_statement(mirror: str | None = None) -> str:
     """Complete the operation and write its audit entry in ONE statement: a single atomic
     write, no transaction round trips. `mirror` is the action's own record of the result
     (e.g. the CRM record ID on the contact), a data-modifying statement that runs with them;
-    in it $2 is the destination ID and $11 the operation's external reference.
-    Parameters: $1 op_key, $2 destination_id, $3 evidence, then the audit entry: $4 tenant,
-    $5 event_id, $6 workflow_id, $7 contact_id, $8 actor, $9 action, $10 detail."""
-    ctes = [f"completed AS ({COMPLETE_OPERATION.strip()})"]
+    in it $2 is the destination ID and $11 the operation's external reference; it must
+    apply only `WHERE EXISTS (SELECT 1 FROM completed)`.
+    Parameters: $1 op_key, $2 destination_id, $3 the claim token, then the audit entry:
+    $4 tenant, $5 event_id, $6 workflow_id, $7 contact_id, $8 actor, $9 action, $10 detail.
+    Returns one row (true) when the token still owned the row, none when it was fenced off."""
+    ctes = [f"completed AS ({_COMPLETE_CLAIMED.strip()})"]
     if mirror:
         ctes.append(f"mirrored AS ({mirror.strip()})")
     return f"WITH {', '.join(ctes)}\n{_INSERT_SUCCESS_AUDIT.strip()}\n"
 
 
+# An attempt's failure (or its cancellation, $3/$4 NULL), fenced by its claim token ($5).
 RECORD_FAILURE = """
 UPDATE operations
 SET status = $2, last_error_category = $3, last_error = $4, last_transition = now()
-WHERE op_key = $1
+WHERE op_key = $1 AND status = 'in_progress' AND attempts = $5
+RETURNING op_key
 """
 
-SET_STATUS = """
-UPDATE operations SET status = $2, last_transition = now() WHERE op_key = $1
-"""
+# What a fenced-off attempt reads to know what its row says now.
+CURRENT_STATUS = "SELECT status, destination_id FROM operations WHERE op_key = $1"
 
-# A reviewer's retry also starts a new idempotency-key window: the person has looked at the
-# destination and decided that this operation is to be done (again).
+# A reviewer's `retry`: a fresh, bounded budget on the same key. After an ambiguous outcome
+# it also means "a person checked: it did not happen", so the next attempt sends again (same
+# key, same Message-ID) instead of finding the same uncertainty. Completed and cancelled rows
+# keep their status. It also starts a new idempotency-key window (the person decided the
+# operation is to be done again). Returns the status and category the reviewer answered.
 EXTEND_ATTEMPT_BUDGET = """
-UPDATE operations
-SET max_attempts = attempts + $2, status = CASE WHEN status = 'completed' THEN status
-                                            ELSE 'waiting' END,
-    first_attempt_at = CASE WHEN status = 'completed' THEN first_attempt_at END,
-    last_transition = now()
-WHERE op_key = $1
+WITH previous AS (
+    SELECT op_key, status, last_error_category FROM operations WHERE op_key = $1 FOR UPDATE
+), granted AS (
+    UPDATE operations AS o
+    SET max_attempts = o.attempts + $2,
+        status = CASE WHEN o.status IN ('completed', 'cancelled') THEN o.status
+                      ELSE 'waiting' END,
+        last_error_category = CASE
+            WHEN o.status IN ('completed', 'cancelled') THEN o.last_error_category
+            WHEN o.status = 'ambiguous' OR o.last_error_category = 'unknown'
+                THEN 'checked_not_sent'
+            ELSE o.last_error_category END,
+        first_attempt_at = CASE WHEN o.status IN ('completed', 'cancelled')
+                                THEN o.first_attempt_at END,
+        last_transition = now()
+    FROM previous WHERE o.op_key = previous.op_key
+)
+SELECT status, last_error_category FROM previous
 """
 
 # A destination's limit parks the tenant's scope until `until` (like a pause), and the
 # attempt that met the limit is given back: waiting for a reset spends no attempt budget.
-# $1 op_key, $2 category, $3 reason, $4 tenant, $5 park key, $6 park value (until, reason).
+# $1 op_key, $2 category, $3 reason, $4 tenant, $5 park key, $6 park value (until, reason),
+# $7 the claim token: only the attempt that still owns the row parks (fencing).
 PARK_SCOPE = """
 WITH refunded AS (
     UPDATE operations
     SET status = 'waiting', attempts = greatest(attempts - 1, 0), last_error_category = $2,
         last_error = $3, last_transition = now()
-    WHERE op_key = $1
+    WHERE op_key = $1 AND status = 'in_progress' AND attempts = $7
+    RETURNING op_key
+), parked AS (
+    INSERT INTO settings (tenant, key, value, updated_by)
+    SELECT $4, $5, $6, 'destination-limit' FROM refunded
+    ON CONFLICT (tenant, key) DO UPDATE
+    SET value = EXCLUDED.value, updated_by = EXCLUDED.updated_by, updated_at = now()
 )
-INSERT INTO settings (tenant, key, value, updated_by)
-VALUES ($4, $5, $6, 'destination-limit')
-ON CONFLICT (tenant, key) DO UPDATE
-SET value = EXCLUDED.value, updated_by = EXCLUDED.updated_by, updated_at = now()
+SELECT op_key FROM refunded
 """
 
 
@@ -144,12 +183,14 @@ class Claim:
     already_completed: bool
     destination_id: str | None
     needs_reconcile: bool
-    attempts: int
+    attempts: int                   # after a claim: this attempt's number = its claim token
     external_ref: str | None
     exhausted: bool = False
     paused: bool = False
     first_attempt_at: datetime | None = None  # set on a claimed attempt
     since_first_attempt: float = 0.0          # seconds, on the database's clock
+    cancelled: bool = False         # with already_completed: the row ended `cancelled`
+    previous_category: str | None = None
 
 
 class OperationNotFound(LookupError):
@@ -174,10 +215,11 @@ async def begin_attempt(conn: Conn, op_key: str, *, tenant: str, pause_scope: st
         )
         return Claim(op_key, False, None, needs_reconcile, row["attempts"], row["external_ref"],
                      first_attempt_at=row["first_attempt_at"],
-                     since_first_attempt=float(row["since_first_attempt"] or 0))
+                     since_first_attempt=float(row["since_first_attempt"] or 0),
+                     previous_category=row["previous_category"])
     if row["previous_status"] in ("completed", "cancelled"):
         return Claim(op_key, True, row["destination_id"], False, row["attempts"],
-                     row["external_ref"])
+                     row["external_ref"], cancelled=row["previous_status"] == "cancelled")
     return Claim(op_key, False, None, False, row["attempts"], row["external_ref"],
                  exhausted=True)
 
@@ -189,30 +231,46 @@ async def complete(
     await conn.execute(COMPLETE_OPERATION, op_key, destination_id, evidence)
 
 
-async def record_failure(
-    conn: Conn, op_key: str, classified: Classified, status: str
-) -> None:
-    """Store the failure category and a payload-free reason."""
-    await conn.execute(
-        RECORD_FAILURE, op_key, status, classified.category.value, classified.reason[:200]
-    )
+async def record_failure(conn: Conn, op_key: str, token: int, status: str,
+                         category: str | None, reason: str | None) -> bool:
+    """Store the failure category and a payload-free reason, if the claim `token` still owns
+    the row. False: fenced off (a later attempt claimed it, or it is settled)."""
+    reason = reason[:200] if reason else None
+    return await conn.fetchval(RECORD_FAILURE, op_key, status, category, reason,
+                               token) is not None
 
 
-async def park_scope(conn: Conn, op_key: str, classified: Classified, *, tenant: str,
-                     scope: str, until: datetime) -> None:
-    """Park `tenant`'s `scope` until `until` and give this attempt back (`PARK_SCOPE`)."""
-    await conn.execute(PARK_SCOPE, op_key, classified.category.value, classified.reason[:200],
-                       tenant, f"parked.{scope}",
-                       {"until": until.isoformat(), "reason": classified.reason[:200]})
+async def park_scope(conn: Conn, op_key: str, token: int, classified: Classified, *,
+                     tenant: str, scope: str, until: datetime) -> bool:
+    """Park `tenant`'s `scope` until `until` and give this attempt back (`PARK_SCOPE`), if
+    the claim `token` still owns the row. False: fenced off, nothing written."""
+    return await conn.fetchval(
+        PARK_SCOPE, op_key, classified.category.value, classified.reason[:200], tenant,
+        f"parked.{scope}", {"until": until.isoformat(), "reason": classified.reason[:200]},
+        token) is not None
 
 
-async def set_status(conn: Conn, op_key: str, status: str) -> None:
-    await conn.execute(SET_STATUS, op_key, status)
+async def current_status(conn: Conn, op_key: str) -> tuple[str, str | None]:
+    row = await conn.fetchrow(CURRENT_STATUS, op_key)
+    if row is None:
+        raise OperationNotFound(op_key)
+    return row["status"], row["destination_id"]
 
 
-async def extend_attempt_budget(conn: Conn, op_key: str, budget: int) -> None:
+@dataclass(frozen=True)
+class RetryGranted:
+    previous_status: str
+    checked_not_sent: bool   # the reviewer answered an uncertain outcome: it did not happen
+
+
+async def extend_attempt_budget(conn: Conn, op_key: str, budget: int) -> RetryGranted:
     """A reviewer's `retry` grants a fresh, bounded budget of attempts on the same key."""
-    await conn.execute(EXTEND_ATTEMPT_BUDGET, op_key, budget)
+    row = await conn.fetchrow(EXTEND_ATTEMPT_BUDGET, op_key, budget)
+    if row is None:
+        raise OperationNotFound(op_key)
+    status = row["status"]
+    uncertain = status == "ambiguous" or row["last_error_category"] == "unknown"
+    return RetryGranted(status, uncertain and status not in ("completed", "cancelled"))
 
 
 async def get(conn: Conn, op_key: str) -> asyncpg.Record | None:

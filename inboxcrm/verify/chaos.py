@@ -8,6 +8,11 @@ an operator clears the review queue, then the invariant checker must find nothin
    small counts, Retry-After 1) so that a set share of destination calls sees one, kill -9s
    the worker at random moments (and restarts it) and restarts the relay once; deliveries
    that fail meanwhile (503, connection errors) are retried like a provider would;
+   With the long-fault phase on (`freeze_seconds`; `make chaos` turns it on), sends are
+   paused for the acme tenant from the start (a pause spanning the run), and after the
+   deliveries the store is frozen (every PostgreSQL process SIGSTOPped, not killed) for
+   longer than any step's retry budget while the items are in flight; then it is thawed
+   and `inboxcrm resume` lifts the pause (waking the parked items);
 3. stops injecting, waits until nothing is in flight, then resolves every item left for
    review through the CLI like an operator (blocked → retry; ambiguous → resolve with the
    destination's ID if the record/email exists, else retry; awaiting_review/held → approve,
@@ -25,6 +30,7 @@ import asyncio
 import contextlib
 import os
 import random
+import signal
 import sys
 import time
 import uuid
@@ -41,7 +47,8 @@ from inboxcrm.stack import postgres
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify import check
 from inboxcrm.verify.probe import Endpoints, StackClient, message_from
-from schemas.contract import Decision
+from schemas.contract import WORKFLOW_TYPE, Decision
+from workflows.step_options import STORE_WAIT_MAX
 
 TARGETS = ("crm.upsert", "crm.search", "mail.send")
 MODES = ("rate_limit", "server_error", "invalid_field", "unauthorized",
@@ -82,6 +89,11 @@ class ChaosConfig:
     scope_to_run: bool = False        # check only this run's items (a shared store)
     reviewer: str = "chaos"
     post_attempts: int = 40           # per delivery, like a provider's redelivery budget
+    # Long-fault phase: the store frozen this long (0: off) with sends paused over the run.
+    # Longer than every retry budget against a frozen store (bookkeeping ~65 s, CRM/send
+    # ~5 min, planning ~5 min; extraction's LLM-sized budget is longer, ~10 min).
+    freeze_seconds: float = 0.0
+    store_dir: str | None = None      # the embedded PostgreSQL's data directory (to freeze)
 
 
 @dataclass
@@ -102,6 +114,10 @@ class ChaosStats:
     fault_outcomes: Counter[str] = field(default_factory=Counter)
     kills: int = 0
     relay_restarts: int = 0
+    store_frozen_s: float = 0.0
+    in_flight_at_freeze: int = 0
+    paused_over_run: bool = False
+    failed_workflows: int = 0
     review_actions: Counter[str] = field(default_factory=Counter)
     cli_failures: int = 0
     resolution_rounds: int = 0
@@ -136,11 +152,13 @@ class ChaosResult:
             missing.append(f"{s.posts_given_up} deliveries never accepted")
         if s.review_left:
             missing.append(f"{s.review_left} items still in review")
+        if c.freeze_seconds and s.store_frozen_s < c.freeze_seconds:
+            missing.append(f"store frozen {s.store_frozen_s:.0f}s < {c.freeze_seconds:.0f}s")
         return missing
 
     @property
     def exit_code(self) -> int:
-        if not self.report.ok:
+        if not self.report.ok or self.stats.failed_workflows:
             return 1
         return 2 if self.targets_met else 0
 
@@ -275,6 +293,9 @@ class ChaosRun:
                  f"{stats.opt_outs} opt-outs; {config.kills} worker kills, "
                  f"{config.relay_restarts} relay restart(s)")
 
+        if config.freeze_seconds:
+            await self._operator("pause", "--tenant", "acme", "--scope", "send")
+            stats.paused_over_run = True
         phase = time.monotonic()
         window = max(schedule[-1][0] if schedule else 0.0,
                      config.kills * 6.0)
@@ -298,6 +319,11 @@ class ChaosRun:
                  f"({stats.fault_share:.1%}), {stats.kills} kills, "
                  f"{stats.relay_restarts} relay restart(s); faults off")
 
+        if config.freeze_seconds:
+            phase = time.monotonic()
+            await self._long_faults()
+            self.mark("long_fault_phase_s", phase)
+
         phase = time.monotonic()
         await self._wait_quiet()
         self.mark("settle_s", phase)
@@ -315,8 +341,53 @@ class ChaosRun:
             crm_id_property=self.stack.env.get("INBOXCRM_CRM_ID_PROPERTY",
                                                "inboxcrm_contact_id"),
             http=self.env.http)
+        stats.failed_workflows = await self._failed_workflows()
         stats.timings["total_s"] = round(time.monotonic() - self.started, 1)
         return ChaosResult(config, stats, report)
+
+    # ----- the long-fault phase: a frozen store under a pause spanning the run
+    async def _long_faults(self) -> None:
+        config, stats = self.config, self.stats
+        stats.in_flight_at_freeze = await self._in_flight()
+        pids = postgres_pids(Path(config.store_dir)) if config.store_dir else []
+        if not pids:
+            stats.notes.append("store not frozen: no embedded PostgreSQL to stop "
+                               "(DATABASE_URL names an external server)")
+        else:
+            self.log(f"  t+{time.monotonic() - self.started:.0f}s freeze the store "
+                     f"(SIGSTOP {len(pids)} PostgreSQL processes) for "
+                     f"{config.freeze_seconds:.0f}s; {stats.in_flight_at_freeze} items in flight")
+            frozen = time.monotonic()
+            signal_all(pids, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(config.freeze_seconds)
+            finally:
+                signal_all(list(reversed(pids)), signal.SIGCONT)
+                stats.store_frozen_s = round(time.monotonic() - frozen, 1)
+            self.log(f"  t+{time.monotonic() - self.started:.0f}s store thawed")
+        await self._operator("resume", "--tenant", "acme", "--scope", "send")
+
+    async def _operator(self, *args: str) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "inboxcrm.cli", *args, env=self.cli_env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=120)
+        if proc.returncode != 0:
+            self.stats.cli_failures += 1
+            self.stats.notes.append(f"{' '.join(args[:1])} failed: "
+                                    f"{stderr.decode(errors='replace').strip()[-200:]}")
+        else:
+            self.log(f"  t+{time.monotonic() - self.started:.0f}s inboxcrm {' '.join(args)}: "
+                     f"{stdout.decode(errors='replace').strip().splitlines()[-1:]}")
+
+    async def _failed_workflows(self) -> int:
+        """This run's workflows that ended FAILED (none may: faults park, never fail)."""
+        from inboxcrm.platform import temporal
+
+        client = await temporal.connect(self.stack.settings())
+        query = (f"WorkflowType = '{WORKFLOW_TYPE}' AND ExecutionStatus = 'Failed' "
+                 f"AND WorkflowId STARTS_WITH '{self.scope}'")
+        return len([w async for w in client.list_workflows(query)])
 
     # ----- ingress, like a provider: redeliver until accepted (bounded)
     async def _post_all(self, schedule: list[tuple[float, _Delivery]]) -> None:
@@ -461,7 +532,10 @@ class ChaosRun:
             " AND state = ANY($2::text[])", self.scope, sorted(check.IN_FLIGHT_STATES)))
 
     async def _wait_quiet(self) -> bool:
-        deadline = time.monotonic() + min(self.config.settle_timeout, max(self.left(), 1.0))
+        # After a long outage an item may sleep one store-wait step (up to STORE_WAIT_MAX).
+        settle = self.config.settle_timeout + (STORE_WAIT_MAX.total_seconds()
+                                               if self.config.freeze_seconds else 0.0)
+        deadline = time.monotonic() + min(settle, max(self.left(), 1.0))
         quiet_since: float | None = None
         next_report = time.monotonic() + 15
         while time.monotonic() < deadline:
@@ -650,6 +724,27 @@ async def _drop_database(server_url: str, database_url: str) -> None:
     await postgres.drop_database(server_url, database_url)
 
 
+def postgres_pids(data_dir: Path) -> list[int]:
+    """The postmaster of the server under `data_dir`, then its children (Linux /proc)."""
+    try:
+        postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return []
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == postmaster:
+                children.append(int(stat.parent.name))
+    return [postmaster, *children]
+
+
+def signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
 def run_on_fresh_stack(config: ChaosConfig, data_dir: Path, log: Log,
                        keep_database: bool = False) -> ChaosResult:
     """Start a stack of its own under `data_dir` (free ports; a fresh database in
@@ -664,6 +759,7 @@ def run_on_fresh_stack(config: ChaosConfig, data_dir: Path, log: Log,
         pg_dir = data_dir / "pg"
         started_pg = not postgres.is_running(pg_dir)
         server_url = postgres.start(pg_dir, free_port())
+        config.store_dir = str(pg_dir)
     database_url = asyncio.run(_create_database(server_url))
     stack = Stack(fresh_stack_config(data_dir, database_url))
     result: ChaosResult | None = None
@@ -701,6 +797,10 @@ def summary_rows(result: ChaosResult) -> list[tuple[str, str]]:
         ("faults injected (target/mode)", str(sum(s.faults_injected.values()))),
         ("worker kill -9 / restarts", f"{s.kills} / {s.kills}"),
         ("relay restarts", str(s.relay_restarts)),
+        ("long faults: store frozen (s) / items in flight",
+         f"{s.store_frozen_s} / {s.in_flight_at_freeze}"
+         + (" (sends paused over the run)" if s.paused_over_run else "")),
+        ("failed workflows", str(s.failed_workflows)),
         ("review actions (CLI)", _counts(s.review_actions) or "none"),
         ("CLI failures", str(s.cli_failures)),
         ("resolution rounds", str(s.resolution_rounds)),

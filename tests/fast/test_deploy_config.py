@@ -517,3 +517,17 @@ def test_tls_config_variants(tmp_path: Path) -> None:
     assert (private.server_root_ca_cert, private.domain) == (b"CA", "t.internal")
     with pytest.raises(ValueError, match="go together"):
         tls_config(Settings(temporal_tls_cert=str(cert)))
+
+
+def test_worker_drains_within_the_pod_grace_period() -> None:
+    """The worker's graceful shutdown outlasts the longest step, and Kubernetes waits longer
+    than that before it kills the pod (the timeout chain in workflows/step_options.py)."""
+    from workflows.step_options import OPERATION_TIMEOUT
+
+    docs = list(yaml.safe_load_all((K8S / "worker.yaml").read_text()))
+    [deployment] = [d for d in docs if d and d.get("kind") == "Deployment"]
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    config = yaml.safe_load((K8S / "configmap.yaml").read_text())["data"]
+    drain = float(config.get("INBOXCRM_SHUTDOWN_GRACE_SECONDS",
+                             Settings.model_fields["shutdown_grace_seconds"].default))
+    assert OPERATION_TIMEOUT.total_seconds() < drain < grace

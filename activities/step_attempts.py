@@ -1,0 +1,49 @@
+"""Durable attempt counts for the steps outside the ledger (extraction, planning).
+
+A local activity's attempt count lives in the workflow task: when a message kills the worker
+(out of memory, a native crash), the re-run starts again at attempt 1, forever. Here each
+attempt is counted in PostgreSQL before it starts and the count is cleared when it ends
+(success or an ordinary failure, which its retry policy already bounds). An attempt that
+never ended (a crash, or a timeout that cancelled it) stays counted; past CRASH_LOOP_LIMIT
+the step fails as permanent `crash_loop`: the item is blocked in the review queue, and a
+reviewer's retry starts a fresh count (docs/architecture.md §4)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+from temporalio.exceptions import ApplicationError
+
+from schemas.models import ItemRef
+from schemas.outcomes import ErrorType
+
+CRASH_LOOP_LIMIT = 5
+
+BEGIN_STEP = """
+INSERT INTO step_attempts (workflow_id, step, started) VALUES ($1, $2, 1)
+ON CONFLICT (workflow_id, step)
+DO UPDATE SET started = step_attempts.started + 1, last_started = now()
+RETURNING started
+"""
+
+END_STEP = "UPDATE step_attempts SET started = 0 WHERE workflow_id = $1 AND step = $2"
+
+
+@asynccontextmanager
+async def counted_attempt(pool: asyncpg.Pool, item: ItemRef, step: str) -> AsyncIterator[None]:
+    started = await pool.fetchval(BEGIN_STEP, item.workflow_id, step)
+    if started > CRASH_LOOP_LIMIT:
+        await pool.execute(END_STEP, item.workflow_id, step)  # a reviewer's retry: fresh count
+        raise ApplicationError("permanent: crash_loop", type=ErrorType.PERMANENT.value,
+                               non_retryable=True)
+    try:
+        yield
+    except asyncio.CancelledError:
+        raise  # cut off (a timeout, a shutdown): counted, like a crash
+    except BaseException:
+        await pool.execute(END_STEP, item.workflow_id, step)
+        raise
+    await pool.execute(END_STEP, item.workflow_id, step)
