@@ -28,8 +28,10 @@ test-fast: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/fast $(PYTEST_ARGS)
 
 ## test-stack: every test that talks to real PostgreSQL, a Temporal server and the sandbox
+## (tests marked `isolated` stop a shared server, so they run after the rest, on their own)
 test-stack: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/fast $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/fast -m "not isolated" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/fast -m isolated $(PYTEST_ARGS)
 
 ## lint: ruff, and the rooms contract (.importlinter): an upward import fails here
 lint: $(STAMP)

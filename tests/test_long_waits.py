@@ -102,6 +102,7 @@ async def test_resume_wakes_parked_items_at_once(
     assert len(await env.emails_to(email)) == 1
 
 
+@pytest.mark.isolated
 async def test_a_store_outage_longer_than_every_retry_budget_needs_no_one(
         env: StackClient, db: asyncpg.Pool, stack: Stack) -> None:
     """PostgreSQL really stopped for longer than any step's retry budget, with items parked

@@ -138,6 +138,9 @@ class InboundEmailWorkflow:
         self._card_url = ""
         self._send_followup = True          # False once a reviewer approved without it
         self._approved_by: str | None = None
+        # The ledger attempt the next call of each operation makes, and its budget: the
+        # `summary` the UI shows on the step ("crm-upsert attempt 7/12").
+        self._next_attempt: dict[str, tuple[int, int]] = {}
         # What the search attributes already say: upsert only changes (each upsert is a
         # history event and a visibility write).
         self._shown_state: str | None = None
@@ -169,7 +172,8 @@ class InboundEmailWorkflow:
     async def _process(self) -> None:
         self._show(ItemState.EXTRACTING, extra=[SA_TENANT.value_set(self.item.tenant)])
         extraction = await self._step(
-            ExtractActivities.extract_message, self.item, EXTRACT_TIMEOUT, EXTRACT_RETRY)
+            ExtractActivities.extract_message, self.item, EXTRACT_TIMEOUT, EXTRACT_RETRY,
+            summary="extract")
         self._owner = extraction.review_owner
         self._escalation_hours = extraction.escalation_hours
         self._identity_known = extraction.identity_known
@@ -242,7 +246,7 @@ class InboundEmailWorkflow:
         self._show(ItemState.MATCHING)
         plan = await self._step(
             MatchActivities.match_and_plan, PlanInput(self.item, approved_by), PLAN_TIMEOUT,
-            PLAN_RETRY)
+            PLAN_RETRY, summary="match-and-plan")
         for action, key in (("crm-upsert", plan.crm_op_key), ("crm-note", plan.note_op_key),
                             ("send", plan.send_op_key)):
             if key:
@@ -250,11 +254,11 @@ class InboundEmailWorkflow:
         return plan
 
     async def _step(self, fn: Step[Owner, Arg, Result], arg: Arg, timeout: timedelta,
-                    retry: RetryPolicy) -> Result:
+                    retry: RetryPolicy, summary: str | None = None) -> Result:
         """A non-outbox step; if it cannot finish, a person decides (retry or reject)."""
         while True:
             try:
-                return await self._activity(fn, arg, timeout, retry)
+                return await self._activity(fn, arg, timeout, retry, summary=summary)
             except STEP_FAILURES as err:
                 if self._store_outage(err):
                     await self._wait_for_store()
@@ -271,7 +275,9 @@ class InboundEmailWorkflow:
         while True:
             self._show(state)
             try:
-                result = await self._activity(fn, op, OPERATION_TIMEOUT, retry)
+                attempt, budget = self._next_attempt.get(action, (1, _budget(op_key)))
+                result = await self._activity(fn, op, OPERATION_TIMEOUT, retry,
+                                              summary=f"{action} attempt {attempt}/{budget}")
             except STEP_FAILURES as err:
                 if self._store_outage(err):
                     await self._wait_for_store()
@@ -363,6 +369,9 @@ class InboundEmailWorkflow:
                                            OperationInput(self.item, op_key))
             waiting.attempts = f"{view.attempts}/{view.max_attempts}"
             waiting.error = view.last_error
+            action = op_key.rsplit(":", 1)[-1]
+            self._next_attempt[action] = (view.attempts + 1,
+                                          view.attempts + _budget(op_key))
         decision = await self._wait_for_person(waiting, state)
         if decision.action == "resolve":
             assert op_key is not None
@@ -370,9 +379,9 @@ class InboundEmailWorkflow:
                 self.item, op_key, decision.reviewer, decision.evidence or ""))
             return "resolved"
         if op_key:
-            budget = SEND_MAX_ATTEMPTS if op_key.endswith(":send") else CRM_MAX_ATTEMPTS
             await self._bookkeeping(ReviewActivities.grant_operation_retry,
-                                    RetryGrant(self.item, op_key, decision.reviewer, budget))
+                                    RetryGrant(self.item, op_key, decision.reviewer,
+                                               _budget(op_key)))
         return "retry"
 
     async def _review(self, reason: str, kind: str = "review",
@@ -646,7 +655,7 @@ class InboundEmailWorkflow:
         return [SA_NEEDS_REVIEW.value_set(False), SA_OVERDUE.value_set(False)]
 
     async def _activity(self, fn: Step[Owner, Arg, Result], arg: Arg, timeout: timedelta,
-                        retry: RetryPolicy) -> Result:
+                        retry: RetryPolicy, summary: str | None = None) -> Result:
         """Run a step in the worker that runs this workflow (a local activity).
 
         Safe because no step relies on running once: every side effect goes through the
@@ -657,10 +666,10 @@ class InboundEmailWorkflow:
         Workflows started before this change keep scheduling regular activities."""
         if workflow.patched("local-steps"):
             return await workflow.execute_local_activity_method(
-                fn, arg, start_to_close_timeout=timeout, retry_policy=retry)
+                fn, arg, start_to_close_timeout=timeout, retry_policy=retry, summary=summary)
         return await workflow.execute_activity_method(
             fn, arg, start_to_close_timeout=timeout, retry_policy=retry,
-            heartbeat_timeout=HEARTBEAT_TIMEOUT)
+            heartbeat_timeout=HEARTBEAT_TIMEOUT, summary=summary)
 
     async def _bookkeeping(self, fn: Step[Owner, Arg, Result], arg: Arg) -> Result:
         """State mirror, audit, review tasks: never fail the workflow. Past a few quick
@@ -677,3 +686,8 @@ class InboundEmailWorkflow:
                 continue
             self._store_wait = STORE_WAIT_FIRST  # the store answers again
             return result
+
+
+def _budget(op_key: str) -> int:
+    """The ledger's attempt budget of an operation (and of each reviewer's retry)."""
+    return SEND_MAX_ATTEMPTS if op_key.endswith(":send") else CRM_MAX_ATTEMPTS

@@ -9,6 +9,7 @@ stack tier's job."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import uuid
 from collections import Counter
@@ -168,9 +169,11 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
 
 
 async def run(env: WorkflowEnvironment, scenario: Scenario,
-              drive: Callable[[WorkflowHandle[Any, Any]], Any] | None = None) -> dict[str, Any]:
+              drive: Callable[[WorkflowHandle[Any, Any]], Any] | None = None,
+              summaries: list[str] | None = None) -> dict[str, Any]:
     """Start one item on a worker of its own task queue, let `drive` act as a person, and
-    return the workflow's result as the JSON a client sees."""
+    return the workflow's result as the JSON a client sees (`summaries`: filled with the
+    steps' summaries from the history)."""
     queue = f"branches-{uuid.uuid4().hex[:8]}"
     client: Client = env.client
     async with Worker(client, task_queue=queue, workflows=[InboundEmailWorkflow],
@@ -181,6 +184,10 @@ async def run(env: WorkflowEnvironment, scenario: Scenario,
         if drive is not None:
             await drive(handle)
         result = await handle.result()
+        if summaries is not None:
+            async for event in handle.fetch_history_events():
+                if event.HasField("user_metadata") and event.user_metadata.HasField("summary"):
+                    summaries.append(json.loads(event.user_metadata.summary.data))
     assert isinstance(result, ItemStatus)
     return {"state": result.state, "reason": result.reason,
             "operations": {k: v.status for k, v in result.operations.items()}}
@@ -263,6 +270,7 @@ async def test_a_decision_without_a_reviewer_is_recorded_and_ignored(
 async def test_permanent_crm_error_blocks_until_a_person_retries(
         env: WorkflowEnvironment) -> None:
     scenario = Scenario(crm_failures=[permanent("http_400:INVALID_EMAIL")])
+    summaries: list[str] = []
 
     async def retry(handle: WorkflowHandle[Any, Any]) -> None:
         status = await wait_for_state(handle, "blocked")
@@ -270,9 +278,13 @@ async def test_permanent_crm_error_blocks_until_a_person_retries(
         assert status["review"]["op_key"] == "wf:crm-upsert"
         await decide(handle, Decision.RETRY)
 
-    result = await run(env, scenario, retry)
+    result = await run(env, scenario, retry, summaries=summaries)
     assert result["state"] == "completed"
     assert scenario.calls["crm-upsert"] == 2 and scenario.calls["retry_granted"] == 1
+    # Each step's summary in the history says which ledger attempt it is, of what budget.
+    assert [s for s in summaries if s.startswith("crm-upsert")] == [
+        "crm-upsert attempt 1/6", "crm-upsert attempt 2/7"]
+    assert {"extract", "match-and-plan", "send attempt 1/6"} <= set(summaries)
 
 
 async def test_ambiguous_side_effect_resolved_with_evidence_is_not_repeated(

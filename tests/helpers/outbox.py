@@ -18,9 +18,12 @@ from inboxcrm.adapters.base import (
     ContactFields,
     CrmClient,
     CrmRecord,
+    CrmRecordView,
     MailClient,
     OutgoingEmail,
     SentEmail,
+    SentRecord,
+    Unverifiable,
 )
 from inboxcrm.adapters.errors import Category, Classified
 from schemas.models import ItemRef, OperationInput
@@ -109,8 +112,15 @@ class GatedCrm:
     async def find_contact(self, external_id: str) -> CrmRecord | None:
         return await self._real.find_contact(external_id)
 
-    async def log_note(self, note_key: str, record_id: str, text: str) -> str:
-        return await self._real.log_note(note_key, record_id, text)
+    async def log_note(self, note_key: str, record_id: str, text: str,
+                       occurred_at: datetime) -> str:
+        return await self._real.log_note(note_key, record_id, text, occurred_at)
+
+    async def associate_note(self, note_id: str, record_id: str) -> None:
+        await self._real.associate_note(note_id, record_id)
+
+    async def read_contact(self, record_id: str) -> CrmRecordView | None:
+        return await self._real.read_contact(record_id)
 
     async def find_note(self, note_key: str) -> str | None:
         return await self._real.find_note(note_key)
@@ -125,6 +135,7 @@ class GatedMail:
     def __init__(self, real: MailClient, gate: Gate, *, lose_answer: bool) -> None:
         self.name = real.name
         self.reconcilable = real.reconcilable
+        self.key_window_seconds = real.key_window_seconds
         self._real = real
         self._gate = gate
         self._lose = lose_answer
@@ -136,8 +147,8 @@ class GatedMail:
             raise LOST_ANSWER
         return sent
 
-    async def find_sent(self, idempotency_key: str) -> SentEmail | None:
-        return await self._real.find_sent(idempotency_key)
+    async def read_sent(self, message_id: str) -> SentRecord | None:
+        return await self._real.read_sent(message_id)
 
     async def aclose(self) -> None:
         return None
@@ -149,6 +160,7 @@ class UnsearchableMail:
     without an email)."""
 
     reconcilable = False
+    key_window_seconds = None
 
     def __init__(self, real: MailClient, *, drops: int) -> None:
         self.name = "smtp"
@@ -161,8 +173,8 @@ class UnsearchableMail:
             raise LOST_ANSWER
         return await self._real.send(idempotency_key, message)
 
-    async def find_sent(self, idempotency_key: str) -> SentEmail | None:
-        raise AdapterError(Classified(Category.UNKNOWN, "smtp_not_searchable"))
+    async def read_sent(self, message_id: str) -> SentRecord | None:
+        raise Unverifiable("smtp_not_searchable")
 
     async def aclose(self) -> None:
         return None
