@@ -721,7 +721,7 @@ def reconcile(
     from activities.drift import run_drift_check
     from inboxcrm.adapters.factory import ConfigurationError, build_crm, build_mail
     from inboxcrm.store import drift as drift_store
-    from schemas.drift import DriftCheckRequest, Trigger
+    from schemas.drift import DriftCheckRequest, DriftReport, Trigger
 
     settings = settings_from_env()
     now = datetime.now(UTC)
@@ -747,7 +747,7 @@ def reconcile(
             await crm.aclose()
             await mail.aclose()
 
-    async def latest(conn: Any) -> Any:
+    async def latest(conn: asyncpg.Connection[Any]) -> DriftReport | None:
         return await drift_store.latest_report(conn, Trigger.SCHEDULE.value)
 
     scheduled = _with_db(settings, latest)
