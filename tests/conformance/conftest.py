@@ -11,22 +11,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers.sandbox_process import SandboxProcess, free_port
+from tests.helpers.sandbox_process import SandboxProcess, free_port, running
 from tests.helpers.tls import self_signed_certificate
-
-
-async def _running(process: SandboxProcess) -> AsyncIterator[SandboxProcess]:
-    await process.start()
-    yield process
-    await process.stop()
-    log = process.log.read_text()
-    process.log.unlink(missing_ok=True)
-    assert "Traceback" not in log, f"sandbox raised during the tests:\n{log[-5000:]}"
 
 
 @pytest.fixture(scope="session")
 async def sandbox(database_url: str) -> AsyncIterator[SandboxProcess]:
-    async for process in _running(SandboxProcess(database_url, free_port())):
+    async for process in running(SandboxProcess(database_url, free_port())):
         yield process
 
 
@@ -38,15 +29,15 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 async def tls_sandbox(database_url: str, certificate: tuple[Path, Path]
                       ) -> AsyncIterator[SandboxProcess]:
-    async for process in _running(SandboxProcess(database_url, free_port(), tls=certificate)):
+    async for process in running(SandboxProcess(database_url, free_port(), tls=certificate)):
         yield process
 
 
 @pytest.fixture(scope="session")
 async def keys_never_expire(database_url: str) -> AsyncIterator[SandboxProcess]:
     process = SandboxProcess(database_url, free_port(), args=("--idempotency-key-hours", "0"))
-    async for running in _running(process):
-        yield running
+    async for started in running(process):
+        yield started
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,7 @@ import socket
 import ssl
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -92,3 +93,11 @@ class SandboxProcess:
             await self.proc.wait()
 
 
+async def running(process: SandboxProcess) -> AsyncIterator[SandboxProcess]:
+    """Start `process` for a fixture, stop it after, and fail if it logged a traceback."""
+    await process.start()
+    yield process
+    await process.stop()
+    log = process.log.read_text()
+    process.log.unlink(missing_ok=True)
+    assert "Traceback" not in log, f"sandbox raised during the tests:\n{log[-5000:]}"

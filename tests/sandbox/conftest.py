@@ -11,18 +11,20 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from tests.helpers.sandbox_process import API_KEY, HANG, SEARCH_LAG, SandboxProcess, free_port
+from tests.helpers.sandbox_process import (
+    API_KEY,
+    HANG,
+    SEARCH_LAG,
+    SandboxProcess,
+    free_port,
+    running,
+)
 
 
 @pytest.fixture(scope="session")
 async def sandbox_process(database_url: str) -> AsyncIterator[SandboxProcess]:
-    process = SandboxProcess(database_url, free_port())
-    await process.start()
-    yield process
-    await process.stop()
-    log = process.log.read_text()
-    process.log.unlink(missing_ok=True)
-    assert "Traceback" not in log, f"sandbox raised during the tests:\n{log[-5000:]}"
+    async for process in running(SandboxProcess(database_url, free_port())):
+        yield process
 
 
 @pytest.fixture(scope="session")
