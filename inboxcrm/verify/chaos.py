@@ -110,6 +110,11 @@ class ChaosStats:
     posts_given_up: int = 0
     calls: int = 0
     faulted_calls: int = 0
+    # The same two counts while faults were being injected (the chaos phase): the bar on the
+    # fault share applies there, since the long-fault phase's paused sends all go out after
+    # the faults are off and would dilute it.
+    phase_calls: int = 0
+    phase_faulted_calls: int = 0
     faults_injected: Counter[str] = field(default_factory=Counter)
     fault_outcomes: Counter[str] = field(default_factory=Counter)
     kills: int = 0
@@ -128,7 +133,8 @@ class ChaosStats:
 
     @property
     def fault_share(self) -> float:
-        return self.faulted_calls / self.calls if self.calls else 0.0
+        """Faulted calls among the calls made while faults were being injected."""
+        return self.phase_faulted_calls / self.phase_calls if self.phase_calls else 0.0
 
 
 @dataclass
@@ -314,6 +320,7 @@ class ChaosRun:
             await self._ensure_running()
         self.mark("chaos_phase_s", phase)
         await self._tally_calls()
+        stats.phase_calls, stats.phase_faulted_calls = stats.calls, stats.faulted_calls
         self.log(f"chaos phase done in {stats.timings['chaos_phase_s']}s: "
                  f"{stats.faulted_calls}/{stats.calls} destination calls faulted "
                  f"({stats.fault_share:.1%}), {stats.kills} kills, "
@@ -791,7 +798,9 @@ def summary_rows(result: ChaosResult) -> list[tuple[str, str]]:
         ("post retries (503 / connection)", str(s.post_retries)),
         ("deliveries never accepted", str(s.posts_given_up)),
         ("destination calls", str(s.calls)),
-        ("calls that saw a fault", f"{s.faulted_calls} ({s.fault_share:.1%})"),
+        ("calls that saw a fault", f"{s.faulted_calls} of {s.calls}; while faults were on: "
+                                   f"{s.phase_faulted_calls} of {s.phase_calls} "
+                                   f"({s.fault_share:.1%})"),
         ("fault modes seen", _counts(Counter(k.split("/")[1] for k in s.fault_outcomes
                                              for _ in range(s.fault_outcomes[k])))),
         ("faults injected (target/mode)", str(sum(s.faults_injected.values()))),
