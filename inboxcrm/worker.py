@@ -89,8 +89,11 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         max_cached_workflows=settings.max_cached_workflows,
         # A PostgreSQL outage is reported as `StoreUnavailable` by every activity.
         interceptors=[StoreOutageInterceptor()],
-        # A rollout drains: in-flight steps (an SMTP send among them) finish instead of
-        # being cancelled into an unknown outcome.
+        # A rollout drains (docs/architecture.md §4): the steps in flight (local activities,
+        # an SMTP send among them) always run to their end; no new step or destination call
+        # starts (`activities/outbox.py`, `activities/step_attempts.py`). This grace is what
+        # regular activities get before they are cancelled: the drift check, and the steps
+        # of workflows started before `local-steps`.
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
     )
     try:

@@ -27,6 +27,9 @@ class ErrorType(StrEnum):
     # PostgreSQL unreachable: retried; past the step's budget the item waits for the store
     # (capped backoff), never for a person: an outage alone needs no operator action.
     STORE_UNAVAILABLE = "StoreUnavailable"
+    # The worker is shutting down and did not start the step: the workflow hands it to the
+    # next worker after a short timer (docs/architecture.md §4, graceful shutdown).
+    WORKER_DRAINING = "WorkerDraining"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +30,9 @@ from inboxcrm.platform.config import Settings
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers.cli import cli
+from tests.helpers.histories import HISTORIES, HISTORY_KEYS, store_history
 from tests.helpers.messages import no_sender_message
 from workflows.inbound_email import InboundEmailWorkflow
-
-HISTORIES = Path(__file__).resolve().parent / "histories"
-HISTORY_KEYS = HISTORIES / "codec-keys.json"
 
 
 async def test_histories_replay_deterministically(env: StackClient, app_settings: Settings,
@@ -74,21 +71,7 @@ async def test_histories_replay_deterministically(env: StackClient, app_settings
         result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
         assert result.replay_failure is None
         if label:
-            _store(history, f"{label}-{name}", app_settings)
-
-
-def _store(history: WorkflowHistory, name: str, settings: Settings) -> None:
-    HISTORIES.mkdir(exist_ok=True)
-    assert settings.codec_keys_file, "capturing needs the codec on"
-    if not HISTORY_KEYS.exists():
-        shutil.copyfile(settings.codec_keys_file, HISTORY_KEYS)
-    stored = json.loads(HISTORY_KEYS.read_text())
-    current = json.loads(Path(settings.codec_keys_file).read_text())
-    stored["keys"].update(current["keys"])  # histories of several captures, one key file
-    HISTORY_KEYS.write_text(json.dumps(stored, indent=1) + "\n")
-    (HISTORIES / f"{name}.json").write_text(
-        json.dumps({"workflow_id": history.workflow_id,
-                    "history": json.loads(history.to_json())}, indent=None) + "\n")
+            store_history(history, f"{label}-{name}", app_settings)
 
 
 def _stored() -> list[Path]:

@@ -1,25 +1,22 @@
 """Resume from stored evidence (docs/architecture.md §3): the extraction is stored once per
 event and reused by every re-run, and the steps outside the ledger have durable attempt
 counts, so a message that keeps killing the worker ends `blocked / crash_loop` in the queue
-instead of being retried forever."""
+instead of being retried forever (with real kills: tests/test_worker_exits.py)."""
 
 from __future__ import annotations
 
-import json
-import uuid
-
 import asyncpg
+import pytest
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.extract import ExtractActivities
-from activities.step_attempts import CRASH_LOOP_LIMIT
 from inboxcrm.domain.extraction.minimise import MinimisedMessage
 from inboxcrm.domain.extraction.rules import RulesExtractor
-from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from schemas.extraction import Extraction
-from schemas.models import ItemRef, inbound_workflow_id
-from tests.helpers.cli import cli
+from schemas.models import ItemRef
+from schemas.outcomes import ErrorType
 from tests.helpers.time_skipping import stored_event
 
 
@@ -52,25 +49,21 @@ async def test_a_rerun_reuses_the_stored_extraction(env: StackClient, db: asyncp
                            "AND action = 'extracted'", workflow_id) == 1
 
 
-async def test_a_message_that_keeps_crashing_the_worker_ends_blocked_crash_loop(
-        env: StackClient, db: asyncpg.Pool, stack: Stack) -> None:
-    """The worker died CRASH_LOOP_LIMIT times inside this item's extraction (each death left
-    its attempt counted): the next attempt stops the loop and asks a person."""
-    email = unique_email("poison")
-    delivery = f"D-{uuid.uuid4().hex[:12]}"
-    workflow_id = inbound_workflow_id("acme", "standard", "sales@acme.test", delivery)
-    await db.execute("INSERT INTO step_attempts (workflow_id, step, started) "
-                     "VALUES ($1, 'extract', $2)", workflow_id, CRASH_LOOP_LIMIT)
+async def test_a_draining_worker_starts_no_extraction(env: StackClient, db: asyncpg.Pool) -> None:
+    """On a worker that is shutting down the step is refused before it starts: the model is
+    not asked, nothing is counted toward a crash loop, and the workflow hands the step to
+    the next worker (tests/fast/test_workflow_branches.py; a real SIGTERM in
+    tests/test_worker_exits.py)."""
+    event_id, workflow_id = await stored_event(db, message_from(unique_email("draining")))
+    item = ItemRef(event_id=event_id, workflow_id=workflow_id, tenant="acme")
+    extractor = CountingExtractor()
+    shutting_down = ActivityEnvironment()
+    shutting_down.worker_shutdown()
 
-    assert await env.deliver(message_from(email), delivery) == workflow_id
+    with pytest.raises(ApplicationError) as refused:
+        await shutting_down.run(ExtractActivities(db, extractor, 30.0).extract_message, item)
 
-    assert await env.wait_state(workflow_id, {"blocked", "completed"}) == (
-        "blocked", "crash_loop")
-    queue = json.loads(cli(stack, "queue", "--json").stdout)
-    assert [(i["reason"], i["state"]) for i in queue if i["workflow_id"] == workflow_id] == [
-        ("crash_loop", "blocked")]
-    # A person looked (say, the worker's memory limit was raised): retry starts a fresh count.
-    await env.signal(workflow_id, "retry", {"reviewer": "dana"})
-    await env.wait_state(workflow_id, "completed")
-    assert len(await env.crm_records_for(email)) == 1
-    assert len(await env.emails_to(email)) == 1
+    assert refused.value.type == ErrorType.WORKER_DRAINING.value and refused.value.non_retryable
+    assert extractor.calls == 0
+    assert await env.count("SELECT count(*) FROM step_attempts WHERE workflow_id = $1",
+                           workflow_id) == 0

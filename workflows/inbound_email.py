@@ -97,6 +97,7 @@ with workflow.unsafe.imports_passed_through():
         BOOKKEEPING_TIMEOUT,
         CRM_MAX_ATTEMPTS,
         CRM_RETRY,
+        DRAIN_HANDOVER,
         EXTRACT_RETRY,
         EXTRACT_TIMEOUT,
         HEARTBEAT_TIMEOUT,
@@ -113,6 +114,7 @@ with workflow.unsafe.imports_passed_through():
         STORE_WAIT_FIRST,
         STORE_WAIT_MAX,
         is_store_outage,
+        is_worker_draining,
     )
 
 __all__ = ["CRM_MAX_ATTEMPTS", "SEND_MAX_ATTEMPTS", "InboundEmailWorkflow"]
@@ -260,6 +262,8 @@ class InboundEmailWorkflow:
             try:
                 return await self._activity(fn, arg, timeout, retry, summary=summary)
             except STEP_FAILURES as err:
+                if await self._handed_over(err):
+                    continue
                 if self._store_outage(err):
                     await self._wait_for_store()
                     continue
@@ -310,6 +314,15 @@ class InboundEmailWorkflow:
         self._woken = False
         with contextlib.suppress(TimeoutError):
             await workflow.wait_condition(lambda: self._woken, timeout=fallback)
+
+    async def _handed_over(self, err: FailureError) -> bool:
+        """The step's worker is shutting down and did not start it: a short timer ends this
+        workflow task, so the draining worker can exit, and the next worker runs the step.
+        (An outbox operation parks instead: `activities/outbox.py`.)"""
+        if not (is_worker_draining(err) and workflow.patched("drain-handover")):
+            return False
+        await workflow.sleep(DRAIN_HANDOVER)
+        return True
 
     def _store_outage(self, err: FailureError) -> bool:
         """A failure that waiting fixes (docs/architecture.md §4). Histories written before

@@ -78,11 +78,21 @@ HISTORY_LIMIT = 1_000
 # about 2,000 history events a day at most (a waiting operation continues as new).
 STORE_WAIT_FIRST = timedelta(seconds=10)
 STORE_WAIT_MAX = timedelta(minutes=5)
+# A step refused by a draining worker waits this long (a timer ends the workflow task, so the
+# draining worker can exit) and is then run by the next worker.
+DRAIN_HANDOVER = timedelta(seconds=1)
 
 # How a step that could not finish reaches the workflow: a regular activity's failure is an
 # ActivityError around the cause; a local activity's non-retryable failure or timeout can
 # arrive as the cause itself.
 STEP_FAILURES = (ActivityError, ApplicationError, StepTimeout)
+
+
+def is_worker_draining(err: BaseException) -> bool:
+    """The step was not started because its worker is shutting down (a rollout)."""
+    cause = err.cause if isinstance(err, ActivityError) else err
+    return (isinstance(cause, ApplicationError)
+            and cause.type == ErrorType.WORKER_DRAINING.value)
 
 
 def is_store_outage(err: BaseException) -> bool:

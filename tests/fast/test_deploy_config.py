@@ -520,9 +520,16 @@ def test_tls_config_variants(tmp_path: Path) -> None:
 
 
 def test_worker_drains_within_the_pod_grace_period() -> None:
-    """The worker's graceful shutdown outlasts the longest step, and Kubernetes waits longer
-    than that before it kills the pod (the timeout chain in workflows/step_options.py)."""
-    from workflows.step_options import OPERATION_TIMEOUT
+    """A draining worker lets the step in flight finish (a local step always runs to its
+    end; a regular activity gets INBOXCRM_SHUTDOWN_GRACE_SECONDS) and then records it; the
+    pod (Kubernetes) and the container (Compose) wait longer than the longest step plus that
+    bookkeeping before they kill it (the timeout chain in workflows/step_options.py)."""
+    from workflows.step_options import (
+        BOOKKEEPING_TIMEOUT,
+        EXTRACT_TIMEOUT,
+        OPERATION_TIMEOUT,
+        PLAN_TIMEOUT,
+    )
 
     docs = list(yaml.safe_load_all((K8S / "worker.yaml").read_text()))
     [deployment] = [d for d in docs if d and d.get("kind") == "Deployment"]
@@ -530,4 +537,9 @@ def test_worker_drains_within_the_pod_grace_period() -> None:
     config = yaml.safe_load((K8S / "configmap.yaml").read_text())["data"]
     drain = float(config.get("INBOXCRM_SHUTDOWN_GRACE_SECONDS",
                              Settings.model_fields["shutdown_grace_seconds"].default))
+    longest = max(EXTRACT_TIMEOUT, PLAN_TIMEOUT, OPERATION_TIMEOUT) + BOOKKEEPING_TIMEOUT
     assert OPERATION_TIMEOUT.total_seconds() < drain < grace
+    assert longest.total_seconds() < grace
+    compose_grace = yaml.safe_load(COMPOSE.read_text())["services"]["worker"][
+        "stop_grace_period"]
+    assert compose_grace == f"{grace}s"

@@ -63,6 +63,7 @@ class Scenario:
     reasons: list[str] = field(default_factory=list)
     plan: PlanResult = field(default_factory=lambda: planned())
     crm_failures: list[ApplicationError] = field(default_factory=list)
+    plan_failures: list[ApplicationError] = field(default_factory=list)
     calls: Counter[str] = field(default_factory=Counter)
     states: list[str] = field(default_factory=list)
     audit: list[str] = field(default_factory=list)
@@ -77,6 +78,8 @@ class Scenario:
         @activity.defn(name="match_and_plan")
         async def match_and_plan(plan: PlanInput) -> PlanResult:
             self.calls["plan"] += 1
+            if self.plan_failures:
+                raise self.plan_failures.pop(0)
             return self.plan
 
         @activity.defn(name="upsert_contact_in_crm")
@@ -285,6 +288,22 @@ async def test_permanent_crm_error_blocks_until_a_person_retries(
     assert [s for s in summaries if s.startswith("crm-upsert")] == [
         "crm-upsert attempt 1/6", "crm-upsert attempt 2/7"]
     assert {"extract", "match-and-plan", "send attempt 1/6"} <= set(summaries)
+
+
+async def test_a_step_refused_by_a_draining_worker_runs_again_without_a_person(
+        env: WorkflowEnvironment) -> None:
+    """A worker shutting down refuses to start planning (activities/step_attempts.py): the
+    workflow waits one short timer, so the draining worker can finish its task and exit, and
+    the step runs again; no review, no failure."""
+    draining = ApplicationError("worker draining", type=ErrorType.WORKER_DRAINING.value,
+                                non_retryable=True)
+    scenario = Scenario(plan_failures=[draining])
+
+    # (Sent to a person instead, the item would wait for a decision that never comes.)
+    result = await asyncio.wait_for(run(env, scenario), timeout=30)
+    assert (result["state"], result["reason"]) == ("completed", "followup_sent")
+    assert scenario.calls["plan"] == 2 and scenario.calls["crm-upsert"] == 1
+    assert scenario.states == ["completed"]
 
 
 async def test_ambiguous_side_effect_resolved_with_evidence_is_not_repeated(
