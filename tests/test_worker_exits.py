@@ -16,9 +16,12 @@ import json
 import os
 import signal
 from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
 
 import asyncpg
 import pytest
+from temporalio.client import WorkflowHandle
 from temporalio.worker import Replayer
 
 from activities.step_attempts import CRASH_LOOP_LIMIT
@@ -60,7 +63,7 @@ def llm_answer(email: str) -> dict[str, object]:
 
 @pytest.mark.slow
 async def test_a_draining_worker_starts_no_new_side_effect(
-        env: StackClient, db: asyncpg.Pool, stack: Stack) -> None:
+        env: StackClient, db: asyncpg.Pool, stack: Stack, app_settings: Settings) -> None:
     """SIGTERM arrives while the CRM takes 8 s to answer the upsert. The draining worker
     finishes that call and records it, but does not begin the note or the email after it
     (each could outlast the pod's grace period and be cut off mid-call): it exits, and the
@@ -92,6 +95,29 @@ async def test_a_draining_worker_starts_no_new_side_effect(
     assert (result.state, result.reason) == ("completed", "followup_sent")
     assert len(await env.crm_records_for(email)) == 1
     assert len(await env.emails_to(email)) == 1
+    assert await handover_timers(handle) == [DRAIN_HANDOVER]
+    await replays(env, handle, "drain-handover-operation", app_settings)
+
+
+async def replays(env: StackClient, handle: WorkflowHandle[Any, Any], scenario: str,
+                  settings: Settings) -> None:
+    """The history replays against today's code; with INBOXCRM_CAPTURE_HISTORIES=<label> it
+    is stored as tests/histories/<label>-<scenario>.json for tests/test_replay.py."""
+    history = await handle.fetch_history()
+    client = await env.temporal()
+    replayed = await Replayer(workflows=[InboundEmailWorkflow],
+                              data_converter=client.data_converter).replay_workflow(history)
+    assert replayed.replay_failure is None
+    if label := os.environ.get("INBOXCRM_CAPTURE_HISTORIES"):
+        store_history(history, f"{label}-{scenario}", settings)
+
+
+async def handover_timers(handle: WorkflowHandle[Any, Any]) -> list[timedelta]:
+    """The timers in the item's history: the handover from a draining worker is the only one
+    a run without pauses, outages or reviews starts."""
+    history = await handle.fetch_history()
+    return [e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
+            for e in history.events if e.HasField("timer_started_event_attributes")]
 
 
 @pytest.mark.slow
@@ -133,16 +159,8 @@ async def test_sigterm_during_extraction_hands_the_next_step_over(
     assert len(await env.crm_records_for(email)) == 1
     assert len(await env.emails_to(email)) == 1
 
-    history = await handle.fetch_history()
-    timers = [e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
-              for e in history.events if e.HasField("timer_started_event_attributes")]
-    assert timers == [DRAIN_HANDOVER]
-    client = await env.temporal()
-    replayed = await Replayer(workflows=[InboundEmailWorkflow],
-                              data_converter=client.data_converter).replay_workflow(history)
-    assert replayed.replay_failure is None
-    if label := os.environ.get("INBOXCRM_CAPTURE_HISTORIES"):
-        store_history(history, f"{label}-drain-handover", app_settings)
+    assert await handover_timers(handle) == [DRAIN_HANDOVER]
+    await replays(env, handle, "drain-handover-step", app_settings)
 
 
 @pytest.mark.slow

@@ -292,6 +292,11 @@ class InboundEmailWorkflow:
                     self._status.operations[action].status = "completed"
                     return OperationResult(status="completed", reason="resolved_by_reviewer")
                 continue
+            if result.status == "parked" and result.reason == "worker_draining" and (
+                    workflow.patched("drain-handover")):
+                self._show(state, "worker_draining")
+                await workflow.sleep(DRAIN_HANDOVER)  # the next worker makes the attempt
+                continue
             if result.status == "parked":
                 self._show(state, "paused")
                 # Woken by `inboxcrm resume` (a signal); the timer is only the fallback.
