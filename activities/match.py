@@ -44,6 +44,12 @@ RETURNING contact_id, name, company, status, (xmax = 0) AS inserted
 
 FIND_CONTACT = "SELECT contact_id FROM contacts WHERE tenant = $1 AND canonical_email = $2"
 
+# This event's earlier match to this contact by address, if a run of its plan made one.
+FIND_EVENT_MATCH = """
+SELECT decision FROM match_decisions
+WHERE event_id = $1 AND contact_id = $2 AND rule = 'exact_canonical_email'
+"""
+
 FIND_NAME_CANDIDATES = """
 SELECT contact_id FROM contacts
 WHERE tenant = $1 AND lower(name) = lower($2)
@@ -90,6 +96,13 @@ SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant = $1 AND canonical_email 
                WHERE contact_id = $3 AND event_id <> $4
                  AND status <> 'cancelled'
                  AND created_at > now() - make_interval(secs => $5)) AS recent
+"""
+
+# The follow-up an earlier run of this event's plan created (a local activity's result dies
+# with a killed worker, so a plan can run again after its intent was already being sent).
+FIND_EVENT_INTENT = """
+SELECT intent_id, status FROM followup_intents WHERE event_id = $1
+ORDER BY created_at LIMIT 1
 """
 
 # The intent, inserted or (a re-run) the one already there. The second branch reads the
@@ -236,26 +249,32 @@ class _Planner:
         if contact is None:  # an upsert always returns its row; a missing one is a bug
             raise missing_row("contact")
         contact_id = contact["contact_id"]
-        inserted = bool(contact["inserted"])
-        if not inserted:
-            conflict = self._conflicting_field(contact, name, company)
-            if conflict and self.approved_by is None:
-                return await self.needs_review(
-                    f"field_conflict:{conflict}", decision="existing_contact",
-                    contact_id=contact_id,
-                )
-            await self._fill_fields(contact, name, company)
-        decision = "new_contact" if inserted else "existing_contact"
         crm_key = operation_key(self.item.workflow_id, Action.CRM_UPSERT)
         note_key = operation_key(self.item.workflow_id, Action.CRM_NOTE)
-        await self.conn.execute(
-            RECORD_CONTACT_MATCH, self.item.event_id, self.item.tenant, decision,
-            "exact_canonical_email", contact_id, [], self.item.workflow_id,
-            store.json_safe({"decision": decision, "rule": "exact_canonical_email",
-                             "approved_by": self.approved_by}),
-            crm_key, Action.CRM_UPSERT.value, self.crm_max_attempts,
-            note_key, Action.CRM_NOTE.value,
-        )
+        earlier = await self.conn.fetchval(FIND_EVENT_MATCH, self.item.event_id, contact_id)
+        if earlier is not None:
+            # A re-run of a plan that matched already (its result died with a worker): the
+            # contact this run sees was made by that run; its decision and operations stand.
+            inserted = earlier == "new_contact"
+        else:
+            inserted = bool(contact["inserted"])
+            if not inserted:
+                conflict = self._conflicting_field(contact, name, company)
+                if conflict and self.approved_by is None:
+                    return await self.needs_review(
+                        f"field_conflict:{conflict}", decision="existing_contact",
+                        contact_id=contact_id,
+                    )
+                await self._fill_fields(contact, name, company)
+            decision = "new_contact" if inserted else "existing_contact"
+            await self.conn.execute(
+                RECORD_CONTACT_MATCH, self.item.event_id, self.item.tenant, decision,
+                "exact_canonical_email", contact_id, [], self.item.workflow_id,
+                store.json_safe({"decision": decision, "rule": "exact_canonical_email",
+                                 "approved_by": self.approved_by}),
+                crm_key, Action.CRM_UPSERT.value, self.crm_max_attempts,
+                note_key, Action.CRM_NOTE.value,
+            )
         result = PlanResult(outcome="planned", contact_id=str(contact_id), crm_op_key=crm_key,
                             note_op_key=note_key)
         return await self._plan_followup(result, contact_id, identity, inserted,
@@ -286,6 +305,18 @@ class _Planner:
         self, result: PlanResult, contact_id: Any, identity: str, new_contact: bool,
         contact_status: str,
     ) -> PlanResult:
+        send_key = operation_key(self.item.workflow_id, Action.SEND)
+        earlier = await self.conn.fetchrow(FIND_EVENT_INTENT, self.item.event_id)
+        if earlier is not None:
+            # Decided before: that decision stands, whatever changed since (an opt-out, the
+            # quiet period). The send step re-checks eligibility, and it alone knows whether
+            # an earlier attempt may have gone out (then the item is held, not suppressed).
+            await self.audit("followup_plan_reused", {"intent_id": str(earlier["intent_id"]),
+                                                      "status": earlier["status"]}, contact_id)
+            result.send_op_key = send_key
+            result.intent_id = str(earlier["intent_id"])
+            result.intent_needs_approval = earlier["status"] == "awaiting_approval"
+            return result
         rule = self.policy.rule_for_intent(str(self.extraction.get("intent")))
         if rule is None:
             await self.audit("followup_not_planned", {"reason": "no_rule_for_intent"}, contact_id)
@@ -314,7 +345,6 @@ class _Planner:
         if intent is None:
             raise missing_row("followup_intent")
         intent_id = str(intent["intent_id"])
-        send_key = operation_key(self.item.workflow_id, Action.SEND)
         await self.conn.execute(
             QUEUE_SEND, send_key, self.item.workflow_id, self.item.event_id, Action.SEND.value,
             self.send_max_attempts, intent_id, self.item.tenant, contact_id,

@@ -9,12 +9,16 @@ from datetime import datetime
 
 import pytest
 
+from inboxcrm.domain.unsubscribe_links import make_token
+from inboxcrm.platform.config import Settings
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers.cli import cli
 
 CRM_KEY = "{}:crm-upsert"
 SEND_KEY = "{}:send"
+ONE_CLICK = {"content": b"List-Unsubscribe=One-Click",
+             "headers": {"content-type": "application/x-www-form-urlencoded"}}
 
 
 @pytest.fixture
@@ -203,6 +207,46 @@ async def test_worker_killed_after_provider_accepted_email(
     state, _ = await env.wait_state(workflow_id, {"completed", "ambiguous"}, timeout=90)
     assert len(await env.emails_to(email)) == 1  # one email or ambiguous, never two
     assert state == "completed"  # the same key inside its window: reconciled by repeating
+
+
+@pytest.mark.slow
+async def test_a_repeat_that_finds_the_person_opted_out_is_held(
+    env: StackClient, stack: Stack, app_settings: Settings, restart_worker,  # type: ignore[no-untyped-def]
+) -> None:
+    """The provider accepted the email, the worker died before hearing so, and the person
+    used the unsubscribe link before the send was repeated. Repeating could write to someone
+    who asked not to be written to (had the first attempt not gone out) and nothing else
+    confirms it: the item is held `ambiguous` for a person, never sent again, and never
+    reported `suppressed` while an email may have gone out."""
+    email = unique_email("optedoutrepeat")
+    assert app_settings.unsubscribe_secret is not None
+    secret = app_settings.unsubscribe_secret.get_secret_value()
+    await env.sandbox_config(hang_seconds=30)
+    await env.inject("mail.send", "timeout_after_commit")
+
+    workflow_id = await env.deliver(message_from(email))
+    await env.wait_for(lambda: env.emails_to(email), what="provider accepted the email")
+    stack.processes["worker"].kill()
+    contact_id = await env.db.fetchval(
+        "SELECT contact_id FROM contacts WHERE tenant = 'acme' AND canonical_email = lower($1)",
+        email)
+    link = f"{stack.relay_url}/v1/unsubscribe/{make_token(secret, 'acme', contact_id)}"
+
+    async def unsubscribed() -> bool:
+        # The relay waits (≤ 30 s a request) for the dead attempt's send lease to run out.
+        response = await env.http.post(link, timeout=40, **ONE_CLICK)  # type: ignore[arg-type]
+        return response.status_code == 200
+    await env.wait_for(unsubscribed, timeout=90, what="the unsubscribe recorded")
+    stack.start_worker()
+
+    state, _ = await env.wait_state(workflow_id, {"completed", "ambiguous", "suppressed"},
+                                    timeout=90)
+    op = await env.operation(SEND_KEY.format(workflow_id))
+    assert state == "ambiguous"
+    assert op is not None and op["status"] == "ambiguous", dict(op or {})
+    assert len(await env.emails_to(email)) == 1  # the first attempt's, and no other
+    assert await env.count("SELECT count(*) FROM suppressions WHERE tenant = 'acme' "
+                           "AND canonical_email = lower($1)", email) == 1
 
 
 async def test_opt_out_cancels_a_queued_intent_while_sends_are_paused(

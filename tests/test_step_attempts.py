@@ -11,13 +11,16 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.extract import ExtractActivities
+from activities.match import MatchActivities
 from inboxcrm.domain.extraction.minimise import MinimisedMessage
 from inboxcrm.domain.extraction.rules import RulesExtractor
+from inboxcrm.store.suppression import suppress_identity
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from schemas.extraction import Extraction
-from schemas.models import ItemRef
+from schemas.models import ItemRef, PlanInput
 from schemas.outcomes import ErrorType
 from tests.helpers.time_skipping import stored_event
+from workflows.inbound_email import CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS
 
 
 class CountingExtractor:
@@ -67,3 +70,34 @@ async def test_a_draining_worker_starts_no_extraction(env: StackClient, db: asyn
     assert extractor.calls == 0
     assert await env.count("SELECT count(*) FROM step_attempts WHERE workflow_id = $1",
                            workflow_id) == 0
+
+
+async def test_a_rerun_of_planning_keeps_the_first_runs_decisions(
+        env: StackClient, db: asyncpg.Pool) -> None:
+    """A killed worker's planning runs again (a local step's result dies with its worker),
+    possibly after the world moved on: here the person opted out in between. The re-run
+    keeps the first run's contact decision and follow-up, so the send step, which alone
+    knows whether an attempt may have gone out, decides what happens to it; a re-plan would
+    report the item `suppressed` while its email might already be out."""
+    email = unique_email("replanned")
+    event_id, workflow_id = await stored_event(db, message_from(email))
+    item = ItemRef(event_id=event_id, workflow_id=workflow_id, tenant="acme")
+    await ActivityEnvironment().run(
+        ExtractActivities(db, RulesExtractor(), 30.0).extract_message, item)
+    planner = MatchActivities(db, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
+
+    first = await ActivityEnvironment().run(planner.match_and_plan, PlanInput(item))
+    async with db.acquire() as conn, conn.transaction():
+        await suppress_identity(conn, "acme", email.lower(), reason="unsubscribe",
+                                source="test", cancel_reason="unsubscribed")
+    again = await ActivityEnvironment().run(planner.match_and_plan, PlanInput(item))
+
+    assert first.send_op_key is not None and first.intent_id is not None
+    assert (again.outcome, again.contact_id, again.crm_op_key, again.send_op_key,
+            again.intent_id) == (first.outcome, first.contact_id, first.crm_op_key,
+                                 first.send_op_key, first.intent_id)
+    assert await env.count("SELECT count(*) FROM audit_log WHERE workflow_id = $1 "
+                           "AND action = 'contact_matched'", workflow_id) == 1
+    # The queued intent itself was cancelled by the opt-out: the send step will say so.
+    assert await db.fetchval("SELECT status FROM followup_intents WHERE intent_id = $1::uuid",
+                             first.intent_id) == "cancelled"

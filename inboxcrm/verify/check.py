@@ -492,13 +492,20 @@ def _review_queue(events: list[Any]) -> CheckResult:
     return result
 
 
+# Finished without a person: nothing of theirs may be left unsettled. (A rejected item's
+# operations stay as the reviewer found them: the rejection is the decision.)
+FINISHED_STATES = ("completed", "suppressed", "ignored")
+
+
 def _completed_operations(events: list[Any], operations: list[Any]) -> CheckResult:
-    completed = {e["workflow_id"] for e in events if e["state"] == "completed"}
-    result = CheckResult("completed_items_have_completed_operations",
-                         "a completed item has no operation left pending, failed or in progress",
-                         examined=len(completed))
+    """An item reported `suppressed` with its send still in progress would hide an email
+    that may have gone out (a re-planned item did, before plans were kept on re-runs)."""
+    finished = {e["workflow_id"] for e in events if e["state"] in FINISHED_STATES}
+    result = CheckResult("finished_items_have_settled_operations",
+                         "a completed, suppressed or ignored item has no operation left "
+                         "pending, failed or in progress", examined=len(finished))
     for op in operations:
-        if op["workflow_id"] in completed and op["status"] not in ("completed", "cancelled"):
+        if op["workflow_id"] in finished and op["status"] not in ("completed", "cancelled"):
             result.flag([f"{op['op_key']} status:{op['status']}"])
     return result
 
