@@ -44,10 +44,16 @@ RETURNING contact_id, name, company, status, (xmax = 0) AS inserted
 
 FIND_CONTACT = "SELECT contact_id FROM contacts WHERE tenant = $1 AND canonical_email = $2"
 
-# This event's earlier match to this contact by address, if a run of its plan made one.
-FIND_EVENT_MATCH = """
-SELECT decision FROM match_decisions
-WHERE event_id = $1 AND contact_id = $2 AND rule = 'exact_canonical_email'
+# What an earlier run of this event's plan decided, if one ran (a local activity's result
+# dies with a killed worker, so a plan can run again after its follow-up went on the wire):
+# its match to this contact by address, and the follow-up it created.
+EARLIER_PLAN = """
+SELECT m.decision, i.intent_id, i.status AS intent_status
+FROM (SELECT 1) AS one
+LEFT JOIN match_decisions m
+       ON m.event_id = $1 AND m.contact_id = $2 AND m.rule = 'exact_canonical_email'
+LEFT JOIN LATERAL (SELECT intent_id, status FROM followup_intents WHERE event_id = $1
+                   ORDER BY created_at LIMIT 1) i ON true
 """
 
 FIND_NAME_CANDIDATES = """
@@ -96,13 +102,6 @@ SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant = $1 AND canonical_email 
                WHERE contact_id = $3 AND event_id <> $4
                  AND status <> 'cancelled'
                  AND created_at > now() - make_interval(secs => $5)) AS recent
-"""
-
-# The follow-up an earlier run of this event's plan created (a local activity's result dies
-# with a killed worker, so a plan can run again after its intent was already being sent).
-FIND_EVENT_INTENT = """
-SELECT intent_id, status FROM followup_intents WHERE event_id = $1
-ORDER BY created_at LIMIT 1
 """
 
 # The intent, inserted or (a re-run) the one already there. The second branch reads the
@@ -251,11 +250,13 @@ class _Planner:
         contact_id = contact["contact_id"]
         crm_key = operation_key(self.item.workflow_id, Action.CRM_UPSERT)
         note_key = operation_key(self.item.workflow_id, Action.CRM_NOTE)
-        earlier = await self.conn.fetchval(FIND_EVENT_MATCH, self.item.event_id, contact_id)
-        if earlier is not None:
-            # A re-run of a plan that matched already (its result died with a worker): the
-            # contact this run sees was made by that run; its decision and operations stand.
-            inserted = earlier == "new_contact"
+        earlier = await self.conn.fetchrow(EARLIER_PLAN, self.item.event_id, contact_id)
+        if earlier is None:  # one row always (a LEFT JOIN of a constant)
+            raise missing_row("earlier_plan")
+        if earlier["decision"] is not None:
+            # A re-run of a plan that matched already: the contact this run sees was made by
+            # that run; its decision and operations stand.
+            inserted = earlier["decision"] == "new_contact"
         else:
             inserted = bool(contact["inserted"])
             if not inserted:
@@ -278,7 +279,7 @@ class _Planner:
         result = PlanResult(outcome="planned", contact_id=str(contact_id), crm_op_key=crm_key,
                             note_op_key=note_key)
         return await self._plan_followup(result, contact_id, identity, inserted,
-                                         contact["status"])
+                                         contact["status"], earlier)
 
     def _conflicting_field(self, contact: asyncpg.Record, name: str | None,
                            company: str | None) -> str | None:
@@ -303,19 +304,20 @@ class _Planner:
 
     async def _plan_followup(
         self, result: PlanResult, contact_id: Any, identity: str, new_contact: bool,
-        contact_status: str,
+        contact_status: str, earlier: asyncpg.Record,
     ) -> PlanResult:
         send_key = operation_key(self.item.workflow_id, Action.SEND)
-        earlier = await self.conn.fetchrow(FIND_EVENT_INTENT, self.item.event_id)
-        if earlier is not None:
+        if earlier["intent_id"] is not None:
             # Decided before: that decision stands, whatever changed since (an opt-out, the
             # quiet period). The send step re-checks eligibility, and it alone knows whether
             # an earlier attempt may have gone out (then the item is held, not suppressed).
-            await self.audit("followup_plan_reused", {"intent_id": str(earlier["intent_id"]),
-                                                      "status": earlier["status"]}, contact_id)
+            intent_id = str(earlier["intent_id"])
+            await self.audit("followup_plan_reused", {"intent_id": intent_id,
+                                                      "status": earlier["intent_status"]},
+                             contact_id)
             result.send_op_key = send_key
-            result.intent_id = str(earlier["intent_id"])
-            result.intent_needs_approval = earlier["status"] == "awaiting_approval"
+            result.intent_id = intent_id
+            result.intent_needs_approval = earlier["intent_status"] == "awaiting_approval"
             return result
         rule = self.policy.rule_for_intent(str(self.extraction.get("intent")))
         if rule is None:

@@ -28,6 +28,7 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.failures import refuse_if_worker_draining
 from activities.heartbeat import heartbeating
 from inboxcrm.adapters.base import AdapterError
 from inboxcrm.adapters.errors import Category, Classified, ErrorType, to_application_error
@@ -122,12 +123,7 @@ class OutboxRunner:
         key_window_seconds: float | None,
     ) -> OperationResult:
         item = op.item
-        if activity.is_worker_shutdown():
-            # A draining worker finishes the calls already on the wire but starts none: the
-            # workflow waits as if paused, and the next worker makes this attempt. Nothing is
-            # claimed or counted (docs/architecture.md §4, graceful shutdown).
-            _count("inboxcrm_operation_deferrals", self.action, "worker_draining")
-            return OperationResult(status="parked", reason="worker_draining")
+        refuse_if_worker_draining(self.action)
         async with self.pool.acquire() as conn:
             claim = await ledger.begin_attempt(
                 conn, op.op_key, tenant=item.tenant, pause_scope=self.pause_scope,

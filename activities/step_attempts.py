@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import asyncpg
-from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.failures import refuse_if_worker_draining
 from schemas.models import ItemRef
 from schemas.outcomes import ErrorType
 
@@ -35,11 +35,7 @@ END_STEP = "UPDATE step_attempts SET started = 0 WHERE workflow_id = $1 AND step
 
 @asynccontextmanager
 async def counted_attempt(pool: asyncpg.Pool, item: ItemRef, step: str) -> AsyncIterator[None]:
-    if activity.is_worker_shutdown():
-        # A draining worker starts no step (an LLM call could outlast the pod's grace): not
-        # counted, and the workflow hands the step to the next worker.
-        raise ApplicationError("worker draining", type=ErrorType.WORKER_DRAINING.value,
-                               non_retryable=True)
+    refuse_if_worker_draining(step)
     started = await pool.fetchval(BEGIN_STEP, item.workflow_id, step)
     if started > CRASH_LOOP_LIMIT:
         await pool.execute(END_STEP, item.workflow_id, step)  # a reviewer's retry: fresh count

@@ -283,6 +283,8 @@ class InboundEmailWorkflow:
                 result = await self._activity(fn, op, OPERATION_TIMEOUT, retry,
                                               summary=f"{action} attempt {attempt}/{budget}")
             except STEP_FAILURES as err:
+                if await self._handed_over(err):
+                    continue
                 if self._store_outage(err):
                     await self._wait_for_store()
                     self._continue_if_long()
@@ -291,11 +293,6 @@ class InboundEmailWorkflow:
                 if await self._recover(err, op_key=op_key) == "resolved":
                     self._status.operations[action].status = "completed"
                     return OperationResult(status="completed", reason="resolved_by_reviewer")
-                continue
-            if result.status == "parked" and result.reason == "worker_draining" and (
-                    workflow.patched("drain-handover")):
-                self._show(state, "worker_draining")
-                await workflow.sleep(DRAIN_HANDOVER)  # the next worker makes the attempt
                 continue
             if result.status == "parked":
                 self._show(state, "paused")
@@ -321,9 +318,9 @@ class InboundEmailWorkflow:
             await workflow.wait_condition(lambda: self._woken, timeout=fallback)
 
     async def _handed_over(self, err: FailureError) -> bool:
-        """The step's worker is shutting down and did not start it: a short timer ends this
-        workflow task, so the draining worker can exit, and the next worker runs the step.
-        (An outbox operation parks instead: `activities/outbox.py`.)"""
+        """The step's worker is shutting down and did not start it
+        (`activities/failures.py`): a short timer ends this workflow task, so the draining
+        worker can exit, and the next worker runs the step."""
         if not (is_worker_draining(err) and workflow.patched("drain-handover")):
             return False
         await workflow.sleep(DRAIN_HANDOVER)
