@@ -18,37 +18,19 @@ from temporalio import activity
 from activities.failures import missing_row
 from activities.outbox import Attempt, OutboxRunner, Recorded
 from inboxcrm.adapters.base import ContactFields, CrmClient
+from inboxcrm.store import contacts, ledger
 from schemas.models import Action, ItemState, OperationInput, OperationResult
-
-LOAD_CONTACT = """
-SELECT contact_id, email, name, company FROM contacts WHERE contact_id = $1::uuid
-"""
-
-# `head`: the start of the stored message, for its Date header (NULL once purged).
-LOAD_NOTE_CONTEXT = """
-SELECT c.crm_record_id, e.source, e.received_at, e.route, e.extraction ->> 'intent' AS intent,
-       e.delivery_id, substring(e.raw FROM 1 FOR 65536) AS head
-FROM inbound_events e JOIN contacts c ON c.contact_id = e.contact_id
-WHERE e.event_id = $1::uuid
-"""
 
 # A Date header further ahead of the receipt than clock skew explains is not believed.
 MAX_DATE_AHEAD = timedelta(hours=1)
-
-# Written with the completed ledger row (ledger.success_statement): $2 the CRM record ID,
-# $11 the operation's external reference, our contact ID.
-MIRROR_CRM_RECORD = """
-UPDATE contacts SET crm_record_id = $2, updated_at = now()
-WHERE contact_id = $11::uuid AND EXISTS (SELECT 1 FROM completed)
-"""
-
 
 class CrmActivities:
     def __init__(self, pool: asyncpg.Pool, crm: CrmClient, max_retry_after: float) -> None:
         self._pool = pool
         self._crm = crm
         self._runner = OutboxRunner(pool, action=Action.CRM_UPSERT.value, pause_scope="crm",
-                                    max_retry_after=max_retry_after, mirror=MIRROR_CRM_RECORD)
+                                    max_retry_after=max_retry_after,
+                                    also_record=ledger.AlsoRecord.CRM_RECORD_ON_CONTACT)
         self._note_runner = OutboxRunner(pool, action=Action.CRM_NOTE.value, pause_scope="crm",
                                          max_retry_after=max_retry_after)
 
@@ -72,7 +54,7 @@ class CrmActivities:
 
     async def _note_context(self, attempt: Attempt) -> asyncpg.Record:
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(LOAD_NOTE_CONTEXT, attempt.op.item.event_id)
+            row = await conn.fetchrow(contacts.LOAD_NOTE_CONTEXT, attempt.op.item.event_id)
         if row is None or row["crm_record_id"] is None:
             raise missing_row("crm_record")
         return row
@@ -106,7 +88,7 @@ class CrmActivities:
 
     async def _upsert(self, attempt: Attempt) -> str:
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(LOAD_CONTACT, _contact_id(attempt))
+            row = await conn.fetchrow(contacts.LOAD_CONTACT, _contact_id(attempt))
         if row is None:
             raise missing_row("contact")
         record = await self._crm.upsert_contact(
@@ -116,7 +98,8 @@ class CrmActivities:
         return record.record_id
 
     def _record(self, attempt: Attempt, record_id: str, reconciled: bool) -> Recorded:
-        """The record ID goes onto the contact (`MIRROR_CRM_RECORD`) with this entry."""
+        """The record ID goes onto the contact (`AlsoRecord.CRM_RECORD_ON_CONTACT`) with this
+        entry."""
         return Recorded(
             actor="crm", action="crm_upserted", contact_id=_contact_id(attempt),
             detail={"op_key": attempt.op.op_key, "crm": self._crm.name,

@@ -24,7 +24,7 @@ import asyncpg
 from temporalio import activity
 
 from inboxcrm.adapters.base import AdapterError, CrmClient, MailClient, Unverifiable
-from inboxcrm.store import drift as store
+from inboxcrm.store import drift
 from schemas.contract import DRIFT_CHECK_ACTIVITY
 from schemas.drift import DriftCheckRequest, DriftFinding, DriftKind, DriftReport, DriftSummary
 
@@ -53,9 +53,9 @@ async def run_drift_check(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
     start = datetime.fromisoformat(request.window_start)
     end = datetime.fromisoformat(request.window_end)
     async with pool.acquire() as conn:
-        total = await store.count_completed(conn, start, end)
-        sample = await store.sample_completed(conn, start, end, request.sample_size)
-        duplicates = await store.duplicate_message_ids(conn, start, end)
+        total = await drift.count_completed(conn, start, end)
+        sample = await drift.sample_completed(conn, start, end, request.sample_size)
+        duplicates = await drift.duplicate_message_ids(conn, start, end)
     checker = _Checker(crm, mail)
     found = await asyncio.gather(*(checker.check(item) for item in sample))
     report = DriftReport(
@@ -64,7 +64,7 @@ async def run_drift_check(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
         completed_in_window=total, sampled=len(sample),
         findings=[f for f in found if f is not None] + duplicates)
     async with pool.acquire() as conn:
-        return await store.save_report(conn, report)
+        return await drift.save_report(conn, report)
 
 
 class _Checker:
@@ -73,7 +73,7 @@ class _Checker:
         self._mail = mail
         self._slots = asyncio.Semaphore(CONCURRENCY)
 
-    async def check(self, item: store.Sampled) -> DriftFinding | None:
+    async def check(self, item: drift.Sampled) -> DriftFinding | None:
         subject = f"{'contact' if item.action == 'crm-upsert' else 'intent'}:{item.external_ref}"
         if not item.external_ref or not item.destination_id:
             # Completed without a destination reference (e.g. resolved by a reviewer without
@@ -99,16 +99,16 @@ class _Checker:
         if by_external_id is not None and by_external_id.record_id == record_id:
             return None  # the common case: one lookup
         stored = await self._crm.read_contact(record_id)
-        return store.crm_record_drift(
+        return drift.crm_record_drift(
             contact_id, record_id, exists=stored is not None,
             owner=stored.external_id if stored else None,
             found_by_external_id=by_external_id.record_id if by_external_id else None)
 
     async def _email(self, intent_id: str, message_id: str) -> DriftFinding | None:
         sent = await self._mail.read_sent(message_id)
-        return store.email_drift(intent_id, message_id, exists=sent is not None,
+        return drift.email_drift(intent_id, message_id, exists=sent is not None,
                                  key=sent.idempotency_key if sent else None)
 
 
-def _finding(kind: DriftKind, subject: str, detail: str, item: store.Sampled) -> DriftFinding:
+def _finding(kind: DriftKind, subject: str, detail: str, item: drift.Sampled) -> DriftFinding:
     return DriftFinding(kind.value, subject, detail, item.op_key)

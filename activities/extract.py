@@ -31,33 +31,12 @@ from inboxcrm.domain.extraction import (
     extract_and_route,
 )
 from inboxcrm.domain.policy import InvalidAddress, TenantPolicy, canonical_email, get_policy
-from inboxcrm.store import queries as store
+from inboxcrm.store import audit, events
 from inboxcrm.store.suppression import SendInFlight, suppress_reported
 from schemas.models import ExtractResult, ItemRef, ItemState
 
 if TYPE_CHECKING:
-    from inboxcrm.store.queries import Conn
-
-# Marks the item `extracting` and reads its raw message, its source and any stored
-# extraction: one round trip.
-START_EXTRACTION = """
-UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now()
-WHERE event_id = $1
-RETURNING raw, source, extraction IS NOT NULL AND route IS NOT NULL AS extracted, route,
-          route_reasons, canonical_email IS NOT NULL AS identity_known
-"""
-
-# The validated record and its audit entry, atomically in one statement.
-STORE_EXTRACTION = """
-WITH stored AS (
-    UPDATE inbound_events
-    SET extraction = $2, route = $3, route_reasons = $4, canonical_email = $5,
-        updated_at = now()
-    WHERE event_id = $1
-)
-INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
-VALUES ($6, $1, $7, NULL, 'extractor', 'extracted', $8)
-"""
+    from inboxcrm.store.db import Conn
 
 
 class ExtractActivities:
@@ -74,7 +53,8 @@ class ExtractActivities:
             return await self._extract(item)
 
     async def _extract(self, item: ItemRef) -> ExtractResult:
-        event = await self._pool.fetchrow(START_EXTRACTION, item.event_id, ItemState.EXTRACTING)
+        event = await self._pool.fetchrow(events.START_EXTRACTION, item.event_id,
+                                          ItemState.EXTRACTING)
         if event is None:
             raise missing_row("event")
         policy = get_policy(item.tenant)
@@ -127,9 +107,9 @@ class ExtractActivities:
         }
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(
-                STORE_EXTRACTION, item.event_id, record, outcome.route, outcome.reasons,
+                events.STORE_EXTRACTION, item.event_id, record, outcome.route, outcome.reasons,
                 outcome.canonical_email, item.tenant, item.workflow_id,
-                store.json_safe(detail),
+                audit.json_safe(detail),
             )
             if outcome.suppression_candidates:
                 await self._suppress_reported(conn, item, policy, outcome.suppression_candidates)
@@ -156,7 +136,7 @@ class ExtractActivities:
                 "send in flight for a reported identity", type=ErrorType.TRANSIENT.value,
                 next_retry_delay=timedelta(seconds=min(busy.retry_after, 5.0))) from None
         if suppressed:
-            await store.audit(
+            await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 contact_id=None, actor="extractor", action="suppression_recorded",
                 detail={"reason": reason, "identities": len(suppressed)})

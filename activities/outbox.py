@@ -32,8 +32,7 @@ from activities.failures import refuse_if_worker_draining
 from activities.heartbeat import heartbeating
 from inboxcrm.adapters.base import AdapterError
 from inboxcrm.adapters.errors import Category, Classified, ErrorType, to_application_error
-from inboxcrm.store import ledger
-from inboxcrm.store import queries as store
+from inboxcrm.store import audit, ledger
 from schemas.models import OperationInput, OperationResult
 
 # The window is counted from our first attempt's start, which precedes the provider's first
@@ -50,7 +49,7 @@ _STATUS_FOR_CATEGORY = {
 @dataclass(frozen=True)
 class Recorded:
     """The audit entry an action writes for its completed operation (with the ledger row,
-    in the same statement; see `ledger.success_statement`)."""
+    in the same statement; see `ledger.complete_attempt`)."""
 
     actor: str
     action: str
@@ -83,15 +82,15 @@ class Attempt:
 
 class OutboxRunner:
     def __init__(self, pool: asyncpg.Pool, *, action: str, pause_scope: str,
-                 max_retry_after: float, mirror: str | None = None) -> None:
-        """`mirror`: the action's own record of a success, written with the ledger row
-        ($2 the destination ID, $11 the operation's external reference)."""
+                 max_retry_after: float,
+                 also_record: ledger.AlsoRecord = ledger.AlsoRecord.NOTHING) -> None:
+        """`also_record`: the action's own record of a success, written with the ledger row
+        (`ledger.complete_attempt`)."""
         self.pool = pool
         self.action = action
         self.pause_scope = pause_scope
         self.max_retry_after = max_retry_after
-        self._mirrors = mirror is not None
-        self._success_sql = ledger.success_statement(mirror)
+        self._also_record = also_record
 
     async def run(
         self,
@@ -190,7 +189,7 @@ class OutboxRunner:
                                                     classified.reason)
                 if owned and on_failure is not None:
                     await on_failure(conn, attempt, classified)
-                await store.audit(
+                await audit.append(
                     conn, tenant=item.tenant, event_id=item.event_id,
                     workflow_id=item.workflow_id, actor=self.action, action="attempt_failed",
                     detail={"op_key": op.op_key, "attempt": claim.attempts,
@@ -216,11 +215,14 @@ class OutboxRunner:
         the row (raises Fenced otherwise: nothing is written)."""
         item = attempt.op.item
         entry = record_success(attempt, destination_id, reconciled)
-        mirror_args = [attempt.claim.external_ref] if self._mirrors else []
-        owned = await self.pool.fetchval(
-            self._success_sql, attempt.op.op_key, destination_id, attempt.claim.attempts,
-            item.tenant, item.event_id, item.workflow_id, entry.contact_id, entry.actor,
-            entry.action, store.json_safe(entry.detail), *mirror_args)
+        owned = await ledger.complete_attempt(
+            self.pool, attempt.op.op_key, token=attempt.claim.attempts,
+            destination_id=destination_id, external_ref=attempt.claim.external_ref,
+            also=self._also_record,
+            entry=ledger.SuccessEntry(
+                tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+                actor=entry.actor, action=entry.action, detail=entry.detail,
+                contact_id=entry.contact_id))
         if not owned:
             raise Fenced()
         _count("inboxcrm_operations_completed", self.action,
@@ -241,7 +243,7 @@ class OutboxRunner:
                 return False
             if on_failure is not None:
                 await on_failure(conn, attempt, classified)
-            await store.audit(
+            await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=self.action, action="scope_parked",
                 detail={"op_key": op.op_key, "scope": self.pause_scope,
@@ -260,7 +262,7 @@ class OutboxRunner:
             if not await ledger.record_failure(conn, op.op_key, claim.attempts, "ambiguous",
                                                "unknown", reason):
                 return False
-            await store.audit(
+            await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=self.action, action="operation_ambiguous",
                 detail={"op_key": op.op_key, "reason": reason, "attempt": claim.attempts,

@@ -10,8 +10,7 @@ import asyncpg
 from temporalio import activity
 
 from inboxcrm.domain.policy import InvalidAddress, canonical_email, get_policy
-from inboxcrm.store import ledger
-from inboxcrm.store import queries as store
+from inboxcrm.store import audit, contacts, events, intents, ledger
 from schemas.models import (
     CorrectionInput,
     IntentApproval,
@@ -21,46 +20,6 @@ from schemas.models import (
     ResolveInput,
     RetryGrant,
 )
-
-LOAD_EXTRACTION = "SELECT extraction FROM inbound_events WHERE event_id = $1 FOR UPDATE"
-
-STORE_CORRECTION = """
-UPDATE inbound_events SET extraction = $2, canonical_email = COALESCE($3, canonical_email),
-    updated_at = now()
-WHERE event_id = $1
-"""
-
-RECORD_RESOLVED_CRM_ID = """
-UPDATE contacts SET crm_record_id = $2, updated_at = now()
-FROM operations o
-WHERE o.op_key = $1 AND o.action = 'crm-upsert' AND contacts.contact_id = o.external_ref::uuid
-"""
-
-RECORD_RESOLVED_SEND = """
-UPDATE followup_intents SET status = 'sent', provider_message_id = $2,
-    sent_at = COALESCE(sent_at, now()), lease_owner = NULL, lease_until = NULL
-FROM operations o
-WHERE o.op_key = $1 AND o.action = 'send' AND followup_intents.intent_id = o.external_ref::uuid
-"""
-
-APPROVE_INTENT = """
-UPDATE followup_intents SET status = 'queued', approved_by = $2
-WHERE intent_id = $1::uuid AND status = 'awaiting_approval'
-"""
-
-# Approved without its follow-up: the intent and its send operation are cancelled together.
-DECLINE_INTENT = """
-WITH intent AS (
-    UPDATE followup_intents SET status = 'cancelled', cancel_reason = 'reviewer_declined'
-    WHERE intent_id = $1::uuid AND status IN ('queued', 'awaiting_approval')
-)
-UPDATE operations SET status = 'cancelled', last_transition = now()
-WHERE op_key = $2 AND status NOT IN ('completed', 'in_progress')
-"""
-
-OPERATION_VIEW = """
-SELECT attempts, max_attempts, last_error FROM operations WHERE op_key = $1
-"""
 
 # Fields a reviewer may correct on approve, and where they live in the extraction record.
 CORRECTABLE = {"sender_email": "sender_email", "name": "contact_name", "company": "company"}
@@ -78,9 +37,9 @@ class ReviewActivities:
             await ledger.complete(conn, resolve.op_key, resolve.evidence, resolve.evidence)
             # A resolved CRM upsert names the contact's record: later steps (the note) use it;
             # a resolved send names the provider's message: the intent is sent, not sending.
-            await conn.execute(RECORD_RESOLVED_CRM_ID, resolve.op_key, resolve.evidence)
-            await conn.execute(RECORD_RESOLVED_SEND, resolve.op_key, resolve.evidence)
-            await store.audit(
+            await conn.execute(contacts.RECORD_RESOLVED_CRM_ID, resolve.op_key, resolve.evidence)
+            await conn.execute(intents.RECORD_RESOLVED_SEND, resolve.op_key, resolve.evidence)
+            await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=resolve.reviewer, action="operation_resolved",
                 detail={"op_key": resolve.op_key, "evidence": resolve.evidence},
@@ -94,7 +53,7 @@ class ReviewActivities:
         item = grant.item
         async with self._pool.acquire() as conn, conn.transaction():
             granted = await ledger.extend_attempt_budget(conn, grant.op_key, grant.budget)
-            await store.audit(
+            await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=grant.reviewer, action="operation_retry_granted",
                 detail={"op_key": grant.op_key, "budget": grant.budget,
@@ -111,7 +70,7 @@ class ReviewActivities:
         rejected: list[str] = []
         async with self._pool.acquire() as conn, conn.transaction():
             record: dict[str, Any] = dict(
-                await conn.fetchval(LOAD_EXTRACTION, item.event_id) or {}
+                await conn.fetchval(events.LOAD_EXTRACTION, item.event_id) or {}
             )
             identity: str | None = None
             for name, value in correction.corrections.items():
@@ -127,8 +86,8 @@ class ReviewActivities:
                         continue
                 record[target] = {"value": value, "confidence": 1.0,
                                   "evidence": f"reviewer:{correction.reviewer}"}
-            await conn.execute(STORE_CORRECTION, item.event_id, record, identity)
-            await store.audit(
+            await conn.execute(events.STORE_CORRECTION, item.event_id, record, identity)
+            await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=correction.reviewer, action="review_corrections_applied",
                 detail={"fields": sorted(set(correction.corrections) - set(rejected)),
@@ -140,8 +99,8 @@ class ReviewActivities:
     async def approve_followup_intent(self, approval: IntentApproval) -> None:
         item = approval.item
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(APPROVE_INTENT, approval.intent_id, approval.reviewer)
-            await store.audit(
+            await conn.execute(intents.APPROVE_INTENT, approval.intent_id, approval.reviewer)
+            await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=approval.reviewer, action="followup_approved",
                 detail={"intent_id": approval.intent_id},
@@ -151,8 +110,8 @@ class ReviewActivities:
     async def decline_followup_intent(self, decline: IntentDecline) -> None:
         item = decline.item
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(DECLINE_INTENT, decline.intent_id, decline.op_key)
-            await store.audit(
+            await conn.execute(intents.DECLINE_INTENT, decline.intent_id, decline.op_key)
+            await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=decline.reviewer, action="followup_declined",
                 detail={"intent_id": decline.intent_id},
@@ -161,7 +120,7 @@ class ReviewActivities:
     @activity.defn(name="describe_operation")
     async def describe_operation(self, op: OperationInput) -> OperationView:
         """Read only: the ledger's attempts and error label, for the UI's current details."""
-        row = await self._pool.fetchrow(OPERATION_VIEW, op.op_key)
+        row = await self._pool.fetchrow(ledger.OPERATION_VIEW, op.op_key)
         if row is None:
             return OperationView()
         return OperationView(row["attempts"], row["max_attempts"], row["last_error"])

@@ -22,12 +22,11 @@ from inboxcrm.adapters.base import MailClient, OutgoingEmail
 from inboxcrm.adapters.errors import Category, Classified, ErrorType
 from inboxcrm.domain.templates import render
 from inboxcrm.domain.unsubscribe_links import list_unsubscribe_headers
-from inboxcrm.store import ledger
-from inboxcrm.store import queries as store
+from inboxcrm.store import audit, intents, ledger
 from schemas.models import Action, ItemState, OperationInput, OperationResult
 
 if TYPE_CHECKING:
-    from inboxcrm.store.queries import Conn
+    from inboxcrm.store.db import Conn
 
 # Fallback when the activity has no start-to-close timeout (it always has one here).
 LEASE_SECONDS = 30.0
@@ -37,66 +36,14 @@ RECORD_MARGIN_SECONDS = 3.0
 # step).
 MIN_LEASE_SECONDS = 2.0
 
-# The contact row first (FOR SHARE): an opt-out locks it FOR UPDATE before it writes the
-# suppression, so eligibility and the lease below never interleave with one.
-LOCK_CONTACT_OF_INTENT = """
-SELECT c.contact_id FROM contacts c JOIN followup_intents i ON i.contact_id = c.contact_id
-WHERE i.intent_id = $1::uuid
-FOR SHARE OF c
-"""
-
-CLAIM_INTENT = """
-SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.lease_owner,
-       i.provider_message_id,
-       extract(epoch FROM i.lease_until - clock_timestamp()) AS lease_remaining,
-       c.status AS contact_status, c.email, c.name, c.tenant, c.canonical_email,
-       EXISTS (SELECT 1 FROM suppressions s
-               WHERE s.tenant = c.tenant AND s.canonical_email = c.canonical_email)
-           AS suppressed
-FROM followup_intents i JOIN contacts c ON c.contact_id = i.contact_id
-WHERE i.intent_id = $1::uuid
-FOR UPDATE OF i
-"""
-
-# The lease and the audit entry of the eligibility check that allowed it, in one statement:
-# $1 intent, $2 lease owner (the attempt), $3 lease seconds, $4 tenant, $5 event_id,
-# $6 workflow_id, $7 audit detail.
-TAKE_LEASE = """
-WITH leased AS (
-    UPDATE followup_intents
-    SET status = 'sending', lease_owner = $2, lease_until = now() + make_interval(secs => $3)
-    WHERE intent_id = $1::uuid
-)
-INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
-VALUES ($4, $5, $6, 'send', 'eligibility_checked', $7)
-"""
-
-CANCEL_INTENT = """
-UPDATE followup_intents SET status = 'cancelled', cancel_reason = $2 WHERE intent_id = $1::uuid
-"""
-
-# Only the attempt that holds the lease releases it ($2, the lease owner).
-RELEASE_LEASE = """
-UPDATE followup_intents SET status = 'queued', lease_owner = NULL, lease_until = NULL
-WHERE intent_id = $1::uuid AND status = 'sending' AND lease_owner = $2
-"""
-
-# Written with the completed ledger row (ledger.success_statement): $2 the provider's
-# message ID, $11 the operation's external reference, the intent ID.
-MIRROR_SENT = """
-UPDATE followup_intents
-SET status = 'sent', provider_message_id = $2, sent_at = now(), lease_owner = NULL,
-    lease_until = NULL
-WHERE intent_id = $11::uuid AND EXISTS (SELECT 1 FROM completed)
-"""
-
 
 class SendActivities:
     def __init__(self, pool: asyncpg.Pool, mail: MailClient, max_retry_after: float) -> None:
         self._pool = pool
         self._mail = mail
         self._runner = OutboxRunner(pool, action=Action.SEND.value, pause_scope="send",
-                                    max_retry_after=max_retry_after, mirror=MIRROR_SENT)
+                                    max_retry_after=max_retry_after,
+                                    also_record=ledger.AlsoRecord.INTENT_SENT)
         # Attempts that repeat an unconfirmed one: their lease is kept on any failure.
         self._uncertain: set[str] = set()
 
@@ -118,7 +65,7 @@ class SendActivities:
         uncertain = name in self._uncertain
         self._uncertain.discard(name)
         if failure.category is not Category.UNKNOWN and not uncertain:
-            await conn.execute(RELEASE_LEASE, _intent_id(attempt), name)
+            await conn.execute(intents.RELEASE_LEASE, _intent_id(attempt), name)
 
     async def _by_repeating(self, attempt: Attempt) -> str | None:
         """The provider cannot be searched by key; inside the key's window (checked by the
@@ -139,8 +86,8 @@ class SendActivities:
             raise Deferred("step_time_exhausted", 0.5)
         held: str | None = None
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.fetch(LOCK_CONTACT_OF_INTENT, intent_id)
-            row = await conn.fetchrow(CLAIM_INTENT, intent_id)
+            await conn.fetch(intents.LOCK_CONTACT_OF_INTENT, intent_id)
+            row = await conn.fetchrow(intents.CLAIM_INTENT, intent_id)
             if row is None:
                 raise missing_row("followup_intent")
             if row["status"] == "sent":
@@ -155,7 +102,7 @@ class SendActivities:
                          and owner.rpartition("#")[0] == attempt.op.op_key)
             refusal = _ineligible(row)
             if refusal is not None:
-                await store.audit(
+                await audit.append(
                     conn, tenant=item.tenant, event_id=item.event_id,
                     workflow_id=item.workflow_id, actor="send", action="eligibility_checked",
                     detail={"intent_id": intent_id, "eligible": False, "reason": refusal,
@@ -171,7 +118,7 @@ class SendActivities:
                         raise Fenced()
                 else:
                     if row["status"] != "cancelled":
-                        await conn.execute(CANCEL_INTENT, intent_id, refusal)
+                        await conn.execute(intents.CANCEL_INTENT, intent_id, refusal)
                     if not await ledger.record_failure(conn, attempt.op.op_key,
                                                        attempt.claim.attempts, "cancelled",
                                                        None, refusal):
@@ -188,7 +135,7 @@ class SendActivities:
                     # intent): come back when its lease expires, not spending attempts.
                     raise Deferred("intent_lease_held", float(remaining) + 0.5)
                 await conn.execute(
-                    TAKE_LEASE, intent_id, attempt_name, lease, item.tenant, item.event_id,
+                    intents.TAKE_LEASE, intent_id, attempt_name, lease, item.tenant, item.event_id,
                     item.workflow_id, {"intent_id": intent_id, "eligible": True, "reason": None,
                                        "previous_attempt_unconfirmed": uncertain})
         if held is not None:
@@ -210,7 +157,7 @@ class SendActivities:
         return sent.message_id
 
     def _record(self, attempt: Attempt, message_id: str, reconciled: bool) -> Recorded:
-        """The intent becomes `sent` (`MIRROR_SENT`) with this entry."""
+        """The intent becomes `sent` (`AlsoRecord.INTENT_SENT`) with this entry."""
         return Recorded(
             actor="send", action="followup_sent",
             detail={"op_key": attempt.op.op_key, "intent_id": _intent_id(attempt),

@@ -18,27 +18,20 @@ import asyncpg
 from temporalio.exceptions import ApplicationError
 
 from activities.failures import refuse_if_worker_draining
+from inboxcrm.store import step_attempts
 from schemas.models import ItemRef
 from schemas.outcomes import ErrorType
 
 CRASH_LOOP_LIMIT = 5
 
-BEGIN_STEP = """
-INSERT INTO step_attempts (workflow_id, step, started) VALUES ($1, $2, 1)
-ON CONFLICT (workflow_id, step)
-DO UPDATE SET started = step_attempts.started + 1, last_started = now()
-RETURNING started
-"""
-
-END_STEP = "UPDATE step_attempts SET started = 0 WHERE workflow_id = $1 AND step = $2"
-
 
 @asynccontextmanager
 async def counted_attempt(pool: asyncpg.Pool, item: ItemRef, step: str) -> AsyncIterator[None]:
     refuse_if_worker_draining(step)
-    started = await pool.fetchval(BEGIN_STEP, item.workflow_id, step)
+    started = await step_attempts.begin_step(pool, item.workflow_id, step)
     if started > CRASH_LOOP_LIMIT:
-        await pool.execute(END_STEP, item.workflow_id, step)  # a reviewer's retry: fresh count
+        # A reviewer's retry: a fresh count.
+        await step_attempts.end_step(pool, item.workflow_id, step)
         raise ApplicationError("permanent: crash_loop", type=ErrorType.PERMANENT.value,
                                non_retryable=True)
     try:
@@ -46,6 +39,6 @@ async def counted_attempt(pool: asyncpg.Pool, item: ItemRef, step: str) -> Async
     except asyncio.CancelledError:
         raise  # cut off (a timeout, a shutdown): counted, like a crash
     except BaseException:
-        await pool.execute(END_STEP, item.workflow_id, step)
+        await step_attempts.end_step(pool, item.workflow_id, step)
         raise
-    await pool.execute(END_STEP, item.workflow_id, step)
+    await step_attempts.end_step(pool, item.workflow_id, step)

@@ -8,6 +8,17 @@ and evaluated again each time."""
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Literal, get_args
+
+# The states the workflow branches on, as Literal types mypy checks (plain strings on the
+# wire: the payloads in stored histories stay byte-identical).
+Route = Literal["auto", "review", "ignore", "opt_out"]
+PlanOutcome = Literal["planned", "review", "suppressed", "opted_out"]
+OperationOutcome = Literal["completed", "parked", "cancelled"]
+DecisionAction = Literal["approve", "hold", "reject", "retry", "resolve"]
+
+ROUTES: tuple[Route, ...] = get_args(Route)
+DECISION_ACTIONS: tuple[DecisionAction, ...] = get_args(DecisionAction)
 
 
 class ItemState(StrEnum):
@@ -66,7 +77,7 @@ class ItemRef:
 
 @dataclass
 class ExtractResult:
-    route: str                      # auto | review | ignore | opt_out
+    route: Route
     reasons: list[str] = field(default_factory=list)
     extractor: str = "rules"
     # From the tenant's policy, so the workflow needs no I/O to know who owns its reviews.
@@ -87,7 +98,7 @@ class PlanInput:
 
 @dataclass
 class PlanResult:
-    outcome: str                    # planned | review | suppressed | opted_out
+    outcome: PlanOutcome
     reason: str | None = None
     contact_id: str | None = None
     crm_op_key: str | None = None
@@ -142,7 +153,7 @@ class OperationInput:
 
 @dataclass
 class OperationResult:
-    status: str                     # completed | parked | cancelled
+    status: OperationOutcome
     destination_id: str | None = None
     reason: str | None = None
     reconciled: bool = False
@@ -191,7 +202,7 @@ class DecisionBody:
 class ReviewDecision:
     """A validated decision. `reviewer` is required."""
 
-    action: str                     # approve | hold | reject | retry | resolve
+    action: DecisionAction
     reviewer: str
     note: str | None = None
     evidence: str | None = None

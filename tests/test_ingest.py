@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from inboxcrm.ingress.intake import FIND_EVENT, INSERT_EVENT
 from inboxcrm.stack import postgres
+from inboxcrm.store.events import FIND_EVENT, INSERT_EVENT
 from inboxcrm.store.migrate import apply_migrations
 from schemas.models import inbound_workflow_id
 

@@ -1,5 +1,5 @@
 """The ledger's two one-statement writes, on a real PostgreSQL database of their own:
-`BEGIN_ATTEMPT` (pause switch, claim, state mirror) and `success_statement` (ledger row,
+`BEGIN_ATTEMPT` (pause switch, claim, state mirror) and `complete_attempt` (ledger row,
 the action's mirror, audit entry), branch by branch."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from typing import Any
 import asyncpg
 import pytest
 
-from activities.crm import MIRROR_CRM_RECORD
 from inboxcrm.stack import postgres
 from inboxcrm.store import db as inboxcrm_db
 from inboxcrm.store import ledger
@@ -152,9 +151,13 @@ async def test_pause_switches(pool: asyncpg.Pool, tenant: str, key: str, scope: 
 
 async def _succeed(pool: asyncpg.Pool, op_key: str, event_id: str, contact_id: str,
                    destination_id: str, ref: str) -> None:
-    await pool.execute(
-        ledger.success_statement(MIRROR_CRM_RECORD), op_key, destination_id, 1, TENANT,
-        event_id, "wf", contact_id, "crm", "crm_upserted", {"op_key": op_key}, ref)
+    owned = await ledger.complete_attempt(
+        pool, op_key, token=1, destination_id=destination_id, external_ref=ref,
+        also=ledger.AlsoRecord.CRM_RECORD_ON_CONTACT,
+        entry=ledger.SuccessEntry(tenant=TENANT, event_id=event_id, workflow_id="wf",
+                                  actor="crm", action="crm_upserted",
+                                  detail={"op_key": op_key}, contact_id=contact_id))
+    assert owned
 
 
 async def test_success_writes_ledger_mirror_and_audit_together(pool: asyncpg.Pool) -> None:
@@ -196,7 +199,7 @@ async def test_success_is_all_or_nothing(pool: asyncpg.Pool) -> None:
 async def test_the_quiet_period_is_per_contact_across_rules(pool: asyncpg.Pool) -> None:
     """A follow-up under one rule keeps every rule quiet for that contact (README: one
     follow-up per contact per quiet period)."""
-    from activities.match import FOLLOWUP_BLOCKERS
+    from inboxcrm.store.intents import FOLLOWUP_BLOCKERS
 
     _, first_event, contact_id = await _operation(pool)
     _, second_event, _ = await _operation(pool)

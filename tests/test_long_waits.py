@@ -17,7 +17,7 @@ from temporalio.client import WorkflowExecutionStatus
 from inboxcrm.platform.config import Settings
 from inboxcrm.stack import postgres
 from inboxcrm.stack.stack import Stack
-from inboxcrm.store import items as operator
+from inboxcrm.store import items
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from schemas.contract import SIGNAL_WAKE
 from schemas.models import InboundEmailInput
@@ -33,7 +33,7 @@ OUTAGE_SECONDS = 90
 
 async def _switch(pool: asyncpg.Pool, paused: bool) -> None:
     async with pool.acquire() as conn:
-        await operator.set_pause(conn, "acme", "all", paused, "test")
+        await items.set_pause(conn, "acme", "all", paused, "test")
 
 
 async def _parked(pool: asyncpg.Pool, event_id: str) -> None:

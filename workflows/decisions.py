@@ -15,12 +15,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 from temporalio.exceptions import ApplicationError
 
 from schemas.contract import decision_body
-from schemas.models import DecisionBody, ItemState, ReviewDecision
+from schemas.models import (
+    DECISION_ACTIONS,
+    DecisionAction,
+    DecisionBody,
+    ItemState,
+    ReviewDecision,
+)
+
+# What a wait waits for: a review of the item, a follow-up's approval, or a person's
+# recovery of a blocked or ambiguous step.
+WaitKind = Literal["review", "followup", "recovery"]
 
 REVIEW_ACTIONS = {"approve", "hold", "reject"}
 RECOVERY_ACTIONS = {"retry", "resolve", "hold", "reject"}
@@ -41,7 +51,7 @@ class Request:
 
 @dataclass
 class Waiting:
-    kind: str                      # review | followup | recovery
+    kind: WaitKind
     reason: str
     allowed: set[str]
     op_key: str | None = None
@@ -119,8 +129,19 @@ def reason_of(cause: ApplicationError) -> str:
     return cause.message.split(": ", 1)[-1] or "permanent_error"
 
 
-def parse_decision(action: str, body: Any) -> tuple[ReviewDecision | None, str | None]:
+def decision_action(action: str) -> DecisionAction | None:
+    """The decision an update or signal name stands for (None: not a decision)."""
+    for known in DECISION_ACTIONS:
+        if action == known:
+            return known
+    return None
+
+
+def parse_decision(name: str, body: Any) -> tuple[ReviewDecision | None, str | None]:
     """A decision from an update's typed body or a signal's JSON object."""
+    action = decision_action(name)
+    if action is None:
+        return None, "unknown_decision"
     if isinstance(body, DecisionBody):
         return ReviewDecision(action=action, reviewer=body.reviewer.strip()[:200],
                               note=body.note, evidence=body.evidence,

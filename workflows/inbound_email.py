@@ -83,6 +83,7 @@ with workflow.unsafe.imports_passed_through():
         Rejected,
         Request,
         Waiting,
+        WaitKind,
         check_action,
         details,
         first,
@@ -399,7 +400,7 @@ class InboundEmailWorkflow:
                                                _budget(op_key)))
         return "retry"
 
-    async def _review(self, reason: str, kind: str = "review",
+    async def _review(self, reason: str, kind: WaitKind = "review",
                       intent_id: str | None = None) -> ReviewDecision:
         """Wait for approve/reject; apply corrected fields. Returns the approval."""
         waiting = Waiting(kind, reason, set(REVIEW_ACTIONS), intent_id=intent_id,

@@ -32,11 +32,11 @@ from inboxcrm.domain.extraction.signals import (
 )
 from inboxcrm.domain.policy import TenantPolicy, UnknownTenant, get_policy
 from inboxcrm.domain.templates import TEMPLATES, render
-from inboxcrm.store import review as queries
+from inboxcrm.store import review
 from schemas.contract import decision_body
 
 if TYPE_CHECKING:
-    from inboxcrm.store.queries import Conn
+    from inboxcrm.store.db import Conn
 
 MAX_LINES = 80
 MAX_LINE_CHARS = 400
@@ -164,7 +164,7 @@ def _short(contact_id: Any) -> str:
 
 async def build_card(conn: Conn, workflow_id: str) -> ReviewCard | None:
     """The card of one item (None if the store has no such item)."""
-    row = await queries.review_item(conn, workflow_id)
+    row = await review.review_item(conn, workflow_id)
     if row is None:
         return None
     reasons = [str(r) for r in (row["route_reasons"] or [])]
@@ -182,7 +182,7 @@ async def build_card(conn: Conn, workflow_id: str) -> ReviewCard | None:
     _message(card, row["raw"], reasons, extraction)
     _fields(card, extraction)
     await _dry_run(conn, card, row, extraction)
-    for op in await queries.item_operations(conn, workflow_id):
+    for op in await review.item_operations(conn, workflow_id):
         card.operations.append(OperationLine(
             op["action"], op["status"], f"{op['attempts']}/{op['max_attempts']}",
             f"{op['last_error_category']}: {op['last_error']}" if op["last_error"] else None))
@@ -233,14 +233,14 @@ async def _dry_run(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str,
     except UnknownTenant:
         card.consent.append("tenant policy missing: nothing can be planned")
         return
-    contact = await queries.contact_by_identity(conn, tenant, identity) if identity else None
+    contact = await review.contact_by_identity(conn, tenant, identity) if identity else None
     if contact is not None:
         card.candidates.append(Candidate(
             _short(contact["contact_id"]), contact["email"], contact["name"], contact["company"],
             "same address (exact canonical email): this contact is updated, not duplicated"))
     name = _value(extraction, "contact_name")
     if name:
-        for other in await queries.contacts_by_name(conn, tenant, name, identity):
+        for other in await review.contacts_by_name(conn, tenant, name, identity):
             card.candidates.append(Candidate(
                 _short(other["contact_id"]), other["email"], other["name"], other["company"],
                 "same name, different address: a candidate only, never merged automatically"))
@@ -248,7 +248,7 @@ async def _dry_run(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str,
         card.consent.append("no trusted sender address: approve with corrections.sender_email "
                             "to give one")
     else:
-        suppressed = await queries.suppression(conn, tenant, identity)
+        suppressed = await review.suppression(conn, tenant, identity)
         card.consent.append(f"suppressed ({suppressed['reason']}): no follow-up is sent"
                             if suppressed else "not suppressed")
         if contact is not None and contact["status"] != "active":
@@ -260,7 +260,7 @@ async def _dry_run(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str,
 
 async def _followup(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str, Any],
                     policy: TenantPolicy, contact: Any) -> None:
-    planned = await queries.event_intent(conn, row["event_id"])
+    planned = await review.event_intent(conn, row["event_id"])
     if planned is not None:
         template = planned["template_id"]
         subject, body = render(template, planned["name"]) if template in TEMPLATES else ("", "")
@@ -280,7 +280,7 @@ async def _followup(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str
         status = "no recipient yet (needs corrections.sender_email)"
     elif any("suppressed" in line for line in card.consent if line != "not suppressed"):
         status = "not sent: suppressed"
-    elif contact is not None and await queries.recent_followup(
+    elif contact is not None and await review.recent_followup(
             conn, contact["contact_id"], rule.rule_id, row["event_id"], rule.quiet_period_hours):
         status = f"not sent: quiet period ({rule.quiet_period_hours:g} h)"
     elif contact is None and rule.new_prospect_requires_approval:

@@ -63,7 +63,7 @@ def create_app(settings: Settings) -> FastAPI:
         database = temporal_ok = False
         with contextlib.suppress(Exception):
             async with ingestor.pool.acquire() as conn:
-                database = await asyncio.wait_for(conn.fetchval("SELECT true"), 3) is True
+                database = await asyncio.wait_for(db.ping(conn), 3)
         with contextlib.suppress(Exception):
             client = await handle.get()
             temporal_ok = await asyncio.wait_for(client.service_client.check_health(), 3)

@@ -30,7 +30,7 @@ from temporalio.service import RPCError
 from inboxcrm.domain.policy import UnknownTenant, get_policy, tenant_for_mailbox
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
-from inboxcrm.store import queries as store
+from inboxcrm.store import audit, events
 from schemas.contract import WORKFLOW_TYPE
 from schemas.models import InboundEmailInput, inbound_workflow_id
 
@@ -40,54 +40,6 @@ START_RPC_TIMEOUT = timedelta(seconds=5)
 # A full pool answers 503 (the provider redelivers) instead of queueing requests forever.
 POOL_TIMEOUT_SECONDS = 5.0
 DELIVERY_ID = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
-
-# `ON CONFLICT DO NOTHING` without a target: the workflow ID is unique too (and derived from
-# the delivery key), and a concurrent insert of the same delivery must be a no-op on either
-# constraint. Naming only the delivery key made the workflow-ID index raise a unique
-# violation under concurrent redeliveries (the request got a 503).
-INSERT_EVENT = """
-WITH inserted AS (
-    INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, raw,
-                                content_sha256, size_bytes)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-    ON CONFLICT DO NOTHING
-    RETURNING event_id
-), received AS (
-    INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
-    SELECT $1, event_id, $5, $9, 'received', jsonb_build_object(
-        'source', $2::text, 'delivery_id', $4::text, 'content_sha256', $7::text,
-        'size_bytes', $8::int, 'content_ref', 'inbound_events.raw:' || event_id)
-    FROM inserted
-)
-SELECT event_id, true AS new, 'received' AS state, $7 AS content_sha256, false AS started
-FROM inserted
-UNION ALL
-SELECT event_id, false, state, content_sha256, workflow_started_at IS NOT NULL
-FROM inbound_events
-WHERE tenant = $1 AND source = $2 AND mailbox = $3 AND delivery_id = $4
-  AND NOT EXISTS (SELECT 1 FROM inserted)
-"""
-
-FIND_EVENT = """
-SELECT event_id, workflow_id, state, content_sha256, workflow_started_at IS NOT NULL AS started
-FROM inbound_events WHERE tenant = $1 AND source = $2 AND mailbox = $3 AND delivery_id = $4
-"""
-
-MARK_STARTED = """
-UPDATE inbound_events SET workflow_started_at = COALESCE(workflow_started_at, now()),
-    start_attempts = start_attempts + 1
-WHERE event_id = $1
-"""
-
-COUNT_START_FAILURE = """
-UPDATE inbound_events SET start_attempts = start_attempts + 1 WHERE event_id = $1
-"""
-
-UNSTARTED_EVENTS = """
-SELECT event_id, tenant, workflow_id FROM inbound_events
-WHERE workflow_started_at IS NULL AND received_at < now() - make_interval(secs => $1)
-ORDER BY received_at LIMIT $2
-"""
 
 
 class BadRequest(Exception):
@@ -151,10 +103,10 @@ class Ingestor:
             # one. Its snapshot cannot see a row a concurrent request committed while this
             # statement waited on the unique key; then one more read finds it.
             row = await conn.fetchrow(
-                INSERT_EVENT, delivery.tenant, delivery.source, delivery.mailbox,
+                events.INSERT_EVENT, delivery.tenant, delivery.source, delivery.mailbox,
                 delivery.delivery_id, workflow_id, delivery.raw, digest, len(delivery.raw),
                 f"relay:{delivery.source}",
-            ) or await conn.fetchrow(FIND_EVENT, delivery.tenant, delivery.source,
+            ) or await conn.fetchrow(events.FIND_EVENT, delivery.tenant, delivery.source,
                                      delivery.mailbox, delivery.delivery_id)
         assert row is not None
         if row.get("new"):
@@ -163,7 +115,7 @@ class Ingestor:
                                 "received")
         if row["content_sha256"] != digest:
             async with self.pool.acquire() as conn:
-                await store.audit(
+                await audit.append(
                     conn, tenant=delivery.tenant, event_id=str(row["event_id"]),
                     workflow_id=workflow_id, actor=f"relay:{delivery.source}",
                     action="redelivery_content_differs",
@@ -193,16 +145,16 @@ class Ingestor:
         except (TimeoutError, RPCError, OSError, RuntimeError) as exc:
             log.warning("workflow start deferred: %s", type(exc).__name__)
             async with self.pool.acquire(timeout=POOL_TIMEOUT_SECONDS) as conn:
-                await conn.execute(COUNT_START_FAILURE, event_id)
+                await conn.execute(events.COUNT_START_FAILURE, event_id)
             return False
         async with self.pool.acquire(timeout=POOL_TIMEOUT_SECONDS) as conn:
-            await conn.execute(MARK_STARTED, event_id)
+            await conn.execute(events.MARK_STARTED, event_id)
         return True
 
     async def sweep(self, min_age_seconds: float = 2.0, limit: int = 200) -> int:
         """Start stored-but-unstarted events. Returns how many were started."""
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(UNSTARTED_EVENTS, min_age_seconds, limit)
+            rows = await conn.fetch(events.UNSTARTED_EVENTS, min_age_seconds, limit)
         started = 0
         for row in rows:
             if not await self.start(str(row["event_id"]), row["tenant"], row["workflow_id"]):
@@ -226,8 +178,6 @@ class Unauthenticated(Exception):
 
 class TooLarge(Exception):
     """The rebuilt message exceeds the size limit: answered 413."""
-
-
 
 
 def answer(result: IngestResult) -> JSONResponse:
@@ -275,7 +225,6 @@ def tenant_param(request: Request) -> str | None:
     if tenant is not None and not tenant.strip():
         raise BadRequest("query parameter 'tenant' must not be empty")
     return tenant
-
 
 
 def count_auth_failure(request: Request, source: str) -> None:

@@ -73,6 +73,7 @@ from inboxcrm.ingress.mime import (
 )
 from inboxcrm.ingress.web import read_body
 from inboxcrm.platform.config import Settings
+from inboxcrm.store import replay_tokens
 
 log = logging.getLogger("inboxcrm.ingress.mailgun")
 
@@ -273,30 +274,6 @@ def parse_mailgun(form: Form, tenant: str | None, max_raw_bytes: int) -> Deliver
 
 
 
-CONSUME_TOKEN = """
-INSERT INTO webhook_replay_tokens (source, token, signed_at)
-VALUES ($1, $2, to_timestamp($3))
-ON CONFLICT (source, token) DO NOTHING
-RETURNING true
-"""
-
-PRUNE_TOKENS = """
-DELETE FROM webhook_replay_tokens
-WHERE source = $1 AND signed_at < now() - make_interval(secs => $2)
-"""
-
-RELEASE_TOKEN = "DELETE FROM webhook_replay_tokens WHERE source = $1 AND token = $2"
-
-
-async def consume_token(pool: asyncpg.Pool, source: str, token: str, signed_at: int,
-                        keep_seconds: float) -> bool:
-    """True the first time a token is seen. Tokens older than `keep_seconds` are pruned:
-    their timestamps are outside the tolerance window, so they are rejected anyway."""
-    async with pool.acquire() as conn:
-        await conn.execute(PRUNE_TOKENS, source, keep_seconds)
-        return bool(await conn.fetchval(CONSUME_TOKEN, source, token, float(signed_at)))
-
-
 
 
 def mailgun_router(settings: Settings) -> APIRouter:
@@ -333,7 +310,8 @@ def mailgun_router(settings: Settings) -> APIRouter:
         ingestor: Ingestor = request.app.state.ingestor
         keep = 2 * settings.mailgun_tolerance_seconds + 60
         try:
-            fresh = await consume_token(ingestor.pool, MAILGUN, token, signed_at, keep)
+            fresh = await replay_tokens.consume_token(ingestor.pool, MAILGUN, token,
+                                                      signed_at, keep)
         except (TimeoutError, asyncpg.PostgresError, OSError):
             return error_response(503, "ledger unavailable; retry later")
         if not fresh:
@@ -345,7 +323,7 @@ def mailgun_router(settings: Settings) -> APIRouter:
         if response.status_code == 503:
             # Not (or not fully) processed: let the very same POST be retried.
             with contextlib.suppress(TimeoutError, asyncpg.PostgresError, OSError):
-                await ingestor.pool.execute(RELEASE_TOKEN, MAILGUN, token)
+                await replay_tokens.release_token(ingestor.pool, MAILGUN, token)
         return response
 
     return router

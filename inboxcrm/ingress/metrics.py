@@ -15,53 +15,11 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from inboxcrm.store.drift import DUPLICATE_MESSAGE_IDS_ALL, LATEST_SCHEDULED_GAUGES
+from inboxcrm.store import gauges
 from schemas.drift import DriftKind
 
 DELIVERIES = "inboxcrm_deliveries_received"
 SIGNATURE_FAILURES = "inboxcrm_signature_failures"
-
-# The latest accepted delivery per source: a loose index scan over
-# inbound_events (source, received_at), one index probe per source, not a table scan.
-LAST_DELIVERY_PER_SOURCE = """
-WITH RECURSIVE sources AS (
-    (SELECT source FROM inbound_events ORDER BY source LIMIT 1)
-    UNION ALL
-    SELECT (SELECT e.source FROM inbound_events e WHERE e.source > s.source
-            ORDER BY e.source LIMIT 1)
-    FROM sources s WHERE s.source IS NOT NULL)
-SELECT coalesce(jsonb_object_agg(source, (
-    SELECT extract(epoch FROM max(e.received_at)) FROM inbound_events e
-    WHERE e.source = sources.source)), '{}')
-FROM sources WHERE source IS NOT NULL
-"""
-
-STORE_GAUGES = f"""
-SELECT
-  (SELECT coalesce(jsonb_object_agg(state, n), '{{}}') FROM
-     (SELECT state, count(*) AS n FROM inbound_events GROUP BY state) s) AS items,
-  (SELECT count(*) FROM review_tasks WHERE status = 'open') AS queue_size,
-  (SELECT coalesce(extract(epoch FROM now() - min(first_seen)), 0)
-     FROM review_tasks WHERE status = 'open') AS oldest_age,
-  (SELECT count(*) FROM review_tasks WHERE status = 'open' AND escalate_at <= now())
-     AS overdue,
-  (SELECT count(*) FROM followup_intents WHERE status = 'sending' AND lease_until < now())
-     AS stuck_sending,
-  (SELECT count(*) FROM ({DUPLICATE_MESSAGE_IDS_ALL}) d) AS duplicate_message_ids,
-  (SELECT count(*) FROM followup_intents
-     WHERE status = 'cancelled' AND cancel_reason IN ('suppressed', 'opt_out',
-                                                      'unsubscribed')) AS suppression_blocks,
-  (SELECT count(*) FROM audit_log WHERE action = 'redelivery_content_differs')
-     AS redelivery_mismatches,
-  (SELECT count(*) FROM audit_log WHERE action = 'attempt_failed'
-     AND detail ->> 'reason' = 'response_mismatch') AS provider_response_mismatches,
-  (SELECT count(*) FROM inbound_events WHERE workflow_started_at IS NULL) AS unstarted,
-  (SELECT count(*) FROM review_tasks WHERE status = 'open' AND reason = 'candidates')
-     AS ambiguous_matches,
-  ({LAST_DELIVERY_PER_SOURCE}) AS last_delivery,
-  ({LATEST_SCHEDULED_GAUGES}) AS drift
-"""
-
 
 class RelayMetrics:
     def __init__(self) -> None:
@@ -80,7 +38,7 @@ class RelayMetrics:
         """Refresh the store gauges (one query), then render everything."""
         try:
             async with pool.acquire() as conn:
-                row = await conn.fetchrow(STORE_GAUGES)
+                row = await conn.fetchrow(gauges.STORE_GAUGES)
             self._store.snapshot = dict(row) if row is not None else None
         except (OSError, asyncpg.PostgresError):
             self._store.snapshot = None

@@ -24,19 +24,13 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from inboxcrm.domain.unsubscribe_links import read_token
 from inboxcrm.ingress.web import read_body
 from inboxcrm.platform.config import Settings
-from inboxcrm.store import queries as store
+from inboxcrm.store import audit, contacts
 from inboxcrm.store.suppression import SendInFlight, suppress_identity
 
 log = logging.getLogger("inboxcrm.ingress.unsubscribe")
 
 MAX_BODY_BYTES = 4096
 SUPPRESSION_REASON = "list_unsubscribe"
-
-FIND_CONTACT = """
-SELECT contact_id, canonical_email, status FROM contacts
-WHERE tenant = $1 AND contact_id = $2
-FOR UPDATE
-"""
 
 
 async def record_unsubscribe(pool: asyncpg.Pool, tenant: str, contact_id: uuid.UUID,
@@ -57,7 +51,7 @@ async def record_unsubscribe(pool: asyncpg.Pool, tenant: str, contact_id: uuid.U
 async def _record_unsubscribe(pool: asyncpg.Pool, tenant: str,
                               contact_id: uuid.UUID) -> dict[str, Any] | None:
     async with pool.acquire() as conn, conn.transaction():
-        contact = await conn.fetchrow(FIND_CONTACT, tenant, contact_id)
+        contact = await conn.fetchrow(contacts.LOCK_CONTACT, tenant, contact_id)
         if contact is None:
             return None
         suppression = await suppress_identity(
@@ -65,7 +59,7 @@ async def _record_unsubscribe(pool: asyncpg.Pool, tenant: str,
             source=f"unsubscribe:{contact_id}", cancel_reason="unsubscribed")
         changed, cancelled = suppression.changed, suppression.cancelled_intents
         if changed:
-            await store.audit(
+            await audit.append(
                 conn, tenant=tenant, event_id=None, workflow_id=None,
                 contact_id=str(contact_id), actor="unsubscribe",
                 action="suppression_recorded",

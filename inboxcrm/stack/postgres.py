@@ -122,10 +122,12 @@ async def create_database(server_url: str, prefix: str) -> str:
 
     import asyncpg
 
+    from inboxcrm.store import db
+
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     admin = await asyncpg.connect(server_url)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
+        await db.create_database(admin, name)
     finally:
         await admin.close()
     base, _, _ = server_url.rpartition("/")
@@ -135,9 +137,11 @@ async def create_database(server_url: str, prefix: str) -> str:
 async def drop_database(server_url: str, database_url: str) -> None:
     import asyncpg
 
+    from inboxcrm.store import db
+
     name = database_url.rpartition("/")[2]
     admin = await asyncpg.connect(server_url)
     try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await db.drop_database(admin, name)
     finally:
         await admin.close()

@@ -1,11 +1,19 @@
-"""PostgreSQL connection pool shared by the relay, the worker and the CLI."""
+"""PostgreSQL connection pool shared by the relay, the worker and the CLI, and the few
+statements about the server itself (a liveness probe, databases of their own for tests and
+chaos runs)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
+
+if TYPE_CHECKING:
+    # What every store function takes: a connection of its own or one from the pool.
+    Conn = asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any]
+
+PING = "SELECT true"
 
 
 async def _init_connection(conn: asyncpg.Connection[Any]) -> None:
@@ -35,3 +43,21 @@ async def connect(database_url: str) -> asyncpg.Connection[Any]:
     conn: asyncpg.Connection[Any] = await asyncpg.connect(database_url)
     await _init_connection(conn)
     return conn
+
+
+async def ping(conn: Conn) -> bool:
+    """The relay's health probe: the database answers a trivial statement."""
+    return await conn.fetchval(PING) is True
+
+
+def _quoted(name: str) -> str:
+    """A database name as an SQL identifier (the names are generated: prefix and hex)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+async def create_database(admin: asyncpg.Connection[Any], name: str) -> None:
+    await admin.execute("CREATE DATABASE " + _quoted(name))
+
+
+async def drop_database(admin: asyncpg.Connection[Any], name: str) -> None:
+    await admin.execute("DROP DATABASE IF EXISTS " + _quoted(name) + " WITH (FORCE)")

@@ -9,6 +9,8 @@ from typing import Any
 
 import asyncpg
 
+from inboxcrm.store import events
+
 ITEM_STATUS = """
 SELECT e.event_id, e.workflow_id, e.tenant, e.source, e.mailbox, e.delivery_id, e.state,
        e.reason, e.route, e.route_reasons, e.received_at, e.workflow_started_at, e.contact_id,
@@ -54,6 +56,12 @@ WHERE a.workflow_id IN (SELECT workflow_id FROM inbound_events
                         WHERE canonical_email = $1)
    OR a.contact_id IN (SELECT contact_id FROM contacts WHERE canonical_email = $1)
 ORDER BY a.audit_id
+"""
+
+# A failed run started again under its workflow ID (`inboxcrm replay`), with who and why.
+RECORD_REPLAYED = """
+INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
+VALUES ($1, $2, $3, $4, 'replayed', $5)
 """
 
 SCOPES = ("crm", "send", "all")
@@ -117,3 +125,14 @@ async def audit_story(conn: asyncpg.Connection[Any], *, workflow_id: str | None 
     else:
         rows = await conn.fetch(AUDIT_BY_IDENTITY, canonical)
     return [record_dict(r) for r in rows]
+
+
+async def event_of_workflow(conn: asyncpg.Connection[Any],
+                            workflow_id: str) -> asyncpg.Record | None:
+    """The item's event ID and tenant (`events.EVENT_OF_WORKFLOW`), or None."""
+    return await conn.fetchrow(events.EVENT_OF_WORKFLOW, workflow_id)
+
+
+async def record_replayed(conn: asyncpg.Connection[Any], *, tenant: str, event_id: Any,
+                          workflow_id: str, actor: str, reason: str) -> None:
+    await conn.execute(RECORD_REPLAYED, tenant, event_id, workflow_id, actor, {"reason": reason})

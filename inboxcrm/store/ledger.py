@@ -16,16 +16,18 @@ overwritten by anyone. A write refused by the fence tells the caller what the ro
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from inboxcrm.store.audit import json_safe
 from schemas.outcomes import Classified
 
 if TYPE_CHECKING:
-    from inboxcrm.store.queries import Conn
+    from inboxcrm.store.db import Conn
 
 # One statement per attempt start: the pause switch (global or the tenant's, for this scope),
 # the row-locked claim, and the item's state mirror. When paused nothing is claimed and the
@@ -102,19 +104,72 @@ RETURNING true
 """
 
 
-def success_statement(mirror: str | None = None) -> str:
-    """Complete the operation and write its audit entry in ONE statement: a single atomic
-    write, no transaction round trips. `mirror` is the action's own record of the result
-    (e.g. the CRM record ID on the contact), a data-modifying statement that runs with them;
-    in it $2 is the destination ID and $11 the operation's external reference; it must
-    apply only `WHERE EXISTS (SELECT 1 FROM completed)`.
-    Parameters: $1 op_key, $2 destination_id, $3 the claim token, then the audit entry:
-    $4 tenant, $5 event_id, $6 workflow_id, $7 contact_id, $8 actor, $9 action, $10 detail.
-    Returns one row (true) when the token still owned the row, none when it was fenced off."""
+class AlsoRecord(enum.Enum):
+    """What an action records of its own with a completed operation, in the same statement
+    (`complete_attempt`): the destination's ID onto the row the operation's external
+    reference names."""
+
+    NOTHING = "nothing"
+    CRM_RECORD_ON_CONTACT = "crm_record_on_contact"  # the CRM record ID onto our contact
+    INTENT_SENT = "intent_sent"                      # the follow-up intent becomes `sent`
+
+
+# The mirrors, in the success statement's parameters: $2 the destination ID, $11 the
+# operation's external reference. Each applies only with the completed row.
+_MIRRORS = {
+    AlsoRecord.CRM_RECORD_ON_CONTACT: """
+UPDATE contacts SET crm_record_id = $2, updated_at = now()
+WHERE contact_id = $11::uuid AND EXISTS (SELECT 1 FROM completed)
+""",
+    AlsoRecord.INTENT_SENT: """
+UPDATE followup_intents
+SET status = 'sent', provider_message_id = $2, sent_at = now(), lease_owner = NULL,
+    lease_until = NULL
+WHERE intent_id = $11::uuid AND EXISTS (SELECT 1 FROM completed)
+""",
+}
+
+
+def _success_statement(also: AlsoRecord) -> str:
     ctes = [f"completed AS ({_COMPLETE_CLAIMED.strip()})"]
-    if mirror:
-        ctes.append(f"mirrored AS ({mirror.strip()})")
+    if also in _MIRRORS:
+        ctes.append(f"mirrored AS ({_MIRRORS[also].strip()})")
     return f"WITH {', '.join(ctes)}\n{_INSERT_SUCCESS_AUDIT.strip()}\n"
+
+
+# Complete the operation, record what the action also records and write the audit entry in
+# ONE statement: a single atomic write, no transaction round trips.
+# $1 op_key, $2 destination_id, $3 the claim token, then the audit entry: $4 tenant,
+# $5 event_id, $6 workflow_id, $7 contact_id, $8 actor, $9 action, $10 detail; with a
+# mirror, $11 the operation's external reference. Returns one row (true) when the token
+# still owned the row, none when it was fenced off.
+SUCCESS_STATEMENTS = {also: _success_statement(also) for also in AlsoRecord}
+
+
+@dataclass(frozen=True)
+class SuccessEntry:
+    """The audit entry written with a completed operation."""
+
+    tenant: str
+    event_id: str
+    workflow_id: str
+    actor: str
+    action: str
+    detail: dict[str, Any]
+    contact_id: str | None = None
+
+
+async def complete_attempt(conn: Conn | asyncpg.Pool, op_key: str, *, token: int,
+                           destination_id: str, external_ref: str | None,
+                           also: AlsoRecord, entry: SuccessEntry) -> bool:
+    """Record an attempt's success (`SUCCESS_STATEMENTS`), if the claim `token` still owns
+    the row. False: fenced off, nothing was written."""
+    mirror_args: list[Any] = [external_ref] if also in _MIRRORS else []
+    owned = await conn.fetchval(
+        SUCCESS_STATEMENTS[also], op_key, destination_id, token, entry.tenant, entry.event_id,
+        entry.workflow_id, entry.contact_id, entry.actor, entry.action,
+        json_safe(entry.detail), *mirror_args)
+    return bool(owned)
 
 
 # An attempt's failure (or its cancellation, $3/$4 NULL), fenced by its claim token ($5).
@@ -124,6 +179,20 @@ SET status = $2, last_error_category = $3, last_error = $4, last_transition = no
 WHERE op_key = $1 AND status = 'in_progress' AND attempts = $5
 RETURNING op_key
 """
+
+# A rejected item: nothing more is written or sent.
+CANCEL_EVENT_OPERATIONS = """
+UPDATE operations SET status = 'cancelled', last_transition = now()
+WHERE workflow_id = $1 AND status <> 'completed'
+"""
+
+# What the workflow shows of an operation (activities/review.py).
+OPERATION_VIEW = """
+SELECT attempts, max_attempts, last_error FROM operations WHERE op_key = $1
+"""
+
+# The whole row, for probes and tests (inboxcrm/verify/probe.py).
+OPERATION_ROW = "SELECT * FROM operations WHERE op_key = $1"
 
 # What a fenced-off attempt reads to know what its row says now.
 CURRENT_STATUS = "SELECT status, destination_id FROM operations WHERE op_key = $1"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 if TYPE_CHECKING:
-    from inboxcrm.store.queries import Conn
+    from inboxcrm.store.db import Conn
 
 REVIEW_ITEM = """
 SELECT e.event_id, e.workflow_id, e.tenant, e.source, e.mailbox, e.state, e.reason, e.route,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from inboxcrm.store.queries import Conn
+    from inboxcrm.store.db import Conn
 
 LOCK_IDENTITY = """
 SELECT contact_id FROM contacts WHERE tenant = $1 AND canonical_email = $2 FOR UPDATE

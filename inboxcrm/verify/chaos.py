@@ -45,6 +45,7 @@ import httpx
 
 from inboxcrm.stack import postgres
 from inboxcrm.stack.stack import Stack
+from inboxcrm.store import chaos_runs
 from inboxcrm.verify import check
 from inboxcrm.verify.probe import Endpoints, StackClient, message_from
 from schemas.contract import WORKFLOW_TYPE, Decision
@@ -267,9 +268,9 @@ class ChaosRun:
 
     # ----- run
     async def run(self) -> ChaosResult:
-        from inboxcrm.store import db as inboxcrm_db
+        from inboxcrm.store import db
 
-        self.pool = await inboxcrm_db.create_pool(self.stack.database_url, max_size=5)
+        self.pool = await db.create_pool(self.stack.database_url, max_size=5)
         self.client = StackClient(Endpoints(self.stack.relay_url, self.stack.sandbox_url,
                                             self.stack.temporal_address,
                                             self.stack.env["INBOXCRM_WEBHOOK_SECRET"]),
@@ -338,9 +339,7 @@ class ChaosRun:
         await self._resolve_queue()
         self.mark("resolution_s", phase)
         await self._tally_calls()
-        rows = await self.db.fetch(
-            "SELECT state, count(*) AS n FROM inbound_events WHERE starts_with(workflow_id, $1)"
-            " GROUP BY state", self.scope)
+        rows = await chaos_runs.states_of_run(self.db, self.scope)
         stats.final_states = Counter({r["state"]: int(r["n"]) for r in rows})
         report = await check.check_invariants(
             self.db, self.stack.sandbox_url, settled=True,
@@ -534,9 +533,8 @@ class ChaosRun:
 
     # ----- settling
     async def _in_flight(self) -> int:
-        return int(await self.db.fetchval(
-            "SELECT count(*) FROM inbound_events WHERE starts_with(workflow_id, $1)"
-            " AND state = ANY($2::text[])", self.scope, sorted(check.IN_FLIGHT_STATES)))
+        return await chaos_runs.count_in_states(self.db, self.scope,
+                                                 sorted(check.IN_FLIGHT_STATES))
 
     async def _wait_quiet(self) -> bool:
         # After a long outage an item may sleep one store-wait step (up to STORE_WAIT_MAX).
@@ -560,25 +558,15 @@ class ChaosRun:
         return False
 
     async def _log_in_flight(self) -> None:
-        rows = await self.db.fetch(
-            "SELECT e.state, coalesce(e.reason, '') AS reason, count(*) AS n,"
-            "       string_agg(DISTINCT o.status || '/' || o.action, ' ') AS ops"
-            " FROM inbound_events e LEFT JOIN operations o ON o.workflow_id = e.workflow_id"
-            "   AND o.status NOT IN ('completed', 'cancelled')"
-            " WHERE starts_with(e.workflow_id, $1) AND e.state = ANY($2::text[])"
-            " GROUP BY 1, 2 ORDER BY 3 DESC", self.scope, sorted(check.IN_FLIGHT_STATES))
+        rows = await chaos_runs.in_flight_by_state(self.db, self.scope,
+                                                    sorted(check.IN_FLIGHT_STATES))
         self.log(f"  t+{time.monotonic() - self.started:.0f}s in flight: " + ("; ".join(
             f"{r['n']} {r['state']}{'(' + r['reason'] + ')' if r['reason'] else ''}"
             f" ops[{r['ops'] or '-'}]" for r in rows) or "none"))
 
     # ----- the operator
     async def _review_items(self) -> list[asyncpg.Record]:
-        return list(await self.db.fetch(
-            "SELECT e.workflow_id, e.state, e.reason, e.updated_at, r.destination_ref"
-            " FROM inbound_events e JOIN review_tasks r"
-            "   ON r.workflow_id = e.workflow_id AND r.status = 'open'"
-            " WHERE starts_with(e.workflow_id, $1) AND e.state = ANY($2::text[])"
-            " ORDER BY r.first_seen", self.scope, sorted(check.REVIEW_STATES)))
+        return await chaos_runs.review_items(self.db, self.scope, sorted(check.REVIEW_STATES))
 
     async def _resolve_queue(self) -> None:
         approvals: Counter[str] = Counter()
@@ -613,9 +601,7 @@ class ChaosRun:
                               ) -> dict[str, tuple[str, str, str]]:
         """op_key → (op_key, action, external reference) for the operations items wait on."""
         keys = [i["destination_ref"] for i in items if i["destination_ref"]]
-        rows = await self.db.fetch(
-            "SELECT op_key, action, external_ref FROM operations WHERE op_key = ANY($1::text[])",
-            keys) if keys else []
+        rows = await chaos_runs.operation_refs(self.db, keys) if keys else []
         return {r["op_key"]: (r["op_key"], r["action"], r["external_ref"] or "") for r in rows}
 
     def _decide(self, item: asyncpg.Record, destination: dict[str, Any],
@@ -693,14 +679,7 @@ class ChaosRun:
         marks = {i["workflow_id"]: i["updated_at"] for i in items}
         deadline = time.monotonic() + timeout
         while marks and time.monotonic() < deadline:
-            rows = await self.db.fetch(
-                "SELECT e.workflow_id, e.updated_at > m.mark AS moved,"
-                "       EXISTS (SELECT 1 FROM audit_log a WHERE a.workflow_id = e.workflow_id"
-                "               AND a.action LIKE 'signal_%' AND a.at > m.mark"
-                "               AND (a.detail ->> 'accepted') = 'false') AS refused"
-                " FROM inbound_events e JOIN unnest($1::text[], $2::timestamptz[])"
-                "   AS m(workflow_id, mark) ON m.workflow_id = e.workflow_id",
-                list(marks), list(marks.values()))
+            rows = await chaos_runs.moved_since(self.db, list(marks), list(marks.values()))
             for row in rows:
                 if row["moved"] or row["refused"]:
                     marks.pop(row["workflow_id"], None)

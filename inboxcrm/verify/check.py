@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import httpx
 
+from inboxcrm.store import invariants
 from inboxcrm.store.drift import crm_record_drift, email_drift
 
 if TYPE_CHECKING:
-    from inboxcrm.store.queries import Conn
+    from inboxcrm.store.db import Conn
 
 TERMINAL_STATES = frozenset({"completed", "ignored", "suppressed", "rejected"})
 REVIEW_STATES = frozenset({"awaiting_review", "blocked", "ambiguous", "held"})
@@ -105,64 +106,6 @@ class CheckReport:
         }
 
 
-# --- queries (all parameterised; $1 is the scope prefix or NULL) ---------------------------
-IN_SCOPE = "($1::text IS NULL OR starts_with({col}, $1::text))"
-
-EVENTS = f"""
-SELECT e.workflow_id, e.state, e.reason, r.owner AS open_task_owner
-FROM inbound_events e
-LEFT JOIN review_tasks r ON r.workflow_id = e.workflow_id AND r.status = 'open'
-WHERE {IN_SCOPE.format(col="e.workflow_id")}
-"""
-
-DUPLICATE_DELIVERIES = f"""
-SELECT e.workflow_id FROM inbound_events e
-JOIN (SELECT tenant, source, mailbox, delivery_id FROM inbound_events
-      GROUP BY 1, 2, 3, 4 HAVING count(*) > 1) d USING (tenant, source, mailbox, delivery_id)
-WHERE {IN_SCOPE.format(col="e.workflow_id")}
-UNION
-SELECT e.workflow_id FROM inbound_events e
-JOIN (SELECT workflow_id FROM inbound_events GROUP BY 1 HAVING count(*) > 1) d
-     USING (workflow_id)
-WHERE {IN_SCOPE.format(col="e.workflow_id")}
-"""
-
-SCOPED_CONTACTS = f"""
-SELECT c.contact_id::text AS contact_id, c.tenant, lower(c.canonical_email) AS identity,
-       lower(c.email) AS email, c.crm_record_id, c.status
-FROM contacts c
-WHERE $1::text IS NULL OR EXISTS (
-    SELECT 1 FROM inbound_events e
-    WHERE {IN_SCOPE.format(col="e.workflow_id")}
-      AND (e.contact_id = c.contact_id
-           OR (e.tenant = c.tenant AND lower(e.canonical_email) = lower(c.canonical_email))))
-"""
-
-SCOPED_INTENTS = f"""
-SELECT i.intent_id::text AS intent_id, i.event_id, i.rule_id, i.rule_version, i.status,
-       i.sent_at, i.provider_message_id, c.tenant, lower(c.canonical_email) AS identity
-FROM followup_intents i
-JOIN inbound_events e ON e.event_id = i.event_id
-JOIN contacts c ON c.contact_id = i.contact_id
-WHERE {IN_SCOPE.format(col="e.workflow_id")}
-"""
-
-KNOWN_INTENTS = """
-SELECT intent_id::text FROM followup_intents WHERE intent_id::text = ANY($1::text[])
-"""
-
-SUPPRESSIONS = """
-SELECT tenant, lower(canonical_email) AS identity, created_at FROM suppressions
-"""
-
-OPERATIONS = f"""
-SELECT o.op_key, o.workflow_id, o.action, o.status, o.attempts, o.max_attempts,
-       o.external_ref, o.destination_id, e.contact_id::text AS contact_id
-FROM operations o LEFT JOIN inbound_events e ON e.event_id = o.event_id
-WHERE {IN_SCOPE.format(col="o.workflow_id")}
-"""
-
-
 # --- the checker -------------------------------------------------------------------------
 async def check_invariants(conn: asyncpg.Pool | Conn, sandbox_url: str | None, *,
                            settled: bool = False,
@@ -178,9 +121,9 @@ async def check_invariants(conn: asyncpg.Pool | Conn, sandbox_url: str | None, *
     a busy system never produces a false "missing"."""
     if hasattr(conn, "acquire"):
         async with conn.acquire() as connection:
-            rows = await _read_store(connection, scope)
+            rows = await invariants.read_store(connection, scope)
     else:
-        rows = await _read_store(conn, scope)
+        rows = await invariants.read_store(conn, scope)
     events, contacts, intents, operations, suppressions, duplicates = rows
     destination = await _destination_state(sandbox_url, http) if sandbox_url else None
     note = ("destination checks ran against the sandbox" if destination is not None
@@ -204,13 +147,6 @@ async def check_invariants(conn: asyncpg.Pool | Conn, sandbox_url: str | None, *
     report.results.append(_completed_operations(events, operations))
     report.results.append(_attempts(operations))
     return report
-
-
-async def _read_store(conn: Conn, scope: str | None) -> tuple[list[Any], ...]:
-    async with conn.transaction(isolation="repeatable_read", readonly=True):
-        return (await conn.fetch(EVENTS, scope), await conn.fetch(SCOPED_CONTACTS, scope),
-                await conn.fetch(SCOPED_INTENTS, scope), await conn.fetch(OPERATIONS, scope),
-                await conn.fetch(SUPPRESSIONS), await conn.fetch(DUPLICATE_DELIVERIES, scope))
 
 
 async def _destination_state(url: str, http: httpx.AsyncClient | None) -> dict[str, Any]:
@@ -330,7 +266,7 @@ async def _emails_per_intent(conn: asyncpg.Pool | Conn, contacts: list[Any], int
                 if not scoped or m.get("idempotency_key") in intent_ids
                 or any(str(t).lower() in emails for t in m.get("to") or [])]
     keys = [str(m["idempotency_key"]) for m in selected if m.get("idempotency_key")]
-    known = {r["intent_id"] for r in await conn.fetch(KNOWN_INTENTS, keys)} if keys else set()
+    known = await invariants.known_intents(conn, keys) if keys else set()
     by_key: dict[str, list[str]] = defaultdict(list)
     for message in selected:
         key = message.get("idempotency_key")

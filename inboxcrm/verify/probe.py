@@ -17,6 +17,7 @@ from temporalio.client import Client
 
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
+from inboxcrm.store import contacts, events, ledger
 from inboxcrm.verify.signing import sample_message, signed_headers, standard_body
 from schemas.contract import QUERY_STATUS
 
@@ -81,8 +82,7 @@ class StackClient:
 
     # --- store ---------------------------------------------------------------------------
     async def state(self, workflow_id: str) -> tuple[str | None, str | None]:
-        row = await self.db.fetchrow(
-            "SELECT state, reason FROM inbound_events WHERE workflow_id = $1", workflow_id)
+        row = await self.db.fetchrow(events.STATE_OF_WORKFLOW, workflow_id)
         return (row["state"], row["reason"]) if row else (None, None)
 
     async def wait_state(self, workflow_id: str, states: set[str] | str,
@@ -110,7 +110,7 @@ class StackClient:
         raise AssertionError(f"{what} not reached within {timeout:.0f}s")
 
     async def operation(self, op_key: str) -> asyncpg.Record | None:
-        return await self.db.fetchrow("SELECT * FROM operations WHERE op_key = $1", op_key)
+        return await self.db.fetchrow(ledger.OPERATION_ROW, op_key)
 
     async def wait_operation(self, op_key: str, status: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
@@ -125,8 +125,7 @@ class StackClient:
         return int(await self.db.fetchval(sql, *args))
 
     async def contacts_for(self, email: str) -> int:
-        return await self.count(
-            "SELECT count(*) FROM contacts WHERE canonical_email = lower($1)", email)
+        return await self.count(contacts.COUNT_BY_ADDRESS, email)
 
     # --- destination ---------------------------------------------------------------------
     async def sandbox_state(self) -> dict[str, Any]:

@@ -9,15 +9,15 @@ and routing are deterministic code in `route.py`; identity follows the tenant po
 
 from __future__ import annotations
 
-import json
-import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from inboxcrm.domain.policy import PolicyError, TenantPolicy, UnknownTenant, get_policy
 from schemas.extraction import Extraction
+from schemas.models import Route
 
 from .authentication import Authentication, authenticate, blocking_reason
 from .base import (
@@ -48,14 +48,13 @@ __all__ = [
     "run_extract_command",
 ]
 
-RouteName = Literal["auto", "review", "ignore", "opt_out"]
 
 
 class ExtractionOutcome(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     extraction: Extraction
-    route: RouteName
+    route: Route
     reasons: list[str]
     canonical_email: str | None
     extractor: str
@@ -114,7 +113,7 @@ async def extract_and_route(
                                       source=source, auth_reason=blocking_reason(auth, policy))
     except Exception:
         decision = Decision("review", ["routing_failed"], None, Extraction.empty())
-    route: RouteName = decision.route
+    route: Route = decision.route
     reasons = list(decision.reasons)
     canonical = decision.canonical_email
     if extra_reasons:
@@ -179,7 +178,8 @@ def _settings() -> object:
         return object()
 
 
-def _summary(outcome: ExtractionOutcome) -> str:
+def summary(outcome: ExtractionOutcome) -> str:
+    """The human-readable summary `inboxcrm extract` prints without --json."""
     record = outcome.extraction
     lines = [
         f"route:           {outcome.route}",
@@ -199,42 +199,45 @@ def _summary(outcome: ExtractionOutcome) -> str:
     return "\n".join(lines)
 
 
-def run_extract_command(
-    path: Path, tenant: str, as_json: bool, extractor: Extractor | None = None,
-    source: str = "standard",
-) -> int:
-    """`inboxcrm extract FILE.eml [--tenant T] [--json]`: offline extraction and validation
-    under the tenant's policy. Writes nothing. Exit 0 for any content (garbage included);
-    1 if the file cannot be read or the tenant is unknown."""
+class OfflineExtractError(Exception):
+    """`inboxcrm extract` cannot run: the file cannot be read, the tenant is unknown, or the
+    extractor is misconfigured. The message says which."""
+
+
+@dataclass(frozen=True)
+class OfflineExtraction:
+    outcome: ExtractionOutcome
+    warnings: list[str]     # e.g. the model could not answer and the rules were used
+
+
+def extract_offline(
+    path: Path, tenant: str, extractor: Extractor | None = None, source: str = "standard",
+) -> OfflineExtraction:
+    """`inboxcrm extract FILE.eml [--tenant T]`: offline extraction and validation under the
+    tenant's policy. Writes nothing; answers for any content (garbage included). Raises
+    OfflineExtractError if the file cannot be read or the tenant is unknown."""
     import asyncio
 
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
-        print(f"inboxcrm extract: cannot read {path}: {exc.strerror}", file=sys.stderr)  # noqa: T201
-        return 1
+        raise OfflineExtractError(f"cannot read {path}: {exc.strerror}") from None
     try:
         policy = get_policy(tenant)
     except UnknownTenant:
-        print(f"inboxcrm extract: unknown tenant {tenant!r}", file=sys.stderr)  # noqa: T201
-        return 1
+        raise OfflineExtractError(f"unknown tenant {tenant!r}") from None
     except PolicyError as exc:
-        print(f"inboxcrm extract: {exc}", file=sys.stderr)  # noqa: T201
-        return 1
+        raise OfflineExtractError(str(exc)) from None
     if extractor is None:
         try:
             extractor = build_extractor(_settings())
         except ValueError as exc:
-            print(f"inboxcrm extract: {exc}", file=sys.stderr)  # noqa: T201
-            return 1
+            raise OfflineExtractError(str(exc)) from None
+    warnings: list[str] = []
     try:
         outcome = asyncio.run(extract_and_route(raw, policy, extractor, source))
     except ExtractorError as exc:
-        # the model could not answer: say so on stderr, still answer with the offline rules
-        print(f"inboxcrm extract: {exc}; falling back to rules", file=sys.stderr)  # noqa: T201
+        # the model could not answer: say so, still answer with the offline rules
+        warnings.append(f"{exc}; falling back to rules")
         outcome = asyncio.run(extract_and_route(raw, policy, _RULES, source))
-    if as_json:
-        print(json.dumps(outcome.section10_json(), ensure_ascii=False))  # noqa: T201
-    else:
-        print(_summary(outcome))  # noqa: T201
-    return 0
+    return OfflineExtraction(outcome, warnings)

@@ -16,12 +16,12 @@ import jsonschema
 
 from inboxcrm.domain.policy import InvalidAddress, TenantPolicy, canonical_email
 from schemas.extraction import ExtractedField, Extraction, load_schema
+from schemas.models import Route
 
 from . import signals
 from .authentication import AUTH_REASONS
 from .minimise import Mailbox, MinimisedMessage
 
-Route = Literal["auto", "review", "ignore", "opt_out"]
 FIELDS = ("sender_email", "contact_name", "company")
 
 # Every reason the router can give (field-specific ones as "<reason>:<field>").

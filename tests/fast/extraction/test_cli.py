@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from inboxcrm.domain.extraction import extract_and_route, run_extract_command
+from inboxcrm.cli.extract import run_extract_command
+from inboxcrm.domain.extraction import extract_and_route
 from inboxcrm.domain.extraction.route import ALL_REASONS, schema_errors
 from inboxcrm.domain.policy import TenantPolicy
 from tests.helpers.corpus import CASES

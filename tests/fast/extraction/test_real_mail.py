@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from inboxcrm.domain.extraction import extract_and_route, minimise, run_extract_command
+from inboxcrm.cli.extract import run_extract_command
+from inboxcrm.domain.extraction import extract_and_route, minimise
 from inboxcrm.domain.policy import TenantPolicy, get_policy
 from tests.helpers.corpus import mail
 from tests.helpers.reports import arf_complaint, dsn_bounce

@@ -1,31 +1,21 @@
-"""Small named queries shared by several activities: item state and audit entries. Each is
-one parameterised statement. (The pause switches are read by `ledger.BEGIN_ATTEMPT`.)"""
+"""The audit log: one append-only entry per decision, state change and side effect. The
+entries hold references and decisions, never a message body."""
 
 from __future__ import annotations
 
 import json
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
-
-SET_EVENT_STATE = """
-UPDATE inbound_events SET state = $2, reason = $3, updated_at = now() WHERE event_id = $1
-"""
+if TYPE_CHECKING:
+    from inboxcrm.store.db import Conn
 
 INSERT_AUDIT = """
 INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 """
 
-if TYPE_CHECKING:
-    Conn = asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any]
 
-
-async def set_event_state(conn: Conn, event_id: str, state: str, reason: str | None) -> None:
-    await conn.execute(SET_EVENT_STATE, event_id, state, reason)
-
-
-async def audit(
+async def append(
     conn: Conn,
     *,
     tenant: str | None,

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-import asyncpg
+if TYPE_CHECKING:
+    from inboxcrm.store.db import Conn
 
 # Items still waiting for a person keep their content: the reviewer needs it.
 PURGE_RAW = """
@@ -65,7 +66,7 @@ class ForgetReport:
     events: int
 
 
-async def purge(conn: asyncpg.Connection[Any], older_than_days: int, actor: str) -> int:
+async def purge(conn: Conn, older_than_days: int, actor: str) -> int:
     if older_than_days < 1:
         raise ValueError("--older-than must be at least 1 day")
     async with conn.transaction():
@@ -76,7 +77,7 @@ async def purge(conn: asyncpg.Connection[Any], older_than_days: int, actor: str)
     return len(rows)
 
 
-async def forget(conn: asyncpg.Connection[Any], tenants: list[str], canonical: str,
+async def forget(conn: Conn, tenants: list[str], canonical: str,
                  actor: str) -> ForgetReport:
     async with conn.transaction():
         contacts = await conn.fetch(FORGET_CONTACTS, tenants, canonical, uuid.uuid4().hex)

@@ -1,0 +1,51 @@
+"""`inboxcrm` command line (docs/architecture.md §10), assembled from one module per group:
+`stack`, `items`, `review`, `verify`, `extract`. Commands are registered here, in the order
+`inboxcrm --help` lists them."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from inboxcrm.cli import extract, items, review, stack, verify
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="inboxcrm: inbound email to CRM contacts and follow-ups, no duplicates.")
+app.add_typer(review.review_app, name="review")
+
+app.command()(stack.up)
+app.command()(items.status)
+app.command()(extract.extract)
+app.command("send-test")(extract.send_test)
+app.command()(items.queue)
+app.command()(items.pause)
+app.command()(items.resume)
+app.command()(items.audit)
+app.command()(items.replay)
+app.command()(items.purge)
+app.command()(items.forget)
+app.command()(verify.rehearse)
+app.command()(verify.check)
+app.command()(verify.reconcile)
+app.command()(verify.chaos)
+app.command("hubspot-setup")(stack.hubspot_setup)
+
+
+def main() -> None:
+    code: int = 0
+    try:
+        app()
+    except SystemExit as exc:  # typer's standalone mode ends every command with one
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:
+        code = 130
+    # Exit without interpreter teardown: the Temporal SDK's native threads can crash a
+    # normal shutdown after the work is done (temporalio/sdk-python#300), which would turn
+    # a success into a signal exit code.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+

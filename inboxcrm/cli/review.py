@@ -1,0 +1,138 @@
+"""The `review` group: reviewer decisions (Temporal updates) and the review card."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated
+
+import typer
+
+from inboxcrm.cli.common import JsonOpt, ReviewerOpt, fail, out, settings_from_env, with_db
+from schemas.contract import Decision
+
+review_app = typer.Typer(no_args_is_help=True,
+                         help="Reviewer decisions (Temporal updates) and the review card.")
+
+
+def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
+            evidence: str | None, wait_id: str | None, corrections: list[str] | None = None,
+            send_followup: bool = True) -> None:
+    """Send a decision as a Temporal update and wait for the workflow's answer: accepted (the
+    new state is printed) or refused (the reason on stderr, exit 1)."""
+    from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
+    from temporalio.service import RPCError
+
+    from inboxcrm.platform import temporal
+    from schemas.contract import QUERY_STATUS
+    from schemas.models import DecisionBody, ItemStatus
+
+    pairs = [c.partition("=") for c in corrections or []]
+    if any(not sep or not key for key, sep, _ in pairs):
+        fail("--set takes FIELD=VALUE")
+    settings = settings_from_env()
+
+    async def send() -> tuple[str, ItemStatus]:
+        client = await temporal.connect(settings)
+        handle = client.get_workflow_handle(workflow_id)
+        try:
+            description = await handle.describe()
+        except RPCError:
+            fail(f"no workflow with ID {workflow_id!r}")
+            raise
+        if description.status != WorkflowExecutionStatus.RUNNING:
+            fail(f"workflow {workflow_id!r} is not running "
+                 f"({description.status.name if description.status else 'unknown'})")
+        # Without --wait-id: the wait open now (the validator still refuses a stale one).
+        answered = wait_id
+        if answered is None:
+            current = await handle.query(QUERY_STATUS, result_type=ItemStatus)
+            answered = current.review.wait_id if current.review else ""
+        body = DecisionBody(reviewer=reviewer, wait_id=answered, note=note, evidence=evidence,
+                            corrections={key: value for key, _, value in pairs},
+                            send_followup=send_followup)
+        try:
+            result = await handle.execute_update(action.value, body, result_type=ItemStatus)
+        except WorkflowUpdateFailedError as exc:
+            cause = exc.cause
+            fail(getattr(cause, "message", None) or str(cause) or "refused")
+            raise
+        return answered, result
+
+    answered, result = asyncio.run(send())
+    out.print(f"{action.value} accepted at wait {answered}: {workflow_id} is now "
+              f"{result.state}" + (f" ({result.reason})" if result.reason else ""),
+              highlight=False)
+    if result.review is not None:
+        out.print(f"open wait {result.review.wait_id}: {result.review.reason}; allowed: "
+                  f"{', '.join(result.review.allowed)}", highlight=False)
+
+
+@review_app.command("show")
+def review_show(workflow_id: str, as_json: JsonOpt = False) -> None:
+    """The review card in the terminal: message with the lines behind the reason marked,
+    fields and evidence, candidates, suppression, proposed follow-up, decisions allowed now."""
+    import dataclasses
+
+    from inboxcrm.domain.review_card import build_card, render_text
+
+    settings = settings_from_env()
+    card = with_db(settings, lambda conn: build_card(conn, workflow_id))
+    if card is None:
+        fail(f"no item with workflow ID {workflow_id!r}")
+        return
+    if as_json:
+        out.print_json(json.dumps(dataclasses.asdict(card)))
+        return
+    for line in render_text(card):
+        style = "bold yellow" if line.startswith(">> ") else (
+            "bold" if line.startswith("== ") else None)
+        out.print(line, style=style, highlight=False, markup=False, soft_wrap=True)
+
+
+NoteOpt = Annotated[str | None, typer.Option("--note")]
+EvidenceOpt = Annotated[str | None, typer.Option("--evidence")]
+WaitOpt = Annotated[str | None, typer.Option(
+    "--wait-id", help="The wait you decide on (from `review show`); default: the open one.")]
+
+
+@review_app.command("approve")
+def review_approve(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
+                   evidence: EvidenceOpt = None, wait_id: WaitOpt = None,
+                   set_: Annotated[list[str] | None, typer.Option(
+                       "--set", help="Corrected field, e.g. --set sender_email=a@b.test")] = None,
+                   send_followup: Annotated[bool, typer.Option(
+                       "--send-followup/--no-send-followup",
+                       help="Continue without the follow-up email.")] = True,
+                   ) -> None:
+    """Approve what the open wait asks (a follow-up approval: that intent only)."""
+    _decide(Decision.APPROVE, workflow_id, reviewer, note, evidence, wait_id, set_,
+            send_followup)
+
+
+@review_app.command("hold")
+def review_hold(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
+                evidence: EvidenceOpt = None, wait_id: WaitOpt = None) -> None:
+    """Keep the item parked (state `held`) until another decision."""
+    _decide(Decision.HOLD, workflow_id, reviewer, note, evidence, wait_id)
+
+
+@review_app.command("reject")
+def review_reject(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
+                  evidence: EvidenceOpt = None, wait_id: WaitOpt = None) -> None:
+    """End the item as `rejected`: nothing more is sent or written."""
+    _decide(Decision.REJECT, workflow_id, reviewer, note, evidence, wait_id)
+
+
+@review_app.command("retry")
+def review_retry(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
+                 evidence: EvidenceOpt = None, wait_id: WaitOpt = None) -> None:
+    """Retry a blocked/ambiguous step with the same operation key (a fresh bounded budget)."""
+    _decide(Decision.RETRY, workflow_id, reviewer, note, evidence, wait_id)
+
+
+@review_app.command("resolve")
+def review_resolve(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
+                   evidence: EvidenceOpt = None, wait_id: WaitOpt = None) -> None:
+    """Mark the blocked/ambiguous side effect as done, with evidence (e.g. the CRM record ID)."""
+    _decide(Decision.RESOLVE, workflow_id, reviewer, note, evidence, wait_id)

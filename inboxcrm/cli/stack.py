@@ -1,0 +1,110 @@
+"""The `stack` group: start the local stack (`up`), and set up a real CRM for it
+(`hubspot-setup`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Annotated
+
+import typer
+
+from inboxcrm.cli.common import err, fail, out
+from inboxcrm.platform.config import get_settings
+
+
+def up() -> None:
+    """Start the whole local stack (embedded defaults) and keep it running until Ctrl-C."""
+    from inboxcrm.stack.processes import StackError
+    from inboxcrm.stack.stack import Stack, StackConfig, worker_count
+
+    def port(name: str, default: int) -> int:
+        return int(os.environ.get(name, default))
+
+    try:
+        workers = worker_count(os.environ, os.cpu_count())
+    except StackError as exc:
+        fail(str(exc), 2)
+        raise
+    config = StackConfig(
+        pg_port=port("INBOXCRM_PG_PORT", 55432),
+        temporal_port=port("INBOXCRM_TEMPORAL_PORT", 7233),
+        temporal_ui_port=port("INBOXCRM_TEMPORAL_UI_PORT", 8233),
+        sandbox_port=port("INBOXCRM_SANDBOX_PORT", 8090),
+        relay_port=port("INBOXCRM_RELAY_PORT", 8080),
+        worker_metrics_port=port("INBOXCRM_WORKER_METRICS_PORT", 9464),
+        database_url=os.environ.get("DATABASE_URL") or None,
+        temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None,
+        workers=workers,
+    )
+    stack = Stack(config)
+    started = time.monotonic()
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # Ctrl-C, `kill` or a supervisor stop it cleanly (SIGINT too: a shell script that
+    # backgrounds `make up` starts it with SIGINT ignored).
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, interrupted)
+    try:
+        with out.status(f"starting PostgreSQL, Temporal, sandbox, {workers} worker(s) and "
+                        "relay…"):
+            stack.start_all()
+    except StackError as exc:
+        stack.stop()
+        fail(str(exc), 2)
+    except KeyboardInterrupt:
+        stack.stop()
+        raise typer.Exit(130) from None
+    env_path = stack.write_stack_env()
+    out.print(f"[green]inboxcrm is up[/green] in {time.monotonic() - started:.1f}s\n")
+    for key, value in stack.stack_env().items():
+        out.print(f"{key}={value}", highlight=False, soft_wrap=True)
+    out.print(f"\n(written to {env_path}; logs in {stack.log_dir})\n")
+    out.print("Send a first signed test email:\n  [bold]inboxcrm send-test[/bold]\n"
+              "then look at it:\n  inboxcrm status <workflow_id>   and the Temporal UI at "
+              f"{stack.temporal_ui_url or '(your Temporal UI)'}\n\nCtrl-C stops everything; "
+              "data stays under .data/ for the next `make up`.")
+    try:
+        while True:
+            time.sleep(1)
+            for name, proc in stack.processes.items():
+                if not proc.alive():
+                    err.print(f"[red]{name} exited[/red]; see {proc.log_path}:\n{proc.tail(800)}")
+                    raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        out.print("stopping…")
+    finally:
+        stack.stop()
+
+
+def hubspot_setup(
+    property_name: Annotated[str | None, typer.Option(
+        "--property", help="Default: INBOXCRM_CRM_ID_PROPERTY.")] = None,
+    url: Annotated[str | None, typer.Option(
+        help="HubSpot API base URL. Default: INBOXCRM_CRM_URL, else https://api.hubapi.com.")
+    ] = None,
+) -> None:
+    """Create the unique contact property HubSpot upserts are keyed by (once per portal;
+    idempotent). Needs INBOXCRM_CRM_TOKEN with the crm.schemas.contacts.write scope."""
+    from inboxcrm.operator.hubspot_setup import HUBSPOT_API, SetupError, run_note_setup, run_setup
+
+    settings = get_settings()
+    if not settings.crm_token:
+        fail("set INBOXCRM_CRM_TOKEN (a HubSpot private-app token)", 2)
+        return
+    name = property_name or settings.crm_id_property
+    try:
+        base = url or settings.crm_url or HUBSPOT_API
+        result = asyncio.run(run_setup(base, settings.crm_token, name,
+                                       timeout=settings.http_timeout_seconds))
+        note = asyncio.run(run_note_setup(base, settings.crm_token,
+                                          timeout=settings.http_timeout_seconds))
+    except SetupError as exc:
+        fail(str(exc))
+        return
+    out.print(f"contact property {result.name}: {result.status} (unique)", highlight=False)
+    out.print(f"note property {note.name}: {note.status} (unique)", highlight=False)

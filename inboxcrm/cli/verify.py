@@ -1,0 +1,281 @@
+"""The `verify` group: the invariant checker (`check`), the failure rehearsal (`rehearse`),
+drift against the destinations (`reconcile`) and the chaos run (`chaos`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import asyncpg
+import typer
+from rich.table import Table
+
+from inboxcrm.cli.common import JsonOpt, fail, out, settings_from_env, with_db
+from inboxcrm.store import db
+
+
+def rehearse(timeout: Annotated[float, typer.Option(help="Seconds per scenario.")] = 90) -> None:
+    """Run the synthetic failure rehearsal against the running stack; exit 1 on any failure."""
+    from inboxcrm.verify.probe import Endpoints, StackClient
+    from inboxcrm.verify.rehearsal import Rehearsal
+
+    settings = settings_from_env()
+    if settings.crm_url or settings.mail_url:
+        fail("the rehearsal injects faults into the sandbox; it refuses to run while a real "
+             "CRM or mail provider is configured (INBOXCRM_CRM_URL / INBOXCRM_MAIL_URL)")
+    relay = os.environ.get("RELAY_URL", f"http://{settings.relay_host}:{settings.relay_port}")
+    endpoints = Endpoints(relay, settings.sandbox_url, settings.temporal_address,
+                          settings.webhook_secret)
+
+    async def run() -> list[Any]:
+        pool = await db.create_pool(settings.database_url, max_size=5)
+        client = StackClient(endpoints, pool, settings)
+        try:
+            return await Rehearsal(client, timeout).run()
+        finally:
+            await client.aclose()
+            await pool.close()
+
+    outcomes = asyncio.run(run())
+    table = Table(title="inboxcrm rehearsal")
+    for column in ("scenario", "expected", "CRM records", "emails", "final state", "result",
+                   "note"):
+        table.add_column(column)
+    for o in outcomes:
+        table.add_row(o.scenario, o.expected, str(o.crm_records), str(o.emails), o.final_state,
+                      "[green]pass[/green]" if o.passed else "[red]FAIL[/red]", o.note)
+    out.print(table)
+    failed = [o for o in outcomes if not o.passed]
+    out.print(f"{len(outcomes) - len(failed)} passed, {len(failed)} failed")
+    if failed:
+        raise typer.Exit(1)
+
+
+def check(
+    as_json: JsonOpt = False,
+    settled: Annotated[bool, typer.Option(
+        "--settled", help="Items still in flight count as violations (once all is quiet).")
+    ] = False,
+    scope: Annotated[str | None, typer.Option(
+        "--scope", help="Only items whose workflow ID starts with this, e.g. inbound/acme/.")
+    ] = None,
+    sandbox_url: Annotated[str | None, typer.Option(
+        "--sandbox-url", help="Destination to inspect (default: the stack's sandbox).")] = None,
+    no_destination: Annotated[bool, typer.Option(
+        "--no-destination", help="Skip the destination checks.")] = False,
+) -> None:
+    """Invariant checker: duplicates, lost or unowned items, attempt bounds (IDs only, never
+    addresses). Exit 1 on any violation, 2 if the destination cannot be read."""
+    from inboxcrm.verify.check import MAX_IDS, CheckError, check_invariants, summary_rows
+
+    settings = settings_from_env()
+    sandbox = (os.environ.get("INBOXCRM_SANDBOX_URL") or os.environ.get("SANDBOX_URL")
+               or settings.sandbox_url)
+    salesforce = getattr(settings, "crm_provider", "sandbox") == "salesforce"
+    instance = getattr(settings, "salesforce_instance_url", None) or ""
+    real_destination = bool(settings.crm_url or settings.mail_url or (
+        salesforce and instance and not instance.startswith(sandbox)))
+    url: str | None = None
+    if not no_destination:
+        # Only the sandbox can be inspected; with a real CRM or mail provider the
+        # destination checks are skipped (and the report says so).
+        url = sandbox_url or (None if real_destination else sandbox)
+    crm_id_property, note_id_property = settings.crm_id_property, "inboxcrm_note_id"
+    if salesforce:
+        crm_id_property = settings.salesforce_external_id_field
+        note_id_property = settings.salesforce_note_external_id_field
+
+    async def run(conn: asyncpg.Connection[Any]) -> Any:
+        try:
+            return await check_invariants(
+                conn, url, settled=settled, scope=scope, crm_id_property=crm_id_property,
+                note_id_property=note_id_property)
+        except CheckError as exc:
+            fail(f"{exc} (--no-destination skips it)", 2)
+            raise
+
+    report = with_db(settings, run)
+    if as_json:
+        out.print_json(json.dumps(report.to_json()))
+    else:
+        table = Table(title="inboxcrm invariants" + (" (settled)" if settled else "")
+                      + (f" — scope {scope}" if scope else ""))
+        for column in ("check", "examined", "violations", "note"):
+            table.add_column(column, overflow="fold")
+        for name, examined, count, note in summary_rows(report):
+            table.add_row(name, examined, count if count == "0" else f"[red]{count}[/red]",
+                          note)
+        out.print(table)
+        out.print(report.destination_note)
+        for result in report.results:
+            for item in sorted(result.violations)[:MAX_IDS]:
+                out.print(f"[red]violation[/red] {result.name}: {item}", highlight=False)
+        out.print(f"{report.violations} violation(s); {len(report.in_flight)} in flight")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+_SPAN = re.compile(r"^(\d{1,6})([smhd])$")
+_SPAN_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def _since(value: str, now: datetime) -> datetime:
+    """`24h`, `90m`, `7d`, `30s`, or an ISO 8601 time (UTC when it names no zone)."""
+    span = _SPAN.match(value.strip())
+    if span:
+        return now - timedelta(seconds=int(span[1]) * _SPAN_SECONDS[span[2]])
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        fail(f"--since {value!r}: give a span like 24h, 90m, 7d or an ISO 8601 time")
+        raise
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _drift_json(report: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from schemas.drift import DriftKind
+
+    return {**asdict(report), "drift": report.drift,
+            "counts": {kind.value: report.count(kind) for kind in DriftKind}}
+
+
+def _print_drift(report: Any, title: str) -> None:
+    from schemas.drift import CHECKED_ACTIONS, DriftKind
+
+    table = Table(title=title)
+    table.add_column("finding")
+    table.add_column("count", justify="right")
+    for kind in DriftKind:
+        count = report.count(kind)
+        table.add_row(kind.value, f"[red]{count}[/red]" if count else "0")
+    out.print(table)
+    out.print(f"run {report.run_id}: sampled {report.sampled} of "
+              f"{report.completed_in_window} completed operations "
+              f"({', '.join(CHECKED_ACTIONS)}) finished between {report.window_start} and "
+              f"{report.window_end}; asked CRM {report.crm}, mail {report.mail}; report "
+              f"{report.report_id} at {report.finished_at}. Only the sampled operations were "
+              "checked: a clean report does not prove that every message reached the CRM.",
+              highlight=False)
+    for finding in report.findings:
+        colour = "yellow" if finding.kind in ("unverifiable", "unchecked") else "red"
+        out.print(f"[{colour}]{finding.kind}[/{colour}] {finding.subject} {finding.detail}"
+                  + (f" ({finding.op_key})" if finding.op_key else ""), highlight=False)
+
+
+def reconcile(
+    since: Annotated[str | None, typer.Option(
+        "--since", help="Check now the operations completed since then (24h, 90m, 7d or an "
+        "ISO 8601 time). Without it: the latest scheduled report.")] = None,
+    sample: Annotated[int | None, typer.Option(
+        "--sample", min=1, max=10_000,
+        help="Operations to check (default INBOXCRM_DRIFT_CHECK_SAMPLE_SIZE).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Drift between the ledger and the destinations, asked through the adapters: CRM
+    records missing or changed behind our back, follow-ups the provider does not know,
+    provider message IDs used twice. Prints the on-demand report (with --since) and the
+    latest scheduled one. Exit 1 on drift, 2 when there is no report to show."""
+    from activities.drift import run_drift_check
+    from inboxcrm.adapters.factory import ConfigurationError, build_crm, build_mail
+    from inboxcrm.store import drift
+    from schemas.drift import DriftCheckRequest, DriftReport, Trigger
+
+    settings = settings_from_env()
+    now = datetime.now(UTC)
+    start = _since(since, now) if since is not None else None
+
+    async def check_now() -> Any:
+        assert start is not None
+        try:
+            crm, mail = build_crm(settings), build_mail(settings)
+        except ConfigurationError as exc:
+            fail(str(exc), 2)
+            raise
+        pool = await db.create_pool(settings.database_url, max_size=2)
+        try:
+            request = DriftCheckRequest(
+                window_start=start.isoformat(), window_end=now.isoformat(),
+                sample_size=sample or settings.drift_check_sample_size,
+                trigger=Trigger.ON_DEMAND.value)
+            return await run_drift_check(pool, crm, mail, request,
+                                         run_id=f"cli:{uuid.uuid4()}")
+        finally:
+            await pool.close()
+            await crm.aclose()
+            await mail.aclose()
+
+    async def latest(conn: asyncpg.Connection[Any]) -> DriftReport | None:
+        return await drift.latest_report(conn, Trigger.SCHEDULE.value)
+
+    scheduled = with_db(settings, latest)
+    on_demand = asyncio.run(check_now()) if start is not None else None
+    shown = on_demand or scheduled
+    if as_json:
+        out.print_json(json.dumps({
+            "on_demand": _drift_json(on_demand) if on_demand else None,
+            "latest_scheduled": _drift_json(scheduled) if scheduled else None}))
+    else:
+        if on_demand is not None:
+            _print_drift(on_demand, "drift check (on demand)")
+        if scheduled is not None:
+            _print_drift(scheduled, "latest scheduled drift check")
+        else:
+            out.print("no scheduled drift check has run yet (its Temporal Schedule is "
+                      "registered by `make up` and deploy/bootstrap.py)")
+    if shown is None:
+        raise typer.Exit(2)
+    if shown.drift:
+        raise typer.Exit(1)
+
+
+def chaos(
+    events: Annotated[int, typer.Option(min=1, help="Distinct deliveries.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Seed of the event mix and of the faults.")] = 1,
+    kills: Annotated[int, typer.Option(min=0, help="Worker kill -9s.")] = 3,
+    concurrency: Annotated[int, typer.Option(min=1, help="Posts in flight at once.")] = 20,
+    rate: Annotated[float, typer.Option(help="Deliveries started per second.")] = 10.0,
+    data_dir: Annotated[Path, typer.Option(help="The stack's own data directory.")] = Path(
+        ".data/chaos"),
+    keep_database: Annotated[bool, typer.Option(
+        "--keep-database", help="Keep the run's database when a violation is found.")] = False,
+    freeze: Annotated[float, typer.Option(
+        min=0, help="Long-fault phase: seconds the store is frozen (SIGSTOP) with sends "
+        "paused over the run; 0 turns it off.")] = 0.0,
+) -> None:
+    """Chaos run on a fresh stack of its own (free ports, fresh database): concurrent
+    deliveries and redeliveries, sandbox faults, worker kill -9s, a relay restart, then
+    operator resolution and the settled invariant check. Exit 1 on a violation, 2 if the run
+    did not reach its targets (fault share, kills, restart, drained queue)."""
+    from inboxcrm.stack.processes import StackError
+    from inboxcrm.verify.chaos import ChaosConfig, run_on_fresh_stack, summary_rows
+
+    config = ChaosConfig(events=events, seed=seed, kills=kills, concurrency=concurrency,
+                         rate=rate, deadline=max(1800.0, events * 3.0) + freeze * 2,
+                         freeze_seconds=freeze)
+    try:
+        result = run_on_fresh_stack(config, data_dir.resolve(),
+                                    lambda line: out.print(line, highlight=False, markup=False),
+                                    keep_database=keep_database)
+    except StackError as exc:
+        fail(str(exc), 2)
+        return
+    table = Table(title=f"inboxcrm chaos (events {events}, seed {seed})")
+    table.add_column("metric")
+    table.add_column("value", overflow="fold")
+    for metric, value in summary_rows(result):
+        table.add_row(metric, value)
+    out.print(table)
+    for item in result.stats.notes[:20]:
+        out.print(f"note: {item}", highlight=False, markup=False)
+    for check_result in result.report.results:
+        for item in sorted(check_result.violations)[:50]:
+            out.print(f"[red]violation[/red] {check_result.name}: {item}", highlight=False)
+    raise typer.Exit(result.exit_code)

@@ -1,0 +1,56 @@
+"""The `contacts` table: one row per (tenant, canonical address), the identity every
+follow-up and CRM record hangs on (docs/architecture.md §2)."""
+
+from __future__ import annotations
+
+# --- planning (activities/match.py) ------------------------------------------------------
+UPSERT_CONTACT = """
+INSERT INTO contacts (tenant, canonical_email, email, name, company)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (tenant, canonical_email) DO UPDATE SET updated_at = now()
+RETURNING contact_id, name, company, status, (xmax = 0) AS inserted
+"""
+
+FIND_CONTACT = "SELECT contact_id FROM contacts WHERE tenant = $1 AND canonical_email = $2"
+
+FIND_NAME_CANDIDATES = """
+SELECT contact_id FROM contacts
+WHERE tenant = $1 AND lower(name) = lower($2)
+LIMIT 10
+"""
+
+FILL_CONTACT_FIELDS = """
+UPDATE contacts SET name = COALESCE($2, name), company = COALESCE($3, company),
+    updated_at = now()
+WHERE contact_id = $1
+"""
+
+# --- the CRM steps (activities/crm.py) ---------------------------------------------------
+LOAD_CONTACT = """
+SELECT contact_id, email, name, company FROM contacts WHERE contact_id = $1::uuid
+"""
+
+# `head`: the start of the stored message, for its Date header (NULL once purged).
+LOAD_NOTE_CONTEXT = """
+SELECT c.crm_record_id, e.source, e.received_at, e.route, e.extraction ->> 'intent' AS intent,
+       e.delivery_id, substring(e.raw FROM 1 FOR 65536) AS head
+FROM inbound_events e JOIN contacts c ON c.contact_id = e.contact_id
+WHERE e.event_id = $1::uuid
+"""
+
+# A reviewer's resolve of a CRM upsert names the contact's record ($1 op key, $2 record ID).
+RECORD_RESOLVED_CRM_ID = """
+UPDATE contacts SET crm_record_id = $2, updated_at = now()
+FROM operations o
+WHERE o.op_key = $1 AND o.action = 'crm-upsert' AND contacts.contact_id = o.external_ref::uuid
+"""
+
+# --- one-click unsubscribe (inboxcrm/ingress/unsubscribe.py) -----------------------------
+LOCK_CONTACT = """
+SELECT contact_id, canonical_email, status FROM contacts
+WHERE tenant = $1 AND contact_id = $2
+FOR UPDATE
+"""
+
+# --- probes (inboxcrm/verify/probe.py) -----------------------------------------------------
+COUNT_BY_ADDRESS = "SELECT count(*) FROM contacts WHERE canonical_email = lower($1)"

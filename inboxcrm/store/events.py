@@ -1,0 +1,115 @@
+"""The `inbound_events` ledger: one row per delivery (the unique key of docs/architecture.md
+§2), with the item's mirrored state, its extraction and its route. The relay inserts; each
+step marks the item it works on; operators read it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inboxcrm.store.db import Conn
+
+SET_EVENT_STATE = """
+UPDATE inbound_events SET state = $2, reason = $3, updated_at = now() WHERE event_id = $1
+"""
+
+# --- intake (the relay) ---------------------------------------------------------------------
+# `ON CONFLICT DO NOTHING` without a target: the workflow ID is unique too (and derived from
+# the delivery key), and a concurrent insert of the same delivery must be a no-op on either
+# constraint. Naming only the delivery key made the workflow-ID index raise a unique
+# violation under concurrent redeliveries (the request got a 503).
+# $1 tenant, $2 source, $3 mailbox, $4 delivery_id, $5 workflow_id, $6 raw,
+# $7 content_sha256, $8 size_bytes, $9 the audit actor.
+INSERT_EVENT = """
+WITH inserted AS (
+    INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, raw,
+                                content_sha256, size_bytes)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    ON CONFLICT DO NOTHING
+    RETURNING event_id
+), received AS (
+    INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
+    SELECT $1, event_id, $5, $9, 'received', jsonb_build_object(
+        'source', $2::text, 'delivery_id', $4::text, 'content_sha256', $7::text,
+        'size_bytes', $8::int, 'content_ref', 'inbound_events.raw:' || event_id)
+    FROM inserted
+)
+SELECT event_id, true AS new, 'received' AS state, $7 AS content_sha256, false AS started
+FROM inserted
+UNION ALL
+SELECT event_id, false, state, content_sha256, workflow_started_at IS NOT NULL
+FROM inbound_events
+WHERE tenant = $1 AND source = $2 AND mailbox = $3 AND delivery_id = $4
+  AND NOT EXISTS (SELECT 1 FROM inserted)
+"""
+
+FIND_EVENT = """
+SELECT event_id, workflow_id, state, content_sha256, workflow_started_at IS NOT NULL AS started
+FROM inbound_events WHERE tenant = $1 AND source = $2 AND mailbox = $3 AND delivery_id = $4
+"""
+
+MARK_STARTED = """
+UPDATE inbound_events SET workflow_started_at = COALESCE(workflow_started_at, now()),
+    start_attempts = start_attempts + 1
+WHERE event_id = $1
+"""
+
+COUNT_START_FAILURE = """
+UPDATE inbound_events SET start_attempts = start_attempts + 1 WHERE event_id = $1
+"""
+
+UNSTARTED_EVENTS = """
+SELECT event_id, tenant, workflow_id FROM inbound_events
+WHERE workflow_started_at IS NULL AND received_at < now() - make_interval(secs => $1)
+ORDER BY received_at LIMIT $2
+"""
+
+# --- extraction (activities/extract.py) --------------------------------------------------
+# Marks the item `extracting` and reads its raw message, its source and any stored
+# extraction: one round trip.
+START_EXTRACTION = """
+UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now()
+WHERE event_id = $1
+RETURNING raw, source, extraction IS NOT NULL AND route IS NOT NULL AS extracted, route,
+          route_reasons, canonical_email IS NOT NULL AS identity_known
+"""
+
+# The validated record and its audit entry, atomically in one statement.
+# $1 event_id, $2 extraction, $3 route, $4 route reasons, $5 canonical email, $6 tenant,
+# $7 workflow_id, $8 audit detail.
+STORE_EXTRACTION = """
+WITH stored AS (
+    UPDATE inbound_events
+    SET extraction = $2, route = $3, route_reasons = $4, canonical_email = $5,
+        updated_at = now()
+    WHERE event_id = $1
+)
+INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
+VALUES ($6, $1, $7, NULL, 'extractor', 'extracted', $8)
+"""
+
+# --- planning (activities/match.py) ------------------------------------------------------
+# Loads the event and shows `matching`; the row lock serialises a re-run with a zombie.
+START_MATCHING = """
+UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now()
+WHERE event_id = $1
+RETURNING event_id, tenant, extraction, route, route_reasons, canonical_email
+"""
+
+# --- a reviewer's corrections (activities/review.py) -------------------------------------
+LOAD_EXTRACTION = "SELECT extraction FROM inbound_events WHERE event_id = $1 FOR UPDATE"
+
+STORE_CORRECTION = """
+UPDATE inbound_events SET extraction = $2, canonical_email = COALESCE($3, canonical_email),
+    updated_at = now()
+WHERE event_id = $1
+"""
+
+# --- operators and probes ------------------------------------------------------------------
+EVENT_OF_WORKFLOW = "SELECT event_id, tenant FROM inbound_events WHERE workflow_id = $1"
+
+STATE_OF_WORKFLOW = "SELECT state, reason FROM inbound_events WHERE workflow_id = $1"
+
+
+async def set_state(conn: Conn, event_id: str, state: str, reason: str | None) -> None:
+    await conn.execute(SET_EVENT_STATE, event_id, state, reason)

@@ -1,0 +1,122 @@
+"""The `followup_intents` table: at most one follow-up per event and rule version, leased
+by the send step while it submits (docs/architecture.md §2, §6)."""
+
+from __future__ import annotations
+
+# --- planning (activities/match.py) ------------------------------------------------------
+# What stops a follow-up for an active contact: a suppression of the identity, or another
+# event's live intent for this contact, under any rule, within the rule's quiet period (one
+# follow-up per contact per quiet period, as the README and policies/README.md promise).
+# $1 tenant, $2 canonical email, $3 contact_id, $4 this event, $5 quiet period in seconds.
+FOLLOWUP_BLOCKERS = """
+SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant = $1 AND canonical_email = $2)
+           AS suppressed,
+       EXISTS (SELECT 1 FROM followup_intents
+               WHERE contact_id = $3 AND event_id <> $4
+                 AND status <> 'cancelled'
+                 AND created_at > now() - make_interval(secs => $5)) AS recent
+"""
+
+# The intent, inserted or (a re-run) the one already there. The second branch reads the
+# statement's snapshot: a row a concurrent run committed meanwhile is not in it, which
+# cannot happen while this transaction holds the event row (events.START_MATCHING).
+CREATE_INTENT = """
+WITH inserted AS (
+    INSERT INTO followup_intents (event_id, tenant, contact_id, rule_id, rule_version,
+                                  template_id, status, needs_approval)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    ON CONFLICT (event_id, rule_id, rule_version) DO NOTHING
+    RETURNING intent_id, status, needs_approval
+)
+SELECT intent_id, status, needs_approval FROM inserted
+UNION ALL
+SELECT intent_id, status, needs_approval FROM followup_intents
+WHERE event_id = $1 AND rule_id = $4 AND rule_version = $5
+  AND NOT EXISTS (SELECT 1 FROM inserted)
+"""
+
+# The send operation and its audit entry: $1 op key, $2 workflow_id, $3 event_id, $4 action,
+# $5 max attempts, $6 intent ID, $7 tenant, $8 contact_id, $9 audit detail.
+QUEUE_SEND = """
+WITH queued AS (
+    INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, external_ref)
+    VALUES ($1, $2, $3, $4, $5, $6)
+    ON CONFLICT (op_key) DO NOTHING
+)
+INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
+VALUES ($7, $3, $2, $8, 'planner', 'intent_created', $9)
+"""
+
+# --- the send step (activities/send.py) ----------------------------------------------------
+# The contact row first (FOR SHARE): an opt-out locks it FOR UPDATE before it writes the
+# suppression, so eligibility and the lease below never interleave with one.
+LOCK_CONTACT_OF_INTENT = """
+SELECT c.contact_id FROM contacts c JOIN followup_intents i ON i.contact_id = c.contact_id
+WHERE i.intent_id = $1::uuid
+FOR SHARE OF c
+"""
+
+CLAIM_INTENT = """
+SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.lease_owner,
+       i.provider_message_id,
+       extract(epoch FROM i.lease_until - clock_timestamp()) AS lease_remaining,
+       c.status AS contact_status, c.email, c.name, c.tenant, c.canonical_email,
+       EXISTS (SELECT 1 FROM suppressions s
+               WHERE s.tenant = c.tenant AND s.canonical_email = c.canonical_email)
+           AS suppressed
+FROM followup_intents i JOIN contacts c ON c.contact_id = i.contact_id
+WHERE i.intent_id = $1::uuid
+FOR UPDATE OF i
+"""
+
+# The lease and the audit entry of the eligibility check that allowed it, in one statement:
+# $1 intent, $2 lease owner (the attempt), $3 lease seconds, $4 tenant, $5 event_id,
+# $6 workflow_id, $7 audit detail.
+TAKE_LEASE = """
+WITH leased AS (
+    UPDATE followup_intents
+    SET status = 'sending', lease_owner = $2, lease_until = now() + make_interval(secs => $3)
+    WHERE intent_id = $1::uuid
+)
+INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
+VALUES ($4, $5, $6, 'send', 'eligibility_checked', $7)
+"""
+
+CANCEL_INTENT = """
+UPDATE followup_intents SET status = 'cancelled', cancel_reason = $2 WHERE intent_id = $1::uuid
+"""
+
+# Only the attempt that holds the lease releases it ($2, the lease owner).
+RELEASE_LEASE = """
+UPDATE followup_intents SET status = 'queued', lease_owner = NULL, lease_until = NULL
+WHERE intent_id = $1::uuid AND status = 'sending' AND lease_owner = $2
+"""
+
+# --- reviewer decisions (activities/review.py, activities/bookkeeping.py) ----------------
+# A reviewer's resolve of a send names the provider's message ($1 op key, $2 message ID).
+RECORD_RESOLVED_SEND = """
+UPDATE followup_intents SET status = 'sent', provider_message_id = $2,
+    sent_at = COALESCE(sent_at, now()), lease_owner = NULL, lease_until = NULL
+FROM operations o
+WHERE o.op_key = $1 AND o.action = 'send' AND followup_intents.intent_id = o.external_ref::uuid
+"""
+
+APPROVE_INTENT = """
+UPDATE followup_intents SET status = 'queued', approved_by = $2
+WHERE intent_id = $1::uuid AND status = 'awaiting_approval'
+"""
+
+# Approved without its follow-up: the intent and its send operation are cancelled together.
+DECLINE_INTENT = """
+WITH intent AS (
+    UPDATE followup_intents SET status = 'cancelled', cancel_reason = 'reviewer_declined'
+    WHERE intent_id = $1::uuid AND status IN ('queued', 'awaiting_approval')
+)
+UPDATE operations SET status = 'cancelled', last_transition = now()
+WHERE op_key = $2 AND status NOT IN ('completed', 'in_progress')
+"""
+
+CANCEL_EVENT_INTENTS = """
+UPDATE followup_intents SET status = 'cancelled', cancel_reason = 'rejected'
+WHERE event_id = $1 AND status IN ('queued', 'awaiting_approval')
+"""

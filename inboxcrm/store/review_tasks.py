@@ -1,0 +1,53 @@
+"""The `review_tasks` table: the owned review queue. The workflow's state mirror opens a
+task when an item waits for a person and closes it when the item moves on
+(activities/bookkeeping.py)."""
+
+from __future__ import annotations
+
+# A new wait (another wait ID) on a task still open gets its own escalation time; the same
+# wait re-entered (a hold) keeps it. $1 event_id, $2 workflow_id, $3 tenant, $4 reason,
+# $5 owner, $6 destination ref, $7 escalation seconds, $8 wait ID, $9 allowed decisions,
+# $10 needs sender, $11 the escalation time the workflow fixed when the wait opened
+# (NULL: now + $7 seconds).
+OPEN_REVIEW_TASK = """
+INSERT INTO review_tasks (event_id, workflow_id, tenant, reason, owner, destination_ref,
+                          escalate_at, wait_id, allowed, needs_sender)
+VALUES ($1, $2, $3, $4, $5, $6, COALESCE($11::timestamptz, now() + make_interval(secs => $7)),
+        $8, $9, $10)
+ON CONFLICT (workflow_id) WHERE status = 'open'
+DO UPDATE SET reason = EXCLUDED.reason, latest_attempt = now(),
+              destination_ref = COALESCE(EXCLUDED.destination_ref, review_tasks.destination_ref),
+              wait_id = EXCLUDED.wait_id, allowed = EXCLUDED.allowed,
+              needs_sender = EXCLUDED.needs_sender,
+              escalate_at = CASE WHEN review_tasks.wait_id IS DISTINCT FROM EXCLUDED.wait_id
+                                 THEN EXCLUDED.escalate_at ELSE review_tasks.escalate_at END,
+              escalated_at = CASE WHEN review_tasks.wait_id IS DISTINCT FROM EXCLUDED.wait_id
+                                  THEN NULL ELSE review_tasks.escalated_at END
+"""
+
+CLOSE_REVIEW_TASKS = """
+UPDATE review_tasks SET status = 'resolved', resolved_at = now(), resolution = $2
+WHERE workflow_id = $1 AND status = 'open'
+"""
+
+# The common case (a state that is neither a review nor `rejected`) in one round trip:
+# the state, the closing of any open review task, and the audit entry, atomically.
+# $1 event_id, $2 state, $3 reason, $4 workflow_id, $5 tenant, $6 audit detail.
+SETTLE_STATE = """
+WITH state AS (
+    UPDATE inbound_events SET state = $2, reason = $3, updated_at = now() WHERE event_id = $1
+), closed AS (
+    UPDATE review_tasks SET status = 'resolved', resolved_at = now(), resolution = $2
+    WHERE workflow_id = $4 AND status = 'open'
+)
+INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
+VALUES ($5, $1, $4, NULL, 'workflow', 'state_changed', $6)
+"""
+
+RECORD_RESOLVER = """
+UPDATE review_tasks SET resolved_by = $2 WHERE workflow_id = $1 AND status = 'open'
+"""
+
+MARK_ESCALATED = """
+UPDATE review_tasks SET escalated_at = now() WHERE workflow_id = $1 AND status = 'open'
+"""

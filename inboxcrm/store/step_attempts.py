@@ -1,0 +1,28 @@
+"""The `step_attempts` table: durable attempt counts for the steps outside the ledger
+(extraction, planning); see activities/step_attempts.py for why."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncpg
+
+BEGIN_STEP = """
+INSERT INTO step_attempts (workflow_id, step, started) VALUES ($1, $2, 1)
+ON CONFLICT (workflow_id, step)
+DO UPDATE SET started = step_attempts.started + 1, last_started = now()
+RETURNING started
+"""
+
+END_STEP = "UPDATE step_attempts SET started = 0 WHERE workflow_id = $1 AND step = $2"
+
+
+async def begin_step(pool: asyncpg.Pool, workflow_id: str, step: str) -> int:
+    """Count one more started attempt of `step`; returns how many have started unended."""
+    return int(await pool.fetchval(BEGIN_STEP, workflow_id, step))
+
+
+async def end_step(pool: asyncpg.Pool, workflow_id: str, step: str) -> None:
+    """The attempt ended (or a fresh count starts): the count goes back to zero."""
+    await pool.execute(END_STEP, workflow_id, step)
