@@ -32,6 +32,14 @@ def main() -> None:
             file=sys.stderr,
         )
         sys.exit(2)
+    metrics_host, _, metrics_port = settings.relay_metrics_address.rpartition(":")
+    if settings.relay_metrics_address and not port_free(metrics_host, int(metrics_port)):
+        print(  # noqa: T201
+            f"inboxcrm relay: metrics address {settings.relay_metrics_address} is already in "
+            "use; set INBOXCRM_RELAY_METRICS_ADDRESS to another host:port (empty: off)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     uvicorn.run(create_app(settings), host=settings.relay_host, port=settings.relay_port,
                 log_level="warning")
 
