@@ -262,6 +262,9 @@ class Stack:
             "INBOXCRM_REVIEW_TOKEN": self.env["INBOXCRM_REVIEW_TOKEN"],
             "INBOXCRM_TASK_QUEUE": self.config.task_queue,
             "INBOXCRM_CODEC_KEYS_FILE": self.env["INBOXCRM_CODEC_KEYS_FILE"],
+            # The CLI next to this stack runs under the local stack's rules, as its processes.
+            "INBOXCRM_ENV": "local",
+            "INBOXCRM_POLICY_DIR": self.env["INBOXCRM_POLICY_DIR"],
             "RELAY_METRICS_URL": self.relay_metrics_url,
             "WORKER_METRICS_URL": f"http://{self.env['INBOXCRM_WORKER_METRICS_ADDRESS']}/metrics",
             # One endpoint per worker process (the first is WORKER_METRICS_URL).
