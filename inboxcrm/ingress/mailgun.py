@@ -93,7 +93,7 @@ from inboxcrm.ingress.mime import (
     first_header,
     header_addresses,
 )
-from inboxcrm.ingress.tenancy import Binding, Forbidden, resolve_recipient
+from inboxcrm.ingress.tenancy import Binding, Forbidden, resolve_recipient, warn_unbound
 from inboxcrm.platform.config import Settings
 
 log = logging.getLogger("inboxcrm.ingress.mailgun")
@@ -276,6 +276,8 @@ def mailgun_router(settings: Settings) -> APIRouter:
     if not mailgun_key:
         log.warning("mailgun source disabled: INBOXCRM_MAILGUN_SIGNING_KEY not set "
                     "(every request is a 401)")
+    else:
+        warn_unbound(log, lambda: Binding.shared(MAILGUN))
     limits = mailgun_form_limits(settings)
 
     def unauthenticated(request: Request, reason: str) -> JSONResponse:

@@ -38,7 +38,7 @@ from inboxcrm.ingress.mime import (
     first_header,
     format_address,
 )
-from inboxcrm.ingress.tenancy import Binding, Forbidden, resolve_recipient
+from inboxcrm.ingress.tenancy import Binding, Forbidden, resolve_recipient, warn_unbound
 from inboxcrm.ingress.web import read_body
 from inboxcrm.platform.config import Settings
 
@@ -221,6 +221,8 @@ def postmark_router(settings: Settings) -> APIRouter:
     if not settings.postmark_user or not postmark_password:
         log.warning("postmark source disabled: INBOXCRM_POSTMARK_USER/PASSWORD not set "
                     "(every request is a 401)")
+    else:
+        warn_unbound(log, lambda: Binding.shared(POSTMARK))
 
     @router.post("/v1/inbound/postmark")
     async def inbound_postmark(request: Request) -> JSONResponse:

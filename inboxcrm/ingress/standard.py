@@ -34,7 +34,7 @@ from inboxcrm.ingress.intake import (
     forbidden_response,
     ingest_response,
 )
-from inboxcrm.ingress.tenancy import Binding, Forbidden, check_tenant
+from inboxcrm.ingress.tenancy import Binding, Forbidden, check_tenant, warn_unbound
 from inboxcrm.ingress.web import read_body
 from inboxcrm.platform.config import Settings
 
@@ -162,6 +162,8 @@ def standard_router(settings: Settings) -> APIRouter:
     if not keys:
         log.warning("standard source disabled: neither INBOXCRM_WEBHOOK_SECRET nor any "
                     "INBOXCRM_WEBHOOK_SECRET_<TENANT> is set (every request is a 401)")
+    for key in keys:
+        warn_unbound(log, key.binding)
 
     def unauthenticated(request: Request) -> JSONResponse:
         count_auth_failure(request, STANDARD)

@@ -14,15 +14,18 @@ The headers only ever choose a mailbox *within* the one tenant a credential is b
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from email_validator import EmailNotValidError, validate_email
 
 from inboxcrm.domain.policy import (
     InboundCredential,
+    PolicyError,
     UnknownTenant,
     get_policy,
+    load_policies,
     tenant_for_mailbox,
     tenants_accepting,
 )
@@ -56,6 +59,20 @@ class Binding:
     def allows(self, tenant: str) -> bool:
         wanted = tenant_env_suffix(tenant)
         return any(tenant_env_suffix(t) == wanted for t in self.tenants)
+
+
+def warn_unbound(log: logging.Logger, make: Callable[[], Binding]) -> None:
+    """At start: a configured credential that no tenant accepts refuses every delivery."""
+    try:
+        policies = load_policies()
+        binding = make()
+    except PolicyError as exc:
+        log.warning("tenant policies unreadable at start: %s", exc)
+        return
+    known = {tenant_env_suffix(t) for t in policies}
+    if not any(tenant_env_suffix(t) in known for t in binding.tenants):
+        log.warning("credential %r is bound to no tenant (no policy lists it, or its tenant "
+                    "has no policy): every delivery it signs is a 403", binding.credential)
 
 
 def check_tenant(bindings: Iterable[Binding], tenant: str) -> None:

@@ -400,3 +400,18 @@ async def test_a_nested_mailgun_form_is_refused_at_its_first_nested_part() -> No
 async def test_the_public_port_has_no_metrics() -> None:
     status, _, _ = await call(relay(), "/metrics", {}, iter([]))
     assert status in (404, 405)
+
+
+def test_start_warns_about_disabled_and_unbound_sources(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with caplog.at_level("WARNING"):
+        relay()
+    disabled = " ".join(r.getMessage() for r in caplog.records)
+    for source in ("standard", "postmark", "mailgun"):
+        assert f"{source} source disabled" in disabled
+    caplog.clear()
+    monkeypatch.setenv("INBOXCRM_WEBHOOK_SECRET_NOBODY", GLOBEX)
+    with caplog.at_level("WARNING"):
+        relay()
+    assert "'standard:nobody' is bound to no tenant" in caplog.text
