@@ -32,16 +32,18 @@ RUN groupadd --system --gid 10001 inboxcrm \
             --shell /usr/sbin/nologin inboxcrm
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
-# Tenant policies: the repository's as a default; mount your own over /app/policies.
-COPY policies ./policies
+# No tenant policies in the image (the repository's are demo tenants, one of them with
+# sender authentication off): mount yours at /app/policies (INBOXCRM_POLICY_DIR).
 COPY deploy/bootstrap.py deploy/healthcheck.py ./deploy/
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     INBOXCRM_POLICY_DIR=/app/policies \
     INBOXCRM_RELAY_HOST=0.0.0.0 \
+    INBOXCRM_RELAY_METRICS_ADDRESS=0.0.0.0:9465 \
     INBOXCRM_WORKER_METRICS_ADDRESS=0.0.0.0:9464
 USER 10001:10001
-# 8080: relay (webhooks, /healthz, /metrics, codec); 9464: worker Prometheus metrics.
-EXPOSE 8080 9464
+# 8080: relay (webhooks, /healthz, codec: the public port); 9465: relay Prometheus metrics
+# and 9464: worker Prometheus metrics (internal: never route the public ingress to them).
+EXPOSE 8080 9464 9465
 CMD ["python", "-m", "inboxcrm.worker"]

@@ -14,7 +14,7 @@ import pytest
 
 from inboxcrm.stack import postgres
 from inboxcrm.stack.processes import free_port
-from tests.helpers.stack import ROOT, TEST_WEBHOOK_SECRET
+from tests.helpers.stack import ROOT, TEST_GLOBEX_WEBHOOK_SECRET, TEST_WEBHOOK_SECRET
 
 if TYPE_CHECKING:
     from inboxcrm.platform.config import Settings
@@ -55,7 +55,8 @@ def stack(database_url: str) -> Iterator[Stack]:
     config = isolated_config(
         ROOT / ".data" / "test-stack", database_url, queue_prefix="inboxcrm-test",
         temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None,
-        extra_env={"INBOXCRM_WEBHOOK_SECRET": TEST_WEBHOOK_SECRET},
+        extra_env={"INBOXCRM_WEBHOOK_SECRET": TEST_WEBHOOK_SECRET,
+                   "INBOXCRM_WEBHOOK_SECRET_GLOBEX": TEST_GLOBEX_WEBHOOK_SECRET},
     )
     running = Stack(config)
     try:

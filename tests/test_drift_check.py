@@ -136,8 +136,14 @@ async def test_a_record_deleted_behind_our_back_is_reported_by_the_next_schedule
     assert on_demand[f"contact:{changed_contact}"] == f"record_of_other_contact:{changed_record}"
 
     # The metric the alert reads is the latest *scheduled* run's.
-    metrics = (await env.http.get(f"{stack.relay_url}/metrics")).text
-    assert f'inboxcrm_drift_findings{{kind="missing"}} {float(row["missing"])}' in metrics
+    expected = f'inboxcrm_drift_findings{{kind="missing"}} {float(row["missing"])}'
+
+    async def refreshed() -> str | None:  # gauges are read on an interval, not per scrape
+        text = (await env.http.get(stack.relay_metrics_url)).text
+        return text if expected in text else None
+
+    metrics = await env.wait_for(refreshed, timeout=15, what="drift gauge refreshed")
+    assert expected in metrics
     assert row["missing"] >= 1
 
     # The run's history replays against today's workflow code.
@@ -204,8 +210,12 @@ async def test_relay_gauges_show_the_latest_accepted_delivery_per_source(
     (every relay replica reports the same; a restart does not reset it)."""
     before = datetime.now(UTC).timestamp()
     await env.deliver(message_from(unique_email("drift-gauge")))
-    metrics = (await env.http.get(f"{stack.relay_url}/metrics")).text
-    line = next(line for line in metrics.splitlines()
-                if line.startswith('inboxcrm_last_delivery_timestamp_seconds{source="standard"}'))
-    assert float(line.rsplit(" ", 1)[1]) >= before - 1
+    prefix = 'inboxcrm_last_delivery_timestamp_seconds{source="standard"}'
+
+    async def latest() -> str | None:  # gauges are read on an interval, not per scrape
+        text = (await env.http.get(stack.relay_metrics_url)).text
+        line = next((line for line in text.splitlines() if line.startswith(prefix)), None)
+        return text if line and float(line.rsplit(" ", 1)[1]) >= before - 1 else None
+
+    metrics = await env.wait_for(latest, timeout=15, what="delivery gauge refreshed")
     assert "\ninboxcrm_ambiguous_matches_open " in metrics

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Callable
 
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
@@ -22,15 +23,26 @@ async def scrape(env: StackClient, url: str) -> str:
     return response.text
 
 
+async def scrape_until(env: StackClient, url: str, holds: Callable[[str], bool]) -> str:
+    """The store gauges are refreshed on an interval (1 s in the test stack), not per
+    scrape: wait for the refresh that shows what the test just did."""
+    async def probe() -> str | None:
+        text = await scrape(env, url)
+        return text if holds(text) else None
+
+    return str(await env.wait_for(probe, timeout=15, what="store gauges refreshed"))
+
+
 async def test_relay_metrics_count_deliveries_and_show_the_oldest_item_ageing(
     env: StackClient, stack: Stack,
 ) -> None:
-    metrics_url = f"{stack.relay_url}/metrics"
+    metrics_url = stack.relay_metrics_url
     await env.post(message_from(unique_email("forged")), secret="whsec_" + "QUJD" * 8)
     workflow_id = await env.deliver(no_sender_message())
     await env.wait_state(workflow_id, "awaiting_review")
 
-    first = await scrape(env, metrics_url)
+    first = await scrape_until(env, metrics_url, lambda text: (sample(
+        text, "inboxcrm_items", '{state="awaiting_review"}') or 0) >= 1)
     await asyncio.sleep(2.5)
     second = await scrape(env, metrics_url)
 
@@ -81,7 +93,7 @@ async def test_every_source_feeds_the_signature_failure_metric(
                         auth=("wrong", "credentials"))
     await env.http.post(f"{stack.relay_url}/v1/inbound/mailgun",
                         data={"timestamp": "1", "token": "t", "signature": "bad"})
-    text = await scrape(env, f"{stack.relay_url}/metrics")
+    text = await scrape(env, stack.relay_metrics_url)
     for source in ("postmark", "mailgun"):
         count = sample(text, "inboxcrm_signature_failures_total", f'{{source="{source}"}}')
         assert (count or 0) >= 1, source

@@ -27,6 +27,7 @@ from inboxcrm.ingress.mailgun import (
     verify_mailgun,
 )
 from inboxcrm.ingress.postmark import basic_auth_ok, parse_postmark
+from inboxcrm.ingress.tenancy import Binding, Forbidden
 from inboxcrm.stack.credentials import generated_credentials
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, unique_email
@@ -34,6 +35,8 @@ from inboxcrm.verify.probe import StackClient, unique_email
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_SENDER = "jane.doe@example.com"
 MAX = 10 * 1024 * 1024
+POSTMARK = Binding.shared("postmark")  # acme and rehearsal list it in their policies
+MAILGUN = Binding.shared("mailgun")
 
 
 def fixture(name: str, sender: str = FIXTURE_SENDER) -> dict[str, Any]:
@@ -89,12 +92,12 @@ def test_postmark_rebuild_keeps_headers_bodies_and_attachments() -> None:
     payload["Headers"].append({"Name": "Auto-Submitted", "Value": "auto-replied"})
     payload["Headers"].append({"Name": "Precedence", "Value": "bulk"})
 
-    delivery = parse_postmark(payload, None, MAX)
+    delivery = parse_postmark(payload, POSTMARK, MAX)
 
     assert (delivery.tenant, delivery.source, delivery.mailbox, delivery.delivery_id) == (
         "acme", "postmark", "sales@acme.test", "pm-offline-1")
     assert delivery.workflow_id == "inbound/acme/postmark/sales@acme.test/pm-offline-1"
-    assert parse_postmark(payload, None, MAX).raw == delivery.raw  # deterministic rebuild
+    assert parse_postmark(payload, POSTMARK, MAX).raw == delivery.raw  # deterministic rebuild
     message = mime_message(delivery.raw)
     assert message["From"] == "Jane Doe <jane.doe@example.com>"
     assert message["To"] == "Acme Sales <sales@acme.test>"
@@ -116,7 +119,7 @@ def test_postmark_rebuild_keeps_headers_bodies_and_attachments() -> None:
 
 def test_postmark_raw_email_is_stored_as_posted() -> None:
     payload = postmark("postmark_inbound_raw_email.json", message_id="pm-raw-1")
-    delivery = parse_postmark(payload, None, MAX)
+    delivery = parse_postmark(payload, POSTMARK, MAX)
     assert delivery.raw == payload["RawEmail"].encode()
 
 
@@ -126,7 +129,7 @@ def test_postmark_header_values_cannot_inject_headers_and_names_are_encoded() ->
     payload["FromFull"]["Name"] = "Jöhn Dœ, Sales"
     payload["Headers"].append({"Name": "X-Note", "Value": "über\nX-Evil: 1"})
 
-    message = mime_message(parse_postmark(payload, None, MAX).raw)
+    message = mime_message(parse_postmark(payload, POSTMARK, MAX).raw)
 
     assert message["Bcc"] is None and message["X-Evil"] is None
     assert message["Subject"] == "Pricing Bcc: victim@example.net"
@@ -139,16 +142,19 @@ def test_postmark_mailbox_resolution() -> None:
     plus = postmark(message_id="pm-offline-3")
     plus["ToFull"] = [{"Email": "sales+7af3@acme.test", "Name": "", "MailboxHash": "7af3"}]
     plus["OriginalRecipient"] = "sales+7af3@acme.test"
-    assert parse_postmark(plus, None, MAX).mailbox == "sales@acme.test"
-    assert parse_postmark(plus, "acme", MAX).tenant == "acme"
+    assert parse_postmark(plus, POSTMARK, MAX).mailbox == "sales@acme.test"
+    assert parse_postmark(plus, POSTMARK, MAX).tenant == "acme"
 
     foreign = postmark(message_id="pm-offline-4")
     foreign["ToFull"] = [{"Email": "someone@else.test", "Name": "", "MailboxHash": ""}]
     foreign["OriginalRecipient"] = "someone@else.test"
     with pytest.raises(BadRequest, match="unknown mailbox"):
-        parse_postmark(foreign, None, MAX)
-    with pytest.raises(BadRequest, match="unknown tenant"):
-        parse_postmark(postmark(), "nobody", MAX)
+        parse_postmark(foreign, POSTMARK, MAX)
+    # globex does not accept the shared Postmark credential: its envelope recipient is a 403.
+    globex = postmark(message_id="pm-offline-5")
+    globex["OriginalRecipient"] = "hello@globex.test"
+    with pytest.raises(Forbidden):
+        parse_postmark(globex, POSTMARK, MAX)
 
 
 def test_mailgun_forms_urlencoded_and_multipart() -> None:
@@ -157,7 +163,7 @@ def test_mailgun_forms_urlencoded_and_multipart() -> None:
     request = httpx.Request("POST", "http://relay/", data=form, files={
         "attachment-1": ("quote ü.pdf", b"%PDF-1.4\r\n\x00\x01binary\n", "application/pdf")})
     parsed = parse_form(request.headers["content-type"], request.read())
-    delivery = parse_mailgun(parsed, None, MAX)
+    delivery = parse_mailgun(parsed, MAILGUN, MAX)
 
     assert delivery.delivery_id == "mg-offline-1@mail.example.com"
     message = mime_message(delivery.raw)
@@ -169,7 +175,7 @@ def test_mailgun_forms_urlencoded_and_multipart() -> None:
 
     plain = httpx.Request("POST", "http://relay/", data=mailgun(
         message_id="<mg-offline-1@mail.example.com>"))
-    same = parse_mailgun(parse_form(plain.headers["content-type"], plain.read()), None, MAX)
+    same = parse_mailgun(parse_form(plain.headers["content-type"], plain.read()), MAILGUN, MAX)
     assert same.delivery_id == delivery.delivery_id
     with pytest.raises(BadRequest, match="form"):
         parse_form("application/json", b"{}")
@@ -269,7 +275,7 @@ async def test_postmark_raw_email_variant_completes(env: StackClient, stack: Sta
     email = unique_email("pmraw")
     payload = postmark("postmark_inbound_raw_email.json", sender=email)
 
-    response = await post_postmark(env, stack, payload, params={"tenant": "acme"})
+    response = await post_postmark(env, stack, payload)
 
     assert response.status_code == 200, response.text
     assert (await env.wait_state(response.json()["workflow_id"], "completed"))[0] == "completed"
@@ -321,12 +327,11 @@ async def test_postmark_malformed_unknown_mailbox_and_oversized(
     headers_type = await post_postmark(env, stack, bad_headers)
     attachment = await post_postmark(env, stack, bad_attachment)
     unknown_mailbox = await post_postmark(env, stack, foreign)
-    unknown_tenant = await post_postmark(env, stack, postmark(), params={"tenant": "nobody"})
     oversized = await post_postmark(env, stack, content=b"x" * (MAX + 10))
 
     for response, word in ((not_json, "JSON"), (missing_id, "MessageID"),
                            (headers_type, "Headers"), (attachment, "Attachments[0]"),
-                           (unknown_mailbox, "mailbox"), (unknown_tenant, "tenant")):
+                           (unknown_mailbox, "mailbox")):
         assert response.status_code == 422, response.text
         assert word in response.json()["message"]
     assert oversized.status_code == 413

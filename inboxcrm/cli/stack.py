@@ -34,6 +34,7 @@ def up() -> None:
         temporal_ui_port=port("INBOXCRM_TEMPORAL_UI_PORT", 8233),
         sandbox_port=port("INBOXCRM_SANDBOX_PORT", 8090),
         relay_port=port("INBOXCRM_RELAY_PORT", 8080),
+        relay_metrics_port=port("INBOXCRM_RELAY_METRICS_PORT", 9465),
         worker_metrics_port=port("INBOXCRM_WORKER_METRICS_PORT", 9464),
         database_url=os.environ.get("DATABASE_URL") or None,
         temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None,

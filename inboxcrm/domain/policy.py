@@ -69,6 +69,10 @@ class Thresholds(_Strict):
 
 
 SenderAuthentication = Literal["required", "prefer", "off"]
+# The shared inbound credentials a tenant may accept (docs/architecture.md §7): the Standard
+# Webhooks secret INBOXCRM_WEBHOOK_SECRET, the Postmark basic-auth pair, the Mailgun signing
+# key. A tenant's own INBOXCRM_WEBHOOK_SECRET_<TENANT> needs no entry: it names its tenant.
+InboundCredential = Literal["standard", "postmark", "mailgun"]
 _AUTHSERV_ID = r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?$"
 
 
@@ -88,6 +92,9 @@ class TenantPolicy(_Strict):
     sender_authentication: SenderAuthentication = "required"
     trusted_authserv_ids: list[str] = []
     spam_score_threshold: float = Field(default=5.0, gt=0)
+    # Which shared credentials may write into this tenant. None by default: a credential
+    # shared by several tenants reaches only those that list it.
+    inbound_credentials: list[InboundCredential] = []
 
     @field_validator("trusted_authserv_ids")
     @classmethod
@@ -217,6 +224,12 @@ def get_policy(tenant: str) -> TenantPolicy:
         return policies[tenant]
     except KeyError:
         raise UnknownTenant(tenant) from None
+
+
+def tenants_accepting(credential: InboundCredential) -> frozenset[str]:
+    """The tenants whose policy lists this shared credential (re-read with the policies)."""
+    return frozenset(tenant for tenant, policy in load_policies().items()
+                     if credential in policy.inbound_credentials)
 
 
 def tenant_for_mailbox(mailbox: str) -> str | None:

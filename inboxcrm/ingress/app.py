@@ -1,6 +1,7 @@
-"""The relay's HTTP app: one router per inbound source, plus health, metrics, the codec
-endpoint, one-click unsubscribe and the review card, assembled here (no route module imports
-another)."""
+"""The relay's HTTP app: one router per inbound source, plus health, the codec endpoint,
+one-click unsubscribe and the review card, assembled here (no route module imports another).
+Metrics are not on this (public) port: the lifespan starts their internal listener
+(`inboxcrm.ingress.metrics`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from fastapi.responses import JSONResponse
 
 from inboxcrm.ingress.codec import codec_router
 from inboxcrm.ingress.intake import Ingestor, TemporalHandle, sweep_forever
@@ -35,13 +35,21 @@ def create_app(settings: Settings) -> FastAPI:
                                     max_size=settings.relay_pool_size)
         app.state.ingestor = Ingestor(pool, handle, settings.task_queue)
         app.state.metrics = metrics
-        sweeper = asyncio.create_task(sweep_forever(app.state.ingestor, settings))
+        listener = metrics.serve(settings.relay_metrics_address) \
+            if settings.relay_metrics_address else None
+        tasks = [asyncio.create_task(sweep_forever(app.state.ingestor, settings)),
+                 asyncio.create_task(metrics.refresh_forever(
+                     pool, settings.relay_metrics_interval_seconds))]
         try:
             yield
         finally:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if listener is not None:
+                listener.shutdown()
+                listener.server_close()
             await pool.close()
 
     app = FastAPI(title="inboxcrm relay", lifespan=lifespan)
@@ -51,11 +59,6 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(codec_router(settings))  # POST /codec/encode, /codec/decode
     app.include_router(unsubscribe_router(settings))  # POST /v1/unsubscribe/{token}
     app.include_router(review_router(settings))  # GET /review/{workflow_id}, /review/login
-
-    @app.get("/metrics")
-    async def prometheus_metrics(request: Request) -> Response:
-        body = await metrics.render(request.app.state.ingestor.pool)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:

@@ -14,12 +14,10 @@ import asyncio
 import hashlib
 import logging
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
 import asyncpg
-from email_validator import EmailNotValidError, validate_email
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from temporalio.client import Client
@@ -27,7 +25,6 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from inboxcrm.domain.policy import UnknownTenant, get_policy, tenant_for_mailbox
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
 from inboxcrm.store import audit, events
@@ -220,62 +217,13 @@ async def sweep_forever(ingestor: Ingestor, settings: Settings) -> None:
             log.exception("sweeper pass failed")
 
 
-def tenant_param(request: Request) -> str | None:
-    tenant = request.query_params.get("tenant")
-    if tenant is not None and not tenant.strip():
-        raise BadRequest("query parameter 'tenant' must not be empty")
-    return tenant
-
-
 def count_auth_failure(request: Request, source: str) -> None:
     """Every source feeds the same signature-failure metric (and its spike alert)."""
     request.app.state.metrics.signature_failures.labels(source).inc()
 
 
-# ---------------------------------------------------------------- tenant and mailbox
-
-def _normalise(address: str) -> str | None:
-    """The address as tenant policies store mailboxes (see inboxcrm.domain.policy), or None."""
-    if not isinstance(address, str) or not address.strip() or len(address) > 320:
-        return None
-    try:
-        result = validate_email(address.strip(), check_deliverability=False,
-                                test_environment=True, allow_display_name=False,
-                                allow_quoted_local=False, allow_domain_literal=False)
-    except (EmailNotValidError, ValueError, UnicodeError):
-        return None
-    return str(result.normalized).lower()
-
-
-def _variants(address: str) -> list[str]:
-    """The address, then without a `+tag` (Postmark's MailboxHash, Mailgun plus addressing)."""
-    normalised = _normalise(address)
-    if normalised is None:
-        return []
-    local, _, domain = normalised.rpartition("@")
-    if "+" in local:
-        return [normalised, f"{local.split('+', 1)[0]}@{domain}"]
-    return [normalised]
-
-
-def resolve_mailbox(candidates: Iterable[str | None], tenant: str | None) -> tuple[str, str]:
-    """(tenant, mailbox): the first recipient that the tenant's policy lists (with `tenant`)
-    or that some tenant's policy lists. Raises BadRequest (422) naming the problem."""
-    addresses = [v for c in candidates if c for v in _variants(c)]
-    if tenant is not None:
-        try:
-            policy = get_policy(tenant)
-        except UnknownTenant:
-            raise BadRequest("unknown tenant in query parameter 'tenant'") from None
-        for address in addresses:
-            if address in policy.mailboxes:
-                return tenant, address
-        raise BadRequest("no recipient of this message is one of the tenant's mailboxes")
-    for address in addresses:
-        owner = tenant_for_mailbox(address)
-        if owner is not None:
-            return owner, address
-    raise BadRequest("unknown mailbox: no tenant policy lists a recipient of this message "
-                     "(pass ?tenant= or add the mailbox to a tenant policy)")
-
-
+def forbidden_response(request: Request, source: str, message: str) -> JSONResponse:
+    """403: authenticated, but the credential is not bound to the delivery's tenant."""
+    request.app.state.metrics.deliveries.labels(source, "forbidden").inc()
+    log.info("%s delivery refused: %s", source, message)
+    return error_response(403, message)

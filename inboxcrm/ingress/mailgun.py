@@ -24,6 +24,24 @@ Mailgun replay protection
     accepted once (`webhook_replay_tokens`, unique per source and token); a reuse is a 401.
     Dedupe is unaffected: a genuine redelivery carries a new token and is answered
     `duplicate` by the ledger, keyed by the delivery ID above.
+
+Reading before authenticating
+    The signature travels inside the form, so the form is read first, by the streaming
+    reader of `inboxcrm.ingress.form` (total size, field count, part size, header lines,
+    no nested multipart; each chunk handled as it arrives, in linear time, on the event
+    loop without blocking it). Without a configured signing key every request is a 401 and
+    the body is never read. Only `timestamp`, `token` and `signature` are looked at before
+    the signature is checked; nothing else of the form is decoded or parsed until then.
+
+What counts as authenticated (the tenant)
+    Mailgun signs `timestamp + token` only, never the body. The relay treats the rest of the
+    form, `recipient` (the envelope recipient Mailgun matched the route on) included, as
+    authenticated because the request as a whole is: a valid signature proves the key
+    holder sent it within the tolerance window, each token is accepted once, and the POST
+    travels over TLS. Someone able to alter a request in flight could change `recipient`;
+    even then the key's binding holds: the tenant is one that lists "mailgun" in its
+    policy's `inbound_credentials`, narrowed by `recipient`. The `To`/`Cc` headers, which
+    the sender wrote, only pick the mailbox of a key bound to a single tenant.
 """
 
 from __future__ import annotations
@@ -34,16 +52,21 @@ import hmac
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from email import policy as email_policy
-from email.message import EmailMessage
-from email.parser import BytesHeaderParser, BytesParser
-from urllib.parse import parse_qsl
+from email.parser import BytesHeaderParser
+from typing import Final
 
 import asyncpg
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from inboxcrm.ingress.form import (
+    Form,
+    FormLimits,
+    FormTooLarge,
+    parse_form_bytes,
+    read_form,
+)
 from inboxcrm.ingress.intake import (
     DELIVERY_ID,
     BadRequest,
@@ -53,9 +76,8 @@ from inboxcrm.ingress.intake import (
     Unauthenticated,
     count_auth_failure,
     error_response,
+    forbidden_response,
     ingest_response,
-    resolve_mailbox,
-    tenant_param,
 )
 from inboxcrm.ingress.mime import (
     BODY_HEADERS,
@@ -71,13 +93,13 @@ from inboxcrm.ingress.mime import (
     first_header,
     header_addresses,
 )
-from inboxcrm.ingress.web import read_body
+from inboxcrm.ingress.tenancy import Binding, Forbidden, resolve_recipient, warn_unbound
 from inboxcrm.platform.config import Settings
 from inboxcrm.store import replay_tokens
 
 log = logging.getLogger("inboxcrm.ingress.mailgun")
 
-MAILGUN = "mailgun"
+MAILGUN: Final = "mailgun"
 
 
 def mailgun_signature(signing_key: str, timestamp: str, token: str) -> str:
@@ -86,8 +108,11 @@ def mailgun_signature(signing_key: str, timestamp: str, token: str) -> str:
                     hashlib.sha256).hexdigest()
 
 
-def verify_mailgun(form: Form, signing_key: str | None, tolerance_seconds: int,
-                   now: float | None = None) -> tuple[str, int]:
+SIGNATURE_FIELDS = frozenset({"timestamp", "token", "signature"})
+
+
+def verify_mailgun(form: Form | dict[str, str], signing_key: str | None,
+                   tolerance_seconds: int, now: float | None = None) -> tuple[str, int]:
     """The (token, timestamp) of an authentic request; raises Unauthenticated otherwise."""
     if not signing_key:
         raise Unauthenticated("mailgun source not configured (INBOXCRM_MAILGUN_SIGNING_KEY)")
@@ -109,76 +134,11 @@ def verify_mailgun(form: Form, signing_key: str | None, tolerance_seconds: int,
 
 
 
-@dataclass(frozen=True)
-class Upload:
-    filename: str
-    content_type: str
-    data: bytes
-
-
-@dataclass
-class Form:
-    fields: dict[str, list[str]] = field(default_factory=dict)
-    files: dict[str, list[Upload]] = field(default_factory=dict)
-
-    def get(self, name: str) -> str | None:
-        values = self.fields.get(name)
-        return values[0] if values else None
-
-    def file(self, name: str) -> Upload | None:
-        values = self.files.get(name)
-        return values[0] if values else None
-
-
-def parse_form(content_type: str | None, body: bytes) -> Form:
-    """application/x-www-form-urlencoded or multipart/form-data (what Mailgun posts), with
-    the standard library only. Text values keep undecodable bytes as surrogate escapes."""
-    media = (content_type or "").split(";", 1)[0].strip().lower()
-    form = Form()
-    if media == "application/x-www-form-urlencoded":
-        try:
-            pairs = parse_qsl(body.decode("utf-8", "surrogateescape"), keep_blank_values=True,
-                              errors="surrogateescape", max_num_fields=MAX_FORM_PARTS)
-        except ValueError:
-            raise BadRequest(f"form has more than {MAX_FORM_PARTS} fields") from None
-        for name, value in pairs:
-            form.fields.setdefault(name, []).append(value)
-        return form
-    if media != "multipart/form-data":
-        raise BadRequest("body must be a Mailgun route forward() form "
-                         "(application/x-www-form-urlencoded or multipart/form-data)")
-    try:
-        head = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1")
-        message = BytesParser(policy=email_policy.HTTP).parsebytes(head + body)
-        if not message.is_multipart() or message.get_boundary() is None:
-            raise BadRequest("multipart/form-data body without a boundary or parts")
-        if not isinstance(message, EmailMessage):
-            raise BadRequest("malformed multipart/form-data body")
-        parts = list(message.iter_parts())
-        if len(parts) > MAX_FORM_PARTS:
-            raise BadRequest(f"form has more than {MAX_FORM_PARTS} parts")
-        for part in parts:
-            part_name = part.get_param("name", header="content-disposition")
-            if not isinstance(part_name, str) or part.is_multipart():
-                continue
-            payload = part.get_payload(decode=True)
-            data = payload if isinstance(payload, bytes) else b""
-            filename = part.get_filename()
-            if filename is not None:
-                upload = Upload(filename, part.get_content_type(), data)
-                form.files.setdefault(part_name, []).append(upload)
-            else:
-                charset = part.get_content_charset() or "utf-8"
-                try:
-                    text = data.decode(charset, "surrogateescape")
-                except LookupError:
-                    text = data.decode("utf-8", "surrogateescape")
-                form.fields.setdefault(part_name, []).append(text)
-    except BadRequest:
-        raise
-    except (ValueError, TypeError, LookupError, IndexError, AttributeError):
-        raise BadRequest("malformed multipart/form-data body") from None
-    return form
+def parse_form(content_type: str | None, body: bytes,
+               limits: FormLimits | None = None) -> Form:
+    """A whole form already in memory, read by the same bounded reader as a request."""
+    limits = limits or FormLimits(total_bytes=max(len(body), 1), max_fields=MAX_FORM_PARTS)
+    return parse_form_bytes(content_type, body, limits).to_form()
 
 
 def _message_headers(value: str) -> list[tuple[str, str]]:
@@ -238,7 +198,10 @@ def mailgun_delivery_id(message_id: str | None, raw: bytes) -> str:
     return f"sha256-{hashlib.sha256(raw).hexdigest()}"
 
 
-def parse_mailgun(form: Form, tenant: str | None, max_raw_bytes: int) -> Delivery:
+def parse_mailgun(form: Form, binding: Binding, max_raw_bytes: int) -> Delivery:
+    """The delivery of an authenticated form. The tenant comes from the key's binding
+    narrowed by `recipient` (the envelope recipient; see the module docstring on what
+    counts as authenticated); `To`/`Cc` only pick a mailbox of a key bound to one tenant."""
     recipients = [r.strip() for r in (form.get("recipient") or "").split(",") if r.strip()]
     mime_file = form.file("body-mime")
     mime_text = form.get("body-mime")
@@ -266,7 +229,8 @@ def parse_mailgun(form: Form, tenant: str | None, max_raw_bytes: int) -> Deliver
         kept = [(n, v) for n, v in headers if n.lower() not in BODY_HEADERS]
         raw = build_message(kept, form.get("body-plain"), form.get("body-html"),
                             _mailgun_attachments(form))
-    tenant, mailbox = resolve_mailbox([*recipients, *header_addresses(headers, "To", "Cc")], tenant)
+    tenant, mailbox = resolve_recipient(binding, recipients,
+                                        header_addresses(headers, "To", "Cc"))
     if len(raw) > max_raw_bytes:
         raise TooLarge(f"message exceeds {max_raw_bytes} bytes")
     delivery_id = mailgun_delivery_id(first_header(headers, "Message-ID"), raw)
@@ -276,37 +240,63 @@ def parse_mailgun(form: Form, tenant: str | None, max_raw_bytes: int) -> Deliver
 
 
 
+def mailgun_form_limits(settings: Settings) -> FormLimits:
+    """What one Mailgun POST may hold: the body cap, MAX_FORM_PARTS fields, no nesting."""
+    return FormLimits(total_bytes=settings.max_body_bytes, max_fields=MAX_FORM_PARTS)
+
+
 def mailgun_router(settings: Settings) -> APIRouter:
     """POST /v1/inbound/mailgun and /v1/inbound/mailgun/mime."""
     router = APIRouter()
     mailgun_key = (settings.mailgun_signing_key.get_secret_value()
                    if settings.mailgun_signing_key else None)
     if not mailgun_key:
-        log.warning("mailgun source disabled: INBOXCRM_MAILGUN_SIGNING_KEY not set")
+        log.warning("mailgun source disabled: INBOXCRM_MAILGUN_SIGNING_KEY not set "
+                    "(every request is a 401)")
+    else:
+        warn_unbound(log, lambda: Binding.shared(MAILGUN))
+    limits = mailgun_form_limits(settings)
+
+    def unauthenticated(request: Request, reason: str) -> JSONResponse:
+        log.info("mailgun request rejected: %s", reason)
+        count_auth_failure(request, MAILGUN)
+        return error_response(401, "invalid, stale or missing Mailgun signature")
 
     @router.post("/v1/inbound/mailgun")
     @router.post("/v1/inbound/mailgun/mime")
     async def inbound_mailgun(request: Request) -> JSONResponse:
-        body = await read_body(request, settings.max_body_bytes)
-        if body is None:
-            return error_response(413, f"body exceeds {settings.max_body_bytes} bytes")
+        if not mailgun_key:
+            return unauthenticated(request, "source not configured")  # body never read
         try:
-            form = parse_form(request.headers.get("content-type"), body)
+            raw_form = await read_form(request.headers.get("content-type"),
+                                       request.headers.get("content-length"),
+                                       request.stream(), limits)
+            # Authentication first: only the three signature fields are looked at.
+            signature_fields = {name: value for name, value in raw_form.pairs
+                                if name in SIGNATURE_FIELDS}
+            for part in raw_form.parts:
+                if part.name in SIGNATURE_FIELDS and part.filename is None \
+                        and len(part.data) <= 256:
+                    signature_fields.setdefault(part.name, part.data.decode("ascii", "replace"))
+        except FormTooLarge as exc:
+            return error_response(413, str(exc))
         except BadRequest as exc:
             return error_response(422, str(exc))
         try:
-            token, signed_at = verify_mailgun(form, mailgun_key,
+            token, signed_at = verify_mailgun(signature_fields, mailgun_key,
                                               settings.mailgun_tolerance_seconds)
         except Unauthenticated as exc:
-            log.info("mailgun request rejected: %s", exc)
-            count_auth_failure(request, "mailgun")
-            return error_response(401, "invalid, stale or missing Mailgun signature")
+            return unauthenticated(request, str(exc))
         try:
-            delivery = parse_mailgun(form, tenant_param(request), settings.max_body_bytes)
-        except BadRequest as exc:
-            return error_response(422, str(exc))
+            delivery = parse_mailgun(raw_form.to_form(), Binding.shared(MAILGUN),
+                                     settings.max_body_bytes)
+        except (BadRequest, RecursionError) as exc:
+            message = str(exc) if isinstance(exc, BadRequest) else "form is nested too deeply"
+            return error_response(422, message)
         except TooLarge as exc:
             return error_response(413, str(exc))
+        except Forbidden as exc:
+            return forbidden_response(request, MAILGUN, str(exc))
         ingestor: Ingestor = request.app.state.ingestor
         keep = 2 * settings.mailgun_tolerance_seconds + 60
         try:
@@ -316,7 +306,7 @@ def mailgun_router(settings: Settings) -> APIRouter:
             return error_response(503, "ledger unavailable; retry later")
         if not fresh:
             log.info("mailgun request rejected: token replayed")
-            count_auth_failure(request, "mailgun")
+            count_auth_failure(request, MAILGUN)
             return error_response(
                 401, "invalid, stale or missing Mailgun signature (token replayed)")
         response = await ingest_response(request, delivery)

@@ -1,5 +1,8 @@
-"""Prometheus metrics of the relay. Counters for what the relay sees; gauges read from
-PostgreSQL at scrape time, so every relay replica reports the same truth about the store.
+"""Prometheus metrics of the relay, served by an internal listener of their own
+(`INBOXCRM_RELAY_METRICS_ADDRESS`, default 127.0.0.1:9465), never on the public port.
+Counters for what the relay sees; gauges read from PostgreSQL every
+`INBOXCRM_RELAY_METRICS_INTERVAL_SECONDS` (not per scrape: a scrape costs no query), so every
+relay replica reports the same truth about the store, at most one interval old.
 
 Labels are low-cardinality enums (source, outcome, state) — never addresses, subjects,
 delivery IDs or tenants' customers.
@@ -7,16 +10,22 @@ delivery IDs or tenants' customers.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Iterator
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 import asyncpg
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from inboxcrm.store import gauges
 from schemas.drift import DriftKind
+
+log = logging.getLogger("inboxcrm.ingress.metrics")
 
 DELIVERIES = "inboxcrm_deliveries_received"
 SIGNATURE_FAILURES = "inboxcrm_signature_failures"
@@ -34,28 +43,57 @@ class RelayMetrics:
         self._store = _StoreCollector()
         self.registry.register(self._store)
 
-    async def render(self, pool: asyncpg.Pool) -> bytes:
-        """Refresh the store gauges (one query), then render everything."""
+    async def refresh(self, pool: asyncpg.Pool) -> None:
+        """Read the store gauges (one query) into the snapshot that scrapes render."""
         try:
-            async with pool.acquire() as conn:
+            async with pool.acquire(timeout=5) as conn:
                 row = await conn.fetchrow(gauges.STORE_GAUGES)
-            self._store.snapshot = dict(row) if row is not None else None
-        except (OSError, asyncpg.PostgresError):
-            self._store.snapshot = None
+            self._store.update(dict(row) if row is not None else None)
+        except (OSError, TimeoutError, asyncpg.PostgresError):
+            self._store.update(None)
+
+    async def refresh_forever(self, pool: asyncpg.Pool, interval_seconds: float) -> None:
+        while True:
+            await self.refresh(pool)
+            await asyncio.sleep(interval_seconds)
+
+    def render(self) -> bytes:
+        """Everything, from memory (the last refresh for the store gauges)."""
         return bytes(generate_latest(self.registry))
+
+    def serve(self, address: str) -> WSGIServer:
+        """The internal listener (`host:port`) in a thread of its own; `shutdown()` it."""
+        host, _, port = address.rpartition(":")
+        server, _thread = start_http_server(int(port), host or "127.0.0.1",
+                                            registry=self.registry)
+        log.info("relay metrics on http://%s/metrics", address)
+        return server
 
 
 class _StoreCollector(Collector):
     def __init__(self) -> None:
         self.snapshot: dict[str, Any] | None = None
+        self.read_at = 0.0  # time.time() of the snapshot
+
+    def update(self, snapshot: dict[str, Any] | None) -> None:
+        self.snapshot, self.read_at = snapshot, time.time()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        up = GaugeMetricFamily("inboxcrm_store_up", "1 if the store answered this scrape")
+        up = GaugeMetricFamily("inboxcrm_store_up",
+                               "1 if the store answered the latest gauge refresh")
         up.add_metric([], 0 if self.snapshot is None else 1)
         yield up
+        read = GaugeMetricFamily("inboxcrm_store_gauges_read_timestamp_seconds",
+                                 "When the store gauges were last read")
+        read.add_metric([], self.read_at)
+        yield read
         snap = self.snapshot
         if snap is None:
             return
+        # The oldest open task keeps ageing between refreshes.
+        snap = dict(snap)
+        if snap["oldest_age"]:
+            snap["oldest_age"] = float(snap["oldest_age"]) + max(time.time() - self.read_at, 0)
         items = GaugeMetricFamily("inboxcrm_items", "Items per state", labels=["state"])
         for state, count in sorted((snap["items"] or {}).items()):
             items.add_metric([state], count)

@@ -12,7 +12,7 @@ import binascii
 import hmac
 import json
 import logging
-from typing import Any
+from typing import Any, Final
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -24,9 +24,8 @@ from inboxcrm.ingress.intake import (
     TooLarge,
     count_auth_failure,
     error_response,
+    forbidden_response,
     ingest_response,
-    resolve_mailbox,
-    tenant_param,
 )
 from inboxcrm.ingress.mime import (
     BODY_HEADERS,
@@ -39,12 +38,13 @@ from inboxcrm.ingress.mime import (
     first_header,
     format_address,
 )
+from inboxcrm.ingress.tenancy import Binding, Forbidden, resolve_recipient, warn_unbound
 from inboxcrm.ingress.web import read_body
 from inboxcrm.platform.config import Settings
 
 log = logging.getLogger("inboxcrm.ingress.postmark")
 
-POSTMARK = "postmark"
+POSTMARK: Final = "postmark"
 
 
 def basic_auth_ok(authorization: str | None, user: str | None, password: str | None) -> bool:
@@ -186,7 +186,11 @@ def postmark_raw(payload: dict[str, Any]) -> bytes:
                          _opt_str(payload, "HtmlBody"), _postmark_attachments(payload))
 
 
-def parse_postmark(payload: Any, tenant: str | None, max_raw_bytes: int) -> Delivery:
+def parse_postmark(payload: Any, binding: Binding, max_raw_bytes: int) -> Delivery:
+    """The delivery of an authenticated Postmark payload. The tenant comes from the
+    credential's binding narrowed by `OriginalRecipient` (the envelope recipient Postmark
+    received the message for); `ToFull`/`CcFull` (the sender's headers) only pick a mailbox
+    of a credential bound to one tenant (see inboxcrm.ingress.tenancy)."""
     if not isinstance(payload, dict):
         raise BadRequest("body must be a JSON object (a Postmark inbound message)")
     record_type = payload.get("RecordType")
@@ -198,18 +202,15 @@ def parse_postmark(payload: Any, tenant: str | None, max_raw_bytes: int) -> Deli
         raise BadRequest("field 'MessageID' is required and must be a non-empty string")
     if not DELIVERY_ID.match(message_id):
         raise BadRequest("field 'MessageID' must be 1-255 printable ASCII characters")
-    candidates: list[str | None] = [_opt_str(payload, "OriginalRecipient")]
-    for name in ("ToFull", "CcFull", "BccFull"):
-        candidates += [address for _, address in _recipients(payload, name)]
-    tenant, mailbox = resolve_mailbox(candidates, tenant)
+    headers: list[str | None] = []
+    for name in ("ToFull", "CcFull"):
+        headers += [address for _, address in _recipients(payload, name)]
+    tenant, mailbox = resolve_recipient(binding, [_opt_str(payload, "OriginalRecipient")],
+                                        headers)
     raw = postmark_raw(payload)
     if len(raw) > max_raw_bytes:
         raise TooLarge(f"message exceeds {max_raw_bytes} bytes")
     return Delivery(tenant, POSTMARK, mailbox, message_id, raw)
-
-
-# ---------------------------------------------------------------- Mailgun
-
 
 
 def postmark_router(settings: Settings) -> APIRouter:
@@ -218,7 +219,10 @@ def postmark_router(settings: Settings) -> APIRouter:
     postmark_password = (settings.postmark_password.get_secret_value()
                          if settings.postmark_password else None)
     if not settings.postmark_user or not postmark_password:
-        log.warning("postmark source disabled: INBOXCRM_POSTMARK_USER/PASSWORD not set")
+        log.warning("postmark source disabled: INBOXCRM_POSTMARK_USER/PASSWORD not set "
+                    "(every request is a 401)")
+    else:
+        warn_unbound(log, lambda: Binding.shared(POSTMARK))
 
     @router.post("/v1/inbound/postmark")
     async def inbound_postmark(request: Request) -> JSONResponse:
@@ -236,11 +240,14 @@ def postmark_router(settings: Settings) -> APIRouter:
         except ValueError:
             return error_response(422, "body is not valid JSON")
         try:
-            delivery = parse_postmark(payload, tenant_param(request), settings.max_body_bytes)
+            delivery = parse_postmark(payload, Binding.shared(POSTMARK),
+                                      settings.max_body_bytes)
         except BadRequest as exc:
             return error_response(422, str(exc))
         except TooLarge as exc:
             return error_response(413, str(exc))
+        except Forbidden as exc:
+            return forbidden_response(request, POSTMARK, str(exc))
         return await ingest_response(request, delivery)
 
     return router

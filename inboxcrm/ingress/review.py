@@ -24,6 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from inboxcrm.domain.review_card import ReviewCard, build_card
 from inboxcrm.ingress.intake import Ingestor
+from inboxcrm.ingress.web import read_body
 from inboxcrm.platform.config import Settings
 
 COOKIE = "inboxcrm_review"
@@ -121,8 +122,9 @@ def review_router(settings: Settings) -> APIRouter:
 
     @router.post("/review/login", response_model=None)
     async def login(request: Request) -> Response:
-        body = await request.body()
-        if len(body) > MAX_LOGIN_BYTES:
+        # Capped while it is read (Content-Length first): a huge body is refused unread.
+        body = await read_body(request, MAX_LOGIN_BYTES)
+        if body is None:
             return _login_form("/review/login", "request too large", 413)
         form = parse_qs(body.decode("utf-8", "replace"))
         next_path = _safe_next((form.get("next") or [""])[0])

@@ -92,12 +92,12 @@ def unsubscribe_router(settings: Settings) -> APIRouter:
 
     @router.post("/v1/unsubscribe/{token}")
     async def unsubscribe(token: str, request: Request) -> JSONResponse:
+        ref = read_token(secret, token) if secret else None  # the link is the credential
+        if ref is None:
+            return _not_found()
         if await read_body(request, MAX_BODY_BYTES) is None:
             return JSONResponse({"status": "error", "message": "body too large"},
                                 status_code=413)
-        ref = read_token(secret, token) if secret else None
-        if ref is None:
-            return _not_found()
         pool: asyncpg.Pool = request.app.state.ingestor.pool
         try:
             outcome = await record_unsubscribe(pool, *ref)

@@ -3,16 +3,33 @@ their usual names. One object, read once per process."""
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.contract import DEFAULT_TASK_QUEUE
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (or install) root
+# Per-tenant Standard Webhooks secrets: INBOXCRM_WEBHOOK_SECRET_<TENANT> (tenant upper-cased,
+# `-` written as `_`), each bound to that one tenant (docs/architecture.md §7).
+TENANT_SECRET_PREFIX = "INBOXCRM_WEBHOOK_SECRET_"
+# Below this many bytes a credential refuses to start outside the local stack (INBOXCRM_ENV):
+# 32 characters of base64 or hex are 192 / 128 bits, past any online guessing.
+MIN_SECRET_BYTES = 32
+
+
+class InsecureSetting(RuntimeError):
+    """A credential too short to run with outside the local stack. Not a ValueError on
+    purpose: pydantic would wrap that with the input values, secrets included."""
+
+
+def tenant_env_suffix(tenant: str) -> str:
+    """`globex` -> `GLOBEX`, `north-east` -> `NORTH_EAST` (the name of its secret's variable)."""
+    return tenant.upper().replace("-", "_")
 
 
 class Settings(BaseSettings):
@@ -36,18 +53,34 @@ class Settings(BaseSettings):
     temporal_tls_server_name: str | None = None
     temporal_api_key: SecretStr | None = None
 
+    # `local`: the stack `inboxcrm up` and the tests run (short credentials allowed).
+    # Anything else is treated as production: every inbound credential and token that is
+    # set must be at least MIN_SECRET_BYTES long, or the process refuses to start.
+    env: Literal["local", "production"] = "production"
+
     # Relay
     relay_host: str = "127.0.0.1"
     relay_port: int = 8080
-    webhook_secret: str = "whsec_ZGV2LW9ubHktc2VjcmV0LWNoYW5nZS1tZS0xMjM0NTY3OA=="
+    # Standard Webhooks secret (`whsec_<base64>`) shared by the tenants whose policy lists
+    # "standard" in `inbound_credentials`. Empty: no shared secret (there is no built-in one).
+    webhook_secret: str = ""
+    # Per-tenant secrets, each bound to its one tenant: {tenant: secret}. Filled from
+    # INBOXCRM_WEBHOOK_SECRET_<TENANT> variables (see `_tenant_secrets_from_environment`).
+    webhook_tenant_secrets: dict[str, str] = Field(default_factory=dict)
     webhook_tolerance_seconds: int = 300
     max_body_bytes: int = 10 * 1024 * 1024
     sweeper_interval_seconds: float = 5.0
     relay_pool_size: int = 20
+    # The relay's Prometheus metrics: an internal listener, never the public port; empty
+    # disables it. Store gauges are refreshed every interval, not per scrape.
+    relay_metrics_address: str = "127.0.0.1:9465"
+    relay_metrics_interval_seconds: float = Field(15.0, gt=0)
 
     # Provider sources and one-click unsubscribe (inboxcrm/ingress/).
-    # Unset credentials disable the source (every request is a 401); `inboxcrm up` generates
-    # them under .data/. Unset unsubscribe secret: no List-Unsubscribe header, links 404.
+    # Unset credentials disable the source (every request is a 401 without reading the body);
+    # `inboxcrm up` generates them under .data/. A credential writes only into the tenants
+    # whose policy lists it (`inbound_credentials`: "postmark", "mailgun").
+    # Unset unsubscribe secret: no List-Unsubscribe header, links 404.
     postmark_user: str | None = None
     postmark_password: SecretStr | None = None
     mailgun_signing_key: SecretStr | None = None
@@ -118,6 +151,50 @@ class Settings(BaseSettings):
     codec_token: SecretStr | None = None
     codec_cors_origins: str = "http://127.0.0.1:8233,http://localhost:8233"
     codec_namespaces: str | None = None  # comma-separated; default: temporal_namespace
+
+    @model_validator(mode="after")
+    def _tenant_secrets_from_environment(self) -> Settings:
+        """INBOXCRM_WEBHOOK_SECRET_<TENANT> variables (pydantic-settings has no pattern
+        fields); an explicit `webhook_tenant_secrets` entry wins."""
+        for name, value in os.environ.items():
+            if name.startswith(TENANT_SECRET_PREFIX) and value:
+                suffix = name[len(TENANT_SECRET_PREFIX):]
+                known = {tenant_env_suffix(t) for t in self.webhook_tenant_secrets}
+                if suffix and suffix not in known:
+                    self.webhook_tenant_secrets[suffix.lower()] = value
+        return self
+
+    @model_validator(mode="after")
+    def _refuse_short_secrets(self) -> Settings:
+        """Outside the local stack a guessable credential is refused at start, never used
+        (the message names the setting, never the value)."""
+        if self.env == "local":
+            return self
+        for name, value in self.inbound_secrets().items():
+            if len(value.encode()) < MIN_SECRET_BYTES:
+                raise InsecureSetting(f"{name} is shorter than {MIN_SECRET_BYTES} bytes; generate "
+                                 "one with `openssl rand -base64 32` (short values are only "
+                                 "allowed with INBOXCRM_ENV=local)")
+        return self
+
+    def inbound_secrets(self) -> dict[str, str]:
+        """The credentials this deployment accepts or signs with, by variable name, as their
+        key material (a `whsec_` secret without its prefix). Unset ones are left out."""
+        out: dict[str, str] = {}
+        if self.webhook_secret:
+            out["INBOXCRM_WEBHOOK_SECRET"] = self.webhook_secret.removeprefix("whsec_")
+        for tenant, secret in self.webhook_tenant_secrets.items():
+            out[TENANT_SECRET_PREFIX + tenant_env_suffix(tenant)] = secret.removeprefix("whsec_")
+        optional: tuple[tuple[str, SecretStr | None], ...] = (
+            ("INBOXCRM_POSTMARK_PASSWORD", self.postmark_password),
+            ("INBOXCRM_MAILGUN_SIGNING_KEY", self.mailgun_signing_key),
+            ("INBOXCRM_UNSUBSCRIBE_SECRET", self.unsubscribe_secret),
+            ("INBOXCRM_REVIEW_TOKEN", self.review_token),
+            ("INBOXCRM_CODEC_TOKEN", self.codec_token))
+        for name, value in optional:
+            if value is not None and value.get_secret_value():
+                out[name] = value.get_secret_value()
+        return out
 
     @property
     def crm_base_url(self) -> str:

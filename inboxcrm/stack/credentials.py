@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -9,19 +10,29 @@ from collections.abc import Callable
 from pathlib import Path
 
 CREDENTIALS_FILE = "inbound-credentials.json"
+
+
+def new_webhook_secret() -> str:
+    """A Standard Webhooks secret: `whsec_` and the base64 of 32 random bytes."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
 _GENERATORS: dict[str, Callable[[], str]] = {
     "INBOXCRM_POSTMARK_USER": lambda: f"postmark-{secrets.token_hex(4)}",
     "INBOXCRM_POSTMARK_PASSWORD": lambda: secrets.token_urlsafe(32),
     "INBOXCRM_MAILGUN_SIGNING_KEY": lambda: secrets.token_hex(32),
     "INBOXCRM_UNSUBSCRIBE_SECRET": lambda: secrets.token_urlsafe(32),
     "INBOXCRM_REVIEW_TOKEN": lambda: secrets.token_urlsafe(32),
+    # The demo tenant globex's own Standard Webhooks secret (bound to globex only).
+    "INBOXCRM_WEBHOOK_SECRET_GLOBEX": new_webhook_secret,
 }
 
 
+
 def generated_credentials(data_dir: Path) -> dict[str, str]:
-    """Postmark basic-auth pair, Mailgun signing key, unsubscribe secret and review token for
-    the local stack: from the environment, else generated once per data directory (mode 0600
-    file in .data/, never in the repository)."""
+    """Postmark basic-auth pair, Mailgun signing key, unsubscribe secret, review token and
+    globex's own webhook secret for the local stack: from the environment, else generated
+    once per data directory (mode 0600 file in .data/, never in the repository)."""
     path = data_dir / CREDENTIALS_FILE
     stored: dict[str, str] = {}
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -65,6 +64,7 @@ class StackConfig:
     temporal_db_file: bool = True            # file-backed under data_dir (False: in memory)
     sandbox_port: int = 8090
     relay_port: int = 8080
+    relay_metrics_port: int = 9465             # the relay's internal metrics listener
     worker_metrics_port: int = 9464            # the first worker's; worker k gets this + k - 1
     workers: int = 1                         # worker processes (`inboxcrm up`: one per core)
     database_url: str | None = None          # external PostgreSQL
@@ -89,6 +89,11 @@ class Stack:
     @property
     def relay_url(self) -> str:
         return f"http://127.0.0.1:{self.config.relay_port}"
+
+    @property
+    def relay_metrics_url(self) -> str:
+        """The relay's metrics (an internal listener: not on the relay's public port)."""
+        return f"http://127.0.0.1:{self.config.relay_metrics_port}/metrics"
 
     @property
     def sandbox_url(self) -> str:
@@ -157,6 +162,8 @@ class Stack:
 
     def start_relay(self) -> ManagedProcess:
         require_free("relay", "127.0.0.1", self.config.relay_port, "INBOXCRM_RELAY_PORT")
+        require_free("relay metrics", "127.0.0.1", self.config.relay_metrics_port,
+                     "INBOXCRM_RELAY_METRICS_PORT")
         return self._start("relay", python("inboxcrm.ingress.main"),
                            http_ok(f"{self.relay_url}/healthz"))
 
@@ -204,6 +211,9 @@ class Stack:
                          or self.config.data_dir / "codec-keys.json")
         ensure_key_file(keys_file)
         env = dict(os.environ)
+        # The demo tenants live in the repository, not in the image: the local stack points
+        # the policy directory at them unless one is given.
+        env.setdefault("INBOXCRM_POLICY_DIR", str(ROOT / "policies"))
         if self.temporal_ui_url and not env.get("INBOXCRM_CODEC_CORS_ORIGINS"):
             port = self.config.temporal_ui_port
             env["INBOXCRM_CODEC_CORS_ORIGINS"] = f"http://127.0.0.1:{port},http://localhost:{port}"
@@ -211,12 +221,15 @@ class Stack:
             "DATABASE_URL": self.database_url,
             "TEMPORAL_ADDRESS": self.temporal_address,
             "INBOXCRM_SANDBOX_URL": self.sandbox_url,
+            "INBOXCRM_ENV": "local",
             "INBOXCRM_RELAY_PORT": str(self.config.relay_port),
+            "INBOXCRM_RELAY_METRICS_ADDRESS": f"127.0.0.1:{self.config.relay_metrics_port}",
             "RELAY_URL": self.relay_url,
             "INBOXCRM_TASK_QUEUE": self.config.task_queue,
             "INBOXCRM_WORKER_METRICS_ADDRESS": self.worker_metrics_address(1),
             "INBOXCRM_WEBHOOK_SECRET": webhook_secret(self.config.data_dir),
-            # Postmark basic auth, Mailgun signing key, unsubscribe secret (.data/, 0600)
+            # Postmark basic auth, Mailgun signing key, unsubscribe secret, review token,
+            # globex's own webhook secret (.data/, 0600)
             **generated_credentials(self.config.data_dir),
             "INBOXCRM_CODEC_KEYS_FILE": str(keys_file),
             "PYTHONUNBUFFERED": "1",
@@ -242,13 +255,17 @@ class Stack:
             "RELAY_URL": self.relay_url,
             "SANDBOX_URL": self.sandbox_url,
             "INBOXCRM_WEBHOOK_SECRET": self.env["INBOXCRM_WEBHOOK_SECRET"],
+            "INBOXCRM_WEBHOOK_SECRET_GLOBEX": self.env["INBOXCRM_WEBHOOK_SECRET_GLOBEX"],
             "INBOXCRM_POSTMARK_USER": self.env["INBOXCRM_POSTMARK_USER"],
             "INBOXCRM_POSTMARK_PASSWORD": self.env["INBOXCRM_POSTMARK_PASSWORD"],
             "INBOXCRM_MAILGUN_SIGNING_KEY": self.env["INBOXCRM_MAILGUN_SIGNING_KEY"],
             "INBOXCRM_REVIEW_TOKEN": self.env["INBOXCRM_REVIEW_TOKEN"],
             "INBOXCRM_TASK_QUEUE": self.config.task_queue,
             "INBOXCRM_CODEC_KEYS_FILE": self.env["INBOXCRM_CODEC_KEYS_FILE"],
-            "RELAY_METRICS_URL": f"{self.relay_url}/metrics",
+            # The CLI next to this stack runs under the local stack's rules, as its processes.
+            "INBOXCRM_ENV": "local",
+            "INBOXCRM_POLICY_DIR": self.env["INBOXCRM_POLICY_DIR"],
+            "RELAY_METRICS_URL": self.relay_metrics_url,
             "WORKER_METRICS_URL": f"http://{self.env['INBOXCRM_WORKER_METRICS_ADDRESS']}/metrics",
             # One endpoint per worker process (the first is WORKER_METRICS_URL).
             "WORKER_METRICS_URLS": ",".join(
@@ -271,10 +288,10 @@ def webhook_secret(data_dir: Path) -> str:
         return os.environ["INBOXCRM_WEBHOOK_SECRET"]
     path = data_dir / "webhook.secret"
     if not path.exists():
-        import base64
+        from inboxcrm.stack.credentials import new_webhook_secret
 
         data_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text("whsec_" + base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
+        path.write_text(new_webhook_secret() + "\n")
         path.chmod(0o600)
     return path.read_text().strip()
 
@@ -284,6 +301,7 @@ def webhook_secret(data_dir: Path) -> str:
 ISOLATED_ENV = {
     "INBOXCRM_HTTP_TIMEOUT_SECONDS": "2",
     "INBOXCRM_SWEEPER_INTERVAL_SECONDS": "1",
+    "INBOXCRM_RELAY_METRICS_INTERVAL_SECONDS": "1",
     "SANDBOX_HANG_SECONDS": "6",
     "SANDBOX_SEARCH_LAG_SECONDS": "2",
 }
@@ -305,6 +323,7 @@ def isolated_config(data_dir: Path, database_url: str, *, queue_prefix: str,
         temporal_db_file=False,
         sandbox_port=free_port(),
         relay_port=free_port(),
+        relay_metrics_port=free_port(),
         worker_metrics_port=free_port(),
         database_url=database_url,
         temporal_address=None if ui else temporal_address,

@@ -188,6 +188,19 @@ def test_compose_holds_no_literal_secret() -> None:
                 pytest.fail(f"secret-looking literal {token[:4]}… in the compose file")
 
 
+def test_relay_metrics_and_tenants_are_not_public_defaults() -> None:
+    """Metrics on their own port, never published; the tenant policies are the operator's
+    (required), never the repository's demo tenants."""
+    services = load_compose()["services"]
+    relay = services["relay"]
+    metrics_port = relay["environment"]["INBOXCRM_RELAY_METRICS_ADDRESS"].rpartition(":")[2]
+    assert metrics_port != str(relay["environment"]["INBOXCRM_RELAY_PORT"])
+    assert all(not str(port).endswith(f":{metrics_port}") for port in relay["ports"])
+    [volume] = [v for v in relay["volumes"] if v.endswith(":/app/policies:ro")]
+    assert volume.startswith("${INBOXCRM_POLICY_HOST_DIR:?")
+    assert env_example()["INBOXCRM_POLICY_HOST_DIR"] == ""
+
+
 def test_published_ports_are_loopback_only() -> None:
     for name, service in load_compose()["services"].items():
         for port in service.get("ports") or []:
@@ -248,6 +261,8 @@ def test_settings_load_from_the_compose_environment(
     if service == "relay":
         assert (settings.relay_host, settings.relay_port) == ("0.0.0.0", 8080)
         assert settings.webhook_secret.startswith("whsec_")
+        assert settings.relay_metrics_address == "0.0.0.0:9465"
+        assert settings.env == "production"  # short secrets refuse to start
     if service == "worker":
         assert settings.worker_metrics_address == "0.0.0.0:9464"
         assert (settings.crm_provider, settings.mail_provider) == ("sandbox", "sandbox")
@@ -339,6 +354,15 @@ def test_relay_service_and_worker_autoscaler_target_the_right_pods() -> None:
     labels = relay["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     assert service["spec"]["ports"][0]["targetPort"] == "http"
+    # Metrics: scraped on the internal listener's port, which the Service does not expose.
+    [container] = containers(relay)
+    env = {item["name"]: item["value"] for item in container["env"]}
+    metrics_port = env["INBOXCRM_RELAY_METRICS_ADDRESS"].rpartition(":")[2]
+    annotations = relay["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == metrics_port != env["INBOXCRM_RELAY_PORT"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == \
+        int(metrics_port)
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
     [hpa] = by_kind("HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                              "name": "inboxcrm-worker"}
@@ -485,6 +509,11 @@ def test_dockerfile() -> None:
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert ignore[ignore.index("**") if "**" in ignore else 0] == "**"  # allow-list
     assert "**/.env" in ignore
+    # The image holds no demo tenants: policies come from INBOXCRM_POLICY_DIR, mounted.
+    assert not any(line.startswith("!policies") for line in ignore)
+    assert not re.search(r"^COPY\s+policies", text, re.M)
+    assert "INBOXCRM_POLICY_DIR=/app/policies" in text
+    assert "INBOXCRM_RELAY_METRICS_ADDRESS=0.0.0.0:9465" in text
 
 
 def test_deploy_readme_covers_operations() -> None:
