@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from inboxcrm import cli_reviewer
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.store import db
 from inboxcrm.store import items as operator
@@ -32,6 +33,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 review_app = typer.Typer(no_args_is_help=True,
                          help="Reviewer decisions (Temporal updates) and the review card.")
 app.add_typer(review_app, name="review")
+app.add_typer(cli_reviewer.app, name="reviewer")  # inboxcrm/cli_reviewer.py
 # Wide tables when piped (rich would wrap at 80 columns).
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
@@ -241,6 +243,27 @@ def _age(seconds: int) -> str:
 
 
 # --- review ----------------------------------------------------------------------------
+# Reviewers as people (issue 21): the review commands act as the reviewer whose token is in
+# INBOXCRM_REVIEWER_TOKEN, else as the operator (INBOXCRM_REVIEW_TOKEN); items of other
+# tenants are "not found"; `--reviewer` is a label (inboxcrm/operator/reviewer_auth.py).
+def _acting_reviewer(settings: Settings, workflow_id: str) -> Any:
+    from inboxcrm.operator.reviewer_auth import NotAuthorised, cli_principal
+    from inboxcrm.store import reviewers as reviewer_store
+
+    async def resolve(conn: asyncpg.Connection[Any]) -> tuple[Any, str | None]:
+        principal = await cli_principal(conn, os.environ, settings)
+        return principal, await reviewer_store.item_tenant(conn, workflow_id)
+
+    try:
+        principal, tenant = _with_db(settings, resolve)
+    except NotAuthorised as exc:
+        fail(str(exc))
+        raise
+    if not principal.may_see(tenant):
+        fail(f"no item with workflow ID {workflow_id!r}")
+    return principal
+
+
 def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
             evidence: str | None, wait_id: str | None, corrections: list[str] | None = None,
             send_followup: bool = True) -> None:
@@ -249,6 +272,7 @@ def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
     from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
     from temporalio.service import RPCError
 
+    from inboxcrm.operator.reviewer_auth import NotAuthorised, stamp
     from inboxcrm.platform import temporal
     from schemas.contract import QUERY_STATUS
     from schemas.models import DecisionBody, ItemStatus
@@ -257,6 +281,7 @@ def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
     if any(not sep or not key for key, sep, _ in pairs):
         fail("--set takes FIELD=VALUE")
     settings = settings_from_env()
+    principal = _acting_reviewer(settings, workflow_id)
 
     async def send() -> tuple[str, ItemStatus]:
         client = await temporal.connect(settings)
@@ -277,6 +302,10 @@ def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
         body = DecisionBody(reviewer=reviewer, wait_id=answered, note=note, evidence=evidence,
                             corrections={key: value for key, _, value in pairs},
                             send_followup=send_followup)
+        try:
+            stamp(body, principal, workflow_id, action.value, settings)
+        except NotAuthorised as exc:
+            fail(str(exc))
         try:
             result = await handle.execute_update(action.value, body, result_type=ItemStatus)
         except WorkflowUpdateFailedError as exc:
@@ -303,6 +332,7 @@ def review_show(workflow_id: str, as_json: JsonOpt = False) -> None:
     from inboxcrm.domain.review_card import build_card, render_text
 
     settings = settings_from_env()
+    _acting_reviewer(settings, workflow_id)
     card = _with_db(settings, lambda conn: build_card(conn, workflow_id))
     if card is None:
         fail(f"no item with workflow ID {workflow_id!r}")
@@ -316,7 +346,9 @@ def review_show(workflow_id: str, as_json: JsonOpt = False) -> None:
         out.print(line, style=style, highlight=False, markup=False, soft_wrap=True)
 
 
-ReviewerOpt = Annotated[str, typer.Option("--reviewer", help="Who decides (recorded).")]
+ReviewerOpt = Annotated[str, typer.Option(
+    "--reviewer", help="A display label; the audit records the authenticated decider "
+                       "(INBOXCRM_REVIEWER_TOKEN, else the operator).")]
 NoteOpt = Annotated[str | None, typer.Option("--note")]
 EvidenceOpt = Annotated[str | None, typer.Option("--evidence")]
 WaitOpt = Annotated[str | None, typer.Option(

@@ -15,11 +15,14 @@ _GENERATORS: dict[str, Callable[[], str]] = {
     "INBOXCRM_MAILGUN_SIGNING_KEY": lambda: secrets.token_hex(32),
     "INBOXCRM_UNSUBSCRIBE_SECRET": lambda: secrets.token_urlsafe(32),
     "INBOXCRM_REVIEW_TOKEN": lambda: secrets.token_urlsafe(32),
+    # Proves desk and CLI decisions to the worker; keys the desk's sessions.
+    "INBOXCRM_DECISION_SECRET": lambda: secrets.token_urlsafe(32),
 }
 
 
 def generated_credentials(data_dir: Path) -> dict[str, str]:
-    """Postmark basic-auth pair, Mailgun signing key, unsubscribe secret and review token for
+    """Postmark basic-auth pair, Mailgun signing key, unsubscribe secret, review token and
+    decision secret for
     the local stack: from the environment, else generated once per data directory (mode 0600
     file in .data/, never in the repository)."""
     path = data_dir / CREDENTIALS_FILE
