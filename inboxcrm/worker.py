@@ -41,13 +41,14 @@ log = logging.getLogger("inboxcrm.worker")
 
 def activity_functions(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
                        extractor: Extractor, max_retry_after: float,
-                       review_base_url: str = "") -> list[Callable[..., Any]]:
+                       review_base_url: str = "", decision_secret: str | None = None
+                       ) -> list[Callable[..., Any]]:
     """Every activity InboundEmailWorkflow runs, bound to its resources."""
     extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url)
     match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
     crm_acts = CrmActivities(pool, crm, max_retry_after)
     send = SendActivities(pool, mail, max_retry_after)
-    bookkeeping = BookkeepingActivities(pool)
+    bookkeeping = BookkeepingActivities(pool, decision_secret)
     review = ReviewActivities(pool)
     return [
         extract.extract_message,
@@ -57,6 +58,7 @@ def activity_functions(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
         send.submit_followup_email,
         bookkeeping.record_item_state,
         bookkeeping.record_audit,
+        bookkeeping.record_decision,
         bookkeeping.mark_review_escalated,
         review.resolve_operation,
         review.grant_operation_retry,
@@ -80,7 +82,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         workflows=[InboundEmailWorkflow, DriftCheckWorkflow],
         activities=[*activity_functions(pool, crm, mail, build_extractor(settings),
                                         settings.max_retry_after_seconds,
-                                        settings.public_relay_base_url),
+                                        settings.public_relay_base_url,
+                                        settings.decision_secret.get_secret_value()
+                                        if settings.decision_secret else None),
                     DriftActivities(pool, crm, mail).check_destination_drift],
         max_concurrent_activities=settings.max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,

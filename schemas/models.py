@@ -196,11 +196,19 @@ class DecisionBody:
     evidence: str | None = None
     corrections: dict[str, str] = field(default_factory=dict)
     send_followup: bool = True
+    # Set by the desk and the CLI (docs/architecture.md §6): the authenticated decider, the
+    # path it came through (desk | cli) and an HMAC proof over (decider, path, workflow ID,
+    # wait ID, action) that the bookkeeping activity verifies. Absent or wrong: the decision
+    # is recorded with the identity Temporal recorded for the request instead.
+    decider: str = ""
+    path: str = ""
+    proof: str = ""
 
 
 @dataclass
 class ReviewDecision:
-    """A validated decision. `reviewer` is required."""
+    """A validated decision. `reviewer` is required (a display label once decisions are
+    attributed from authentication: the workflow replaces it with the verified decider)."""
 
     action: DecisionAction
     reviewer: str
@@ -209,6 +217,38 @@ class ReviewDecision:
     corrections: dict[str, str] = field(default_factory=dict)
     wait_id: str | None = None      # signals may omit it (bound to the wait open on arrival)
     send_followup: bool = True
+    decider: str = ""
+    path: str = ""
+    proof: str = ""
+
+
+@dataclass
+class DecisionRecord:
+    """A decision as the workflow took it, for `record_decision`: the claimed decider and its
+    proof, how it arrived (signal or update; the run and the signal's ordinal or the update's
+    ID find the request's identity in history), and the audit entry's detail."""
+
+    item: ItemRef
+    action: str
+    via: str                        # signal | update
+    run_id: str
+    typed_reviewer: str = ""
+    decider: str = ""
+    path: str = ""
+    proof: str = ""
+    wait_id: str = ""               # the open wait the decision was checked against
+    signal_seq: int | None = None   # the n-th decision signal of this run
+    update_id: str | None = None
+    detail: dict[str, str | bool | int | None] = field(default_factory=dict)
+
+
+@dataclass
+class DecisionIdentity:
+    """Who decided, as recorded: the verified decider, or Temporal's identity of the request."""
+
+    decider: str
+    path: str
+    authenticated: bool = False
 
 
 @dataclass

@@ -77,7 +77,8 @@ async def test_a_second_approve_never_approves_the_followup(
     assert len(await env.emails_to(email)) == 1
     assert await env.count(
         "SELECT count(*) FROM followup_intents i JOIN inbound_events e USING (event_id) "
-        "WHERE e.workflow_id = $1 AND i.approved_by = 'erin'", workflow_id) == 1
+        "WHERE e.workflow_id = $1 AND i.approved_by = 'operator'", workflow_id) == 1
+    # The CLI acted as the operator (INBOXCRM_REVIEW_TOKEN): `--reviewer erin` is a label.
 
 
 async def _followup_wait(env: StackClient, workflow_id: str) -> dict | None:  # type: ignore[type-arg]

@@ -34,7 +34,8 @@ WaitKind = Literal["review", "followup", "recovery"]
 
 REVIEW_ACTIONS = {"approve", "hold", "reject"}
 RECOVERY_ACTIONS = {"retry", "resolve", "hold", "reject"}
-DECISION_FIELDS = {"reviewer", "note", "evidence", "corrections", "wait_id", "send_followup"}
+DECISION_FIELDS = {"reviewer", "note", "evidence", "corrections", "wait_id", "send_followup",
+                   "decider", "path", "proof"}
 
 
 @dataclass
@@ -47,6 +48,8 @@ class Request:
     via: str = "signal"             # signal | update
     outcome: str | None = None      # once taken: "accepted" or the refusal code
     message: str = ""               # the refusal a person reads
+    signal_seq: int | None = None   # the n-th decision signal of this run (finds its identity)
+    update_id: str | None = None
 
 
 @dataclass
@@ -146,7 +149,8 @@ def parse_decision(name: str, body: Any) -> tuple[ReviewDecision | None, str | N
         return ReviewDecision(action=action, reviewer=body.reviewer.strip()[:200],
                               note=body.note, evidence=body.evidence,
                               corrections=dict(body.corrections), wait_id=body.wait_id or None,
-                              send_followup=body.send_followup), None
+                              send_followup=body.send_followup, decider=body.decider,
+                              path=body.path, proof=body.proof), None
     if not isinstance(body, dict):
         return None, "body_not_an_object"
     unknown = set(body) - DECISION_FIELDS
@@ -160,7 +164,7 @@ def parse_decision(name: str, body: Any) -> tuple[ReviewDecision | None, str | N
         isinstance(k, str) and isinstance(v, str) for k, v in corrections.items()
     ):
         return None, "corrections_not_string_map"
-    for name in ("note", "evidence", "wait_id"):
+    for name in ("note", "evidence", "wait_id", "decider", "path", "proof"):
         if body.get(name) is not None and not isinstance(body[name], str):
             return None, f"{name}_not_a_string"
     send_followup = body.get("send_followup", True)
@@ -169,7 +173,8 @@ def parse_decision(name: str, body: Any) -> tuple[ReviewDecision | None, str | N
     return ReviewDecision(action=action, reviewer=reviewer.strip()[:200],
                           note=body.get("note"), evidence=body.get("evidence"),
                           corrections=corrections, wait_id=body.get("wait_id") or None,
-                          send_followup=send_followup), None
+                          send_followup=send_followup, decider=body.get("decider") or "",
+                          path=body.get("path") or "", proof=body.get("proof") or ""), None
 
 
 def refusal(waiting: Waiting | None, action: str, body: Any, state: str, *,
@@ -246,6 +251,10 @@ def update_description(action: str) -> str:
 
 # `workflow.patched` ID of wait IDs, bound decisions and the fixed escalation time.
 WAIT_IDS = "review-wait-ids"
+# `workflow.patched` ID of decisions attributed from authentication: `record_decision`
+# (verifies the desk's or the CLI's proof, else looks up Temporal's identity of the request)
+# instead of `record_audit`, and the verified decider instead of the typed name downstream.
+DECIDER_FROM_AUTH = "decider-from-authentication"
 # Reasons after which an approval must name the sender (the planner has no identity).
 NEEDS_SENDER = frozenset({"missing_sender", "no_identity", "candidates"})
 # The timer that ends the workflow task before a wait opens (see `_wait_for_person`).

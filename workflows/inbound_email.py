@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
         CarriedState,
         CorrectionInput,
         DecisionBody,
+        DecisionRecord,
         EscalationInput,
         InboundEmailInput,
         IntentApproval,
@@ -74,6 +75,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from schemas.outcomes import ErrorType
     from workflows.decisions import (
+        DECIDER_FROM_AUTH,
         NEEDS_SENDER,
         RECOVERY_ACTIONS,
         REVIEW_ACTIONS,
@@ -133,6 +135,7 @@ class InboundEmailWorkflow:
         self._status = ItemStatus(workflow_id="")
         self._item: ItemRef | None = None
         self._requests: list[Request] = []
+        self._decision_signals = 0          # ordinal of each decision signal in this run
         self._waiting: Waiting | None = None
         self._wait_seq = 0                  # wait IDs: deterministic, one per opened wait
         self._owner = "sales-ops"
@@ -494,9 +497,25 @@ class InboundEmailWorkflow:
             "note": decision.note if decision else None, "waiting_for": waiting.reason}
         if bound:
             detail |= {"wait_id": waiting.wait_id, "via": request.via}
-        await self._bookkeeping(BookkeepingActivities.record_audit, AuditEntry(
-            self.item, decision.reviewer if decision and decision.reviewer else "unknown",
-            f"signal_{request.action}", detail))
+        if bound and workflow.patched(DECIDER_FROM_AUTH):
+            # Who decided comes from authentication (docs/architecture.md §6): the activity
+            # verifies the desk's or the CLI's proof, else records the identity Temporal
+            # recorded for the request; the typed name stays a label.
+            identity = await self._bookkeeping(
+                BookkeepingActivities.record_decision, DecisionRecord(
+                    self.item, request.action, request.via, workflow.info().run_id,
+                    typed_reviewer=decision.reviewer if decision else "",
+                    decider=decision.decider if decision else "",
+                    path=decision.path if decision else "",
+                    proof=decision.proof if decision else "", wait_id=waiting.wait_id,
+                    signal_seq=request.signal_seq, update_id=request.update_id,
+                    detail=detail))
+            if decision is not None:
+                decision.reviewer = identity.decider
+        else:
+            await self._bookkeeping(BookkeepingActivities.record_audit, AuditEntry(
+                self.item, decision.reviewer if decision and decision.reviewer else "unknown",
+                f"signal_{request.action}", detail))
         if problem is not None:
             request.outcome, request.message = problem.code, problem.message
             return None
@@ -515,8 +534,13 @@ class InboundEmailWorkflow:
         await self._enter(ItemState.COMPLETED, "followup_declined")
 
     # --- decisions: signals (the UI's "Send a Signal") and updates ("Send an Update") -----
-    def _arrived(self, action: str, body: Any, via: str) -> Request:
-        request = Request(action, body, self._waiting.seq if self._waiting else None, via)
+    def _arrived(self, action: str, body: Any, via: str, update_id: str | None = None
+                 ) -> Request:
+        request = Request(action, body, self._waiting.seq if self._waiting else None, via,
+                          update_id=update_id)
+        if via == "signal":
+            self._decision_signals += 1
+            request.signal_seq = self._decision_signals
         self._requests.append(request)
         return request
 
@@ -530,7 +554,8 @@ class InboundEmailWorkflow:
 
     async def _answer(self, action: str, body: DecisionBody) -> ItemStatus:
         """An accepted update: queued like a signal; answers once the workflow took it."""
-        request = self._arrived(action, body, "update")
+        info = workflow.current_update_info()
+        request = self._arrived(action, body, "update", info.id if info else None)
         await workflow.wait_condition(lambda: request.outcome is not None)
         if request.outcome != "accepted":
             raise ApplicationError(request.message, type=DECISION_REFUSED, non_retryable=True)

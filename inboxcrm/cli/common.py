@@ -26,7 +26,9 @@ err = Console(stderr=True)
 T = TypeVar("T")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-ReviewerOpt = Annotated[str, typer.Option("--reviewer", help="Who decides (recorded).")]
+ReviewerOpt = Annotated[str, typer.Option(
+    "--reviewer", help="A display label; the audit records the authenticated decider "
+                       "(INBOXCRM_REVIEWER_TOKEN, else the operator).")]
 
 
 def fail(message: str, code: int = 1) -> None:

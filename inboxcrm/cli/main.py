@@ -9,11 +9,12 @@ import sys
 
 import typer
 
-from inboxcrm.cli import extract, items, review, stack, verify
+from inboxcrm.cli import extract, items, review, reviewer, stack, verify
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="inboxcrm: inbound email to CRM contacts and follow-ups, no duplicates.")
 app.add_typer(review.review_app, name="review")
+app.add_typer(reviewer.reviewer_app, name="reviewer")
 
 app.command()(stack.up)
 app.command()(items.status)

@@ -4,15 +4,39 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated
+import os
+from typing import Annotated, Any
 
+import asyncpg
 import typer
 
 from inboxcrm.cli.common import JsonOpt, ReviewerOpt, fail, out, settings_from_env, with_db
+from inboxcrm.platform.config import Settings
 from schemas.contract import Decision
 
 review_app = typer.Typer(no_args_is_help=True,
                          help="Reviewer decisions (Temporal updates) and the review card.")
+
+
+def _acting_reviewer(settings: Settings, workflow_id: str) -> Any:
+    """Reviewers as people (docs/architecture.md §6): the review commands act as the reviewer
+    whose token is in INBOXCRM_REVIEWER_TOKEN, else as the operator (INBOXCRM_REVIEW_TOKEN);
+    items of other tenants are "not found"; `--reviewer` is a label."""
+    from inboxcrm.operator.reviewer_auth import NotAuthorised, cli_principal
+    from inboxcrm.store import reviewers
+
+    async def resolve(conn: asyncpg.Connection[Any]) -> tuple[Any, str | None]:
+        principal = await cli_principal(conn, os.environ, settings)
+        return principal, await reviewers.item_tenant(conn, workflow_id)
+
+    try:
+        principal, tenant = with_db(settings, resolve)
+    except NotAuthorised as exc:
+        fail(str(exc))
+        raise
+    if not principal.may_see(tenant):
+        fail(f"no item with workflow ID {workflow_id!r}")
+    return principal
 
 
 def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
@@ -23,6 +47,7 @@ def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
     from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
     from temporalio.service import RPCError
 
+    from inboxcrm.operator.reviewer_auth import NotAuthorised, stamp
     from inboxcrm.platform import temporal
     from schemas.contract import QUERY_STATUS
     from schemas.models import DecisionBody, ItemStatus
@@ -31,6 +56,7 @@ def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
     if any(not sep or not key for key, sep, _ in pairs):
         fail("--set takes FIELD=VALUE")
     settings = settings_from_env()
+    principal = _acting_reviewer(settings, workflow_id)
 
     async def send() -> tuple[str, ItemStatus]:
         client = await temporal.connect(settings)
@@ -51,6 +77,10 @@ def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
         body = DecisionBody(reviewer=reviewer, wait_id=answered, note=note, evidence=evidence,
                             corrections={key: value for key, _, value in pairs},
                             send_followup=send_followup)
+        try:
+            stamp(body, principal, workflow_id, action.value, settings)
+        except NotAuthorised as exc:
+            fail(str(exc))
         try:
             result = await handle.execute_update(action.value, body, result_type=ItemStatus)
         except WorkflowUpdateFailedError as exc:
@@ -77,6 +107,7 @@ def review_show(workflow_id: str, as_json: JsonOpt = False) -> None:
     from inboxcrm.domain.review_card import build_card, render_text
 
     settings = settings_from_env()
+    _acting_reviewer(settings, workflow_id)
     card = with_db(settings, lambda conn: build_card(conn, workflow_id))
     if card is None:
         fail(f"no item with workflow ID {workflow_id!r}")

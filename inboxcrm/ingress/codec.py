@@ -1,5 +1,14 @@
 """The codec server of the Temporal UI and CLI (`POST /codec/encode`, `/codec/decode`): decodes
-history for authorised operators with the payload codec of `inboxcrm.platform.codec`."""
+history for authorised people with the payload codec of `inboxcrm.platform.codec`
+(docs/architecture.md §7).
+
+A credential is required unless the relay listens on loopback with none configured: the static
+bearer token `INBOXCRM_CODEC_TOKEN` (the local stack, scripts), or the signed-in person's access
+token that a Temporal UI with single sign-on passes (`codec.passAccessToken`): a JWT of
+`INBOXCRM_OIDC_ISSUER` for `INBOXCRM_OIDC_AUDIENCE`, verified against the issuer's published
+keys, naming at least one tenant in `INBOXCRM_OIDC_TENANTS_CLAIM`. The UI does not say which
+workflow a payload belongs to, so the codec cannot narrow by tenant; Temporal's own
+authorisation decides which workflows a person can open."""
 
 from __future__ import annotations
 
@@ -13,6 +22,7 @@ from google.protobuf import json_format
 from temporalio.api.common.v1 import Payloads
 
 from inboxcrm.ingress.web import read_body
+from inboxcrm.platform import oidc
 from inboxcrm.platform.codec import CodecError, payload_codec
 from inboxcrm.platform.config import Settings
 
@@ -41,10 +51,13 @@ def codec_router(settings: Settings) -> APIRouter:
     origins = set(_csv(settings.codec_cors_origins))
     namespaces = set(_csv(settings.codec_namespaces)) or {settings.temporal_namespace}
     token = settings.codec_token.get_secret_value() if settings.codec_token else ""
-    open_access = not token and is_loopback(settings.relay_host)
-    if not token and not open_access:
-        log.warning("codec endpoint refuses every request: set INBOXCRM_CODEC_TOKEN (required "
-                    "when the relay listens on a non-loopback address)")
+    verifier = oidc.verifier_from(settings.oidc_issuer, settings.oidc_audience,
+                                  settings.oidc_tenants_claim, settings.oidc_jwks_cache_seconds)
+    open_access = not token and verifier is None and is_loopback(settings.relay_host)
+    if not token and verifier is None and not open_access:
+        log.warning("codec endpoint refuses every request: set INBOXCRM_CODEC_TOKEN or "
+                    "INBOXCRM_OIDC_ISSUER/_AUDIENCE (required when the relay listens on a "
+                    "non-loopback address)")
     router = APIRouter()
 
     def cors(request: Request, response: Response) -> Response:
@@ -58,19 +71,32 @@ def codec_router(settings: Settings) -> APIRouter:
         response.headers["Vary"] = "Origin"
         return response
 
-    def authorised(request: Request) -> bool:
+    async def refusal(request: Request) -> Response | None:
+        """None when the request may use the codec; else the 401/403 to answer."""
         if open_access:
-            return True
-        if not token:
-            return False
+            return None
         scheme, _, presented = request.headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(
-            presented.strip().encode(), token.encode())
+        presented = presented.strip()
+        if scheme.lower() != "bearer" or not presented:
+            return Response(status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        if token and hmac.compare_digest(presented.encode(), token.encode()):
+            return None
+        if verifier is not None and oidc.looks_like_jwt(presented):
+            try:
+                principal = await verifier.principal(presented)
+            except oidc.TokenRefused as exc:
+                log.info("codec: access token refused (%s)", exc)
+                return Response(status_code=401, headers={
+                    "WWW-Authenticate": 'Bearer error="invalid_token"'})
+            if not principal.tenants:
+                return _json_error(403, "the access token names no tenant this person reviews")
+            return None
+        return Response(status_code=401, headers={"WWW-Authenticate": "Bearer"})
 
     async def apply(request: Request, encode: bool) -> Response:
-        if not authorised(request):
-            return cors(request, Response(status_code=401,
-                                          headers={"WWW-Authenticate": "Bearer"}))
+        refused = await refusal(request)
+        if refused is not None:
+            return cors(request, refused)
         namespace = request.headers.get("x-namespace") or settings.temporal_namespace
         if namespace not in namespaces:
             return cors(request, _json_error(403, "namespace not served by this codec"))

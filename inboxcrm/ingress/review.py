@@ -1,22 +1,28 @@
-"""The review card over HTTP: `GET /review/{workflow_id}` (the ID URL-encoded), linked from
-the workflow's current details in the Temporal UI (docs/architecture.md §6, §10).
+"""The review desk over HTTP (docs/architecture.md §6, §10): `GET /review/` (the queue of the
+reviewer's tenants, oldest first), `GET /review/{workflow_id}` (the ID URL-encoded: the review
+card, linked from the workflow's current details in the Temporal UI) and `POST` to the same
+URL (a decision on the open wait).
 
-Access: `Authorization: Bearer $INBOXCRM_REVIEW_TOKEN`, or a session cookie from the small
-login form at `/review/login` (the token in a POST body, never in a URL); 401 otherwise. The
-token is one operator token, not scoped to a tenant. The card is read-only (no buttons, no
-state-changing request), so there is nothing to forge; decisions go through Temporal. No
-personal data in URLs (workflow IDs hold the tenant's own mailbox and the provider's
-delivery ID), logs or metrics; responses are `no-store`.
+Access: a reviewer's personal token, the operator's all-tenant `INBOXCRM_REVIEW_TOKEN`, or an
+access token of the OIDC issuer, as `Authorization: Bearer …`, or the session cookie of the
+login form at `/review/login` (a token in a POST body, never in a URL); 401 otherwise. Items of
+tenants outside the reviewer's answer 404, whether read or decided.
+
+A decision is a plain HTML form (no JavaScript) bound to the wait ID, sent as the workflow's
+own Temporal Update with the authenticated decider and a proof (`reviewer_identity`); the page
+shows the workflow's answer (accepted, with the new state, or its refusal). Forms carry a CSRF
+token bound to the session; cross-site requests are refused by `Sec-Fetch-Site` / `Origin`;
+the cookie is `SameSite=Strict; HttpOnly`. No personal data in URLs, logs or metrics; every
+response is `no-store`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import hmac
 import json
-import time
+import logging
 from html import escape
+from typing import Any
 from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Request
@@ -24,11 +30,19 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from inboxcrm.domain.review_card import ReviewCard, build_card
 from inboxcrm.ingress.intake import Ingestor
+from inboxcrm.ingress.reviewer_auth import COOKIE, DeskAuth, Visitor
 from inboxcrm.ingress.web import read_body
 from inboxcrm.platform.config import Settings
+from inboxcrm.platform.reviewer_identity import PATH_DESK, Principal, sign_decision
+from inboxcrm.store import reviewers as reviewer_store
+from schemas.contract import Decision
 
-COOKIE = "inboxcrm_review"
+log = logging.getLogger("inboxcrm.ingress.review")
+
 MAX_LOGIN_BYTES = 4096
+MAX_FORM_BYTES = 16 * 1024
+MAX_FIELD_CHARS = 2000
+CORRECTABLE = ("sender_email", "name", "company")
 SECURITY_HEADERS = {
     "Cache-Control": "no-store",
     "Referrer-Policy": "no-referrer",
@@ -42,47 +56,10 @@ h1{font-size:1.3rem} h2{font-size:1.05rem;margin-top:1.6rem;border-bottom:1px so
 pre{background:#f6f6f6;padding:.6rem;white-space:pre-wrap} mark{background:#ffe066}
 table{border-collapse:collapse} td,th{border:1px solid #ddd;padding:.25rem .5rem;text-align:left}
 .tag{font-size:.8em;color:#8a5a00} code{background:#f0f0f0}
+form.decision{border:1px solid #ccc;padding:.6rem;margin:.6rem 0}
+form.decision label{display:block;margin:.2rem 0}
+.answer{padding:.6rem;border:2px solid} .accepted{border-color:#2a7} .refused{border-color:#c33}
 """
-
-
-class Sessions:
-    """Signed, expiring session values: `expiry.hmac(token, expiry)`; no server state."""
-
-    def __init__(self, token: str | None, hours: float) -> None:
-        self._token = token
-        self._seconds = int(hours * 3600)
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._token)
-
-    def _sign(self, expiry: int) -> str:
-        assert self._token is not None
-        return hmac.new(self._token.encode(), f"review-session.{expiry}".encode(),
-                        hashlib.sha256).hexdigest()
-
-    def token_ok(self, candidate: str) -> bool:
-        return self._token is not None and hmac.compare_digest(
-            candidate.encode(), self._token.encode())
-
-    def issue(self) -> tuple[str, int]:
-        expiry = int(time.time()) + self._seconds
-        return f"{expiry}.{self._sign(expiry)}", self._seconds
-
-    def valid(self, value: str | None) -> bool:
-        if not self._token or not value:
-            return False
-        expiry, _, signature = value.partition(".")
-        if not expiry.isdigit() or int(expiry) < time.time():
-            return False
-        return hmac.compare_digest(signature.encode(), self._sign(int(expiry)).encode())
-
-    def authorised(self, request: Request) -> bool:
-        header = request.headers.get("authorization", "")
-        scheme, _, credential = header.partition(" ")
-        if scheme.lower() == "bearer" and self.token_ok(credential.strip()):
-            return True
-        return self.valid(request.cookies.get(COOKIE))
 
 
 def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
@@ -95,8 +72,8 @@ def _login_form(next_path: str, message: str = "", status: int = 200) -> HTMLRes
     note = f"<p><strong>{escape(message)}</strong></p>" if message else ""
     return _page("inboxcrm review: sign in", (
         "<h1>inboxcrm review desk</h1>" + note +
-        "<p>Paste the review token (<code>INBOXCRM_REVIEW_TOKEN</code> in "
-        "<code>.data/stack.env</code>).</p>"
+        "<p>Paste your personal reviewer token (from <code>inboxcrm reviewer add</code>), or "
+        "the operator's <code>INBOXCRM_REVIEW_TOKEN</code>.</p>"
         "<form method='post' action='/review/login'>"
         f"<input type='hidden' name='next' value='{escape(next_path, quote=True)}'>"
         "<label>Review token <input type='password' name='token' autocomplete='off'></label> "
@@ -104,17 +81,34 @@ def _login_form(next_path: str, message: str = "", status: int = 200) -> HTMLRes
 
 
 def _safe_next(value: str | None) -> str:
-    """Only a card on this relay: never an open redirect."""
+    """Only a page of the desk on this relay: never an open redirect."""
     if value and value.startswith("/review/") and not value.startswith("//") and (
             "\\" not in value):
         return value
-    return "/review/login"
+    return "/review/"
+
+
+def _not_found() -> HTMLResponse:
+    return _page("not found", "<p>No item with this workflow ID.</p>", 404)
+
+
+def _card_path(workflow_id: str) -> str:
+    return "/review/" + quote(workflow_id, safe="")
+
+
+def _field(form: dict[str, list[str]], name: str) -> str:
+    return (form.get(name) or [""])[0].strip()[:MAX_FIELD_CHARS]
 
 
 def review_router(settings: Settings) -> APIRouter:
     router = APIRouter()
-    token = settings.review_token.get_secret_value() if settings.review_token else None
-    sessions = Sessions(token, settings.review_session_hours)
+    auth = DeskAuth(settings)
+    secure_cookie = settings.public_relay_base_url.startswith("https://")
+
+    async def who(request: Request) -> Visitor | None:
+        ingestor: Ingestor = request.app.state.ingestor
+        async with ingestor.pool.acquire() as conn:
+            return await auth.visitor(request, conn)
 
     @router.get("/review/login")
     async def login_form(request: Request) -> HTMLResponse:
@@ -122,41 +116,157 @@ def review_router(settings: Settings) -> APIRouter:
 
     @router.post("/review/login", response_model=None)
     async def login(request: Request) -> Response:
-        # Capped while it is read (Content-Length first): a huge body is refused unread.
+        if auth.cross_site(request):
+            return _page("refused", "<p>Cross-site sign-in refused.</p>", 403)
         body = await read_body(request, MAX_LOGIN_BYTES)
         if body is None:
-            return _login_form("/review/login", "request too large", 413)
+            return _login_form("/review/", "request too large", 413)
         form = parse_qs(body.decode("utf-8", "replace"))
-        next_path = _safe_next((form.get("next") or [""])[0])
-        if not sessions.token_ok((form.get("token") or [""])[0]):
+        next_path = _safe_next(_field(form, "next"))
+        ingestor: Ingestor = request.app.state.ingestor
+        async with ingestor.pool.acquire() as conn:
+            principal = await auth.from_token(conn, _field(form, "token"))
+        session = auth.issue_session(principal) if principal is not None else None
+        if session is None:
             return _login_form(next_path, "wrong or missing token", 401)
-        value, max_age = sessions.issue()
-        response = RedirectResponse(next_path if next_path != "/review/login" else "/review/",
-                                    status_code=303, headers={"Cache-Control": "no-store"})
+        value, max_age = session
+        response = RedirectResponse(next_path, status_code=303,
+                                    headers={"Cache-Control": "no-store"})
         response.set_cookie(COOKIE, value, max_age=max_age, path="/review", httponly=True,
-                            samesite="lax", secure=request.url.scheme == "https")
+                            samesite="strict",
+                            secure=secure_cookie or request.url.scheme == "https")
+        return response
+
+    @router.post("/review/logout", response_model=None)
+    async def logout(request: Request) -> Response:
+        if auth.cross_site(request):
+            return _page("refused", "<p>Cross-site request refused.</p>", 403)
+        response = RedirectResponse("/review/login", status_code=303,
+                                    headers={"Cache-Control": "no-store"})
+        response.delete_cookie(COOKIE, path="/review")
         return response
 
     @router.get("/review/{workflow_id:path}", response_model=None)
-    async def review_card(workflow_id: str, request: Request) -> Response:
-        if not sessions.authorised(request):
-            target = "/review/" + quote(workflow_id, safe="")
-            return _login_form(target, "sign in to see this review card" if sessions.enabled
-                               else "the review card is off (INBOXCRM_REVIEW_TOKEN unset)",
-                               401)
+    async def review_page(workflow_id: str, request: Request) -> Response:
+        visitor = await who(request)
+        if visitor is None:
+            target = _card_path(workflow_id) if workflow_id else "/review/"
+            return _login_form(target, "sign in to the review desk", 401)
         if not workflow_id:
-            return _page("inboxcrm review", "<p>Open a card from its link in the Temporal UI "
-                         "or with <code>inboxcrm review show WORKFLOW_ID</code>.</p>")
+            return await _queue(request, visitor)
+        return await _card(request, visitor, workflow_id)
+
+    @router.post("/review/{workflow_id:path}", response_model=None)
+    async def decide(workflow_id: str, request: Request) -> Response:
+        if auth.cross_site(request):
+            return _page("refused", "<p>Cross-site request refused: decide from the desk's "
+                         "own page.</p>", 403)
+        visitor = await who(request)
+        if visitor is None:
+            return _login_form(_card_path(workflow_id), "sign in to decide", 401)
+        body = await read_body(request, MAX_FORM_BYTES)
+        if body is None:
+            return _page("too large", "<p>Form too large.</p>", 413)
+        form = parse_qs(body.decode("utf-8", "replace"))
+        if not auth.csrf_ok(visitor, _field(form, "csrf")):
+            return _page("refused", "<p>The form is stale or did not come from this desk: "
+                         "reload the card and decide again.</p>", 403)
+        ingestor: Ingestor = request.app.state.ingestor
+        async with ingestor.pool.acquire() as conn:
+            tenant = await reviewer_store.item_tenant(conn, workflow_id)
+        if not visitor.principal.may_see(tenant):
+            return _not_found()
+        accepted, answer = await _send_decision(request, visitor.principal, workflow_id, form)
+        return await _card(request, visitor, workflow_id, answer=(accepted, answer),
+                           status=200 if accepted else 409)
+
+    async def _queue(request: Request, visitor: Visitor) -> Response:
+        ingestor: Ingestor = request.app.state.ingestor
+        tenants = visitor.principal.tenants
+        async with ingestor.pool.acquire() as conn:
+            items = await reviewer_store.review_queue(
+                conn, None if tenants is None else sorted(tenants))
+        if "application/json" in request.headers.get("accept", ""):
+            return JSONResponse({"reviewer": visitor.principal.decider, "items": items},
+                                headers=SECURITY_HEADERS)
+        return _page("review queue", render_queue(visitor.principal, items,
+                                                  auth.csrf_token(visitor)))
+
+    async def _card(request: Request, visitor: Visitor, workflow_id: str, *,
+                    answer: tuple[bool, str] | None = None, status: int = 200) -> Response:
         ingestor: Ingestor = request.app.state.ingestor
         async with ingestor.pool.acquire() as conn:
             card = await build_card(conn, workflow_id)
-        if card is None:
-            return _page("not found", "<p>No item with this workflow ID.</p>", 404)
+        if card is None or not visitor.principal.may_see(card.tenant):
+            return _not_found()
         if "application/json" in request.headers.get("accept", ""):
-            return JSONResponse(dataclasses.asdict(card), headers=SECURITY_HEADERS)
-        return _page(f"review {card.workflow_id}", render_html(card))
+            data: dict[str, Any] = dataclasses.asdict(card)
+            if answer is not None:
+                data["answer"] = {"accepted": answer[0], "message": answer[1]}
+            return JSONResponse(data, status_code=status, headers=SECURITY_HEADERS)
+        forms = DeskForms(auth.csrf_token(visitor), visitor.principal,
+                          enabled=auth.decision_secret is not None)
+        return _page(f"review {card.workflow_id}", render_html(card, forms, answer), status)
+
+    async def _send_decision(request: Request, principal: Principal, workflow_id: str,
+                             form: dict[str, list[str]]) -> tuple[bool, str]:
+        """The decision as the workflow's own Update; its answer, or its refusal."""
+        import asyncio
+
+        from temporalio.client import WorkflowUpdateFailedError
+        from temporalio.service import RPCError
+
+        from schemas.models import DecisionBody, ItemStatus
+
+        secret = auth.decision_secret
+        if secret is None:
+            return False, ("refused: decisions on the desk need INBOXCRM_DECISION_SECRET "
+                           "(the relay has none)")
+        action = _field(form, "action")
+        if action not in {d.value for d in Decision}:
+            return False, "refused: no such decision"
+        wait_id = _field(form, "wait_id")
+        body = DecisionBody(
+            reviewer=_field(form, "reviewer") or principal.name, wait_id=wait_id,
+            note=_field(form, "note") or None, evidence=_field(form, "evidence") or None,
+            corrections={n: v for n in CORRECTABLE if (v := _field(form, n))},
+            send_followup=_field(form, "send_followup") != "no",
+            decider=principal.decider, path=PATH_DESK,
+            proof=sign_decision(secret, principal.decider, PATH_DESK, workflow_id, wait_id,
+                                action))
+        ingestor: Ingestor = request.app.state.ingestor
+        try:
+            client = await ingestor.temporal.get()
+            handle = client.get_workflow_handle(workflow_id)
+            result = await asyncio.wait_for(
+                handle.execute_update(action, body, result_type=ItemStatus), 60)
+        except WorkflowUpdateFailedError as exc:
+            cause = exc.cause
+            return False, str(getattr(cause, "message", None) or cause or "refused")
+        except RPCError as exc:
+            log.info("desk decision not delivered: %s", type(exc).__name__)
+            return False, ("refused: the workflow is not running (it finished, or never "
+                           "started); reload the card")
+        except (TimeoutError, OSError) as exc:
+            log.warning("desk decision: Temporal unavailable (%s)", type(exc).__name__)
+            return False, "not delivered: Temporal is unavailable; try again"
+        text = (f"accepted: {action} at wait {wait_id}; the item is now {result.state}"
+                + (f" ({result.reason})" if result.reason else ""))
+        if result.review is not None:
+            text += f"; open wait {result.review.wait_id}: {result.review.reason}"
+        return True, text
 
     return router
+
+
+@dataclasses.dataclass
+class DeskForms:
+    """What the decision forms need: the CSRF token, who decides, and whether the desk can
+    decide at all (a relay without INBOXCRM_DECISION_SECRET is read-only)."""
+
+    csrf: str
+    principal: Principal
+    enabled: bool
 
 
 def _rows(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
@@ -166,12 +276,120 @@ def _rows(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def render_html(card: ReviewCard) -> str:
-    """The card as HTML (every value escaped; marked lines in <mark>)."""
-    parts = [f"<h1>Review card: <code>{escape(card.workflow_id)}</code></h1>",
-             f"<p>tenant <b>{escape(card.tenant)}</b> · source {escape(card.source)} · mailbox "
-             f"{escape(card.mailbox)} · state <b>{escape(card.state)}</b>"
-             + (f" ({escape(card.reason)})" if card.reason else "") + "</p>"]
+def _age(seconds: int) -> str:
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"
+
+
+def _signed_in(principal: Principal, csrf: str) -> str:
+    scope = "all tenants" if principal.tenants is None else ", ".join(sorted(principal.tenants))
+    return (f"<p id='who'>Signed in as <b>{escape(principal.decider)}</b> ({escape(scope)}) · "
+            "<a href='/review/'>queue</a> "
+            "<form method='post' action='/review/logout' style='display:inline'>"
+            f"<input type='hidden' name='csrf' value='{escape(csrf, quote=True)}'>"
+            "<button type='submit'>Sign out</button></form></p>")
+
+
+def render_queue(principal: Principal, items: list[dict[str, Any]], csrf: str) -> str:
+    """The reviewer's queue, oldest first: age, tenant, state, reason, wait, owner."""
+    parts = ["<h1>Review queue</h1>", _signed_in(principal, csrf)]
+    if not items:
+        parts.append("<p id='queue'>Nothing waits for you.</p>")
+        return "".join(parts)
+    rows = []
+    for item in items:
+        link = (f"<a href='{escape(_card_path(item['workflow_id']), quote=True)}'>"
+                f"{escape(item['workflow_id'])}</a>")
+        cells = [escape(_age(item["age_seconds"])), escape(item["tenant"]),
+                 escape(item["state"]), escape(item["reason"]), escape(item["wait_id"] or ""),
+                 escape(item["owner"]), "OVERDUE" if item["overdue"] else "", link]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("age", "tenant", "state", "reason", "wait",
+                                             "owner", "overdue", "item"))
+    parts.append(f"<table id='queue'><tr>{head}</tr>{''.join(rows)}</table>")
+    return "".join(parts)
+
+
+WHAT = {
+    "approve": "Approve: continue (a follow-up wait: send this follow-up)",
+    "hold": "Hold: keep it parked in the queue (the escalation time does not move)",
+    "reject": "Reject: end it; nothing more is written or sent",
+    "retry": "Retry: run the step again with the same operation key",
+    "resolve": "Resolve: the side effect exists; record the evidence and continue",
+}
+
+
+def _input(name: str, label: str, value: str = "", required: bool = False,
+           kind: str = "text") -> str:
+    need = " required" if required else ""
+    return (f"<label>{escape(label)} <input type='{kind}' name='{name}' "
+            f"value='{escape(value, quote=True)}' maxlength='{MAX_FIELD_CHARS}'{need}></label>")
+
+
+def _decision_forms(card: ReviewCard, forms: DeskForms) -> str:
+    """One POST form per decision the open wait allows, bound to its wait ID."""
+    if not card.decisions or not card.wait_id:
+        return "<p>None.</p>"
+    if not forms.enabled:
+        return ("<p>This desk is read-only (the relay has no INBOXCRM_DECISION_SECRET). "
+                "Bodies for the Temporal UI's \"Send an Update\":</p><ul id='decisions'>"
+                + "".join(f"<li><b>{escape(d.action)}</b>: <code>{escape(json.dumps(d.body))}"
+                          "</code></li>" for d in card.decisions) + "</ul>")
+    kind = card.wait_id.rsplit("-", 1)[-1]
+    parts = [f"<p>Each decision answers wait <code>{escape(card.wait_id)}</code> only. It is "
+             f"recorded as <b>{escape(forms.principal.decider)}</b>; the name below is a "
+             "label.</p><div id='decisions'>"]
+    for option in card.decisions:
+        action = option.action
+        fields = [f"<input type='hidden' name='{n}' value='{escape(v, quote=True)}'>"
+                  for n, v in (("csrf", forms.csrf), ("action", action),
+                               ("wait_id", card.wait_id))]
+        fields.append(f"<p><b>{escape(WHAT.get(action, action))}</b></p>")
+        fields.append(_input("reviewer", "Your name (label)", forms.principal.name))
+        if action == "approve":
+            if kind == "review":
+                needs_sender = "corrections" in option.body
+                fields.append(_input("sender_email", "Sender email" + (
+                    " (required: the message gives none)" if needs_sender else
+                    " (correction, optional)"), required=needs_sender, kind="email"))
+                fields.append(_input("name", "Name (correction, optional)"))
+                fields.append(_input("company", "Company (correction, optional)"))
+            fields.append("<label>Follow-up <select name='send_followup'>"
+                          "<option value='yes' selected>send it</option>"
+                          "<option value='no'>continue without it</option></select></label>")
+        if action == "resolve":
+            fields.append(_input("evidence", "Evidence (CRM record ID or provider message ID)",
+                                 required=True))
+        fields.append(f"<label>Note <input type='text' name='note' "
+                      f"maxlength='{MAX_FIELD_CHARS}'></label>")
+        fields.append(f"<button type='submit'>{escape(action.capitalize())}</button>")
+        parts.append(f"<form class='decision' id='decide-{escape(action)}' method='post' "
+                     f"action='{escape(_card_path(card.workflow_id), quote=True)}'>"
+                     + "".join(fields) + "</form>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def render_html(card: ReviewCard, forms: DeskForms | None = None,
+                answer: tuple[bool, str] | None = None) -> str:
+    """The card as HTML (every value escaped; marked lines in <mark>), with the decision
+    forms and the workflow's answer to the last one."""
+    parts = []
+    if forms is not None:
+        parts.append(_signed_in(forms.principal, forms.csrf))
+    if answer is not None:
+        accepted, message = answer
+        parts.append(f"<p id='answer' class='answer {'accepted' if accepted else 'refused'}'>"
+                     f"{escape(message)}</p>")
+    parts += [f"<h1>Review card: <code>{escape(card.workflow_id)}</code></h1>",
+              f"<p>tenant <b>{escape(card.tenant)}</b> · source {escape(card.source)} · "
+              f"mailbox {escape(card.mailbox)} · state <b>{escape(card.state)}</b>"
+              + (f" ({escape(card.reason)})" if card.reason else "") + "</p>"]
     if card.waiting:
         parts.append(f"<p id='wait'>Open wait <code>{escape(card.wait_id or '?')}</code>: "
                      f"<b>{escape(card.wait_reason or '')}</b> · owner "
@@ -216,12 +434,10 @@ def render_html(card: ReviewCard) -> str:
                             for o in card.operations],
                            ("operation", "status", "attempts", "destination error")))
     parts.append("<h2>Decisions allowed now</h2>")
-    if card.decisions:
-        parts.append("<p>In the Temporal UI: More Actions → \"Send an Update\" (or \"Send a "
-                     "Signal\"), or <code>inboxcrm review ACTION WORKFLOW_ID --reviewer NAME"
-                     "</code>. Bodies:</p><ul id='decisions'>" + "".join(
-                         f"<li><b>{escape(d.action)}</b>: <code>{escape(json.dumps(d.body))}"
-                         "</code></li>" for d in card.decisions) + "</ul>")
+    if forms is None:
+        parts.append("<ul id='decisions'>" + "".join(
+            f"<li><b>{escape(d.action)}</b>: <code>{escape(json.dumps(d.body))}</code></li>"
+            for d in card.decisions) + "</ul>" if card.decisions else "<p>None.</p>")
     else:
-        parts.append("<p>None.</p>")
+        parts.append(_decision_forms(card, forms))
     return "".join(parts)

@@ -50,10 +50,19 @@ def _action_of(d: Detail) -> str:
 def _signal(action: str) -> Callable[[Detail], str]:
     def describe(d: Detail) -> str:
         verb = action.removeprefix("signal_")
+        # Decisions attributed from authentication say how they came (desk, cli, the
+        # Temporal UI's signal or update) and whether the decider was proven.
+        via = ""
+        if d.get("path"):
+            proven = "authenticated" if d.get("authenticated") else "not authenticated"
+            via = f" via {d['path']} ({proven}"
+            if d.get("typed_reviewer"):
+                via += f", typed name {d['typed_reviewer']!r}"
+            via += ")"
         if d.get("accepted"):
             note = f": {d['note']}" if d.get("note") else ""
-            return f"reviewer decision {verb} accepted{note}"
-        return f"reviewer signal {verb} ignored ({d.get('ignored_reason')})"
+            return f"reviewer decision {verb} accepted{via}{note}"
+        return f"reviewer decision {verb} refused{via} ({d.get('ignored_reason')})"
     return describe
 
 

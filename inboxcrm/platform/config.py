@@ -91,6 +91,18 @@ class Settings(BaseSettings):
     # its login form. One operator token, not scoped to a tenant. Unset: every request 401.
     review_token: SecretStr | None = None
     review_session_hours: float = 12.0
+    # Reviewers as people (docs/architecture.md §6, §7): the server-side secret that proves a
+    # decision came from the desk or the CLI with an authenticated reviewer (relay, worker and
+    # CLI share it), and keys the desk's sessions and CSRF tokens. Unset: the desk is read-only
+    # and every decision is recorded as unproven.
+    decision_secret: SecretStr | None = None
+    # Single sign-on (the desk's bearer tokens and the codec endpoint): an OIDC issuer whose
+    # published keys (JWKS from its discovery document, cached) sign access tokens for this
+    # audience; the tenants a person may review are listed in the tenants claim.
+    oidc_issuer: str | None = None
+    oidc_audience: str | None = None
+    oidc_tenants_claim: str = "inboxcrm_tenants"
+    oidc_jwks_cache_seconds: float = 600.0
 
     # Destinations (the sandbox by default)
     sandbox_url: str = "http://127.0.0.1:8090"

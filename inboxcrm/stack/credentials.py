@@ -25,14 +25,17 @@ _GENERATORS: dict[str, Callable[[], str]] = {
     "INBOXCRM_REVIEW_TOKEN": lambda: secrets.token_urlsafe(32),
     # The demo tenant globex's own Standard Webhooks secret (bound to globex only).
     "INBOXCRM_WEBHOOK_SECRET_GLOBEX": new_webhook_secret,
+    # Proves desk and CLI decisions to the worker; keys the desk's sessions.
+    "INBOXCRM_DECISION_SECRET": lambda: secrets.token_urlsafe(32),
 }
 
 
 
 def generated_credentials(data_dir: Path) -> dict[str, str]:
     """Postmark basic-auth pair, Mailgun signing key, unsubscribe secret, review token and
-    globex's own webhook secret for the local stack: from the environment, else generated
-    once per data directory (mode 0600 file in .data/, never in the repository)."""
+    globex's own webhook secret and the decision secret for the local stack: from the
+    environment, else generated once per data directory (mode 0600 file in .data/, never
+    in the repository)."""
     path = data_dir / CREDENTIALS_FILE
     stored: dict[str, str] = {}
     try:

@@ -260,6 +260,7 @@ class Stack:
             "INBOXCRM_POSTMARK_PASSWORD": self.env["INBOXCRM_POSTMARK_PASSWORD"],
             "INBOXCRM_MAILGUN_SIGNING_KEY": self.env["INBOXCRM_MAILGUN_SIGNING_KEY"],
             "INBOXCRM_REVIEW_TOKEN": self.env["INBOXCRM_REVIEW_TOKEN"],
+            "INBOXCRM_DECISION_SECRET": self.env["INBOXCRM_DECISION_SECRET"],
             "INBOXCRM_TASK_QUEUE": self.config.task_queue,
             "INBOXCRM_CODEC_KEYS_FILE": self.env["INBOXCRM_CODEC_KEYS_FILE"],
             # The CLI next to this stack runs under the local stack's rules, as its processes.

@@ -33,6 +33,8 @@ from schemas.models import (
     AuditEntry,
     CorrectionInput,
     DecisionBody,
+    DecisionIdentity,
+    DecisionRecord,
     EscalationInput,
     ExtractResult,
     InboundEmailInput,
@@ -67,6 +69,8 @@ class Scenario:
     calls: Counter[str] = field(default_factory=Counter)
     states: list[str] = field(default_factory=list)
     audit: list[str] = field(default_factory=list)
+    decisions: list[DecisionRecord] = field(default_factory=list)
+    approvals: list[str] = field(default_factory=list)
 
     def activities(self) -> list[Callable[..., Any]]:
         @activity.defn(name="extract_message")
@@ -107,6 +111,16 @@ class Scenario:
         async def record_audit(entry: AuditEntry) -> None:
             self.audit.append(f"{entry.action}:{entry.detail.get('accepted')}")
 
+        @activity.defn(name="record_decision")
+        async def record_decision(record: DecisionRecord) -> DecisionIdentity:
+            # The real one verifies the proof (tests/fast/test_reviewer_identity.py); here a
+            # claimed decider stands for a verified one, anything else for Temporal's.
+            self.decisions.append(record)
+            self.audit.append(f"signal_{record.action}:{record.detail.get('accepted')}")
+            if record.proof:
+                return DecisionIdentity(record.decider, record.path, authenticated=True)
+            return DecisionIdentity("temporal:no identity", f"temporal-ui {record.via}")
+
         @activity.defn(name="mark_review_escalated")
         async def mark_review_escalated(escalation: EscalationInput) -> None:
             self.calls["escalated"] += 1
@@ -127,6 +141,7 @@ class Scenario:
         @activity.defn(name="approve_followup_intent")
         async def approve_followup_intent(approval: IntentApproval) -> None:
             self.calls["intent_approved"] += 1
+            self.approvals.append(approval.reviewer)
 
         @activity.defn(name="decline_followup_intent")
         async def decline_followup_intent(decline: IntentDecline) -> None:
@@ -138,7 +153,7 @@ class Scenario:
                                  max_attempts=6, last_error="http_400:INVALID_EMAIL")
 
         return [extract_message, match_and_plan, upsert_contact_in_crm, log_email_on_contact,
-                submit_followup_email, record_item_state, record_audit,
+                submit_followup_email, record_item_state, record_audit, record_decision,
                 mark_review_escalated, resolve_operation, grant_operation_retry,
                 apply_review_corrections, approve_followup_intent, decline_followup_intent,
                 describe_operation]
@@ -388,3 +403,29 @@ async def test_updates_refuse_what_the_open_wait_cannot_take_and_answer_the_rest
     result = await run(env, scenario, decide_by_update)
     assert result["state"] == "completed"
     assert scenario.calls["corrected"] == 1
+
+
+async def test_the_decider_comes_from_authentication_not_the_typed_name(
+        env: WorkflowEnvironment) -> None:
+    """An update carrying the desk's decider and proof is recorded (and approves the
+    follow-up) as that decider; a signal without one as Temporal's identity, with its ordinal
+    in the run so the activity can find the request's identity in history."""
+    scenario = Scenario(plan=planned(intent_needs_approval=True))
+
+    async def approve(handle: WorkflowHandle[Any, Any]) -> None:
+        status = await wait_for_state(handle, "awaiting_review")
+        await decide(handle, Decision.HOLD, {"reviewer": "typed-anything"})
+        await wait_for_state(handle, "held")
+        await handle.execute_update(Decision.APPROVE, DecisionBody(
+            reviewer="mallory", wait_id=status["review"]["wait_id"], decider="reviewer:dana",
+            path="desk", proof="p"), result_type=ItemStatus)
+
+    result = await run(env, scenario, approve)
+    assert result["state"] == "completed"
+    held, approved = scenario.decisions
+    assert (held.via, held.signal_seq, held.typed_reviewer, held.proof) == (
+        "signal", 1, "typed-anything", "")
+    assert (approved.via, approved.decider, approved.path, approved.typed_reviewer) == (
+        "update", "reviewer:dana", "desk", "mallory")
+    assert approved.update_id and approved.signal_seq is None
+    assert scenario.approvals == ["reviewer:dana"]  # never the typed "mallory"

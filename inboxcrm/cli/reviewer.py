@@ -1,0 +1,88 @@
+"""`inboxcrm reviewer add|list|revoke` (docs/architecture.md §10): reviewers as people, each
+with a personal token (shown once, stored as its SHA-256) and the tenants they review."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from inboxcrm.cli.common import fail, out, settings_from_env, with_db
+from inboxcrm.platform.reviewer_identity import new_token, token_digest
+from inboxcrm.store import reviewers
+
+reviewer_app = typer.Typer(no_args_is_help=True,
+                           help="Reviewers and their tenants: personal tokens for the review "
+                                "desk and the CLI.")
+
+
+def _actor() -> str:
+    return os.environ.get("USER") or "operator"
+
+
+def _run(fn: Any) -> Any:
+    return with_db(settings_from_env(), fn)
+
+
+@reviewer_app.command("add")
+def add(name: str,
+        tenant: Annotated[list[str], typer.Option("--tenant", help="A tenant this reviewer "
+                                                  "reviews (repeat for more).")],
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Add a reviewer; prints their personal token ONCE (the last line, or {"token": …})."""
+    tenants = sorted({t.strip() for t in tenant if t.strip()})
+    if not tenants:
+        fail("give at least one --tenant")
+    token = new_token()
+
+    async def insert(conn: Any) -> dict[str, Any]:
+        return await reviewers.add_reviewer(conn, name, token_digest(token), tenants, _actor())
+
+    try:
+        row = _run(insert)
+    except reviewers.NameTaken:
+        fail(f"a reviewer named {name!r} already exists (revoke it first)")
+        return
+    except Exception as exc:  # noqa: BLE001 - a CHECK on the name: say what is allowed
+        if "reviewers_name_check" in str(exc):
+            fail("a name is 1-64 characters: letters, digits, . _ @ -")
+        raise
+    if as_json:
+        out.print_json(json.dumps({"name": row["name"], "tenants": row["tenants"],
+                                   "token": token}))
+        return
+    out.print(f"reviewer {row['name']} added for {', '.join(row['tenants'])}; their personal "
+              "token (shown once, give it to them; INBOXCRM_REVIEWER_TOKEN for the CLI):",
+              highlight=False)
+    print(token)  # noqa: T201 - the last line, exactly the token
+
+
+@reviewer_app.command("list")
+def list_(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False
+          ) -> None:
+    """Every reviewer with their tenants (tokens are never shown again)."""
+    rows = _run(reviewers.list_reviewers)
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    table = Table(title=f"reviewers ({sum(1 for r in rows if not r['revoked_at'])} active)")
+    for column in ("name", "tenants", "added", "by", "revoked"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["name"], ", ".join(row["tenants"]), row["created_at"][:19],
+                      row["created_by"], (row["revoked_at"] or "")[:19])
+    out.print(table)
+
+
+@reviewer_app.command("revoke")
+def revoke(name: str) -> None:
+    """Revoke a reviewer: their token and sessions stop working at once."""
+    async def apply(conn: Any) -> dict[str, Any] | None:
+        return await reviewers.revoke_reviewer(conn, name, _actor())
+
+    if _run(apply) is None:
+        fail(f"no active reviewer named {name!r}")
+    out.print(f"reviewer {name} revoked", highlight=False)

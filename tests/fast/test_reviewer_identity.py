@@ -1,0 +1,152 @@
+"""Who decided, and who may decode (docs/architecture.md §6, §7), without a stack: the
+decision proof, the OIDC verifier against a local test issuer (an RSA key made here, its
+discovery document and JWKS over loopback HTTP), and the codec endpoint's credentials."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from unittest import mock
+
+import httpx
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from fastapi import FastAPI
+
+from inboxcrm.ingress.codec import codec_router
+from inboxcrm.platform import oidc
+from inboxcrm.platform.codec import ensure_key_file
+from inboxcrm.platform.config import Settings
+from inboxcrm.platform.reviewer_identity import (
+    new_token,
+    sign_decision,
+    token_digest,
+    verify_decision,
+)
+from tests.helpers.oidc_issuer import AUDIENCE, TENANTS_CLAIM, LocalIssuer, rsa_key, serve_issuer
+
+SECRET = "server-side-secret"
+WF = "inbound/acme/standard/sales@acme.test/E-1"
+
+
+def test_a_proof_holds_only_for_exactly_what_it_signed() -> None:
+    proof = sign_decision(SECRET, "reviewer:dana", "desk", WF, "w1-review", "approve")
+    assert verify_decision(SECRET, proof, "reviewer:dana", "desk", WF, "w1-review", "approve")
+    for changed in (("reviewer:erin", "desk", WF, "w1-review", "approve"),
+                    ("reviewer:dana", "cli", WF, "w1-review", "approve"),
+                    ("reviewer:dana", "desk", WF + "x", "w1-review", "approve"),
+                    ("reviewer:dana", "desk", WF, "w2-followup", "approve"),
+                    ("reviewer:dana", "desk", WF, "w1-review", "reject")):
+        assert not verify_decision(SECRET, proof, *changed), changed
+    assert not verify_decision("another-secret", proof, "reviewer:dana", "desk", WF,
+                               "w1-review", "approve")
+    assert not verify_decision(None, proof, "reviewer:dana", "desk", WF, "w1-review", "approve")
+    # Only the desk and the CLI sign: a Temporal UI path cannot be "proven".
+    ui = sign_decision(SECRET, "reviewer:dana", "temporal-ui signal", WF, "w1-review", "hold")
+    assert not verify_decision(SECRET, ui, "reviewer:dana", "temporal-ui signal", WF,
+                               "w1-review", "hold")
+
+
+def test_personal_tokens_are_random_and_stored_as_their_hash() -> None:
+    first, second = new_token(), new_token()
+    assert first != second and len(first) > 40
+    assert token_digest(first) == token_digest(f" {first}\n") and len(token_digest(first)) == 32
+
+
+@pytest.fixture(scope="module")
+def issuer() -> Iterator[LocalIssuer]:
+    with serve_issuer() as running:
+        yield running
+
+
+async def test_the_verifier_accepts_the_issuers_tokens_only(issuer: LocalIssuer) -> None:
+    verifier = oidc.OidcVerifier(issuer.url, AUDIENCE, TENANTS_CLAIM)
+    principal = await verifier.principal(issuer.token(tenants=["acme", "globex"]))
+    assert principal.decider == "oidc:dana@example.test"
+    assert principal.tenants == frozenset({"acme", "globex"})
+    assert principal.may_see("acme") and not principal.may_see("initech")
+
+    refused = {
+        "expired": issuer.token(expires_in=-120),
+        "bad signature": issuer.token(key=rsa_key()),
+        "wrong audience": issuer.token(audience="someone-else"),
+        "wrong issuer": issuer.token(issuer="http://127.0.0.1:1/other"),
+    }
+    for reason, token in refused.items():
+        with pytest.raises(oidc.TokenRefused, match=reason):
+            await verifier.verify(token)
+    # A symmetric token "signed" with the public key, or an unsigned one, never counts.
+    public_pem = issuer.key.public_key().public_bytes(
+        encoding=serialization.Encoding.PEM,
+        format=serialization.PublicFormat.SubjectPublicKeyInfo)
+    hs = jwt.encode({"iss": issuer.url, "aud": AUDIENCE, "exp": 2**33}, public_pem[:64],
+                    algorithm="HS256")
+    with pytest.raises(oidc.TokenRefused, match="algorithm"):
+        await verifier.verify(hs)
+    header = base64.urlsafe_b64encode(b'{"alg":"none"}').rstrip(b"=").decode()
+    body = base64.urlsafe_b64encode(json.dumps(
+        {"iss": issuer.url, "aud": AUDIENCE, "exp": 2**33}).encode()).rstrip(b"=").decode()
+    with pytest.raises(oidc.TokenRefused, match="algorithm"):
+        await verifier.verify(f"{header}.{body}.")
+    # The key set was fetched once through the discovery document and then cached.
+    assert issuer.fetches.count("/.well-known/openid-configuration") == 1
+
+
+def test_tenants_come_from_a_list_or_a_string_claim() -> None:
+    assert oidc.tenants_of({"t": ["acme", 3, " globex "]}, "t") == {"acme", "globex"}
+    assert oidc.tenants_of({"t": "acme globex,initech"}, "t") == {"acme", "globex", "initech"}
+    assert oidc.tenants_of({}, "t") == frozenset()
+
+
+# --- the codec endpoint ------------------------------------------------------------------
+@pytest.fixture
+async def codec(issuer: LocalIssuer, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """The relay's codec routes on a non-loopback address: a credential is always needed."""
+    keys = tmp_path / "codec-keys.json"
+    ensure_key_file(keys)
+    env = {"INBOXCRM_RELAY_HOST": "0.0.0.0", "INBOXCRM_CODEC_KEYS_FILE": str(keys),
+           "INBOXCRM_CODEC_TOKEN": "static-codec-token-of-at-least-32-bytes", "INBOXCRM_OIDC_ISSUER": issuer.url,
+           "INBOXCRM_OIDC_AUDIENCE": AUDIENCE}
+    with mock.patch.dict("os.environ", env):
+        settings = Settings()
+    app = FastAPI()
+    app.include_router(codec_router(settings))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://relay.test") as client:
+        yield client
+
+
+PLAIN = {"payloads": [{"metadata": {"encoding": base64.b64encode(b"json/plain").decode()},
+                       "data": base64.b64encode(b'{"reviewer": "dana"}').decode()}]}
+
+
+async def _roundtrip(codec: httpx.AsyncClient, token: str) -> tuple[int, int]:
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    encoded = await codec.post("/codec/encode", json=PLAIN, headers=headers)
+    if encoded.status_code != 200:
+        return encoded.status_code, encoded.status_code
+    decoded = await codec.post("/codec/decode", content=encoded.content, headers=headers)
+    if decoded.status_code == 200:
+        assert decoded.json() == PLAIN
+    return encoded.status_code, decoded.status_code
+
+
+async def test_the_codec_decodes_for_the_issuers_access_token(
+        codec: httpx.AsyncClient, issuer: LocalIssuer) -> None:
+    assert await _roundtrip(codec, issuer.token(tenants=["acme"])) == (200, 200)
+    assert await _roundtrip(codec, "static-codec-token-of-at-least-32-bytes") == (200, 200)  # the local stack's
+
+
+async def test_the_codec_refuses_expired_wrongly_signed_and_foreign_tokens(
+        codec: httpx.AsyncClient, issuer: LocalIssuer) -> None:
+    for token in (issuer.token(tenants=["acme"], expires_in=-120),
+                  issuer.token(tenants=["acme"], key=rsa_key()),
+                  issuer.token(tenants=["acme"], audience="another-app"),
+                  "not-the-static-token"):
+        assert await _roundtrip(codec, token) == (401, 401), token[:20]
+    assert (await codec.post("/codec/decode", json=PLAIN)).status_code == 401
+    # Signed in, but reviewing no tenant: no decoding.
+    assert (await _roundtrip(codec, issuer.token()))[0] == 403
