@@ -81,7 +81,9 @@ async def env(stack: Stack, db: asyncpg.Pool, app_settings: Settings
     from inboxcrm.verify.probe import Endpoints, StackClient
 
     client = StackClient(Endpoints(stack.relay_url, stack.sandbox_url, stack.temporal_address,
-                                   stack.env["INBOXCRM_WEBHOOK_SECRET"]), db, app_settings)
+                                   stack.env["INBOXCRM_WEBHOOK_SECRET"],
+                                   {"globex": stack.env["INBOXCRM_WEBHOOK_SECRET_GLOBEX"]}),
+                         db, app_settings)
     await client.reset_faults()
     yield client
     await client.reset_faults()

@@ -109,7 +109,8 @@ async def test_credentials_write_only_into_their_tenants(env: StackClient, stack
     raw = message_from(unique_email("bound"))
 
     shared = f"globex-shared-{uuid.uuid4().hex}"
-    refused = await env.post(raw, shared, tenant="globex", mailbox="hello@globex.test")
+    refused = await env.post(raw, shared, tenant="globex", mailbox="hello@globex.test",
+                             secret=stack.env["INBOXCRM_WEBHOOK_SECRET"])
     assert refused.status_code == 403, refused.text
     assert refused.json()["status"] == "error"
     assert await stored(env, shared) == 0

@@ -395,7 +395,8 @@ def endpoint_settings(tmp_path: Path, **overrides: Any) -> Settings:
     codec.ensure_key_file(keys_file)
     values: dict[str, Any] = {"codec_keys_file": str(keys_file), "relay_host": "0.0.0.0",
                               "codec_token": "s3cret-token", "codec_namespaces": None,
-                              "temporal_namespace": "default"}
+                              "temporal_namespace": "default",
+                              "env": "local"}  # the short token above is a test value
     values.update(overrides)
     return Settings(**values)
 

@@ -136,7 +136,8 @@ async def test_temporal_down_stores_then_sweeper_starts(env: StackClient, stack:
     email = unique_email("sweeper")
     port = free_port()
     isolated = stack.env | {"TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}",
-                            "INBOXCRM_RELAY_PORT": str(port)}
+                            "INBOXCRM_RELAY_PORT": str(port),
+                            "INBOXCRM_RELAY_METRICS_ADDRESS": ""}  # the main relay's port
     from inboxcrm.stack.processes import ManagedProcess, python
 
     relay = ManagedProcess("relay-no-temporal", python("inboxcrm.ingress.main"), isolated,
@@ -168,7 +169,8 @@ async def test_ledger_down_answers_503(env: StackClient, stack: Stack) -> None:
     dead_db = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
     relay = ManagedProcess("relay-no-db", python("inboxcrm.ingress.main"),
                            stack.env | {"DATABASE_URL": dead_db,
-                                        "INBOXCRM_RELAY_PORT": str(port)},
+                                        "INBOXCRM_RELAY_PORT": str(port),
+                                        "INBOXCRM_RELAY_METRICS_ADDRESS": ""},
                            stack.log_dir).start()
     try:
         relay.wait_ready(http_answers(f"http://127.0.0.1:{port}/healthz"))

@@ -145,7 +145,7 @@ def _message_headers(value: str) -> list[tuple[str, str]]:
     problem = "field 'message-headers' must be a JSON list of [name, value] pairs"
     try:
         parsed = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise BadRequest(problem) from None
     if not isinstance(parsed, list) or len(parsed) > MAX_HEADERS:
         raise BadRequest(problem)
@@ -163,7 +163,7 @@ def _mailgun_attachments(form: Form) -> list[Attachment]:
     if form.get("content-id-map"):
         try:
             mapping = json.loads(form.get("content-id-map") or "{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             raise BadRequest("field 'content-id-map' must be a JSON object") from None
         if not isinstance(mapping, dict):
             raise BadRequest("field 'content-id-map' must be a JSON object")

@@ -237,7 +237,7 @@ def postmark_router(settings: Settings) -> APIRouter:
             return error_response(413, f"body exceeds {settings.max_body_bytes} bytes")
         try:
             payload = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # nesting past the parser's depth is malformed
             return error_response(422, "body is not valid JSON")
         try:
             delivery = parse_postmark(payload, Binding.shared(POSTMARK),

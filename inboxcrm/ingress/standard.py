@@ -185,7 +185,7 @@ def standard_router(settings: Settings) -> APIRouter:
             return unauthenticated(request)
         try:
             parsed = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # nesting past the parser's depth is malformed
             return error_response(422, "body is not valid JSON")
         try:
             delivery = parse_standard_body(parsed, settings.max_body_bytes)

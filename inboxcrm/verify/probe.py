@@ -8,7 +8,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -43,6 +43,9 @@ class Endpoints:
     sandbox_url: str
     temporal_address: str
     webhook_secret: str
+    # Tenants with a Standard Webhooks secret of their own (INBOXCRM_WEBHOOK_SECRET_<TENANT>):
+    # their deliveries are signed with it, everyone else's with `webhook_secret`.
+    tenant_secrets: dict[str, str] = field(default_factory=dict)
 
 
 class StackClient:
@@ -66,7 +69,8 @@ class StackClient:
                    relay_url: str | None = None) -> httpx.Response:
         delivery_id = delivery_id or f"D-{uuid.uuid4().hex[:12]}"
         payload = body if body is not None else standard_body(tenant, mailbox, delivery_id, raw)
-        sig = signed_headers(secret or self.secret, payload, timestamp=timestamp)
+        secret = secret or self.endpoints.tenant_secrets.get(tenant) or self.secret
+        sig = signed_headers(secret, payload, timestamp=timestamp)
         sig.update(headers or {})
         relay = relay_url or self.endpoints.relay_url
         return await self.http.post(f"{relay}/v1/inbound/standard",

@@ -415,3 +415,18 @@ def test_start_warns_about_disabled_and_unbound_sources(
     with caplog.at_level("WARNING"):
         relay()
     assert "'standard:nobody' is bound to no tenant" in caplog.text
+
+
+async def test_deeply_nested_json_from_an_authenticated_sender_is_a_422() -> None:
+    app = relay(webhook_secret=SHARED, postmark_user="pm", postmark_password=SecretStr(LONG))
+    body = b"[" * 200_000 + b"]" * 200_000
+    now = int(time.time())
+    signed = {"content-type": "application/json", "webhook-id": "msg_deep",
+              "webhook-timestamp": str(now), "webhook-signature": sign(SHARED, "msg_deep", now,
+                                                                      body)}
+    status, answer, _ = await call(app, "/v1/inbound/standard", signed, iter([body]))
+    assert status == 422 and b"JSON" in answer
+    basic = {"content-type": "application/json",
+             "authorization": "Basic " + base64.b64encode(f"pm:{LONG}".encode()).decode()}
+    status, answer, _ = await call(app, "/v1/inbound/postmark", basic, iter([body]))
+    assert status == 422 and b"JSON" in answer
