@@ -102,13 +102,16 @@ def test_tenants_come_from_a_list_or_a_string_claim() -> None:
 
 
 # --- the codec endpoint ------------------------------------------------------------------
+STATIC_TOKEN = "static-codec-token-of-at-least-32-bytes"  # outside local, 32 bytes or more
+
+
 @pytest.fixture
 async def codec(issuer: LocalIssuer, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
     """The relay's codec routes on a non-loopback address: a credential is always needed."""
     keys = tmp_path / "codec-keys.json"
     ensure_key_file(keys)
     env = {"INBOXCRM_RELAY_HOST": "0.0.0.0", "INBOXCRM_CODEC_KEYS_FILE": str(keys),
-           "INBOXCRM_CODEC_TOKEN": "static-codec-token-of-at-least-32-bytes", "INBOXCRM_OIDC_ISSUER": issuer.url,
+           "INBOXCRM_CODEC_TOKEN": STATIC_TOKEN, "INBOXCRM_OIDC_ISSUER": issuer.url,
            "INBOXCRM_OIDC_AUDIENCE": AUDIENCE}
     with mock.patch.dict("os.environ", env):
         settings = Settings()
@@ -137,7 +140,7 @@ async def _roundtrip(codec: httpx.AsyncClient, token: str) -> tuple[int, int]:
 async def test_the_codec_decodes_for_the_issuers_access_token(
         codec: httpx.AsyncClient, issuer: LocalIssuer) -> None:
     assert await _roundtrip(codec, issuer.token(tenants=["acme"])) == (200, 200)
-    assert await _roundtrip(codec, "static-codec-token-of-at-least-32-bytes") == (200, 200)  # the local stack's
+    assert await _roundtrip(codec, STATIC_TOKEN) == (200, 200)  # the local stack's
 
 
 async def test_the_codec_refuses_expired_wrongly_signed_and_foreign_tokens(
