@@ -3,7 +3,8 @@
 A module of its own, imported as passthrough, so the workflow sandbox does not re-execute it
 for every workflow run (see the Temporal Python SDK sandbox docs on passthrough modules).
 Everything here is a constant: changing a value changes only future schedules, but changing
-which *commands* a workflow issues needs `workflow.patched` (see tests/test_replay.py).
+which *commands* a workflow issues needs `workflow.patched` (see
+tests/fast/test_replay_stored.py).
 """
 
 from __future__ import annotations
