@@ -59,8 +59,9 @@ PLAN_TIMEOUT = timedelta(seconds=30)
 # Claim + reconcile (10 s) + call (10 s) + record, with room for slow statements.
 OPERATION_TIMEOUT = timedelta(seconds=45)
 BOOKKEEPING_TIMEOUT = timedelta(seconds=10)
-# Activities heartbeat every 2 s: a killed worker's attempt is retried after this, not after
-# the start-to-close timeout.
+# Regular activities (only workflows started before `local-steps` schedule them) heartbeat
+# every 2 s: a killed worker's attempt is retried after this, not after the start-to-close
+# timeout. Local activities cannot heartbeat; the workflow task timeout covers them.
 HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 # While a tenant's CRM or send switch is paused, the step is re-checked: first after
 # PAUSE_POLL, then backing off to PAUSE_POLL_MAX so a long pause cannot bloat the history

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import sys
 
@@ -26,11 +27,9 @@ def main() -> None:
     settings = get_settings()
     configure_logging("relay")
     if not port_free(settings.relay_host, settings.relay_port):
-        print(  # noqa: T201
-            f"inboxcrm relay: port {settings.relay_port} on {settings.relay_host} is already in "
-            "use; set INBOXCRM_RELAY_PORT to another port",
-            file=sys.stderr,
-        )
+        logging.getLogger("inboxcrm.relay").error(
+            "inboxcrm relay: port %s on %s is already in use; set INBOXCRM_RELAY_PORT to "
+            "another port", settings.relay_port, settings.relay_host)
         sys.exit(2)
     uvicorn.run(create_app(settings), host=settings.relay_host, port=settings.relay_port,
                 log_level="warning")
