@@ -20,6 +20,7 @@ from activities.failures import missing_row
 from activities.heartbeat import heartbeating
 from activities.step_attempts import counted_attempt
 from inboxcrm.adapters.errors import ErrorType
+from inboxcrm.domain import planning
 from inboxcrm.domain.policy import TenantPolicy, get_policy
 from inboxcrm.store import audit, contacts, events, intents, matches
 from inboxcrm.store.suppression import SendInFlight, suppress_identity
@@ -155,13 +156,15 @@ class _Planner:
         else:
             inserted = bool(contact["inserted"])
             if not inserted:
-                conflict = self._conflicting_field(contact, name, company)
+                existing = planning.ExistingContact(contact["name"], contact["company"],
+                                                    contact["status"])
+                conflict = planning.conflicting_field(self.policy, existing, name, company)
                 if conflict and self.approved_by is None:
                     return await self.needs_review(
                         f"field_conflict:{conflict}", decision="existing_contact",
                         contact_id=contact_id,
                     )
-                await self._fill_fields(contact, name, company)
+                await self._fill_fields(contact_id, existing, name, company)
             decision = "new_contact" if inserted else "existing_contact"
             await self.conn.execute(
                 matches.RECORD_CONTACT_MATCH, self.item.event_id, self.item.tenant, decision,
@@ -176,26 +179,13 @@ class _Planner:
         return await self._plan_followup(result, contact_id, identity, inserted,
                                          contact["status"], earlier)
 
-    def _conflicting_field(self, contact: asyncpg.Record, name: str | None,
-                           company: str | None) -> str | None:
-        proposed = {"name": name, "company": company}
-        for field in self.policy.review_on_conflict:
-            new, old = proposed.get(field), contact[field] if field in proposed else None
-            if new and old and new.casefold() != str(old).casefold():
-                return field
-        return None
-
-    async def _fill_fields(self, contact: asyncpg.Record, name: str | None,
-                           company: str | None) -> None:
-        allowed = set(self.policy.updatable_fields)
-        new_name = name if "name" in allowed and name != contact["name"] else None
-        new_company = company if "company" in allowed and company != contact["company"] else None
-        if new_name or new_company:
-            await self.conn.execute(contacts.FILL_CONTACT_FIELDS, contact["contact_id"], new_name,
-                                    new_company)
-            await self.audit("contact_updated", {
-                "fields": [f for f, v in (("name", new_name), ("company", new_company)) if v]
-            }, contact["contact_id"])
+    async def _fill_fields(self, contact_id: Any, existing: planning.ExistingContact,
+                           name: str | None, company: str | None) -> None:
+        fill = planning.fields_to_fill(self.policy, existing, name, company)
+        if fill:
+            await self.conn.execute(contacts.FILL_CONTACT_FIELDS, contact_id, fill.get("name"),
+                                    fill.get("company"))
+            await self.audit("contact_updated", {"fields": list(fill)}, contact_id)
 
     async def _plan_followup(
         self, result: PlanResult, contact_id: Any, identity: str, new_contact: bool,
@@ -214,26 +204,29 @@ class _Planner:
             result.intent_id = intent_id
             result.intent_needs_approval = earlier["intent_status"] == "awaiting_approval"
             return result
-        rule = self.policy.rule_for_intent(str(self.extraction.get("intent")))
-        if rule is None:
+        rule = planning.followup_rule(self.policy, self.extraction.get("intent"))
+        facts = None
+        if rule is not None and planning.needs_blockers(contact_status):
+            facts = planning.FollowupFacts(*await intents.followup_blockers(
+                self.conn, tenant=self.item.tenant, canonical_email=identity,
+                contact_id=contact_id, event_id=self.item.event_id,
+                quiet_period_hours=rule.quiet_period_hours))
+        decision = planning.decide_followup(rule, new_contact=new_contact,
+                                            contact_status=contact_status, facts=facts)
+        if decision.outcome == "no_rule":
             await self.audit("followup_not_planned", {"reason": "no_rule_for_intent"}, contact_id)
             return result
-        blockers = None
-        if contact_status == "active":
-            blockers = await self.conn.fetchrow(
-                intents.FOLLOWUP_BLOCKERS, self.item.tenant, identity, contact_id,
-                self.item.event_id, float(rule.quiet_period_hours * 3600),
-            )
-        if blockers is None or blockers["suppressed"]:
+        assert rule is not None
+        if decision.outcome == "suppressed":
             await self.audit("followup_not_planned", {"reason": "suppressed"}, contact_id)
             result.reason = "suppressed"
             return result
-        if blockers["recent"]:
+        if decision.outcome == "quiet_period":
             await self.audit("followup_not_planned", {"reason": "quiet_period",
                                                       "rule_id": rule.rule_id}, contact_id)
             result.reason = "quiet_period"
             return result
-        needs_approval = new_contact and rule.new_prospect_requires_approval
+        needs_approval = decision.outcome == "awaiting_approval"
         intent = await self.conn.fetchrow(
             intents.CREATE_INTENT, self.item.event_id, self.item.tenant, contact_id, rule.rule_id,
             rule.version, rule.template_id, "awaiting_approval" if needs_approval else "queued",

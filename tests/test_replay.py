@@ -2,11 +2,11 @@
 
 Two kinds:
 - live histories, produced by the real worker in this session (catches a change that breaks
-  the histories being written now);
+  the histories being written now): here, on the stack;
 - stored histories under `tests/histories/`, written by an earlier version of the workflow
   (catches a change that breaks workflows already running in production: wrap such changes
-  in `workflow.patched`). Their payloads stay encrypted; `tests/histories/codec-keys.json`
-  is a test-only key that decrypts them (synthetic data only).
+  in `workflow.patched`): `tests/fast/test_replay_stored.py`, in the fast tier (the
+  Replayer needs no server).
 
 To add stored histories from the current code, run this file with
 `INBOXCRM_CAPTURE_HISTORIES=<label>`; it writes `tests/histories/<label>-<scenario>.json`.
@@ -15,22 +15,16 @@ To add stored histories from the current code, run this file with
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-from pathlib import Path
-from typing import Any
 
-import pytest
-from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from inboxcrm.platform import temporal
-from inboxcrm.platform.codec import data_converter
 from inboxcrm.platform.config import Settings
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers.cli import cli
-from tests.helpers.histories import HISTORIES, HISTORY_KEYS, store_history
+from tests.helpers.histories import store_history
 from tests.helpers.messages import no_sender_message
 from workflows.inbound_email import InboundEmailWorkflow
 
@@ -72,24 +66,3 @@ async def test_histories_replay_deterministically(env: StackClient, app_settings
         assert result.replay_failure is None
         if label:
             store_history(history, f"{label}-{name}", app_settings)
-
-
-def _stored() -> list[Path]:
-    return sorted(p for p in HISTORIES.glob("*.json") if p != HISTORY_KEYS)
-
-
-def _load(path: Path) -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(path.read_text())
-    return document
-
-
-@pytest.mark.parametrize("path", _stored(), ids=lambda p: p.stem)
-async def test_stored_histories_replay(path: Path) -> None:
-    """Workflows started by earlier versions of the code still replay (and so still run)."""
-    settings = Settings(codec_keys_file=str(HISTORY_KEYS))
-    document = _load(path)
-    history = WorkflowHistory.from_json(document["workflow_id"], document["history"])
-    replayer = Replayer(workflows=[InboundEmailWorkflow],
-                        data_converter=data_converter(settings))
-    result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
-    assert result.replay_failure is None

@@ -221,8 +221,10 @@ class InboundEmailWorkflow:
         assert plan.crm_op_key is not None
         await self._operation(CrmActivities.upsert_contact_in_crm, plan.crm_op_key,
                               ItemState.CRM_PENDING, CRM_RETRY)
-        # Added while workflows were running: their histories have no note step.
-        if plan.note_op_key and workflow.patched("crm-note"):
+        if plan.note_op_key:
+            # Retired (docs/architecture.md §5, "Workflow versions"): every released version
+            # logs the note; the call goes in the release after this one.
+            workflow.deprecate_patch("crm-note")
             await self._operation(CrmActivities.log_email_on_contact, plan.note_op_key,
                                   ItemState.CRM_PENDING, CRM_RETRY)
         if plan.send_op_key is None or plan.intent_id is None:
@@ -307,9 +309,9 @@ class InboundEmailWorkflow:
                     pause_poll = min(pause_poll * 2, PAUSE_FALLBACK_MAX)
                     continue
                 await workflow.sleep(pause_poll)
-                # Introduced while workflows were running: old histories keep the fixed poll.
-                if workflow.patched("pause-poll-backoff"):
-                    pause_poll = min(pause_poll * 2, PAUSE_POLL_MAX)
+                # Retired: every released version backs off (docs/architecture.md §5).
+                workflow.deprecate_patch("pause-poll-backoff")
+                pause_poll = min(pause_poll * 2, PAUSE_POLL_MAX)
                 continue
             self._status.operations[action].status = result.status
             self._status.operations[action].destination_id = result.destination_id

@@ -3,7 +3,8 @@
 A module of its own, imported as passthrough, so the workflow sandbox does not re-execute it
 for every workflow run (see the Temporal Python SDK sandbox docs on passthrough modules).
 Everything here is a constant: changing a value changes only future schedules, but changing
-which *commands* a workflow issues needs `workflow.patched` (see tests/test_replay.py).
+which *commands* a workflow issues needs `workflow.patched` (see
+tests/fast/test_replay_stored.py).
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ PLAN_TIMEOUT = timedelta(seconds=30)
 # Claim + reconcile (10 s) + call (10 s) + record, with room for slow statements.
 OPERATION_TIMEOUT = timedelta(seconds=45)
 BOOKKEEPING_TIMEOUT = timedelta(seconds=10)
-# Activities heartbeat every 2 s: a killed worker's attempt is retried after this, not after
-# the start-to-close timeout.
+# Regular activities (only workflows started before `local-steps` schedule them) heartbeat
+# every 2 s: a killed worker's attempt is retried after this, not after the start-to-close
+# timeout. Local activities cannot heartbeat; the workflow task timeout covers them.
 HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 # While a tenant's CRM or send switch is paused, the step is re-checked: first after
 # PAUSE_POLL, then backing off to PAUSE_POLL_MAX so a long pause cannot bloat the history

@@ -20,6 +20,7 @@ from email.parser import BytesHeaderParser
 from email.policy import default as default_policy
 from typing import TYPE_CHECKING, Any
 
+from inboxcrm.domain import planning
 from inboxcrm.domain.extraction import minimise
 from inboxcrm.domain.extraction.authentication import authenticate
 from inboxcrm.domain.extraction.minimise import MinimisedMessage
@@ -30,9 +31,9 @@ from inboxcrm.domain.extraction.signals import (
     opt_out_language,
     soft_opt_out,
 )
-from inboxcrm.domain.policy import TenantPolicy, UnknownTenant, get_policy
+from inboxcrm.domain.policy import FollowupRule, TenantPolicy, UnknownTenant, get_policy
 from inboxcrm.domain.templates import TEMPLATES, render
-from inboxcrm.store import review
+from inboxcrm.store import intents, review
 from schemas.contract import decision_body
 
 if TYPE_CHECKING:
@@ -234,11 +235,12 @@ async def _dry_run(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str,
         card.consent.append("tenant policy missing: nothing can be planned")
         return
     contact = await review.contact_by_identity(conn, tenant, identity) if identity else None
+    name = _value(extraction, "contact_name")
     if contact is not None:
         card.candidates.append(Candidate(
             _short(contact["contact_id"]), contact["email"], contact["name"], contact["company"],
-            "same address (exact canonical email): this contact is updated, not duplicated"))
-    name = _value(extraction, "contact_name")
+            "same address (exact canonical email): this contact is updated, not duplicated"
+            + contact_update(policy, _existing(contact), name, _value(extraction, "company"))))
     if name:
         for other in await review.contacts_by_name(conn, tenant, name, identity):
             card.candidates.append(Candidate(
@@ -271,24 +273,68 @@ async def _followup(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str
         card.followup = Followup(f"{planned['rule_id']} v{planned['rule_version']}", template,
                                  planned["email"], subject, body, status)
         return
-    rule = policy.rule_for_intent(str(extraction.get("intent")))
+    rule = planning.followup_rule(policy, extraction.get("intent"))
     if rule is None:
         return
     recipient = _value(extraction, "sender_email") or row["canonical_email"]
     subject, body = render(rule.template_id, _value(extraction, "contact_name"))
-    if row["canonical_email"] is None:
+    identity = row["canonical_email"]
+    if identity is None:
         status = "no recipient yet (needs corrections.sender_email)"
-    elif any("suppressed" in line for line in card.consent if line != "not suppressed"):
-        status = "not sent: suppressed"
-    elif contact is not None and await review.recent_followup(
-            conn, contact["contact_id"], rule.rule_id, row["event_id"], rule.quiet_period_hours):
-        status = f"not sent: quiet period ({rule.quiet_period_hours:g} h)"
-    elif contact is None and rule.new_prospect_requires_approval:
-        status = "proposed; a new prospect: its send needs a second approval of this intent"
     else:
-        status = "proposed; sent after approval"
+        # The planner's facts, asked with the planner's statement.
+        facts = None
+        if planning.needs_blockers(_contact_status(contact)):
+            facts = planning.FollowupFacts(*await intents.followup_blockers(
+                conn, tenant=row["tenant"], canonical_email=identity,
+                contact_id=contact["contact_id"] if contact is not None else None,
+                event_id=row["event_id"], quiet_period_hours=rule.quiet_period_hours))
+        status = proposed_status(rule, contact, facts)
     card.followup = Followup(f"{rule.rule_id} v{rule.version}", rule.template_id, recipient,
                              subject, body, status)
+
+
+def _contact_status(contact: Any) -> str:
+    """A contact that does not exist yet is created active (and new) by the planner."""
+    return str(contact["status"]) if contact is not None else "active"
+
+
+def proposed_status(rule: FollowupRule, contact: Any,
+                    facts: planning.FollowupFacts | None) -> str:
+    """What the card promises about a follow-up not planned yet: the planner's own decision
+    (`planning.decide_followup`) on the same facts, in words. `contact`: the stored contact
+    with this address (None: planning creates it); `facts`: `intents.followup_blockers`,
+    asked only when `planning.needs_blockers`."""
+    contact_status = _contact_status(contact)
+    decision = planning.decide_followup(rule, new_contact=contact is None,
+                                        contact_status=contact_status, facts=facts)
+    if decision.outcome == "suppressed":
+        if facts is None or not facts.suppressed:
+            return f"not sent: contact {contact_status}"
+        return "not sent: suppressed"
+    if decision.outcome == "quiet_period":
+        return f"not sent: quiet period ({rule.quiet_period_hours:g} h)"
+    if decision.outcome == "awaiting_approval":
+        return "proposed; a new prospect: its send needs a second approval of this intent"
+    return "proposed; sent after approval"
+
+
+def contact_update(policy: TenantPolicy, existing: planning.ExistingContact,
+                   name: str | None, company: str | None) -> str:
+    """What planning does to the existing contact, in words (empty: nothing): a conflicting
+    field holds the item for a reviewer; approving writes the fields the policy updates."""
+    conflict = planning.conflicting_field(policy, existing, name, company)
+    fill = planning.fields_to_fill(policy, existing, name, company)
+    words = ""
+    if conflict:
+        words += f"; {conflict} differs from the stored one (field_conflict:{conflict})"
+    if fill:
+        words += (f"; {'approving ' if conflict else ''}updates its {' and '.join(fill)}")
+    return words
+
+
+def _existing(contact: Any) -> planning.ExistingContact:
+    return planning.ExistingContact(contact["name"], contact["company"], contact["status"])
 
 
 def render_text(card: ReviewCard) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import sys
 
@@ -28,22 +29,19 @@ def main() -> None:
         settings = get_settings()
         app = create_app(settings)
     except (InsecureSetting, ValueError) as exc:  # a weak or malformed credential
-        print(f"inboxcrm relay: {exc}", file=sys.stderr)  # noqa: T201
+        logging.getLogger("inboxcrm.relay").error("inboxcrm relay: %s", exc)
         sys.exit(2)
     if not port_free(settings.relay_host, settings.relay_port):
-        print(  # noqa: T201
-            f"inboxcrm relay: port {settings.relay_port} on {settings.relay_host} is already in "
-            "use; set INBOXCRM_RELAY_PORT to another port",
-            file=sys.stderr,
-        )
+        logging.getLogger("inboxcrm.relay").error(
+            "inboxcrm relay: port %s on %s is already in use; set INBOXCRM_RELAY_PORT to "
+            "another port", settings.relay_port, settings.relay_host)
         sys.exit(2)
     metrics_host, _, metrics_port = settings.relay_metrics_address.rpartition(":")
     if settings.relay_metrics_address and not port_free(metrics_host, int(metrics_port)):
-        print(  # noqa: T201
-            f"inboxcrm relay: metrics address {settings.relay_metrics_address} is already in "
-            "use; set INBOXCRM_RELAY_METRICS_ADDRESS to another host:port (empty: off)",
-            file=sys.stderr,
-        )
+        logging.getLogger("inboxcrm.relay").error(
+            "inboxcrm relay: metrics address %s is already in use; set "
+            "INBOXCRM_RELAY_METRICS_ADDRESS to another host:port (empty: off)",
+            settings.relay_metrics_address)
         sys.exit(2)
     uvicorn.run(app, host=settings.relay_host, port=settings.relay_port,
                 log_level="warning")

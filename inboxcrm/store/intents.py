@@ -3,6 +3,11 @@ by the send step while it submits (docs/architecture.md §2, §6)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inboxcrm.store.db import Conn
+
 # --- planning (activities/match.py) ------------------------------------------------------
 # What stops a follow-up for an active contact: a suppression of the identity, or another
 # event's live intent for this contact, under any rule, within the rule's quiet period (one
@@ -120,3 +125,15 @@ CANCEL_EVENT_INTENTS = """
 UPDATE followup_intents SET status = 'cancelled', cancel_reason = 'rejected'
 WHERE event_id = $1 AND status IN ('queued', 'awaiting_approval')
 """
+
+
+async def followup_blockers(conn: Conn, *, tenant: str, canonical_email: str,
+                            contact_id: Any, event_id: Any,
+                            quiet_period_hours: float) -> tuple[bool, bool]:
+    """(suppressed, recent) for a follow-up to this identity and contact
+    (`FOLLOWUP_BLOCKERS`): asked by the planner in its transaction and by the review card,
+    so both see the same facts. `contact_id` None: a new contact, which has no intents."""
+    row = await conn.fetchrow(FOLLOWUP_BLOCKERS, tenant, canonical_email, contact_id, event_id,
+                              float(quiet_period_hours * 3600))
+    assert row is not None  # one row always (two EXISTS)
+    return bool(row["suppressed"]), bool(row["recent"])

@@ -1,7 +1,7 @@
 """Read-only queries behind the review card (`inboxcrm.domain.review_card`): the item with
-its open wait, its operations and follow-up intent, and the contacts, suppression and recent
-follow-ups a dry run of the planner looks at. Nothing here writes; nothing reads workflow
-history."""
+its open wait, its operations and follow-up intent, and the contacts and suppression it
+shows. What a follow-up would do is asked with the planner's own statement
+(`intents.followup_blockers`). Nothing here writes; nothing reads workflow history."""
 
 from __future__ import annotations
 
@@ -53,13 +53,7 @@ SUPPRESSION = """
 SELECT reason, created_at FROM suppressions WHERE tenant = $1 AND canonical_email = $2
 """
 
-RECENT_FOLLOWUP = """
-SELECT EXISTS (
-    SELECT 1 FROM followup_intents
-    WHERE contact_id = $1 AND rule_id = $2 AND event_id <> $3 AND status <> 'cancelled'
-      AND created_at > now() - make_interval(secs => $4)
-)
-"""
+
 
 async def review_item(conn: Conn, workflow_id: str) -> asyncpg.Record | None:
     return await conn.fetchrow(REVIEW_ITEM, workflow_id)
@@ -85,9 +79,3 @@ async def contacts_by_name(conn: Conn, tenant: str, name: str, canonical: str | 
 
 async def suppression(conn: Conn, tenant: str, canonical: str) -> asyncpg.Record | None:
     return await conn.fetchrow(SUPPRESSION, tenant, canonical)
-
-
-async def recent_followup(conn: Conn, contact_id: Any, rule_id: str, event_id: Any,
-                          quiet_hours: float) -> bool:
-    return bool(await conn.fetchval(RECENT_FOLLOWUP, contact_id, rule_id, event_id,
-                                    float(quiet_hours * 3600)))

@@ -154,3 +154,121 @@ def test_the_readme_layout_matches_the_tree() -> None:
     assert rooms <= named, f"README layout misses {sorted(rooms - named)}"
     assert {"inboxcrm/cli", "inboxcrm/worker.py", "workflows", "activities", "schemas",
             "sandbox"} <= named
+
+
+# --- claims the documents make about the code, checked against the code -------------------
+def _documents() -> dict[str, str]:
+    return {name: (ROOT / name).read_text()
+            for name in ("README.md", "CONTRIBUTING.md", "docs/architecture.md")}
+
+
+def _seconds(words: str) -> float:
+    return 3600.0 if words == "an hour" else float(words.rstrip(" s"))
+
+
+def test_the_pause_timing_the_documents_give_is_the_workflows() -> None:
+    """"re-check(s) after 5 s, backing off to an hour" and the 0.1.0 "5 s → 60 s" poll."""
+    from workflows.step_options import PAUSE_FALLBACK_MAX, PAUSE_POLL, PAUSE_POLL_MAX
+
+    found = 0
+    for name, text in _documents().items():
+        flat = " ".join(text.split())
+        for first, cap in re.findall(r"re-checks? after (\d+ s), backing off to (an hour|\d+ s)",
+                                     flat):
+            assert (_seconds(first), _seconds(cap)) == (
+                PAUSE_POLL.total_seconds(), PAUSE_FALLBACK_MAX.total_seconds()), name
+            found += 1
+        for first, cap in re.findall(r"(\d+) s → (\d+) s poll", flat):
+            assert (float(first), float(cap)) == (PAUSE_POLL.total_seconds(),
+                                                  PAUSE_POLL_MAX.total_seconds()), name
+        assert "backing off to 60 s" not in flat, name
+    assert found >= 2
+
+
+def test_what_the_documents_say_about_heartbeats_is_true() -> None:
+    """Steps are local activities (no heartbeats); the regular activities of workflows
+    started before `local-steps` heartbeat every INTERVAL_SECONDS."""
+    import inspect
+
+    from activities import heartbeat
+    from workflows.inbound_email import InboundEmailWorkflow
+
+    step = inspect.getsource(InboundEmailWorkflow._activity)
+    assert 'if workflow.patched("local-steps"):' in step
+    assert step.index("execute_local_activity_method") < step.index("execute_activity_method(")
+    assert "is_local" in inspect.getsource(heartbeat.heartbeating)
+    claims = 0
+    for name, text in _documents().items():
+        flat = " ".join(text.split())
+        assert "Activities heartbeat every" not in flat, name
+        for seconds in re.findall(r"heartbeat every (\d+) s", flat):
+            assert float(seconds) == heartbeat.INTERVAL_SECONDS, name
+            claims += 1
+    assert claims >= 1
+
+
+def test_one_follow_up_per_contact_per_quiet_period_under_any_rule() -> None:
+    """The documents promise one follow-up per contact per quiet period, whatever the rule;
+    the planner's statement must not narrow it to a rule."""
+    from inboxcrm.store.intents import FOLLOWUP_BLOCKERS
+
+    assert "rule_id" not in FOLLOWUP_BLOCKERS and "contact_id = $3" in FOLLOWUP_BLOCKERS
+    for name, text in _documents().items():
+        assert "per contact and rule" not in " ".join(text.split()), name
+    keys = section_text(2)
+    assert "at most one per contact per quiet period, under any rule" in " ".join(keys.split())
+
+
+def test_the_store_owns_the_sql_the_documents_say_it_does() -> None:
+    """§9: callers never write SQL (the check is tests/fast/test_sql_in_store.py)."""
+    row = next(line for line in section_text(9).splitlines()
+               if line.startswith("| `inboxcrm.store` |"))
+    assert "never write SQL" in row and "tests/fast/test_sql_in_store.py" in row
+    assert (ROOT / "tests" / "fast" / "test_sql_in_store.py").exists()
+
+
+PRINTING = ("inboxcrm/cli/", "deploy/bootstrap.py", "tests/", "bench/")
+
+
+def test_only_the_console_scripts_print() -> None:
+    """CONTRIBUTING: no `print` in library code; only `inboxcrm/cli/` (and the
+    deploy/bootstrap.py script) print. Checked on the syntax tree, not by ruff's `noqa`."""
+    import ast
+    import tomllib
+
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if SKIP_DIRS & set(path.relative_to(ROOT).parts) or rel.startswith(PRINTING):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("print", "pprint")):
+                found.append(f"{rel}:{node.lineno}")
+    assert not found, f"print outside the console scripts: {found}"
+    ruff = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
+    assert "T20" in ruff["select"]
+    ignored = {glob for glob, rules in ruff["per-file-ignores"].items() if "T20" in rules}
+    assert ignored == {"tests/**", "bench/**", "inboxcrm/cli/**"}
+    assert "print` in library code" in " ".join(_documents()["CONTRIBUTING.md"].split())
+
+
+def test_the_patch_table_names_every_patch_of_the_workflow() -> None:
+    """§5 "Workflow versions": one row per `workflow.patched` / `deprecate_patch` ID, with
+    its number of sites, and the deprecated ones marked deprecated."""
+    from workflows.decisions import WAIT_IDS
+
+    source = (ROOT / "workflows" / "inbound_email.py").read_text().replace("WAIT_IDS",
+                                                                           f'"{WAIT_IDS}"')
+    patched = re.findall(r'workflow\.patched\("([^"]+)"\)', source)
+    deprecated = set(re.findall(r'workflow\.deprecate_patch\("([^"]+)"\)', source))
+    rows = {m[0]: m[1] for m in re.findall(r"^\| `([a-z-]+)`[^|]*\| (\d+) ",
+                                            section_text(5), re.M)}
+    assert set(rows) == set(patched) | deprecated, rows
+    for patch, sites in rows.items():
+        count = patched.count(patch) + (1 if patch in deprecated else 0)
+        assert int(sites) == count, f"{patch}: {sites} sites in §5, {count} in the code"
+    for line in section_text(5).splitlines():
+        for patch in deprecated:
+            if line.startswith(f"| `{patch}`"):
+                assert "**deprecated**" in line
