@@ -39,12 +39,16 @@ if TYPE_CHECKING:
     from inboxcrm.store.queries import Conn
 
 # Marks the item `extracting` and reads its raw message, its source and any stored
-# extraction: one round trip.
+# extraction: one round trip. It also fixes the mode the item runs under, once: the tenant's
+# `mode` setting now, else the mode its policy starts in ($3: true for shadow); a re-run
+# keeps it (docs/architecture.md §6, "Going live").
 START_EXTRACTION = """
-UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now()
+UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now(),
+    shadow = COALESCE(shadow, (SELECT s.value ->> 'mode' = 'shadow' FROM settings s
+                               WHERE s.tenant = inbound_events.tenant AND s.key = 'mode'), $3)
 WHERE event_id = $1
 RETURNING raw, source, extraction IS NOT NULL AND route IS NOT NULL AS extracted, route,
-          route_reasons, canonical_email IS NOT NULL AS identity_known
+          route_reasons, canonical_email IS NOT NULL AS identity_known, shadow
 """
 
 # The validated record and its audit entry, atomically in one statement.
@@ -74,16 +78,18 @@ class ExtractActivities:
             return await self._extract(item)
 
     async def _extract(self, item: ItemRef) -> ExtractResult:
-        event = await self._pool.fetchrow(START_EXTRACTION, item.event_id, ItemState.EXTRACTING)
+        policy = get_policy(item.tenant)
+        event = await self._pool.fetchrow(START_EXTRACTION, item.event_id, ItemState.EXTRACTING,
+                                          policy.mode == "shadow")
         if event is None:
             raise missing_row("event")
-        policy = get_policy(item.tenant)
+        shadow = bool(event["shadow"])
         if event["extracted"]:
             return ExtractResult(route=event["route"], reasons=list(event["route_reasons"] or []),
                                  extractor="stored", review_owner=policy.review_owner,
                                  escalation_hours=policy.escalation_hours,
                                  identity_known=bool(event["identity_known"]),
-                                 review_base_url=self._review_base_url)
+                                 review_base_url=self._review_base_url, shadow=shadow)
         raw = event["raw"]
         if raw is None:
             raise ApplicationError(
@@ -137,7 +143,7 @@ class ExtractActivities:
                              extractor=outcome.extractor, review_owner=policy.review_owner,
                              escalation_hours=policy.escalation_hours,
                              identity_known=outcome.canonical_email is not None,
-                             review_base_url=self._review_base_url)
+                             review_base_url=self._review_base_url, shadow=shadow)
 
     async def _suppress_reported(self, conn: Conn, item: ItemRef, policy: TenantPolicy,
                                  report: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ from activities.step_attempts import counted_attempt
 from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain.policy import TenantPolicy, get_policy
 from inboxcrm.store import queries as store
+from inboxcrm.store import ramp
 from inboxcrm.store.suppression import SendInFlight, suppress_identity
 from schemas.models import Action, ItemState, PlanInput, PlanResult, operation_key
 
@@ -29,10 +30,16 @@ if TYPE_CHECKING:
     from inboxcrm.store.queries import Conn
 
 # Loads the event and shows `matching`; the row lock serialises a re-run with a zombie.
+# It also says how long the tenant has been live since an operator switched it
+# (`inboxcrm mode`; NULL: never switched, or in shadow), which decides whether a ramp
+# applies: no extra round trip for a tenant that has none (docs/architecture.md §6).
 START_MATCHING = """
 UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now()
 WHERE event_id = $1
-RETURNING event_id, tenant, extraction, route, route_reasons, canonical_email
+RETURNING event_id, tenant, extraction, route, route_reasons, canonical_email,
+          (SELECT extract(epoch FROM now() - (s.value ->> 'since')::timestamptz)
+           FROM settings s WHERE s.tenant = inbound_events.tenant AND s.key = 'mode'
+             AND s.value ->> 'mode' = 'live') AS live_for_seconds
 """
 
 UPSERT_CONTACT = """
@@ -48,12 +55,12 @@ FIND_CONTACT = "SELECT contact_id FROM contacts WHERE tenant = $1 AND canonical_
 # dies with a killed worker, so a plan can run again after its follow-up went on the wire):
 # its match to this contact by address, and the follow-up it created.
 EARLIER_PLAN = """
-SELECT m.decision, i.intent_id, i.status AS intent_status
+SELECT m.decision, i.intent_id, i.status AS intent_status, i.approval_reason
 FROM (SELECT 1) AS one
 LEFT JOIN match_decisions m
        ON m.event_id = $1 AND m.contact_id = $2 AND m.rule = 'exact_canonical_email'
-LEFT JOIN LATERAL (SELECT intent_id, status FROM followup_intents WHERE event_id = $1
-                   ORDER BY created_at LIMIT 1) i ON true
+LEFT JOIN LATERAL (SELECT intent_id, status, approval_reason FROM followup_intents
+                   WHERE event_id = $1 ORDER BY created_at LIMIT 1) i ON true
 """
 
 FIND_NAME_CANDIDATES = """
@@ -107,17 +114,18 @@ SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant = $1 AND canonical_email 
 # The intent, inserted or (a re-run) the one already there. The second branch reads the
 # statement's snapshot: a row a concurrent run committed meanwhile is not in it, which
 # cannot happen while this transaction holds the event row (START_MATCHING).
+# $9: why it needs approval beyond the policy (`ramp_limit`), or NULL.
 CREATE_INTENT = """
 WITH inserted AS (
     INSERT INTO followup_intents (event_id, tenant, contact_id, rule_id, rule_version,
-                                  template_id, status, needs_approval)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                                  template_id, status, needs_approval, approval_reason)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
     ON CONFLICT (event_id, rule_id, rule_version) DO NOTHING
-    RETURNING intent_id, status, needs_approval
+    RETURNING intent_id, status, needs_approval, approval_reason
 )
-SELECT intent_id, status, needs_approval FROM inserted
+SELECT intent_id, status, needs_approval, approval_reason FROM inserted
 UNION ALL
-SELECT intent_id, status, needs_approval FROM followup_intents
+SELECT intent_id, status, needs_approval, approval_reason FROM followup_intents
 WHERE event_id = $1 AND rule_id = $4 AND rule_version = $5
   AND NOT EXISTS (SELECT 1 FROM inserted)
 """
@@ -169,7 +177,7 @@ class MatchActivities:
             extraction: dict[str, Any] = event["extraction"] or {}
             identity: str | None = event["canonical_email"]
             tx = _Planner(conn, plan, policy, extraction, self._crm_max_attempts,
-                          self._send_max_attempts)
+                          self._send_max_attempts, _ramp_cap(policy, event["live_for_seconds"]))
             if identity is None:
                 return await tx.without_identity()
             if event["route"] == "opt_out":
@@ -182,7 +190,7 @@ class _Planner:
 
     def __init__(
         self, conn: Conn, plan: PlanInput, policy: TenantPolicy, extraction: dict[str, Any],
-        crm_max_attempts: int, send_max_attempts: int,
+        crm_max_attempts: int, send_max_attempts: int, ramp_per_hour: int | None = None,
     ) -> None:
         self.conn = conn
         self.item = plan.item
@@ -191,6 +199,8 @@ class _Planner:
         self.extraction = extraction
         self.crm_max_attempts = crm_max_attempts
         self.send_max_attempts = send_max_attempts
+        # A first live run's hourly cap of automatic follow-ups; None: no ramp now.
+        self.ramp_per_hour = ramp_per_hour
 
     async def audit(self, action: str, detail: dict[str, Any], contact_id: Any = None) -> None:
         await store.audit(
@@ -318,6 +328,7 @@ class _Planner:
             result.send_op_key = send_key
             result.intent_id = intent_id
             result.intent_needs_approval = earlier["intent_status"] == "awaiting_approval"
+            result.approval_reason = earlier["approval_reason"]
             return result
         rule = self.policy.rule_for_intent(str(self.extraction.get("intent")))
         if rule is None:
@@ -339,10 +350,20 @@ class _Planner:
             result.reason = "quiet_period"
             return result
         needs_approval = new_contact and rule.new_prospect_requires_approval
+        approval_reason = None
+        if not needs_approval and self.ramp_per_hour is not None:
+            # Inside this transaction: a plan that rolls back gives its slot back.
+            granted = await ramp.take_slot(self.conn, self.item.tenant, self.ramp_per_hour)
+            activity.metric_meter().create_counter(
+                "inboxcrm_ramp_followups",
+                "Automatic follow-ups during a first live run: granted, or held for a "
+                "reviewer (ramp_limit)").add(1, {"outcome": "granted" if granted else "held"})
+            if not granted:
+                needs_approval, approval_reason = True, "ramp_limit"
         intent = await self.conn.fetchrow(
             CREATE_INTENT, self.item.event_id, self.item.tenant, contact_id, rule.rule_id,
             rule.version, rule.template_id, "awaiting_approval" if needs_approval else "queued",
-            needs_approval,
+            needs_approval, approval_reason,
         )
         if intent is None:
             raise missing_row("followup_intent")
@@ -352,9 +373,21 @@ class _Planner:
             self.send_max_attempts, intent_id, self.item.tenant, contact_id,
             store.json_safe({"intent_id": intent_id, "rule_id": rule.rule_id,
                              "rule_version": rule.version,
-                             "needs_approval": intent["needs_approval"]}),
+                             "needs_approval": intent["needs_approval"],
+                             "approval_reason": intent["approval_reason"]}),
         )
         result.send_op_key = send_key
         result.intent_id = intent_id
         result.intent_needs_approval = intent["status"] == "awaiting_approval"
+        result.approval_reason = intent["approval_reason"]
         return result
+
+
+def _ramp_cap(policy: TenantPolicy, live_for_seconds: float | None) -> int | None:
+    """The hourly cap of automatic follow-ups while the tenant's ramp runs: for the policy's
+    `ramp.days` after an operator switched it to live (docs/architecture.md §6)."""
+    if policy.ramp is None or live_for_seconds is None:
+        return None
+    if float(live_for_seconds) >= policy.ramp.days * 86_400:
+        return None
+    return policy.ramp.max_auto_followups_per_hour

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from inboxcrm.cli_golive import register as register_golive
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.store import db
 from inboxcrm.store import items as operator
@@ -847,6 +848,10 @@ def hubspot_setup(
         return
     out.print(f"contact property {result.name}: {result.status} (unique)", highlight=False)
     out.print(f"note property {note.name}: {note.status} (unique)", highlight=False)
+
+
+# --- mode, shadow report: going live (inboxcrm/cli_golive.py) -------------------------
+register_golive(app, settings_from_env)
 
 
 def main() -> None:

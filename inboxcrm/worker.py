@@ -25,10 +25,12 @@ from activities.extract import ExtractActivities
 from activities.match import MatchActivities
 from activities.review import ReviewActivities
 from activities.send import SendActivities
+from activities.shadow import ShadowActivities
 from activities.store_outage import StoreOutageInterceptor
 from inboxcrm.adapters.base import CrmClient, MailClient
 from inboxcrm.adapters.factory import build_crm, build_mail
 from inboxcrm.domain.extraction import Extractor, build_extractor
+from inboxcrm.domain.shadow import comparison_extractor
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.platform.logs import configure_logging
@@ -41,14 +43,17 @@ log = logging.getLogger("inboxcrm.worker")
 
 def activity_functions(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
                        extractor: Extractor, max_retry_after: float,
-                       review_base_url: str = "") -> list[Callable[..., Any]]:
-    """Every activity InboundEmailWorkflow runs, bound to its resources."""
+                       review_base_url: str = "", comparison: Extractor | None = None,
+                       ) -> list[Callable[..., Any]]:
+    """Every activity InboundEmailWorkflow runs, bound to its resources. `comparison` is the
+    second extractor shadowed items are also shown to (`inboxcrm.domain.shadow`)."""
     extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url)
     match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
     crm_acts = CrmActivities(pool, crm, max_retry_after)
     send = SendActivities(pool, mail, max_retry_after)
     bookkeeping = BookkeepingActivities(pool)
     review = ReviewActivities(pool)
+    shadow = ShadowActivities(pool, comparison)
     return [
         extract.extract_message,
         match.match_and_plan,
@@ -64,6 +69,7 @@ def activity_functions(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
         review.approve_followup_intent,
         review.decline_followup_intent,
         review.describe_operation,
+        shadow.plan_in_shadow,
     ]
 
 
@@ -80,7 +86,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         workflows=[InboundEmailWorkflow, DriftCheckWorkflow],
         activities=[*activity_functions(pool, crm, mail, build_extractor(settings),
                                         settings.max_retry_after_seconds,
-                                        settings.public_relay_base_url),
+                                        settings.public_relay_base_url,
+                                        comparison_extractor(settings)),
                     DriftActivities(pool, crm, mail).check_destination_drift],
         max_concurrent_activities=settings.max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,

@@ -58,6 +58,8 @@ SELECT
   (SELECT count(*) FROM inbound_events WHERE workflow_started_at IS NULL) AS unstarted,
   (SELECT count(*) FROM review_tasks WHERE status = 'open' AND reason = 'candidates')
      AS ambiguous_matches,
+  (SELECT count(*) FROM review_tasks WHERE status = 'open' AND reason = 'ramp_limit')
+     AS ramp_held,
   ({LAST_DELIVERY_PER_SOURCE}) AS last_delivery,
   ({LATEST_SCHEDULED_GAUGES}) AS drift
 """
@@ -121,6 +123,8 @@ class _StoreCollector(Collector):
              "Stored deliveries whose workflow is not started yet (sweeper backlog)"),
             ("inboxcrm_ambiguous_matches_open", "ambiguous_matches",
              "Open review tasks for a match with several candidate contacts"),
+            ("inboxcrm_ramp_held_open", "ramp_held",
+             "Follow-ups a first live run's ramp held for a reviewer, still waiting"),
         ):
             gauge = GaugeMetricFamily(name, text)
             gauge.add_metric([], float(snap[key] or 0))

@@ -20,7 +20,7 @@ from inboxcrm.platform.config import Settings
 from inboxcrm.verify.signing import sample_message, signed_headers, standard_body
 from schemas.contract import QUERY_STATUS
 
-TERMINAL = {"completed", "ignored", "suppressed", "rejected", "failed"}
+TERMINAL = {"completed", "ignored", "suppressed", "rejected", "failed", "shadowed"}
 
 
 def unique_email(prefix: str = "person") -> str:
