@@ -1,5 +1,5 @@
-"""The worker process: runs InboundEmailWorkflow, the scheduled DriftCheckWorkflow and every
-activity on one task queue.
+"""The worker process: runs InboundEmailWorkflow, the scheduled DriftCheckWorkflow and
+ReviewNoticesWorkflow, and every activity on one task queue.
 
 Stateless: any number of replicas may run; PostgreSQL constraints and the operation keys,
 not the worker, decide what is a duplicate.
@@ -23,6 +23,7 @@ from activities.crm import CrmActivities
 from activities.drift import DriftActivities
 from activities.extract import ExtractActivities
 from activities.match import MatchActivities
+from activities.notify import NoticeActivities
 from activities.review import ReviewActivities
 from activities.send import SendActivities
 from activities.shadow import ShadowActivities
@@ -37,6 +38,7 @@ from inboxcrm.platform.logs import configure_logging
 from inboxcrm.store import db
 from workflows.drift_check import DriftCheckWorkflow
 from workflows.inbound_email import CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS, InboundEmailWorkflow
+from workflows.review_notices import ReviewNoticesWorkflow
 
 log = logging.getLogger("inboxcrm.worker")
 
@@ -83,12 +85,14 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     worker = Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[InboundEmailWorkflow, DriftCheckWorkflow],
+        workflows=[InboundEmailWorkflow, DriftCheckWorkflow, ReviewNoticesWorkflow],
         activities=[*activity_functions(pool, crm, mail, build_extractor(settings),
                                         settings.max_retry_after_seconds,
                                         settings.public_relay_base_url,
                                         comparison_extractor(settings)),
-                    DriftActivities(pool, crm, mail).check_destination_drift],
+                    DriftActivities(pool, crm, mail).check_destination_drift,
+                    NoticeActivities(pool, settings.public_relay_base_url,
+                                     settings.http_timeout_seconds).send_review_notices],
         max_concurrent_activities=settings.max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
         # Items parked for review wait for days: keep a bounded number in memory; an evicted

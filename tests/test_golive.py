@@ -13,23 +13,33 @@ import asyncio
 import json
 import os
 import re
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from temporalio.client import ScheduleActionExecutionStartWorkflow, ScheduleOverlapPolicy
 from temporalio.worker import Replayer
 
+from inboxcrm.domain.notices import card_link
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
+from schemas.contract import review_notices_schedule_id
+from schemas.notices import ReviewNoticesSummary
 from tests.helpers.cli import cli
 from tests.helpers.corpus import CASES
 from tests.helpers.histories import store_history
+from tests.helpers.messages import no_sender_message
+from tests.helpers.stack import ROOT
 from workflows.inbound_email import InboundEmailWorkflow
 
 REHEARSAL = {"tenant": "rehearsal", "mailbox": "inbox@rehearsal.test"}
+# Where policies/rehearsal.json says its webhook URL is.
+NOTIFY_URL_FILE = ROOT / ".data" / "notify" / "rehearsal-webhook.url"
 
 
 @pytest.fixture
@@ -208,3 +218,112 @@ async def test_the_ramp_cap_holds_under_concurrent_plans(env: StackClient) -> No
     row = await env.db.fetchrow("SELECT sum(granted) AS g, sum(held) AS h FROM ramp_hours "
                                 "WHERE tenant = $1", tenant)
     assert (row["g"], row["h"]) == (3, 7)
+
+
+# --- reviewers hear about their work ------------------------------------------------------
+class _Receiver:
+    """A local incoming-webhook endpoint: records every POSTed JSON body, answers 200."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        received = self.bodies
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                received.append(self.rfile.read(int(self.headers["Content-Length"])))
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/services/T0/B0/secret"
+
+    def blocks(self, link: str) -> list[str]:
+        """The notice lines (Slack section texts) that link this review card."""
+        found = []
+        for body in self.bodies:
+            for block in json.loads(body)["blocks"]:
+                text = (block.get("text") or {}).get("text", "")
+                if block["type"] == "section" and link in text:
+                    found.append(text)
+        return found
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def webhook() -> Iterator[_Receiver]:
+    """rehearsal's policy reads its webhook URL from this file (never from the policy)."""
+    receiver = _Receiver()
+    NOTIFY_URL_FILE.parent.mkdir(parents=True, exist_ok=True)
+    NOTIFY_URL_FILE.write_text(receiver.url + "\n")
+    yield receiver
+    NOTIFY_URL_FILE.unlink(missing_ok=True)
+    receiver.close()
+
+
+async def _notify_now(env: StackClient, settings: Settings) -> ReviewNoticesSummary:
+    """Trigger the review notices' Schedule (as its timer would) and wait for that run."""
+    client = await env.temporal()
+    handle = client.get_schedule_handle(review_notices_schedule_id(settings.task_queue))
+    seen = {a.action.workflow_id for a in (await handle.describe()).info.recent_actions
+            if isinstance(a.action, ScheduleActionExecutionStartWorkflow)}
+    await handle.trigger(overlap=ScheduleOverlapPolicy.ALLOW_ALL)
+    for _ in range(150):
+        started = [a.action for a in (await handle.describe()).info.recent_actions
+                   if isinstance(a.action, ScheduleActionExecutionStartWorkflow)
+                   and a.action.workflow_id not in seen]
+        if started:
+            run = client.get_workflow_handle(started[0].workflow_id,
+                                             run_id=started[0].first_execution_run_id,
+                                             result_type=ReviewNoticesSummary)
+            return await run.result()
+        await asyncio.sleep(0.2)
+    raise AssertionError("the triggered schedule started no run")
+
+
+async def test_reviewers_hear_about_a_new_and_an_overdue_task_once_each(
+    env: StackClient, app_settings: Settings, webhook: _Receiver,
+) -> None:
+    subject, body = "Quote for 40 seats, Initrode", "Hi, a quote for 40 seats please.\n\nPeter"
+    raw = no_sender_message(body).replace("Subject: pricing", f"Subject: {subject}")
+    workflow_id = await deliver(env, raw.replace("sales@acme.test", REHEARSAL["mailbox"]))
+    await env.wait_state(workflow_id, "awaiting_review")
+    link = card_link(app_settings.public_relay_base_url, workflow_id)
+
+    summary = await _notify_now(env, app_settings)
+    assert summary.messages >= 1 and "rehearsal" not in summary.failed_tenants
+    assert [line.startswith("*new*") for line in webhook.blocks(link)][:1] == [True]
+
+    # rehearsal escalates after 7.2 s: the task becomes overdue and is told once more.
+    escalate_at = await env.db.fetchval(
+        "SELECT escalate_at FROM review_tasks WHERE workflow_id = $1 AND status = 'open'",
+        workflow_id)
+    await asyncio.sleep(max(0.0, (escalate_at - datetime.now(UTC)).total_seconds()) + 0.2)
+    await _notify_now(env, app_settings)
+    await _notify_now(env, app_settings)  # nothing left to tell about it
+
+    lines = webhook.blocks(link)
+    assert sorted(line.split(" ")[0] for line in lines) == ["*new*", "*overdue*"], lines
+    assert all("`missing_sender`" in line and "rehearsal-ops" in line for line in lines)
+    assert await env.count("SELECT count(*) FROM review_notices n JOIN review_tasks t "
+                           "USING (task_id) WHERE t.workflow_id = $1 AND n.status = 'sent'",
+                           workflow_id) == 2
+    # No message content, no personal data, no secret: references and reasons only.
+    payloads = b"".join(webhook.bodies).decode()
+    for private in ("@", "Initrode", "40 seats", "Peter", "Quote", "/services/T0/B0/secret"):
+        assert private not in payloads, private
+    assert all(json.loads(b)["text"].startswith("inboxcrm · ") for b in webhook.bodies)
+
+    await env.signal(workflow_id, "reject", {"reviewer": "dana"})
+    await env.wait_state(workflow_id, "rejected")

@@ -215,3 +215,45 @@ def test_a_webhook_needs_exactly_one_reference(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="exactly one of url_env or url_file"):
         load_policies(_policy_dir(tmp_path, {"notifications": {"webhook": {
             "url_env": "A_URL", "url_file": "/run/secrets/url"}}}))
+
+
+def test_a_notice_message_links_the_card_and_says_why(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from inboxcrm.domain.notices import slack_message
+
+    seen = datetime(2024, 6, 4, 10, 0, tzinfo=UTC)
+    workflow_id = "inbound/acme/standard/sales@acme.test/D-1"
+    message = slack_message("acme", [
+        {"kind": "new", "workflow_id": workflow_id, "reason": "field_conflict:name",
+         "owner": "sales-ops", "state": "awaiting_review", "first_seen": seen,
+         "escalate_at": seen},
+        {"kind": "overdue", "workflow_id": workflow_id, "reason": "<script>", "owner": "ops",
+         "state": "blocked", "first_seen": seen, "escalate_at": seen},
+    ], "https://relay.example/")
+    assert message["text"] == "inboxcrm · acme: 1 new review task, 1 overdue review task"
+    first, second = (b["text"]["text"] for b in message["blocks"][1:])
+    assert first.startswith("*new* · `field_conflict:name` · awaiting_review · owner sales-ops")
+    assert ("<https://relay.example/review/inbound%2Facme%2Fstandard%2Fsales%40acme.test%2FD-1"
+            "|review card>") in first
+    assert "&lt;script&gt;" in second and "due 2024-06-04 10:00 UTC" in second
+    assert "@" not in json.dumps(message)
+
+
+def test_the_webhook_url_is_read_from_where_the_policy_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from inboxcrm.domain.notices import webhook_url
+    from inboxcrm.domain.policy import WebhookChannel
+
+    monkeypatch.setenv("INBOXCRM_TEST_WEBHOOK", " https://hooks.example/T/B/x \n")
+    assert webhook_url(WebhookChannel(url_env="INBOXCRM_TEST_WEBHOOK")) == \
+        "https://hooks.example/T/B/x"
+    monkeypatch.delenv("INBOXCRM_TEST_WEBHOOK")
+    assert webhook_url(WebhookChannel(url_env="INBOXCRM_TEST_WEBHOOK")) is None
+    (tmp_path / "url").write_text("ftp://nope\n")
+    assert webhook_url(WebhookChannel(url_file="url"), root=tmp_path) is None
+    (tmp_path / "url").write_text("http://127.0.0.1:9/hook\n")
+    assert webhook_url(WebhookChannel(url_file="url"), root=tmp_path) == \
+        "http://127.0.0.1:9/hook"
+    assert webhook_url(WebhookChannel(url_file=str(tmp_path / "missing"))) is None
