@@ -241,7 +241,8 @@ def _print_report(report: dict[str, Any]) -> None:
                       f"({', '.join(diff['second_reasons']) or '-'}; {diff['extractor']})",
                       highlight=False)
     else:
-        out.print("second extractor: none configured (INBOXCRM_LLM_*)", highlight=False)
+        out.print("second extractor: nothing compared (none configured: INBOXCRM_LLM_*, "
+                  "or no message reached it)", highlight=False)
     ramp_state = mode.get("ramp")
     if ramp_state:
         out.print(f"ramp: {ramp_state['status']}, at most "

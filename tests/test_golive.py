@@ -133,6 +133,8 @@ async def test_a_shadow_tenant_writes_and_sends_nothing_then_goes_live_under_the
     for email in (jane, sam, leaver):
         assert email not in text.stdout  # references and reasons only
 
+    story = cli(stack, "audit", "--workflow", workflows["pricing"])
+    assert "shadow mode, would_complete: nothing written or sent" in story.stdout
     await _replays(app_settings, workflows["pricing"], "shadowed")
 
     # Live: new mail is carried out, the ramp lets one automatic follow-up out this hour.
