@@ -53,17 +53,19 @@ class ExtractActivities:
             return await self._extract(item)
 
     async def _extract(self, item: ItemRef) -> ExtractResult:
+        policy = get_policy(item.tenant)
         event = await self._pool.fetchrow(events.START_EXTRACTION, item.event_id,
-                                          ItemState.EXTRACTING)
+                                          ItemState.EXTRACTING,
+                                          policy.mode == "shadow")
         if event is None:
             raise missing_row("event")
-        policy = get_policy(item.tenant)
+        shadow = bool(event["shadow"])
         if event["extracted"]:
             return ExtractResult(route=event["route"], reasons=list(event["route_reasons"] or []),
                                  extractor="stored", review_owner=policy.review_owner,
                                  escalation_hours=policy.escalation_hours,
                                  identity_known=bool(event["identity_known"]),
-                                 review_base_url=self._review_base_url)
+                                 review_base_url=self._review_base_url, shadow=shadow)
         raw = event["raw"]
         if raw is None:
             raise ApplicationError(
@@ -117,7 +119,7 @@ class ExtractActivities:
                              extractor=outcome.extractor, review_owner=policy.review_owner,
                              escalation_hours=policy.escalation_hours,
                              identity_known=outcome.canonical_email is not None,
-                             review_base_url=self._review_base_url)
+                             review_base_url=self._review_base_url, shadow=shadow)
 
     async def _suppress_reported(self, conn: Conn, item: ItemRef, policy: TenantPolicy,
                                  report: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ from activities.step_attempts import counted_attempt
 from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain import planning
 from inboxcrm.domain.policy import TenantPolicy, get_policy
-from inboxcrm.store import audit, contacts, events, intents, matches
+from inboxcrm.store import audit, contacts, events, intents, matches, ramp
 from inboxcrm.store.suppression import SendInFlight, suppress_identity
 from schemas.models import Action, ItemState, PlanInput, PlanResult, operation_key
 
@@ -64,7 +64,7 @@ class MatchActivities:
             extraction: dict[str, Any] = event["extraction"] or {}
             identity: str | None = event["canonical_email"]
             tx = _Planner(conn, plan, policy, extraction, self._crm_max_attempts,
-                          self._send_max_attempts)
+                          self._send_max_attempts, _ramp_cap(policy, event["live_for_seconds"]))
             if identity is None:
                 return await tx.without_identity()
             if event["route"] == "opt_out":
@@ -77,7 +77,7 @@ class _Planner:
 
     def __init__(
         self, conn: Conn, plan: PlanInput, policy: TenantPolicy, extraction: dict[str, Any],
-        crm_max_attempts: int, send_max_attempts: int,
+        crm_max_attempts: int, send_max_attempts: int, ramp_per_hour: int | None = None,
     ) -> None:
         self.conn = conn
         self.item = plan.item
@@ -86,6 +86,8 @@ class _Planner:
         self.extraction = extraction
         self.crm_max_attempts = crm_max_attempts
         self.send_max_attempts = send_max_attempts
+        # A first live run's hourly cap of automatic follow-ups; None: no ramp now.
+        self.ramp_per_hour = ramp_per_hour
 
     async def audit(self, action: str, detail: dict[str, Any], contact_id: Any = None) -> None:
         await audit.append(
@@ -203,6 +205,7 @@ class _Planner:
             result.send_op_key = send_key
             result.intent_id = intent_id
             result.intent_needs_approval = earlier["intent_status"] == "awaiting_approval"
+            result.approval_reason = earlier["approval_reason"]
             return result
         rule = planning.followup_rule(self.policy, self.extraction.get("intent"))
         facts = None
@@ -227,10 +230,20 @@ class _Planner:
             result.reason = "quiet_period"
             return result
         needs_approval = decision.outcome == "awaiting_approval"
+        approval_reason: str | None = None
+        if not needs_approval and self.ramp_per_hour is not None:
+            # Inside this transaction: a plan that rolls back gives its slot back.
+            granted = await ramp.take_slot(self.conn, self.item.tenant, self.ramp_per_hour)
+            activity.metric_meter().create_counter(
+                "inboxcrm_ramp_followups",
+                "Automatic follow-ups during a first live run: granted, or held for a "
+                "reviewer (ramp_limit)").add(1, {"outcome": "granted" if granted else "held"})
+            if not granted:
+                needs_approval, approval_reason = True, "ramp_limit"
         intent = await self.conn.fetchrow(
             intents.CREATE_INTENT, self.item.event_id, self.item.tenant, contact_id, rule.rule_id,
             rule.version, rule.template_id, "awaiting_approval" if needs_approval else "queued",
-            needs_approval,
+            needs_approval, approval_reason,
         )
         if intent is None:
             raise missing_row("followup_intent")
@@ -240,9 +253,21 @@ class _Planner:
             Action.SEND.value, self.send_max_attempts, intent_id, self.item.tenant, contact_id,
             audit.json_safe({"intent_id": intent_id, "rule_id": rule.rule_id,
                              "rule_version": rule.version,
-                             "needs_approval": intent["needs_approval"]}),
+                             "needs_approval": intent["needs_approval"],
+                             "approval_reason": intent["approval_reason"]}),
         )
         result.send_op_key = send_key
         result.intent_id = intent_id
         result.intent_needs_approval = intent["status"] == "awaiting_approval"
+        result.approval_reason = intent["approval_reason"]
         return result
+
+
+def _ramp_cap(policy: TenantPolicy, live_for_seconds: float | None) -> int | None:
+    """The hourly cap of automatic follow-ups while the tenant's ramp runs: for the policy's
+    `ramp.days` after an operator switched it to live (docs/architecture.md §6)."""
+    if policy.ramp is None or live_for_seconds is None:
+        return None
+    if float(live_for_seconds) >= policy.ramp.days * 86_400:
+        return None
+    return policy.ramp.max_auto_followups_per_hour

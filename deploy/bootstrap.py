@@ -1,6 +1,6 @@
 """One-shot deployment job: apply the database migrations, register the Temporal search
-attributes and the drift check's Schedule before (a new version of) the workers and relays
-start.
+attributes and the Schedules (the drift check, the review notices) before (a new version of)
+the workers and relays start.
 
     python deploy/bootstrap.py [--skip-search-attributes]
 
@@ -33,6 +33,8 @@ async def bootstrap(skip_search_attributes: bool) -> None:
         print(f"search attributes added: {', '.join(added) or 'none (all present)'}")  # noqa: T201
     outcome = await temporal.ensure_drift_check_schedule(client, settings)
     print(f"drift check schedule: {outcome}")  # noqa: T201
+    outcome = await temporal.ensure_review_notices_schedule(client, settings)
+    print(f"review notices schedule: {outcome}")  # noqa: T201
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""The worker process: runs InboundEmailWorkflow, the scheduled DriftCheckWorkflow and every
-activity on one task queue.
+"""The worker process: runs InboundEmailWorkflow, the scheduled DriftCheckWorkflow and
+ReviewNoticesWorkflow, and every activity on one task queue.
 
 Stateless: any number of replicas may run; PostgreSQL constraints and the operation keys,
 not the worker, decide what is a duplicate.
@@ -23,33 +23,40 @@ from activities.crm import CrmActivities
 from activities.drift import DriftActivities
 from activities.extract import ExtractActivities
 from activities.match import MatchActivities
+from activities.notify import NoticeActivities
 from activities.review import ReviewActivities
 from activities.send import SendActivities
+from activities.shadow import ShadowActivities
 from activities.store_outage import StoreOutageInterceptor
 from inboxcrm.adapters.base import CrmClient, MailClient
 from inboxcrm.adapters.factory import build_crm, build_mail
 from inboxcrm.domain.extraction import Extractor, build_extractor
+from inboxcrm.domain.shadow import comparison_extractor
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.platform.logs import configure_logging
 from inboxcrm.store import db
 from workflows.drift_check import DriftCheckWorkflow
 from workflows.inbound_email import CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS, InboundEmailWorkflow
+from workflows.review_notices import ReviewNoticesWorkflow
 
 log = logging.getLogger("inboxcrm.worker")
 
 
 def activity_functions(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
                        extractor: Extractor, max_retry_after: float,
-                       review_base_url: str = "", decision_secret: str | None = None
+                       review_base_url: str = "", decision_secret: str | None = None,
+                       comparison: Extractor | None = None,
                        ) -> list[Callable[..., Any]]:
-    """Every activity InboundEmailWorkflow runs, bound to its resources."""
+    """Every activity InboundEmailWorkflow runs, bound to its resources. `comparison` is the
+    second extractor shadowed items are also shown to (`inboxcrm.domain.shadow`)."""
     extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url)
     match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
     crm_acts = CrmActivities(pool, crm, max_retry_after)
     send = SendActivities(pool, mail, max_retry_after)
     bookkeeping = BookkeepingActivities(pool, decision_secret)
     review = ReviewActivities(pool)
+    shadow = ShadowActivities(pool, comparison)
     return [
         extract.extract_message,
         match.match_and_plan,
@@ -66,6 +73,7 @@ def activity_functions(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
         review.approve_followup_intent,
         review.decline_followup_intent,
         review.describe_operation,
+        shadow.plan_in_shadow,
     ]
 
 
@@ -79,13 +87,16 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     worker = Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[InboundEmailWorkflow, DriftCheckWorkflow],
+        workflows=[InboundEmailWorkflow, DriftCheckWorkflow, ReviewNoticesWorkflow],
         activities=[*activity_functions(pool, crm, mail, build_extractor(settings),
                                         settings.max_retry_after_seconds,
                                         settings.public_relay_base_url,
                                         settings.decision_secret.get_secret_value()
-                                        if settings.decision_secret else None),
-                    DriftActivities(pool, crm, mail).check_destination_drift],
+                                        if settings.decision_secret else None,
+                                        comparison_extractor(settings)),
+                    DriftActivities(pool, crm, mail).check_destination_drift,
+                    NoticeActivities(pool, settings.public_relay_base_url,
+                                     settings.http_timeout_seconds).send_review_notices],
         max_concurrent_activities=settings.max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
         # Items parked for review wait for days: keep a bounded number in memory; an evicted

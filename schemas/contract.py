@@ -64,6 +64,21 @@ def drift_check_schedule_id(task_queue: str) -> str:
     return f"{DRIFT_CHECK_SCHEDULE_ID}/{task_queue}"
 
 
+# Review notices (docs/architecture.md §6, "Going live"): a Temporal Schedule per task queue
+# starts this workflow, whose one activity tells each tenant's reviewers, in one message per
+# tenant, about the review tasks that opened or became overdue since the last run.
+REVIEW_NOTICES_WORKFLOW_TYPE = "ReviewNoticesWorkflow"
+REVIEW_NOTICES_SCHEDULE_ID = "inboxcrm-review-notices"
+REVIEW_NOTICES_ACTIVITY = "send_review_notices"
+
+
+def review_notices_schedule_id(task_queue: str) -> str:
+    """One schedule per task queue, as the drift check's."""
+    if task_queue == DEFAULT_TASK_QUEUE:
+        return REVIEW_NOTICES_SCHEDULE_ID
+    return f"{REVIEW_NOTICES_SCHEDULE_ID}/{task_queue}"
+
+
 def decision_body(action: str, wait_id: str, needs_sender: bool = False) -> dict[str, object]:
     """The exact body a decision needs at a wait (placeholders in angle brackets): shown in
     the UI's current details and on the review card, sent by the CLI."""

@@ -38,11 +38,13 @@ class ItemState(StrEnum):
     AMBIGUOUS = "ambiguous"
     HELD = "held"
     FAILED = "failed"
+    # A tenant in shadow mode: planned, nothing written or sent (docs/architecture.md §6).
+    SHADOWED = "shadowed"
 
 
 TERMINAL_STATES = frozenset(
     {ItemState.COMPLETED, ItemState.IGNORED, ItemState.SUPPRESSED, ItemState.REJECTED,
-     ItemState.FAILED}
+     ItemState.FAILED, ItemState.SHADOWED}
 )
 # States in which the item waits for a person (it is in the owned review queue).
 REVIEW_STATES = frozenset(
@@ -88,6 +90,9 @@ class ExtractResult:
     identity_known: bool = True
     # Where the review card lives (the relay's public URL), for the UI's current details.
     review_base_url: str = ""
+    # The tenant was in shadow mode when this item was first extracted: it is planned and
+    # shadowed, never carried out (docs/architecture.md §6, "Going live").
+    shadow: bool = False
 
 
 @dataclass
@@ -107,6 +112,17 @@ class PlanResult:
     intent_id: str | None = None
     intent_needs_approval: bool = False
     candidates: int = 0
+    # Why the follow-up waits for approval when the policy alone would not ask: `ramp_limit`
+    # (a first live run's hourly cap of automatic follow-ups is used up). None: the policy.
+    approval_reason: str | None = None
+
+
+@dataclass
+class ShadowPlanResult:
+    """What a shadowed item would have done, in one word (`would_complete`, `would_review`,
+    `would_ignore`, `would_suppress`); the whole plan is stored on the event."""
+
+    outcome: str
 
 
 @dataclass

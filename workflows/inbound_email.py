@@ -4,6 +4,7 @@ Reads like the state table of docs/architecture.md §3:
 
     received → extracting → [awaiting_review] → matching → crm_pending → send_pending → completed
     parked:   ignored · suppressed · rejected · blocked · ambiguous · held
+    shadow:   received → extracting → matching → shadowed (planned; nothing written or sent)
 
 Deterministic orchestration only: every read and write happens in an activity, every side
 effect has its own operation key, and whenever software cannot decide (a review reason, a
@@ -35,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.match import MatchActivities
     from activities.review import ReviewActivities
     from activities.send import SendActivities
+    from activities.shadow import ShadowActivities
     from schemas.contract import (
         DECISION_REFUSED,
         QUERY_STATUS,
@@ -113,6 +115,7 @@ with workflow.unsafe.imports_passed_through():
         PLAN_TIMEOUT,
         SEND_MAX_ATTEMPTS,
         SEND_RETRY,
+        SHADOW_PLAN_TIMEOUT,
         STEP_FAILURES,
         STORE_WAIT_FIRST,
         STORE_WAIT_MAX,
@@ -186,6 +189,10 @@ class InboundEmailWorkflow:
         if extraction.review_base_url:
             self._card_url = (f"{extraction.review_base_url}/review/"
                               f"{quote(self.item.workflow_id, safe='')}")
+        # Added while workflows were running; only items of a tenant in shadow mode take it.
+        if extraction.shadow and workflow.patched("shadow-mode"):
+            await self._shadow()
+            return
         if extraction.route == "ignore":
             await self._enter(ItemState.IGNORED, first(extraction.reasons, "ignored"))
             return
@@ -203,6 +210,15 @@ class InboundEmailWorkflow:
             await self._enter(ItemState.SUPPRESSED, plan.reason)
             return
         await self._carry_out(plan)
+
+    async def _shadow(self) -> None:
+        """A tenant in shadow mode (docs/architecture.md §6, "Going live"): the plan is
+        worked out and stored on the event; nothing is written to a destination, nothing is
+        sent and nobody is asked. The item ends `shadowed`, its outcome as the reason."""
+        planned = await self._step(
+            ShadowActivities.plan_in_shadow, self.item, SHADOW_PLAN_TIMEOUT, PLAN_RETRY,
+            summary="shadow-plan")
+        await self._enter(ItemState.SHADOWED, planned.outcome)
 
     async def _resume_carried(self, carried: CarriedState) -> None:
         """A continuation (continue-as-new) picks up after planning: completed operations
@@ -235,8 +251,9 @@ class InboundEmailWorkflow:
             await self._decline_followup(plan, self._approved_by or "reviewer")
             return
         if plan.intent_needs_approval:
-            approval = await self._review("followup_approval_required", kind="followup",
-                                          intent_id=plan.intent_id)
+            # `ramp_limit`: a first live run's hourly cap held it (docs/architecture.md §6).
+            approval = await self._review(plan.approval_reason or "followup_approval_required",
+                                          kind="followup", intent_id=plan.intent_id)
             if not approval.send_followup:
                 await self._decline_followup(plan, approval.reviewer)
                 return

@@ -56,6 +56,8 @@ BOOKKEEPING_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
 # Worst case of the LLM extractor: its own bounded retries of a 30 s call.
 EXTRACT_TIMEOUT = timedelta(seconds=120)
 PLAN_TIMEOUT = timedelta(seconds=30)
+# Shadow planning may ask the second extractor (an LLM) first: the extraction's bound.
+SHADOW_PLAN_TIMEOUT = EXTRACT_TIMEOUT
 # Claim + reconcile (10 s) + call (10 s) + record, with room for slow statements.
 OPERATION_TIMEOUT = timedelta(seconds=45)
 BOOKKEEPING_TIMEOUT = timedelta(seconds=10)

@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from inboxcrm.cli import extract, items, review, reviewer, stack, verify
+from inboxcrm.cli import extract, golive, items, review, reviewer, stack, verify
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="inboxcrm: inbound email to CRM contacts and follow-ups, no duplicates.")
@@ -32,6 +32,7 @@ app.command()(verify.check)
 app.command()(verify.reconcile)
 app.command()(verify.chaos)
 app.command("hubspot-setup")(stack.hubspot_setup)
+golive.register(app)  # mode, shadow report
 
 
 def main() -> None:

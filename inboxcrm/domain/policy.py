@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from email_validator import EmailNotValidError, validate_email
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY_SUFFIXES = (".json", ".toml")
@@ -73,6 +80,55 @@ SenderAuthentication = Literal["required", "prefer", "off"]
 # Webhooks secret INBOXCRM_WEBHOOK_SECRET, the Postmark basic-auth pair, the Mailgun signing
 # key. A tenant's own INBOXCRM_WEBHOOK_SECRET_<TENANT> needs no entry: it names its tenant.
 InboundCredential = Literal["standard", "postmark", "mailgun"]
+Mode = Literal["live", "shadow"]
+_ENV_NAME = r"^[A-Z_][A-Z0-9_]{0,127}$"
+
+
+class Ramp(_Strict):
+    """A first live run (docs/architecture.md §6, "Going live"): for `days` after the tenant
+    is switched to live, at most `max_auto_followups_per_hour` follow-ups per clock hour (UTC)
+    go out without a person; the rest wait for a reviewer's approval (`ramp_limit`)."""
+
+    days: float = Field(gt=0, le=90)
+    max_auto_followups_per_hour: int = Field(ge=0, le=100_000)
+
+
+class WebhookChannel(_Strict):
+    """An incoming webhook (Slack message format). Its URL is a secret, so the policy names
+    where to find it: an environment variable of the worker, or a file (a path relative to
+    the repository root, or absolute) holding only the URL. Never the URL itself."""
+
+    url_env: str | None = Field(default=None, pattern=_ENV_NAME)
+    url_file: str | None = Field(default=None, min_length=1, max_length=1024)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_secret(cls, data: Any) -> Any:
+        if isinstance(data, dict) and ("url" in data or "webhook_url" in data):
+            raise ValueError("give the webhook URL by reference (url_env: an environment "
+                             "variable, or url_file: a file), never in the policy file")
+        return data
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> WebhookChannel:
+        if (self.url_env is None) == (self.url_file is None):
+            raise ValueError("a webhook needs exactly one of url_env or url_file")
+        return self
+
+
+class Notifications(_Strict):
+    """Where this tenant's reviewers hear about new and overdue review tasks, batched:
+    references and reasons only, never a message's content or personal data."""
+
+    webhook: WebhookChannel | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_secret(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("webhook"), str):
+            raise ValueError("webhook: give the URL by reference "
+                             '({"url_env": "NAME"} or {"url_file": "path"}), never inline')
+        return data
 _AUTHSERV_ID = r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?$"
 
 
@@ -95,6 +151,12 @@ class TenantPolicy(_Strict):
     # Which shared credentials may write into this tenant. None by default: a credential
     # shared by several tenants reaches only those that list it.
     inbound_credentials: list[InboundCredential] = []
+    # Going live (docs/architecture.md §6): the mode a tenant starts in until an operator
+    # switches it (`inboxcrm mode`), the ramp that switch to live starts, and where
+    # reviewers are told about their work.
+    mode: Mode = "live"
+    ramp: Ramp | None = None
+    notifications: Notifications | None = None
 
     @field_validator("trusted_authserv_ids")
     @classmethod

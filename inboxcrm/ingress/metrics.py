@@ -117,6 +117,8 @@ class _StoreCollector(Collector):
              "Stored deliveries whose workflow is not started yet (sweeper backlog)"),
             ("inboxcrm_ambiguous_matches_open", "ambiguous_matches",
              "Open review tasks for a match with several candidate contacts"),
+            ("inboxcrm_ramp_held_open", "ramp_held",
+             "Follow-ups a first live run's ramp held for a reviewer, still waiting"),
         ):
             gauge = GaugeMetricFamily(name, text)
             gauge.add_metric([], float(snap[key] or 0))

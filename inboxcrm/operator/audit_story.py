@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from inboxcrm.domain.shadow import describe as describe_shadow_plan
+
 Detail = dict[str, Any]
 
 
@@ -112,6 +114,10 @@ SENTENCES: dict[str, Callable[[Detail], str]] = {
     "resumed": lambda d: f"{d.get('scope')} resumed for {d.get('tenant')}",
     "forgotten": lambda d: "personal data forgotten on request",
     "purged": lambda d: f"raw content purged ({d.get('events')} events)",
+    "shadow_planned": lambda d: (
+        f"shadow mode, {d.get('outcome')}: nothing written or sent; it would have been: "
+        f"{describe_shadow_plan(d)}"),
+    "mode_changed": lambda d: f"mode of {d.get('tenant')}: {d.get('from')} → {d.get('to')}",
 }
 
 

@@ -156,6 +156,10 @@ class Settings(BaseSettings):
     drift_check_interval_seconds: int = Field(3600, ge=60)
     drift_check_window_seconds: int = Field(86_400, ge=60)
     drift_check_sample_size: int = Field(200, ge=1, le=10_000)
+    # Review notices (workflows/review_notices.py): how often the tenants' reviewers are
+    # told about new and overdue review tasks (one message per tenant per run at most,
+    # unless a backlog needs several).
+    review_notice_interval_seconds: int = Field(60, ge=5, le=86_400)
 
     # Payload encryption (docs/architecture.md §7; inboxcrm/platform/codec.py).
     # No key file: codec off.

@@ -29,6 +29,7 @@ from temporalio.service import TLSConfig
 from inboxcrm.platform.config import Settings
 from schemas import contract
 from schemas.drift import DriftCheckInput
+from schemas.notices import ReviewNoticesInput
 
 log = logging.getLogger("inboxcrm.platform.temporal")
 
@@ -127,11 +128,39 @@ def drift_check_schedule(settings: Settings) -> Schedule:
     )
 
 
+def review_notices_schedule(settings: Settings) -> Schedule:
+    """The review notices' Schedule (docs/architecture.md §6): one run at a time, no
+    catch-up burst; a run that finds nothing to tell posts nothing."""
+    interval = timedelta(seconds=settings.review_notice_interval_seconds)
+    return Schedule(
+        action=ScheduleActionStartWorkflow(
+            contract.REVIEW_NOTICES_WORKFLOW_TYPE, ReviewNoticesInput(),
+            id=contract.review_notices_schedule_id(settings.task_queue),
+            task_queue=settings.task_queue,
+            execution_timeout=max(interval, timedelta(minutes=5)),
+        ),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=interval)]),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=interval),
+    )
+
+
+async def ensure_review_notices_schedule(client: Client, settings: Settings) -> str:
+    """Create the review notices' Schedule or bring it to the current settings, as
+    `ensure_drift_check_schedule` does. Returns "created" or "updated"."""
+    return await _ensure_schedule(client, contract.review_notices_schedule_id(settings.task_queue),
+                                  review_notices_schedule(settings))
+
+
 async def ensure_drift_check_schedule(client: Client, settings: Settings) -> str:
     """Create the drift check's Schedule, or bring an existing one to the current settings
     (idempotent; an operator's pause is kept). Returns "created" or "updated"."""
-    schedule = drift_check_schedule(settings)
-    schedule_id = contract.drift_check_schedule_id(settings.task_queue)
+    return await _ensure_schedule(client, contract.drift_check_schedule_id(settings.task_queue),
+                                  drift_check_schedule(settings))
+
+
+async def _ensure_schedule(client: Client, schedule_id: str, schedule: Schedule) -> str:
+    """Create the Schedule, or update an existing one to `schedule` keeping its state (an
+    operator's pause)."""
     try:
         await client.create_schedule(schedule_id, schedule)
         return "created"

@@ -174,14 +174,16 @@ class Stack:
         self.start_relay()
 
     def register_schedules(self) -> str:
-        """The drift check's Temporal Schedule, as `deploy/bootstrap.py` registers it in a
-        deployment (idempotent: a restart updates it to the current settings)."""
+        """The drift check's and the review notices' Temporal Schedules, as
+        `deploy/bootstrap.py` registers them in a deployment (idempotent: a restart updates
+        them to the current settings). Returns the drift check's outcome."""
         from inboxcrm.platform import temporal
 
         settings = self.settings()
 
         async def register() -> str:
             client = await temporal.connect(settings)
+            await temporal.ensure_review_notices_schedule(client, settings)
             return await temporal.ensure_drift_check_schedule(client, settings)
 
         return asyncio.run(register())

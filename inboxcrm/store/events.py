@@ -67,11 +67,16 @@ ORDER BY received_at LIMIT $2
 # --- extraction (activities/extract.py) --------------------------------------------------
 # Marks the item `extracting` and reads its raw message, its source and any stored
 # extraction: one round trip.
+# It also fixes the mode the item runs under, once: the tenant's `mode` setting now, else the
+# mode its policy starts in ($3: true for shadow); a re-run keeps it (docs/architecture.md §6,
+# "Going live").
 START_EXTRACTION = """
-UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now()
+UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now(),
+    shadow = COALESCE(shadow, (SELECT s.value ->> 'mode' = 'shadow' FROM settings s
+                               WHERE s.tenant = inbound_events.tenant AND s.key = 'mode'), $3)
 WHERE event_id = $1
 RETURNING raw, source, extraction IS NOT NULL AND route IS NOT NULL AS extracted, route,
-          route_reasons, canonical_email IS NOT NULL AS identity_known
+          route_reasons, canonical_email IS NOT NULL AS identity_known, shadow
 """
 
 # The validated record and its audit entry, atomically in one statement.
@@ -90,10 +95,16 @@ VALUES ($6, $1, $7, NULL, 'extractor', 'extracted', $8)
 
 # --- planning (activities/match.py) ------------------------------------------------------
 # Loads the event and shows `matching`; the row lock serialises a re-run with a zombie.
+# It also says how long the tenant has been live since an operator switched it
+# (`inboxcrm mode`; NULL: never switched, or in shadow), which decides whether a ramp
+# applies: no extra round trip for a tenant that has none (docs/architecture.md §6).
 START_MATCHING = """
 UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now()
 WHERE event_id = $1
-RETURNING event_id, tenant, extraction, route, route_reasons, canonical_email
+RETURNING event_id, tenant, extraction, route, route_reasons, canonical_email,
+          (SELECT extract(epoch FROM now() - (s.value ->> 'since')::timestamptz)
+           FROM settings s WHERE s.tenant = inbound_events.tenant AND s.key = 'mode'
+             AND s.value ->> 'mode' = 'live') AS live_for_seconds
 """
 
 # --- a reviewer's corrections (activities/review.py) -------------------------------------

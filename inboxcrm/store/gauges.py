@@ -42,6 +42,8 @@ SELECT
   (SELECT count(*) FROM inbound_events WHERE workflow_started_at IS NULL) AS unstarted,
   (SELECT count(*) FROM review_tasks WHERE status = 'open' AND reason = 'candidates')
      AS ambiguous_matches,
+  (SELECT count(*) FROM review_tasks WHERE status = 'open' AND reason = 'ramp_limit')
+     AS ramp_held,
   ({LAST_DELIVERY_PER_SOURCE}) AS last_delivery,
   ({LATEST_SCHEDULED_GAUGES}) AS drift
 """

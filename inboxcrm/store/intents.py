@@ -25,17 +25,18 @@ SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant = $1 AND canonical_email 
 # The intent, inserted or (a re-run) the one already there. The second branch reads the
 # statement's snapshot: a row a concurrent run committed meanwhile is not in it, which
 # cannot happen while this transaction holds the event row (events.START_MATCHING).
+# $9: why it needs approval beyond the policy (`ramp_limit`), or NULL.
 CREATE_INTENT = """
 WITH inserted AS (
     INSERT INTO followup_intents (event_id, tenant, contact_id, rule_id, rule_version,
-                                  template_id, status, needs_approval)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                                  template_id, status, needs_approval, approval_reason)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
     ON CONFLICT (event_id, rule_id, rule_version) DO NOTHING
-    RETURNING intent_id, status, needs_approval
+    RETURNING intent_id, status, needs_approval, approval_reason
 )
-SELECT intent_id, status, needs_approval FROM inserted
+SELECT intent_id, status, needs_approval, approval_reason FROM inserted
 UNION ALL
-SELECT intent_id, status, needs_approval FROM followup_intents
+SELECT intent_id, status, needs_approval, approval_reason FROM followup_intents
 WHERE event_id = $1 AND rule_id = $4 AND rule_version = $5
   AND NOT EXISTS (SELECT 1 FROM inserted)
 """

@@ -8,12 +8,12 @@ from __future__ import annotations
 # dies with a killed worker, so a plan can run again after its follow-up went on the wire):
 # its match to this contact by address, and the follow-up it created.
 EARLIER_PLAN = """
-SELECT m.decision, i.intent_id, i.status AS intent_status
+SELECT m.decision, i.intent_id, i.status AS intent_status, i.approval_reason
 FROM (SELECT 1) AS one
 LEFT JOIN match_decisions m
        ON m.event_id = $1 AND m.contact_id = $2 AND m.rule = 'exact_canonical_email'
-LEFT JOIN LATERAL (SELECT intent_id, status FROM followup_intents WHERE event_id = $1
-                   ORDER BY created_at LIMIT 1) i ON true
+LEFT JOIN LATERAL (SELECT intent_id, status, approval_reason FROM followup_intents
+                   WHERE event_id = $1 ORDER BY created_at LIMIT 1) i ON true
 """
 
 # $1 event_id, $2 tenant, $3 decision, $4 rule, $5 contact_id, $6 candidates.

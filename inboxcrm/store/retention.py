@@ -26,7 +26,7 @@ SET raw = NULL,
     updated_at = now()
 WHERE received_at < now() - make_interval(days => $1)
   AND raw IS NOT NULL
-  AND state IN ('completed', 'ignored', 'suppressed', 'rejected', 'failed')
+  AND state IN ('completed', 'ignored', 'suppressed', 'rejected', 'failed', 'shadowed')
 RETURNING event_id, workflow_id
 """
 

@@ -32,7 +32,7 @@ from inboxcrm.store.drift import crm_record_drift, email_drift
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
 
-TERMINAL_STATES = frozenset({"completed", "ignored", "suppressed", "rejected"})
+TERMINAL_STATES = frozenset({"completed", "ignored", "suppressed", "rejected", "shadowed"})
 REVIEW_STATES = frozenset({"awaiting_review", "blocked", "ambiguous", "held"})
 IN_FLIGHT_STATES = frozenset({"received", "extracting", "matching", "crm_pending",
                               "send_pending"})

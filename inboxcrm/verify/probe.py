@@ -21,7 +21,7 @@ from inboxcrm.store import contacts, events, ledger
 from inboxcrm.verify.signing import sample_message, signed_headers, standard_body
 from schemas.contract import QUERY_STATUS
 
-TERMINAL = {"completed", "ignored", "suppressed", "rejected", "failed"}
+TERMINAL = {"completed", "ignored", "suppressed", "rejected", "failed", "shadowed"}
 
 
 def unique_email(prefix: str = "person") -> str:

@@ -49,6 +49,7 @@ from schemas.models import (
     PlanResult,
     ResolveInput,
     RetryGrant,
+    ShadowPlanResult,
     StateChange,
 )
 from schemas.outcomes import ErrorType
@@ -63,6 +64,7 @@ class Scenario:
 
     route: str = "auto"
     reasons: list[str] = field(default_factory=list)
+    shadow: bool = False
     plan: PlanResult = field(default_factory=lambda: planned())
     crm_failures: list[ApplicationError] = field(default_factory=list)
     plan_failures: list[ApplicationError] = field(default_factory=list)
@@ -77,7 +79,7 @@ class Scenario:
         async def extract_message(item: ItemRef) -> ExtractResult:
             self.calls["extract"] += 1
             return ExtractResult(route=self.route, reasons=list(self.reasons),
-                                 escalation_hours=1.0)
+                                 escalation_hours=1.0, shadow=self.shadow)
 
         @activity.defn(name="match_and_plan")
         async def match_and_plan(plan: PlanInput) -> PlanResult:
@@ -147,6 +149,11 @@ class Scenario:
         async def decline_followup_intent(decline: IntentDecline) -> None:
             self.calls["intent_declined"] += 1
 
+        @activity.defn(name="plan_in_shadow")
+        async def plan_in_shadow(item: ItemRef) -> ShadowPlanResult:
+            self.calls["shadow-plan"] += 1
+            return ShadowPlanResult(outcome="would_review")
+
         @activity.defn(name="describe_operation")
         async def describe_operation(op: OperationInput) -> OperationView:
             return OperationView(attempts=self.calls[op.op_key.rsplit(":", 1)[-1]],
@@ -156,7 +163,7 @@ class Scenario:
                 submit_followup_email, record_item_state, record_audit, record_decision,
                 mark_review_escalated, resolve_operation, grant_operation_retry,
                 apply_review_corrections, approve_followup_intent, decline_followup_intent,
-                describe_operation]
+                describe_operation, plan_in_shadow]
 
 
 def planned(**overrides: Any) -> PlanResult:
@@ -241,6 +248,36 @@ async def test_ignored_item_writes_and_sends_nothing(env: WorkflowEnvironment) -
     result = await run(env, scenario)
     assert (result["state"], result["reason"]) == ("ignored", "auto_reply")
     assert set(scenario.calls) == {"extract"}
+
+
+@pytest.mark.parametrize("route", ["auto", "review", "ignore", "opt_out"])
+async def test_a_shadowed_item_is_planned_and_nothing_else(
+        env: WorkflowEnvironment, route: str) -> None:
+    """A tenant in shadow mode: whatever the route, no planner, no destination, no person;
+    the item ends `shadowed` with the shadow plan's outcome."""
+    scenario = Scenario(route=route, reasons=["prompt_injection"], shadow=True)
+    result = await run(env, scenario)
+    assert (result["state"], result["reason"]) == ("shadowed", "would_review")
+    assert +scenario.calls == Counter(extract=1, **{"shadow-plan": 1})
+    assert scenario.states == ["shadowed"] and result["operations"] == {}
+
+
+async def test_a_follow_up_held_by_the_ramp_waits_with_its_reason(
+        env: WorkflowEnvironment) -> None:
+    """The hour's automatic follow-ups are used up: the item waits for a reviewer with the
+    reason `ramp_limit` (queue, UI), and the approval sends it."""
+    scenario = Scenario(plan=planned(intent_needs_approval=True, approval_reason="ramp_limit"))
+
+    async def approve(handle: WorkflowHandle[Any, Any]) -> None:
+        status = await wait_for_state(handle, "awaiting_review")
+        assert status["review"]["reason"] == "ramp_limit"
+        assert status["review"]["intent_id"] == "i-1"
+        assert scenario.calls["send"] == 0 and scenario.calls["crm-upsert"] == 1
+        await decide(handle, Decision.APPROVE)
+
+    result = await run(env, scenario, approve)
+    assert (result["state"], result["reason"]) == ("completed", "followup_sent")
+    assert scenario.calls["intent_approved"] == 1 and scenario.calls["send"] == 1
 
 
 async def test_review_item_waits_for_approval_then_continues(env: WorkflowEnvironment) -> None:
