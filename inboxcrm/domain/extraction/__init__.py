@@ -40,14 +40,16 @@ __all__ = [
     "ExtractorMisconfigured",
     "ExtractorUnavailable",
     "MinimisedMessage",
+    "OfflineExtractError",
+    "OfflineExtraction",
     "RULES_VERSION",
     "RulesExtractor",
     "build_extractor",
     "extract_and_route",
+    "extract_offline",
     "minimise",
-    "run_extract_command",
+    "summary",
 ]
-
 
 
 class ExtractionOutcome(BaseModel):
