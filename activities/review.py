@@ -84,8 +84,10 @@ class ReviewActivities:
                     except InvalidAddress:
                         rejected.append(name)
                         continue
+                # An authenticated decider already says what it is (reviewer:…, oidc:…).
+                who = correction.reviewer
                 record[target] = {"value": value, "confidence": 1.0,
-                                  "evidence": f"reviewer:{correction.reviewer}"}
+                                  "evidence": who if ":" in who else f"reviewer:{who}"}
             await conn.execute(events.STORE_CORRECTION, item.event_id, record, identity)
             await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,

@@ -58,7 +58,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(mailgun_router(settings))  # POST /v1/inbound/mailgun[/mime]
     app.include_router(codec_router(settings))  # POST /codec/encode, /codec/decode
     app.include_router(unsubscribe_router(settings))  # POST /v1/unsubscribe/{token}
-    app.include_router(review_router(settings))  # GET /review/{workflow_id}, /review/login
+    app.include_router(review_router(settings))  # GET /review/ (queue), GET|POST /review/{id}
 
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:

@@ -45,7 +45,9 @@ MAX_FIELD_CHARS = 2000
 CORRECTABLE = ("sender_email", "name", "company")
 SECURITY_HEADERS = {
     "Cache-Control": "no-store",
-    "Referrer-Policy": "no-referrer",
+    # Not "no-referrer": under it a browser sends `Origin: null` with the desk's own form
+    # posts, which the cross-site check must refuse. Same-origin: nothing leaves the relay.
+    "Referrer-Policy": "same-origin",
     "X-Content-Type-Options": "nosniff",
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
                                "form-action 'self'; frame-ancestors 'none'",
@@ -250,11 +252,13 @@ def review_router(settings: Settings) -> APIRouter:
         except (TimeoutError, OSError) as exc:
             log.warning("desk decision: Temporal unavailable (%s)", type(exc).__name__)
             return False, "not delivered: Temporal is unavailable; try again"
-        text = (f"accepted: {action} at wait {wait_id}; the item is now {result.state}"
-                + (f" ({result.reason})" if result.reason else ""))
-        if result.review is not None:
+        # The update answers as the workflow takes the decision, before the item moves on:
+        # the state it reports is the one at that moment (`held` for a hold).
+        text = (f"accepted: {action} at wait {wait_id} (the workflow's answer: state "
+                f"{result.state}" + (f", {result.reason}" if result.reason else "") + ")")
+        if result.review is not None and result.review.wait_id != wait_id:
             text += f"; open wait {result.review.wait_id}: {result.review.reason}"
-        return True, text
+        return True, text + "; the card below shows where the item is now"
 
     return router
 

@@ -87,8 +87,9 @@ class Settings(BaseSettings):
     mailgun_tolerance_seconds: int = 300
     unsubscribe_secret: SecretStr | None = None
     public_relay_url: str | None = None  # default: http://{relay_host}:{relay_port}
-    # The review card (GET /review/{workflow_id}): this bearer token, or a session cookie from
-    # its login form. One operator token, not scoped to a tenant. Unset: every request 401.
+    # The review desk (GET /review/, /review/{workflow_id}): the operator's all-tenant token
+    # (bearer or login form; recorded as `operator`). Reviewers have personal tokens
+    # (`inboxcrm reviewer add`) or sign on through the OIDC issuer below.
     review_token: SecretStr | None = None
     review_session_hours: float = 12.0
     # Reviewers as people (docs/architecture.md §6, §7): the server-side secret that proves a

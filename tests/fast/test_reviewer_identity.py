@@ -8,20 +8,23 @@ import base64
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
 from inboxcrm.ingress.codec import codec_router
+from inboxcrm.ingress.reviewer_auth import DeskAuth, Visitor
 from inboxcrm.platform import oidc
 from inboxcrm.platform.codec import ensure_key_file
 from inboxcrm.platform.config import Settings
 from inboxcrm.platform.reviewer_identity import (
     new_token,
+    operator,
     sign_decision,
     token_digest,
     verify_decision,
@@ -153,3 +156,50 @@ async def test_the_codec_refuses_expired_wrongly_signed_and_foreign_tokens(
     assert (await codec.post("/codec/decode", json=PLAIN)).status_code == 401
     # Signed in, but reviewing no tenant: no decoding.
     assert (await _roundtrip(codec, issuer.token()))[0] == 403
+
+
+# --- the desk's credentials and cross-site checks ------------------------------------------
+def _desk(issuer: LocalIssuer) -> DeskAuth:
+    env = {"INBOXCRM_REVIEW_TOKEN": "operator-token", "INBOXCRM_DECISION_SECRET": SECRET,
+           "INBOXCRM_OIDC_ISSUER": issuer.url, "INBOXCRM_OIDC_AUDIENCE": AUDIENCE,
+           "INBOXCRM_PUBLIC_RELAY_URL": "https://relay.example.test"}
+    with mock.patch.dict("os.environ", env):
+        return DeskAuth(Settings())
+
+
+def _request(method: str = "POST", **headers: str) -> Request:
+    raw = [(k.lower().replace("_", "-").encode(), v.encode()) for k, v in headers.items()]
+    return Request({"type": "http", "method": method, "scheme": "http", "path": "/review/x",
+                    "headers": [(b"host", b"127.0.0.1:8080"), *raw], "query_string": b"",
+                    "server": ("127.0.0.1", 8080)})
+
+
+async def test_the_desk_knows_the_operator_and_sso_users_by_their_tokens(
+        issuer: LocalIssuer) -> None:
+    desk = _desk(issuer)
+    no_store: Any = None  # neither credential needs the store
+    assert (await desk.from_token(no_store, "operator-token")) == operator()
+    sso = await desk.from_token(no_store, issuer.token(tenants=["globex"], email="gus@x.test"))
+    assert sso is not None and sso.decider == "oidc:gus@x.test"
+    assert sso.may_see("globex") and not sso.may_see("acme")
+    for refused in (issuer.token(tenants=["globex"], expires_in=-120),
+                    issuer.token(tenants=["globex"], key=rsa_key())):
+        assert await desk.from_token(no_store, refused) is None
+    # Sessions exist for the operator and personal-token reviewers, not for SSO users.
+    assert desk.issue_session(operator()) is not None and desk.issue_session(sso) is None
+
+
+def test_the_desk_refuses_cross_site_posts_and_foreign_csrf_tokens(issuer: LocalIssuer) -> None:
+    desk = _desk(issuer)
+    assert not desk.cross_site(_request())  # not a browser: the CSRF token decides
+    assert not desk.cross_site(_request(Sec_Fetch_Site="same-origin",
+                                        Origin="http://127.0.0.1:8080"))
+    assert not desk.cross_site(_request(Origin="https://relay.example.test"))
+    for headers in ({"Sec_Fetch_Site": "cross-site"}, {"Sec_Fetch_Site": "same-site"},
+                    {"Origin": "https://evil.test"}, {"Origin": "null"},
+                    {"Origin": "http://127.0.0.1:9999"}):
+        assert desk.cross_site(_request(**headers)), headers
+    dana = Visitor(operator(), "session:1.op.abc")
+    other = Visitor(operator(), "session:2.op.def")
+    assert desk.csrf_ok(dana, desk.csrf_token(dana))
+    assert not desk.csrf_ok(dana, desk.csrf_token(other)) and not desk.csrf_ok(dana, "")

@@ -166,10 +166,15 @@ async def _settled(locator: Locator, rounds: int = 50) -> None:
 
 
 async def accepted_signal(env: StackClient, workflow_id: str, action: str) -> int:
+    """Accepted signals typed as 'ui-test'. The UI sends no identity with a signal, so the
+    decider is Temporal's (empty) identity of the request, never the typed name
+    (docs/architecture.md §6)."""
     return await env.count(
         "SELECT count(*) FROM audit_log WHERE workflow_id = $1 AND action = $2 "
-        "AND actor = 'ui-test' AND (detail->>'accepted')::boolean", workflow_id,
-        f"signal_{action}")
+        "AND actor = 'temporal:no identity' AND detail->>'typed_reviewer' = 'ui-test' "
+        "AND detail->>'path' = 'temporal-ui signal' AND detail->>'temporal_identity' IS NULL "
+        "AND detail->>'identity_source' = 'signal event' "
+        "AND (detail->>'accepted')::boolean", workflow_id, f"signal_{action}")
 
 
 async def test_approve_a_message_without_sender_from_the_ui(
@@ -247,6 +252,7 @@ async def test_the_desk_card_refused_update_then_approval(
     card_url = await desk.card_link()
     assert card_url.startswith(f"{ui_stack.relay_url}/review/")
 
+    await page.context.clear_cookies()  # another test may have signed in as a reviewer
     await page.goto(card_url)  # 401: the login form first
     await page.get_by_label("Review token").fill(ui_stack.env["INBOXCRM_REVIEW_TOKEN"])
     await page.get_by_role("button", name="Sign in").click()
@@ -272,3 +278,11 @@ async def test_the_desk_card_refused_update_then_approval(
     await desk.shot("7-update-completed")
     assert len(await ui_env.crm_records_for(email)) == 1
     assert await ui_env.contacts_for(email) == 1
+    # The UI's update carries no identity and no proof: recorded through its path, with the
+    # update ID that finds its WorkflowExecutionUpdateAccepted event, never as "ui-test".
+    decided = await ui_env.db.fetchrow(
+        "SELECT actor, detail FROM audit_log WHERE workflow_id = $1 AND action = "
+        "'signal_approve' AND (detail->>'accepted')::boolean", workflow_id)
+    assert decided["actor"].startswith("temporal:")
+    assert decided["detail"]["path"] == "temporal-ui update"
+    assert decided["detail"]["typed_reviewer"] == "ui-test" and decided["detail"]["update_id"]
