@@ -49,6 +49,8 @@ class Options:
     max_concurrent_activities: int = 50
     max_concurrent_workflow_tasks: int = 50
     seed: int = 1
+    profile_n: int = 0              # items of the profiled product run (0: none)
+    same_shape_local_activities: int = 6  # the product-shape floor: no-op local activities
     phases: tuple[str, ...] = ("throughput", "parked", "ingress")
     throughput_timeout: float = 900.0   # per run, posting + settling
     quick: bool = False
@@ -70,6 +72,8 @@ class Handles:
     cli_env: dict[str, str]
     stop_worker: Callable[[], None]
     restart_relay: Callable[[], None]
+    worker_metrics_urls: list[str] = field(default_factory=list)
+    statements: bool = False        # pg_stat_statements is available
 
 
 # --- statistics ----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 import uvloop
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.bookkeeping import BookkeepingActivities
 from activities.crm import CrmActivities
@@ -67,6 +68,26 @@ def activity_functions(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
     ]
 
 
+def worker_options(settings: Settings) -> dict[str, Any]:
+    """The worker's limits, cache and workflow runner: shared with the benchmark's engine
+    floor (`bench/floor_worker.py`), so that product and floor differ in work, not in
+    configuration."""
+    return {
+        "max_concurrent_activities": settings.max_concurrent_activities,
+        "max_concurrent_workflow_tasks": settings.max_concurrent_workflow_tasks,
+        # Items parked for review wait for days: keep a bounded number in memory; an evicted
+        # one replays its (short) history when its signal arrives.
+        "max_cached_workflows": settings.max_cached_workflows,
+        "workflow_runner": SandboxedWorkflowRunner(),
+        # A rollout drains (docs/architecture.md §4): the steps in flight (local activities,
+        # an SMTP send among them) always run to their end; no new step or destination call
+        # starts (`activities/outbox.py`, `activities/step_attempts.py`). This grace is what
+        # regular activities get before they are cancelled: the drift check, and the steps
+        # of workflows started before `local-steps`.
+        "graceful_shutdown_timeout": timedelta(seconds=settings.shutdown_grace_seconds),
+    }
+
+
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     client = await temporal.connect(
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
@@ -82,19 +103,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                                         settings.max_retry_after_seconds,
                                         settings.public_relay_base_url),
                     DriftActivities(pool, crm, mail).check_destination_drift],
-        max_concurrent_activities=settings.max_concurrent_activities,
-        max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
-        # Items parked for review wait for days: keep a bounded number in memory; an evicted
-        # one replays its (short) history when its signal arrives.
-        max_cached_workflows=settings.max_cached_workflows,
         # A PostgreSQL outage is reported as `StoreUnavailable` by every activity.
         interceptors=[StoreOutageInterceptor()],
-        # A rollout drains (docs/architecture.md §4): the steps in flight (local activities,
-        # an SMTP send among them) always run to their end; no new step or destination call
-        # starts (`activities/outbox.py`, `activities/step_attempts.py`). This grace is what
-        # regular activities get before they are cancelled: the drift check, and the steps
-        # of workflows started before `local-steps`.
-        graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
+        **worker_options(settings),
     )
     try:
         async with worker:
