@@ -22,7 +22,12 @@ from temporalio.exceptions import ApplicationError
 
 from activities.failures import missing_row
 from activities.heartbeat import heartbeating
-from activities.step_attempts import counted_attempt
+from activities.step_attempts import (
+    StepAttempt,
+    begin_step_cte,
+    counted_attempt,
+    end_step_cte,
+)
 from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain.extraction import (
     Extractor,
@@ -38,26 +43,31 @@ from schemas.models import ExtractResult, ItemRef, ItemState
 if TYPE_CHECKING:
     from inboxcrm.store.queries import Conn
 
-# Marks the item `extracting` and reads its raw message, its source and any stored
-# extraction: one round trip.
-START_EXTRACTION = """
+# Counts the attempt (`step_attempts`), marks the item `extracting` and reads its raw
+# message, its source and any stored extraction: one round trip. $3 workflow ID, $4 step.
+START_EXTRACTION = f"""
+WITH {begin_step_cte("$3", "$4")}
 UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now()
 WHERE event_id = $1
 RETURNING raw, source, extraction IS NOT NULL AND route IS NOT NULL AS extracted, route,
-          route_reasons, canonical_email IS NOT NULL AS identity_known
+          route_reasons, canonical_email IS NOT NULL AS identity_known,
+          (SELECT started FROM counted) AS started
 """
 
-# The validated record and its audit entry, atomically in one statement.
-STORE_EXTRACTION = """
+# The validated record, its audit entry and the cleared attempt count, atomically in one
+# statement. $9 the step.
+STORE_EXTRACTION = f"""
 WITH stored AS (
     UPDATE inbound_events
     SET extraction = $2, route = $3, route_reasons = $4, canonical_email = $5,
         updated_at = now()
     WHERE event_id = $1
-)
+), {end_step_cte("$7", "$9")}
 INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
 VALUES ($6, $1, $7, NULL, 'extractor', 'extracted', $8)
 """
+
+STEP = "extract"
 
 
 class ExtractActivities:
@@ -70,13 +80,16 @@ class ExtractActivities:
 
     @activity.defn(name="extract_message")
     async def extract_message(self, item: ItemRef) -> ExtractResult:
-        async with heartbeating(), counted_attempt(self._pool, item, "extract"):
-            return await self._extract(item)
+        async with heartbeating(), counted_attempt(self._pool, item, STEP,
+                                                   counts_itself=True) as attempt:
+            return await self._extract(item, attempt)
 
-    async def _extract(self, item: ItemRef) -> ExtractResult:
-        event = await self._pool.fetchrow(START_EXTRACTION, item.event_id, ItemState.EXTRACTING)
+    async def _extract(self, item: ItemRef, attempt: StepAttempt) -> ExtractResult:
+        event = await self._pool.fetchrow(START_EXTRACTION, item.event_id, ItemState.EXTRACTING,
+                                          item.workflow_id, STEP)
         if event is None:
-            raise missing_row("event")
+            raise missing_row("event")  # counted: cleared on the way out
+        attempt.begun(event["started"])
         policy = get_policy(item.tenant)
         if event["extracted"]:
             return ExtractResult(route=event["route"], reasons=list(event["route_reasons"] or []),
@@ -125,14 +138,16 @@ class ExtractActivities:
                 for name in ("sender_email", "contact_name", "company")
             },
         }
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(
-                STORE_EXTRACTION, item.event_id, record, outcome.route, outcome.reasons,
-                outcome.canonical_email, item.tenant, item.workflow_id,
-                store.json_safe(detail),
-            )
-            if outcome.suppression_candidates:
+        args = (STORE_EXTRACTION, item.event_id, record, outcome.route, outcome.reasons,
+                outcome.canonical_email, item.tenant, item.workflow_id, store.json_safe(detail),
+                STEP)
+        if outcome.suppression_candidates:
+            async with self._pool.acquire() as conn, conn.transaction():
+                await conn.execute(*args)
                 await self._suppress_reported(conn, item, policy, outcome.suppression_candidates)
+        else:
+            await self._pool.execute(*args)  # one statement: atomic without a transaction
+        attempt.cleared()
         return ExtractResult(route=outcome.route, reasons=list(outcome.reasons),
                              extractor=outcome.extractor, review_owner=policy.review_owner,
                              escalation_hours=policy.escalation_hours,

@@ -33,19 +33,62 @@ RETURNING started
 END_STEP = "UPDATE step_attempts SET started = 0 WHERE workflow_id = $1 AND step = $2"
 
 
-@asynccontextmanager
-async def counted_attempt(pool: asyncpg.Pool, item: ItemRef, step: str) -> AsyncIterator[None]:
-    refuse_if_worker_draining(step)
-    started = await pool.fetchval(BEGIN_STEP, item.workflow_id, step)
-    if started > CRASH_LOOP_LIMIT:
-        await pool.execute(END_STEP, item.workflow_id, step)  # a reviewer's retry: fresh count
+def begin_step_cte(workflow_id: str, step: str) -> str:
+    """BEGIN_STEP as a CTE named `counted` (its `started`), for a step whose first statement
+    commits on its own: the count then costs no round trip of its own. The arguments are
+    the statement's parameter placeholders (e.g. "$3")."""
+    return (f"counted AS (INSERT INTO step_attempts (workflow_id, step, started) "
+            f"VALUES ({workflow_id}, {step}, 1) ON CONFLICT (workflow_id, step) "
+            f"DO UPDATE SET started = step_attempts.started + 1, last_started = now() "
+            f"RETURNING started)")
+
+
+def end_step_cte(workflow_id: str, step: str) -> str:
+    """END_STEP as a CTE named `cleared`, for the statement that records the step's result:
+    the count is cleared atomically with it."""
+    return (f"cleared AS (UPDATE step_attempts SET started = 0 "
+            f"WHERE workflow_id = {workflow_id} AND step = {step})")
+
+
+class StepAttempt:
+    """A step that counts its attempt in its own statements (`begin_step_cte`,
+    `end_step_cte`) tells the counter so: `begun(started)` after its first statement,
+    `cleared()` after the statement that cleared the count."""
+
+    def __init__(self) -> None:
+        self.counted = False
+        self.is_cleared = False
+
+    def begun(self, started: int) -> None:
+        self.counted = True
+        _check(started)
+
+    def cleared(self) -> None:
+        self.is_cleared = True
+
+
+def _check(started: int) -> None:
+    if started > CRASH_LOOP_LIMIT:  # cleared on the way out: a reviewer's retry, fresh count
         raise ApplicationError("permanent: crash_loop", type=ErrorType.PERMANENT.value,
                                non_retryable=True)
+
+
+@asynccontextmanager
+async def counted_attempt(pool: asyncpg.Pool, item: ItemRef, step: str,
+                          counts_itself: bool = False) -> AsyncIterator[StepAttempt]:
+    """Count the attempt before the step's work and clear the count after it. With
+    `counts_itself` the step's own first and last statements do both (see StepAttempt): two
+    round trips fewer per step; whatever it did not do is done here."""
+    refuse_if_worker_draining(step)
+    attempt = StepAttempt()
     try:
-        yield
+        if not counts_itself:
+            attempt.begun(await pool.fetchval(BEGIN_STEP, item.workflow_id, step))
+        yield attempt
     except asyncio.CancelledError:
         raise  # cut off (a timeout, a shutdown): counted, like a crash
     except BaseException:
         await pool.execute(END_STEP, item.workflow_id, step)
         raise
-    await pool.execute(END_STEP, item.workflow_id, step)
+    if not attempt.is_cleared:
+        await pool.execute(END_STEP, item.workflow_id, step)
