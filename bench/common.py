@@ -73,6 +73,7 @@ class Handles:
     stop_worker: Callable[[], None]
     restart_relay: Callable[[], None]
     worker_metrics_urls: list[str] = field(default_factory=list)
+    sandbox_url: str = ""
     statements: bool = False        # pg_stat_statements is available
 
 

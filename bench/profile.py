@@ -149,6 +149,34 @@ async def sandbox_database(server_url: str) -> str:
     return server_url.rsplit("/", 1)[0] + f"/{SANDBOX_DB}"
 
 
+# --- storage and destination calls ---------------------------------------------------------
+STORAGE = """
+SELECT (SELECT sum(pg_total_relation_size(c.oid))::float8 FROM pg_class c
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'm')) AS table_bytes,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8 AS wal_bytes
+"""
+
+
+async def storage(db: asyncpg.Pool) -> dict[str, float]:
+    """The product database's tables (with indexes and TOAST) and the cluster's WAL
+    position (every database: the sandbox's writes too)."""
+    row = await db.fetchrow(STORAGE)
+    assert row is not None
+    return {"table_bytes": float(row["table_bytes"] or 0), "wal_bytes": float(row["wal_bytes"])}
+
+
+async def destination_calls(sandbox_url: str) -> Counter[str]:
+    """Calls the sandbox (the CRM and mail stand-in) received, by target (`crm.upsert`,
+    `mail.send`, ...): the provider calls an item costs."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        try:
+            calls = (await http.get(f"{sandbox_url}/_sandbox/calls")).json()
+        except (httpx.HTTPError, ValueError):
+            return Counter()
+    return Counter(str(call.get("target")) for call in calls.get("calls", []))
+
+
 # --- codec bytes ---------------------------------------------------------------------------
 async def codec_bytes(urls: list[str]) -> dict[str, float]:
     """`inboxcrm_codec_bytes` by direction, summed over the workers' metrics endpoints."""
@@ -187,6 +215,12 @@ async def history_counts(client: Client, workflows: list[tuple[str, str]],
             name = EventType.Name(event.event_type).removeprefix("EVENT_TYPE_")
             if name == "MARKER_RECORDED":
                 name += ":" + event.marker_recorded_event_attributes.marker_name
+            elif name == "UPSERT_WORKFLOW_SEARCH_ATTRIBUTES":
+                # The SDK's own upsert for a new patch (not a billed action in Temporal Cloud).
+                fields = event.upsert_workflow_search_attributes_event_attributes \
+                    .search_attributes.indexed_fields
+                if set(fields) == {"TemporalChangeVersion"}:
+                    name += ":TemporalChangeVersion"
             kinds[name] += 1
             size += event.ByteSize()
         bucket = by_outcome.setdefault(outcome, {"items": 0, "events": Counter(), "bytes": 0})

@@ -162,6 +162,12 @@ def profile_rows(prof: dict[str, Any] | None) -> list[tuple[str, str, str]]:
                     f"{entry['round_trips_per_item']} round trips ({entry['statements_per_item']}"
                     f" statements + {entry['transaction_control_per_item']} transaction "
                     f"control), {entry['exec_ms_per_item']} ms executing", ""))
+    if prof.get("storage_bytes_per_item"):
+        out.append(("storage per item", ", ".join(
+            f"{k} {v}" for k, v in prof["storage_bytes_per_item"].items()), ""))
+    if prof.get("destination_calls_per_item"):
+        out.append(("destination calls per item", ", ".join(
+            f"{k} {v}" for k, v in prof["destination_calls_per_item"].items()), ""))
     if prof.get("codec_bytes_per_item"):
         out.append(("codec bytes per item (workers)", ", ".join(
             f"{k} {v}" for k, v in prof["codec_bytes_per_item"].items()), ""))

@@ -261,6 +261,7 @@ async def run_phases(stack: Any, opts: Options, result: dict[str, Any]) -> None:
         temporal_address=stack.temporal_address, secret=stack.env["INBOXCRM_WEBHOOK_SECRET"],
         db=pool, http=http, floor_task_queue=floor_queue, pids=pids, cli_env=cli_env,
         stop_worker=stop_workers, restart_relay=restart_relay,
+        sandbox_url=stack.sandbox_url,
         worker_metrics_urls=[f"http://{stack.worker_metrics_address(k + 1)}/metrics"
                              for k in range(opts.workers)],
         statements=bool(opts.profile_n) and await profile.enable_statements(pool),

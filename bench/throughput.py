@@ -478,6 +478,8 @@ async def profiled_run(h: Handles, client: Client, opts: Options, log: Any
     log(f"profiled product run: {n} emails (py-spy on {', '.join(targets)}"
         f"{', pg_stat_statements' if h.statements else ''})")
     codec_before = await profile.codec_bytes(h.worker_metrics_urls)
+    storage_before = await profile.storage(h.db)
+    calls_before = await profile.destination_calls(h.sandbox_url)
     if h.statements:
         await profile.track_statements(h.db, True)
     profiler = profile.Profiler(targets)
@@ -494,6 +496,13 @@ async def profiled_run(h: Handles, client: Client, opts: Options, log: Any
         out["postgres"] = await profile.read_statements(
             h.db, items, exclude={PRODUCT_PROGRESS, PRODUCT_TIMES})
         await profile.track_statements(h.db, False)
+    storage_after = await profile.storage(h.db)
+    calls_after = await profile.destination_calls(h.sandbox_url)
+    out["storage_bytes_per_item"] = {
+        key: round((storage_after[key] - storage_before[key]) / items) for key in storage_after}
+    out["destination_calls_per_item"] = {
+        target: round((calls_after[target] - calls_before.get(target, 0)) / items, 3)
+        for target in sorted(calls_after) if calls_after[target] > calls_before.get(target, 0)}
     codec_after = await profile.codec_bytes(h.worker_metrics_urls)
     out["codec_bytes_per_item"] = {
         direction: round((codec_after.get(direction, 0.0) - codec_before.get(direction, 0.0))
