@@ -272,6 +272,12 @@ def cpu_seconds(pid: int, children: bool = True) -> float:
         with contextlib.suppress(psutil.Error):
             t = p.cpu_times()
             total += t.user + t.system
+    if children:
+        # Children that exited (PostgreSQL backends of a closed pool connection) take their
+        # CPU out of the live sum; the parent that waited for them holds it.
+        with contextlib.suppress(psutil.Error):
+            t = proc.cpu_times()
+            total += t.children_user + t.children_system
     return total
 
 

@@ -435,7 +435,10 @@ def cpu_per_item(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for process, seconds in cpu.items():
             if process in ("bench", "bare-endpoint"):
                 continue
-            roles[_group(process)] = roles.get(_group(process), 0.0) + seconds * 1000 / items
+            # A negative delta is a measuring artefact (children that exited before
+            # bench.common.cpu_seconds counted the waited-for ones), never work done.
+            roles[_group(process)] = (roles.get(_group(process), 0.0)
+                                      + max(seconds, 0.0) * 1000 / items)
         roles["total"] = sum(roles.values())
         roles["round"] = run["round"]
         per_kind.setdefault(run["kind"], []).append(roles)
