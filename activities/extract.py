@@ -22,7 +22,10 @@ from temporalio.exceptions import ApplicationError
 
 from activities.failures import missing_row
 from activities.heartbeat import heartbeating
-from activities.step_attempts import counted_attempt
+from activities.step_attempts import (
+    StepAttempt,
+    counted_attempt,
+)
 from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain.extraction import (
     Extractor,
@@ -38,6 +41,8 @@ from schemas.models import ExtractResult, ItemRef, ItemState
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
 
+STEP = "extract"
+
 
 class ExtractActivities:
     def __init__(self, pool: asyncpg.Pool, extractor: Extractor, max_retry_after: float,
@@ -49,16 +54,18 @@ class ExtractActivities:
 
     @activity.defn(name="extract_message")
     async def extract_message(self, item: ItemRef) -> ExtractResult:
-        async with heartbeating(), counted_attempt(self._pool, item, "extract"):
-            return await self._extract(item)
+        async with heartbeating(), counted_attempt(self._pool, item, STEP,
+                                                   counts_itself=True) as attempt:
+            return await self._extract(item, attempt)
 
-    async def _extract(self, item: ItemRef) -> ExtractResult:
+    async def _extract(self, item: ItemRef, attempt: StepAttempt) -> ExtractResult:
         policy = get_policy(item.tenant)
         event = await self._pool.fetchrow(events.START_EXTRACTION, item.event_id,
-                                          ItemState.EXTRACTING,
+                                          ItemState.EXTRACTING, item.workflow_id, STEP,
                                           policy.mode == "shadow")
         if event is None:
-            raise missing_row("event")
+            raise missing_row("event")  # counted: cleared on the way out
+        attempt.begun(event["started"])
         shadow = bool(event["shadow"])
         if event["extracted"]:
             return ExtractResult(route=event["route"], reasons=list(event["route_reasons"] or []),
@@ -107,14 +114,16 @@ class ExtractActivities:
                 for name in ("sender_email", "contact_name", "company")
             },
         }
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(
-                events.STORE_EXTRACTION, item.event_id, record, outcome.route, outcome.reasons,
-                outcome.canonical_email, item.tenant, item.workflow_id,
-                audit.json_safe(detail),
-            )
-            if outcome.suppression_candidates:
+        args = (events.STORE_EXTRACTION, item.event_id, record, outcome.route, outcome.reasons,
+                outcome.canonical_email, item.tenant, item.workflow_id, audit.json_safe(detail),
+                STEP)
+        if outcome.suppression_candidates:
+            async with self._pool.acquire() as conn, conn.transaction():
+                await conn.execute(*args)
                 await self._suppress_reported(conn, item, policy, outcome.suppression_candidates)
+        else:
+            await self._pool.execute(*args)  # one statement: atomic without a transaction
+        attempt.cleared()
         return ExtractResult(route=outcome.route, reasons=list(outcome.reasons),
                              extractor=outcome.extractor, review_owner=policy.review_owner,
                              escalation_hours=policy.escalation_hours,

@@ -25,20 +25,45 @@ from schemas.outcomes import ErrorType
 CRASH_LOOP_LIMIT = 5
 
 
-@asynccontextmanager
-async def counted_attempt(pool: asyncpg.Pool, item: ItemRef, step: str) -> AsyncIterator[None]:
-    refuse_if_worker_draining(step)
-    started = await step_attempts.begin_step(pool, item.workflow_id, step)
-    if started > CRASH_LOOP_LIMIT:
-        # A reviewer's retry: a fresh count.
-        await step_attempts.end_step(pool, item.workflow_id, step)
+class StepAttempt:
+    """A step that counts its attempt in its own statements (`begin_step_cte`,
+    `end_step_cte`) tells the counter so: `begun(started)` after its first statement,
+    `cleared()` after the statement that cleared the count."""
+
+    def __init__(self) -> None:
+        self.counted = False
+        self.is_cleared = False
+
+    def begun(self, started: int) -> None:
+        self.counted = True
+        _check(started)
+
+    def cleared(self) -> None:
+        self.is_cleared = True
+
+
+def _check(started: int) -> None:
+    if started > CRASH_LOOP_LIMIT:  # cleared on the way out: a reviewer's retry, fresh count
         raise ApplicationError("permanent: crash_loop", type=ErrorType.PERMANENT.value,
                                non_retryable=True)
+
+
+@asynccontextmanager
+async def counted_attempt(pool: asyncpg.Pool, item: ItemRef, step: str,
+                          counts_itself: bool = False) -> AsyncIterator[StepAttempt]:
+    """Count the attempt before the step's work and clear the count after it. With
+    `counts_itself` the step's own first and last statements do both (see StepAttempt): two
+    round trips fewer per step; whatever it did not do is done here."""
+    refuse_if_worker_draining(step)
+    attempt = StepAttempt()
     try:
-        yield
+        if not counts_itself:
+            attempt.begun(await step_attempts.begin_step(pool, item.workflow_id, step))
+        yield attempt
     except asyncio.CancelledError:
         raise  # cut off (a timeout, a shutdown): counted, like a crash
     except BaseException:
         await step_attempts.end_step(pool, item.workflow_id, step)
         raise
-    await step_attempts.end_step(pool, item.workflow_id, step)
+    if not attempt.is_cleared:
+        await step_attempts.end_step(pool, item.workflow_id, step)

@@ -49,6 +49,8 @@ class Options:
     max_concurrent_activities: int = 50
     max_concurrent_workflow_tasks: int = 50
     seed: int = 1
+    profile_n: int = 0              # items of the profiled product run (0: none)
+    same_shape_local_activities: int = 6  # the product-shape floor: no-op local activities
     phases: tuple[str, ...] = ("throughput", "parked", "ingress")
     throughput_timeout: float = 900.0   # per run, posting + settling
     quick: bool = False
@@ -70,6 +72,9 @@ class Handles:
     cli_env: dict[str, str]
     stop_worker: Callable[[], None]
     restart_relay: Callable[[], None]
+    worker_metrics_urls: list[str] = field(default_factory=list)
+    sandbox_url: str = ""
+    statements: bool = False        # pg_stat_statements is available
 
 
 # --- statistics ----------------------------------------------------------------------------
@@ -267,6 +272,12 @@ def cpu_seconds(pid: int, children: bool = True) -> float:
         with contextlib.suppress(psutil.Error):
             t = p.cpu_times()
             total += t.user + t.system
+    if children:
+        # Children that exited (PostgreSQL backends of a closed pool connection) take their
+        # CPU out of the live sum; the parent that waited for them holds it.
+        with contextlib.suppress(psutil.Error):
+            t = proc.cpu_times()
+            total += t.children_user + t.children_system
     return total
 
 

@@ -71,6 +71,8 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
                         f"{same['ratio']} ({tp['product_per_second']} / {same['per_second']} "
                         f"per s; {same['activities']} activities + {same['local_activities']} "
                         "local, no-op): the cost of the real work", ""))
+        out += cpu_rows(tp.get("cpu_per_item"))
+        out += profile_rows(tp.get("profiled_run"))
     pk = result.get("parked")
     if pk and pk.get("error"):
         out.append(("parked work", f"ERROR: {pk['error']}", ""))
@@ -106,6 +108,78 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
                     f"<= x{ing['target_duplicate_vs_bare']}"))
     for note in result.get("notes", []):
         out.append(("note", note, ""))
+    return out
+
+
+def cpu_rows(cpu: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """CPU ms per item by role (median over rounds) and the ratios of the sums."""
+    if not cpu:
+        return []
+    out: list[tuple[str, str, str]] = []
+    for kind in ("product", "floor-same-shape", "floor"):
+        roles = cpu.get(kind)
+        if not roles:
+            continue
+        busy = sorted(((k, v) for k, v in roles.items() if k != "total" and v >= 0.5),
+                      key=lambda kv: -kv[1])
+        out.append((f"CPU ms per item, {kind}", f"{roles['total']} total: "
+                    + ", ".join(f"{k} {v}" for k, v in busy), ""))
+    if cpu.get("ratio_vs_same_shape") is not None:
+        rounds = ", ".join(f"r{r['round']} {r.get('vs_same_shape')}"
+                           for r in cpu.get("ratio_by_round", []))
+        out.append(("CPU per item, product / floor in the product's shape",
+                    f"{cpu['ratio_vs_same_shape']} (by round: {rounds})",
+                    f"<= {cpu['target_ratio_vs_same_shape']}"))
+    if cpu.get("ratio_vs_plain_floor") is not None:
+        out.append(("CPU per item, product / plain floor", str(cpu["ratio_vs_plain_floor"]),
+                    ""))
+    return out
+
+
+def profile_rows(prof: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """The profiled run: counts per item and the top of each process's profile."""
+    if not prof:
+        return []
+    run = prof.get("run") or {}
+    if run.get("error"):
+        return [("profiled run", f"ERROR: {run['error']}", "")]
+    out: list[tuple[str, str, str]] = [
+        ("profiled run (not counted)", f"{run.get('settled')} emails, {run.get('per_second')}"
+         f"/s with py-spy attached; states {run.get('states')}", "")]
+    hist = prof.get("history") or {}
+    if hist.get("items"):
+        kinds = ", ".join(f"{k.lower()} {v}" for k, v in hist["by_type_per_item"].items())
+        out.append(("history events per item", f"{hist['events_per_item']} "
+                    f"({hist['history_bytes_per_item']} bytes): {kinds}", ""))
+        happy = (hist.get("by_outcome") or {}).get("completed/followup_sent")
+        if happy:
+            out.append(("history events, happy item", f"{happy['events_per_item']} "
+                        f"({happy['history_bytes_per_item']} bytes): " + ", ".join(
+                            f"{k.lower()} {v}" for k, v in happy["by_type_per_item"].items()),
+                        ""))
+    for side, entry in (prof.get("postgres") or {}).items():
+        out.append((f"PostgreSQL per item, {side}",
+                    f"{entry['round_trips_per_item']} round trips ({entry['statements_per_item']}"
+                    f" statements + {entry['transaction_control_per_item']} transaction "
+                    f"control), {entry['exec_ms_per_item']} ms executing", ""))
+    if prof.get("storage_bytes_per_item"):
+        out.append(("storage per item", ", ".join(
+            f"{k} {v}" for k, v in prof["storage_bytes_per_item"].items()), ""))
+    if prof.get("destination_calls_per_item"):
+        out.append(("destination calls per item", ", ".join(
+            f"{k} {v}" for k, v in prof["destination_calls_per_item"].items()), ""))
+    if prof.get("codec_bytes_per_item"):
+        out.append(("codec bytes per item (workers)", ", ".join(
+            f"{k} {v}" for k, v in prof["codec_bytes_per_item"].items()), ""))
+    for name, summary in (prof.get("profiles") or {}).items():
+        if not isinstance(summary, dict) or "self_by_package" not in summary:
+            out.append((f"profile {name}", f"ERROR: {summary}", ""))
+            continue
+        top = ", ".join(f"{r['frame']} {r['ms_per_item']}"
+                        for r in summary["self_by_package"][:8])
+        out.append((f"profile {name} (sampled ms/item, self by package)",
+                    f"{summary['sampled_ms_per_item']} sampled: {top}; "
+                    f"{summary.get('flamegraph')}", ""))
     return out
 
 

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python bench/run.py`
     sys.path.insert(0, str(ROOT))
 
-from bench import ingress, parked, report, throughput  # noqa: E402
+from bench import ingress, parked, profile, report, throughput  # noqa: E402
 from bench.common import (  # noqa: E402
     Handles,
     LaneClients,
@@ -79,11 +79,17 @@ def parse_args(argv: list[str] | None = None) -> Options:
     parser.add_argument("--duplicate-ratio", type=float, default=0.20)
     parser.add_argument("--shared-ratio", type=float, default=0.10)
     parser.add_argument("--floor-local-activities", type=int,
-                        help="local activities per floor workflow (default: as many as the "
-                        "product's warm-up item ran, e.g. 1: record_item_state on completion)")
+                        help="local activities per floor workflow (default 0: the plain floor)")
     parser.add_argument("--floor-activities", type=int,
-                        help="regular activities per floor workflow (default: as many as the "
-                        "product's warm-up item ran; 4 if that could not be read)")
+                        help="regular activities per floor workflow (default 4: the plain "
+                        "floor, one per step of extract, plan, CRM, send)")
+    parser.add_argument("--same-shape-local-activities", type=int, default=6,
+                        help="no-op local activities of the floor in the product's shape "
+                        "(default 6: the happy path's five steps and its state record)")
+    parser.add_argument("--profile-n", type=int,
+                        help="emails in the profiled product run after the measured rounds "
+                        "(py-spy, pg_stat_statements, histories, codec bytes; default "
+                        "min(n, 300); 0: none)")
     parser.add_argument("--max-concurrent-activities", type=int,
                         default=int(os.environ.get("INBOXCRM_MAX_CONCURRENT_ACTIVITIES", 50)))
     parser.add_argument("--max-concurrent-workflow-tasks", type=int,
@@ -118,6 +124,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
         max_concurrent_workflow_tasks=args.max_concurrent_workflow_tasks,
         seed=args.seed, phases=phases, throughput_timeout=args.throughput_timeout,
         quick=quick,
+        profile_n=max(0, args.profile_n if args.profile_n is not None
+                      else min(args.n or (60 if quick else 500), 300)),
+        same_shape_local_activities=max(0, args.same_shape_local_activities),
     )
     for name in ("n", "requests", "parked", "concurrency", "post_concurrency"):
         if not 1 <= getattr(opts, name) <= 100_000:
@@ -197,7 +206,8 @@ def start_bench_processes(stack: Any, workers: int) -> tuple[str, str]:
     queue = f"bench-floor-{uuid.uuid4().hex[:6]}"
     for k in range(workers):
         name = "floor-worker" if k == 0 else f"floor-worker-{k + 1}"
-        floor = start(name, python("bench.floor_worker") + ["--task-queue", queue])
+        floor = start(name, python("bench.floor_worker") + [
+            "--task-queue", queue, "--metrics-address", f"127.0.0.1:{free_port()}"])
         floor.wait_ready(floor.log_has("floor worker running on task queue",
                                        since=floor.log_offset))
     port = free_port()
@@ -207,9 +217,24 @@ def start_bench_processes(stack: Any, workers: int) -> tuple[str, str]:
     return queue, url
 
 
+def move_sandbox(stack: Any, database_url: str) -> None:
+    """Restart the sandbox (the destination stand-in) on a database of its own, so that
+    pg_stat_statements tells its statements from the product's (bench/profile.py)."""
+    from inboxcrm.stack.processes import ManagedProcess, http_ok, python
+
+    stack.processes["sandbox"].stop()
+    proc = ManagedProcess("sandbox", python("sandbox") + [
+        "--port", str(stack.config.sandbox_port), "--database-url", database_url],
+        dict(stack.env), stack.log_dir).start()
+    stack.processes["sandbox"] = proc
+    proc.wait_ready(http_ok(f"{stack.sandbox_url}/healthz"))
+
+
 async def run_phases(stack: Any, opts: Options, result: dict[str, Any]) -> None:
     from inboxcrm.store import db as inboxcrm_db
 
+    if opts.profile_n and "throughput" in opts.phases:
+        move_sandbox(stack, await profile.sandbox_database(stack.database_url))
     for k in range(1, opts.workers):  # replicas beyond the stack's own worker
         stack.start_worker(k + 1)
     floor_queue, bare_url = start_bench_processes(stack, opts.workers)
@@ -236,6 +261,10 @@ async def run_phases(stack: Any, opts: Options, result: dict[str, Any]) -> None:
         temporal_address=stack.temporal_address, secret=stack.env["INBOXCRM_WEBHOOK_SECRET"],
         db=pool, http=http, floor_task_queue=floor_queue, pids=pids, cli_env=cli_env,
         stop_worker=stop_workers, restart_relay=restart_relay,
+        sandbox_url=stack.sandbox_url,
+        worker_metrics_urls=[f"http://{stack.worker_metrics_address(k + 1)}/metrics"
+                             for k in range(opts.workers)],
+        statements=bool(opts.profile_n) and await profile.enable_statements(pool),
     )
     try:
         if "throughput" in opts.phases:
@@ -308,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             log(f"starting a fresh stack under {DATA_DIR} (logs in {stack.log_dir})")
             t0 = time.perf_counter()
+            if opts.profile_n and "throughput" in opts.phases:
+                # pg_stat_statements preloaded
+                profile.prepare_postgres(DATA_DIR / "pg", stack.config.pg_port)
             stack.start_all()
             result["stack_start_seconds"] = round(time.perf_counter() - t0, 1)
             asyncio.run(run_phases(stack, opts, result))

@@ -16,7 +16,8 @@ from typing import Any
 
 import asyncpg
 import uvloop
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.bookkeeping import BookkeepingActivities
 from activities.crm import CrmActivities
@@ -77,6 +78,43 @@ def activity_functions(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
     ]
 
 
+def workflow_runner(settings: Settings) -> WorkflowRunner:
+    """Unsandboxed unless INBOXCRM_WORKFLOW_SANDBOX=true.
+
+    The sandbox re-executes `workflows/inbound_email.py` and proxies every import for each
+    workflow run; measured by `make bench`'s profile that is about 15 ms of CPU per item, a
+    sixth of everything an item costs. What it guards against (a clock, randomness, I/O or
+    shared module state inside workflow code) is guarded here by other means: `workflows/`
+    holds orchestration only and imports its helpers as passthrough modules that keep no
+    state (`.importlinter`, docs/architecture.md §9), and `tests/test_replay.py` replays the
+    live and stored histories through the SDK's Replayer, which runs the sandbox with its
+    restrictions (a forbidden call fails there). Set INBOXCRM_WORKFLOW_SANDBOX=true to run
+    production workers sandboxed anyway (e.g. while changing workflow code)."""
+    if settings.workflow_sandbox:
+        return SandboxedWorkflowRunner()
+    return UnsandboxedWorkflowRunner()
+
+
+def worker_options(settings: Settings) -> dict[str, Any]:
+    """The worker's limits, cache and workflow runner: shared with the benchmark's engine
+    floor (`bench/floor_worker.py`), so that product and floor differ in work, not in
+    configuration."""
+    return {
+        "max_concurrent_activities": settings.max_concurrent_activities,
+        "max_concurrent_workflow_tasks": settings.max_concurrent_workflow_tasks,
+        # Items parked for review wait for days: keep a bounded number in memory; an evicted
+        # one replays its (short) history when its signal arrives.
+        "max_cached_workflows": settings.max_cached_workflows,
+        "workflow_runner": workflow_runner(settings),
+        # A rollout drains (docs/architecture.md §4): the steps in flight (local activities,
+        # an SMTP send among them) always run to their end; no new step or destination call
+        # starts (`activities/outbox.py`, `activities/step_attempts.py`). This grace is what
+        # regular activities get before they are cancelled: the drift check, and the steps
+        # of workflows started before `local-steps`.
+        "graceful_shutdown_timeout": timedelta(seconds=settings.shutdown_grace_seconds),
+    }
+
+
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     client = await temporal.connect(
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
@@ -97,19 +135,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                     DriftActivities(pool, crm, mail).check_destination_drift,
                     NoticeActivities(pool, settings.public_relay_base_url,
                                      settings.http_timeout_seconds).send_review_notices],
-        max_concurrent_activities=settings.max_concurrent_activities,
-        max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
-        # Items parked for review wait for days: keep a bounded number in memory; an evicted
-        # one replays its (short) history when its signal arrives.
-        max_cached_workflows=settings.max_cached_workflows,
         # A PostgreSQL outage is reported as `StoreUnavailable` by every activity.
         interceptors=[StoreOutageInterceptor()],
-        # A rollout drains (docs/architecture.md §4): the steps in flight (local activities,
-        # an SMTP send among them) always run to their end; no new step or destination call
-        # starts (`activities/outbox.py`, `activities/step_attempts.py`). This grace is what
-        # regular activities get before they are cancelled: the drift check, and the steps
-        # of workflows started before `local-steps`.
-        graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
+        **worker_options(settings),
     )
     try:
         async with worker:

@@ -125,6 +125,10 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = ["CRM_MAX_ATTEMPTS", "SEND_MAX_ATTEMPTS", "InboundEmailWorkflow"]
 
+# Patch: the state search attribute is upserted at the start, at long waits and at the end,
+# not at every step (`InboundEmailWorkflow._show`).
+SEARCH_ATTRIBUTES_AT_WAITS = "search-attributes-at-waits"
+
 # A step keeps its activity's signature: `fn(self, arg) -> result` in, `result` out.
 Owner = TypeVar("Owner")
 Arg = TypeVar("Arg")
@@ -151,8 +155,10 @@ class InboundEmailWorkflow:
         # `summary` the UI shows on the step ("crm-upsert attempt 7/12").
         self._next_attempt: dict[str, tuple[int, int]] = {}
         # What the search attributes already say: upsert only changes (each upsert is a
-        # history event and a visibility write).
+        # history event and a visibility write). With `published_at_waits`, the state is
+        # published only where an item may stay for long (see `_show`).
         self._shown_state: str | None = None
+        self._published_at_waits = False
         self._shown_review = False
         # Durable-for-days: the plan being carried out (handed to a continuation), a pending
         # wake-up from `inboxcrm resume`, and how long the next store wait is.
@@ -167,6 +173,8 @@ class InboundEmailWorkflow:
                              tenant=params.tenant)
         self._status = ItemStatus(workflow_id=self._item.workflow_id,
                                   event_id=params.event_id, tenant=params.tenant)
+        # Histories written before this change upserted every state change.
+        self._published_at_waits = workflow.patched(SEARCH_ATTRIBUTES_AT_WAITS)
         try:
             if params.carried is None:
                 await self._process()
@@ -179,7 +187,8 @@ class InboundEmailWorkflow:
         return self.status()
 
     async def _process(self) -> None:
-        self._show(ItemState.EXTRACTING, extra=[SA_TENANT.value_set(self.item.tenant)])
+        self._show(ItemState.EXTRACTING, extra=[SA_TENANT.value_set(self.item.tenant)],
+                   publish=True)
         extraction = await self._step(
             ExtractActivities.extract_message, self.item, EXTRACT_TIMEOUT, EXTRACT_RETRY,
             summary="extract")
@@ -318,7 +327,7 @@ class InboundEmailWorkflow:
                     return OperationResult(status="completed", reason="resolved_by_reviewer")
                 continue
             if result.status == "parked":
-                self._show(state, "paused")
+                self._show(state, "paused", publish=True)
                 # Woken by `inboxcrm resume` (a signal); the timer is only the fallback.
                 if workflow.patched("pause-wake"):
                     self._continue_if_long()
@@ -359,6 +368,7 @@ class InboundEmailWorkflow:
         (`reason = store_unavailable`) and the worker's metrics (`inboxcrm_store_waits`).
         A wake signal (`inboxcrm resume`) tries again at once."""
         reason = self._status.reason
+        self._publish()  # a long wait: `inboxcrm resume` finds it by its state
         self._status.reason = "store_unavailable"
         workflow.metric_meter().create_counter(
             "inboxcrm_store_waits", "Workflow waits for an unreachable store").add(1)
@@ -667,16 +677,32 @@ class InboundEmailWorkflow:
         return self._item
 
     def _show(self, state: ItemState, reason: str | None = None,
-              extra: list[SearchAttributeUpdate[Any]] | None = None) -> None:
-        """Set the state in the query and search attributes (no I/O)."""
+              extra: list[SearchAttributeUpdate[Any]] | None = None,
+              publish: bool = False) -> None:
+        """Set the state in the query and, where it may stay for long, in the search
+        attributes (no I/O).
+
+        Each upsert is a history event, a visibility write and a billed action, and a happy
+        item passes five states in one workflow task, seconds apart. So the search
+        attributes get the state at the start, at every wait that may last (a person, a
+        pause, the store) and at the end (`publish`); the steps between show in the
+        `status` query and in `inbound_events.state`. Histories from before
+        `SEARCH_ATTRIBUTES_AT_WAITS` upserted every change."""
         self._status.state = state.value
         self._status.reason = reason
         updates = list(extra or [])
-        if self._shown_state != state.value:
+        if (self._shown_state != state.value
+                and (publish or not self._published_at_waits)):
             updates.append(SA_STATE.value_set(state.value))
             self._shown_state = state.value
         if updates:
             workflow.upsert_search_attributes(updates)
+
+    def _publish(self) -> None:
+        """Bring the state search attribute up to the current state (a wait begins)."""
+        if self._shown_state != self._status.state:
+            self._shown_state = self._status.state
+            workflow.upsert_search_attributes([SA_STATE.value_set(self._status.state)])
 
     async def _enter(self, state: ItemState, reason: str | None, review: bool = False) -> None:
         """A state the workflow itself decides: mirrored to PostgreSQL and the UI."""
@@ -688,7 +714,7 @@ class InboundEmailWorkflow:
             self._shown_review = True
         else:
             updates = self._leave_review_updates()
-        self._show(state, reason, updates)
+        self._show(state, reason, updates, publish=True)
         waiting = self._waiting
         await self._bookkeeping(BookkeepingActivities.record_item_state, StateChange(
             self.item, state.value, reason,

@@ -48,6 +48,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from google.protobuf.message import DecodeError
 from temporalio.api.common.v1 import Payload
 from temporalio.api.failure.v1 import Failure
+from temporalio.common import MetricMeter
 from temporalio.converter import (
     DataConverter,
     DefaultFailureConverterWithEncodedAttributes,
@@ -205,17 +206,30 @@ def rotate_key_file(path: Path) -> str:
 class EncryptionCodec(PayloadCodec):
     """AES-256-GCM with a key ID per payload; encrypts with the active key, decrypts with any.
     Payloads without `binary/encrypted` pass through decode unchanged (e.g. a signal sent by a
-    client that has no codec)."""
+    client that has no codec).
 
-    def __init__(self, keyring: Keyring) -> None:
+    With a `meter` (the worker's metrics runtime) it counts the bytes it seals and opens
+    (`inboxcrm_codec_bytes{direction}`, ciphertext sizes): the benchmark's bytes through the
+    codec per item, and a capacity figure (docs/capacity.md)."""
+
+    def __init__(self, keyring: Keyring, meter: MetricMeter | None = None) -> None:
         super().__init__()
         self.keyring = keyring
         self._ciphers = {key_id: AESGCM(key) for key_id, key in keyring.keys.items()}
+        self._bytes = meter.create_counter(
+            "inboxcrm_codec_bytes", "Payload bytes sealed (encode) and opened (decode) by the "
+            "codec", "By") if meter is not None else None
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
-        return [self.encrypt(p) for p in payloads]
+        sealed = [self.encrypt(p) for p in payloads]
+        if self._bytes is not None and sealed:
+            self._bytes.add(sum(len(p.data) for p in sealed), {"direction": "encode"})
+        return sealed
 
     async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        if self._bytes is not None and payloads:
+            self._bytes.add(sum(len(p.data) for p in payloads if p.metadata.get("encoding")
+                                == ENCODING), {"direction": "decode"})
         return [self.decrypt(p) for p in payloads]
 
     def encrypt(self, payload: Payload) -> Payload:
@@ -245,9 +259,10 @@ class EncryptionCodec(PayloadCodec):
                              "(tampered, truncated, or different key material)") from None
 
 
-def payload_codec(settings: Settings) -> EncryptionCodec | None:
+def payload_codec(settings: Settings, meter: MetricMeter | None = None
+                  ) -> EncryptionCodec | None:
     keyring = load_keyring(settings)
-    return EncryptionCodec(keyring) if keyring is not None else None
+    return EncryptionCodec(keyring, meter) if keyring is not None else None
 
 
 PLAIN_REASON_TYPES = frozenset({DECISION_REFUSED, *(t.value for t in ErrorType)})
@@ -267,9 +282,10 @@ class ReasonCodeFailureConverter(DefaultFailureConverterWithEncodedAttributes):
             failure.message = exception.message
 
 
-def data_converter(settings: Settings) -> DataConverter:
-    """The data converter every client and worker of this project uses."""
-    codec = payload_codec(settings)
+def data_converter(settings: Settings, meter: MetricMeter | None = None) -> DataConverter:
+    """The data converter every client and worker of this project uses (`meter`: count the
+    codec's bytes on this metrics runtime)."""
+    codec = payload_codec(settings, meter)
     if codec is None:
         return DataConverter.default
     return dataclasses.replace(

@@ -147,6 +147,11 @@ class Settings(BaseSettings):
     max_concurrent_activities: int = 50
     max_concurrent_workflow_tasks: int = 50
     max_cached_workflows: int = 250
+    # The SDK's workflow sandbox re-executes the workflow module and proxies its imports for
+    # every workflow run: about 15 ms of CPU per item on a 2-core machine, a sixth of an
+    # item's whole cost (docs/capacity.md). Off by default; determinism is guarded by the
+    # replay tests, which run the histories through the sandboxed Replayer (inboxcrm/worker.py).
+    workflow_sandbox: bool = False
     # SIGTERM: stop polling, let in-flight steps finish for up to this long (≥ the longest
     # step, 45 s), then cancel. deploy/k8s/worker.yaml's terminationGracePeriodSeconds (75)
     # leaves room for it plus closing connections (tests/fast/test_deploy_config.py).

@@ -54,7 +54,9 @@ async def connect(settings: Settings, *, lazy: bool = False,
 
     return await Client.connect(
         settings.temporal_address, namespace=settings.temporal_namespace, lazy=lazy,
-        data_converter=data_converter(settings), runtime=runtime,
+        data_converter=data_converter(
+            settings, meter=runtime.metric_meter if runtime is not None else None),
+        runtime=runtime,
         tls=tls_config(settings),
         api_key=settings.temporal_api_key.get_secret_value() if settings.temporal_api_key
         else None,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from inboxcrm.store.step_attempts import begin_step_cte, end_step_cte
+
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
 
@@ -67,28 +69,30 @@ ORDER BY received_at LIMIT $2
 # --- extraction (activities/extract.py) --------------------------------------------------
 # Marks the item `extracting` and reads its raw message, its source and any stored
 # extraction: one round trip.
-# It also fixes the mode the item runs under, once: the tenant's `mode` setting now, else the
-# mode its policy starts in ($3: true for shadow); a re-run keeps it (docs/architecture.md §6,
-# "Going live").
-START_EXTRACTION = """
+# It also counts the attempt (`step_attempts`: $3 workflow ID, $4 step) and fixes the mode
+# the item runs under, once: the tenant's `mode` setting now, else the mode its policy starts
+# in ($5: true for shadow); a re-run keeps it (docs/architecture.md §6, "Going live").
+START_EXTRACTION = f"""
+WITH {begin_step_cte("$3", "$4")}
 UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now(),
     shadow = COALESCE(shadow, (SELECT s.value ->> 'mode' = 'shadow' FROM settings s
-                               WHERE s.tenant = inbound_events.tenant AND s.key = 'mode'), $3)
+                               WHERE s.tenant = inbound_events.tenant AND s.key = 'mode'), $5)
 WHERE event_id = $1
 RETURNING raw, source, extraction IS NOT NULL AND route IS NOT NULL AS extracted, route,
-          route_reasons, canonical_email IS NOT NULL AS identity_known, shadow
+          route_reasons, canonical_email IS NOT NULL AS identity_known, shadow,
+          (SELECT started FROM counted) AS started
 """
 
-# The validated record and its audit entry, atomically in one statement.
-# $1 event_id, $2 extraction, $3 route, $4 route reasons, $5 canonical email, $6 tenant,
-# $7 workflow_id, $8 audit detail.
-STORE_EXTRACTION = """
+# The validated record, its audit entry and the cleared attempt count, atomically in one
+# statement. $1 event_id, $2 extraction, $3 route, $4 route reasons, $5 canonical email,
+# $6 tenant, $7 workflow_id, $8 audit detail, $9 the step.
+STORE_EXTRACTION = f"""
 WITH stored AS (
     UPDATE inbound_events
     SET extraction = $2, route = $3, route_reasons = $4, canonical_email = $5,
         updated_at = now()
     WHERE event_id = $1
-)
+), {end_step_cte("$7", "$9")}
 INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
 VALUES ($6, $1, $7, NULL, 'extractor', 'extracted', $8)
 """

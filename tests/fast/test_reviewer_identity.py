@@ -31,7 +31,8 @@ from inboxcrm.platform.reviewer_identity import (
 )
 from tests.helpers.oidc_issuer import AUDIENCE, TENANTS_CLAIM, LocalIssuer, rsa_key, serve_issuer
 
-SECRET = "server-side-secret"
+SECRET = "server-side-secret-of-32-bytes-or-more"
+OPERATOR_TOKEN = "operator-token-of-32-bytes-or-more"  # 32+ bytes outside local
 WF = "inbound/acme/standard/sales@acme.test/E-1"
 
 
@@ -160,7 +161,7 @@ async def test_the_codec_refuses_expired_wrongly_signed_and_foreign_tokens(
 
 # --- the desk's credentials and cross-site checks ------------------------------------------
 def _desk(issuer: LocalIssuer) -> DeskAuth:
-    env = {"INBOXCRM_REVIEW_TOKEN": "operator-token", "INBOXCRM_DECISION_SECRET": SECRET,
+    env = {"INBOXCRM_REVIEW_TOKEN": OPERATOR_TOKEN, "INBOXCRM_DECISION_SECRET": SECRET,
            "INBOXCRM_OIDC_ISSUER": issuer.url, "INBOXCRM_OIDC_AUDIENCE": AUDIENCE,
            "INBOXCRM_PUBLIC_RELAY_URL": "https://relay.example.test"}
     with mock.patch.dict("os.environ", env):
@@ -178,7 +179,7 @@ async def test_the_desk_knows_the_operator_and_sso_users_by_their_tokens(
         issuer: LocalIssuer) -> None:
     desk = _desk(issuer)
     no_store: Any = None  # neither credential needs the store
-    assert (await desk.from_token(no_store, "operator-token")) == operator()
+    assert (await desk.from_token(no_store, OPERATOR_TOKEN)) == operator()
     sso = await desk.from_token(no_store, issuer.token(tenants=["globex"], email="gus@x.test"))
     assert sso is not None and sso.decider == "oidc:gus@x.test"
     assert sso.may_see("globex") and not sso.may_see("acme")

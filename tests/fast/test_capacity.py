@@ -1,0 +1,54 @@
+"""The capacity model (bench/capacity.py, docs/capacity.md) on the committed benchmark
+results: it reads the measured per-item costs, not constants of its own."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from bench import capacity
+
+
+@pytest.fixture(scope="module")
+def costs() -> capacity.Costs:
+    return capacity.costs_from(json.loads(capacity.LATEST.read_text()), "latest.json")
+
+
+def test_costs_come_from_the_measured_run(costs: capacity.Costs) -> None:
+    result = json.loads(capacity.LATEST.read_text())
+    measured = result["throughput"]["cpu_per_item"]["product"]
+    assert costs.worker_cpu_ms == pytest.approx(measured["workers"])
+    assert costs.db_round_trips > 0 and costs.history_events > 0
+    assert costs.actions_high >= costs.actions_low >= 1  # at least the workflow start
+
+
+def test_a_deployment_for_10_100_and_1000_emails_per_second(costs: capacity.Costs) -> None:
+    plans = [capacity.plan(costs, rate) for rate in (10, 100, 1000)]
+    workers = [p.worker_replicas for p in plans]
+    assert workers == sorted(workers) and workers[-1] > workers[0]
+    big = plans[-1]
+    assert big.worker_replicas >= 1000 * costs.worker_cpu_ms / 1000  # cores, at least
+    assert big.cloud_actions_per_second[1] == pytest.approx(1000 * costs.actions_high, rel=1e-3)
+    # The binding limit is named, tightest first.
+    assert [rate for _, rate in big.binding] == sorted(rate for _, rate in big.binding)
+    # One tenant's provider accounts cannot carry 1,000 emails/s: tenants are needed.
+    assert big.tenants_needed > 1
+
+
+def test_the_model_follows_the_measurements(costs: capacity.Costs) -> None:
+    heavier = dataclasses.replace(costs, worker_cpu_ms=costs.worker_cpu_ms * 2,
+                                  postgres_cpu_ms=costs.postgres_cpu_ms * 100)
+    base, more = capacity.plan(costs, 1000), capacity.plan(heavier, 1000)
+    assert more.worker_replicas >= 2 * base.worker_replicas - 1
+    assert more.db_shards > base.db_shards
+
+
+def test_the_command_prints_each_rate_and_what_binds(capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    assert capacity.main(["--results", str(capacity.LATEST)]) == 0
+    out = capsys.readouterr().out
+    for rate in ("10 emails/s", "100 emails/s", "1000 emails/s"):
+        assert rate in out
+    assert out.count("binds first") == 3
