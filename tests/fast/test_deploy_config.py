@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +19,20 @@ from temporalio.service import TLSConfig
 from inboxcrm.adapters.factory import build_crm, build_mail
 from inboxcrm.platform.config import Settings
 from inboxcrm.platform.temporal import tls_config
-
-ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy"
-COMPOSE = DEPLOY / "docker-compose.yml"
-ENV_EXAMPLE = DEPLOY / ".env.example"
-K8S = DEPLOY / "k8s"
+from tests.helpers.deploy_files import (
+    COMPOSE,
+    DEPLOY,
+    K8S,
+    ROOT,
+    Unset,
+    env_example,
+    filled_env,
+    interpolate,
+    k8s_documents,
+    load_compose,
+    referenced_variables,
+    strings,
+)
 
 # Variables that configure the containers around the application, not the application.
 COMPOSE_ONLY = {
@@ -42,7 +50,6 @@ KUBERNETES_VERSIONS = ("1.35", "1.36", "1.37")
 # Kinds no core Kubernetes schema describes (kustomize's file, KEDA's custom resource).
 NOT_CORE_KINDS = {"Kustomization", "ScaledObject"}
 SECRET_NAME = re.compile(r"PASSWORD|PWD|SECRET|TOKEN|API_KEY|SIGNING_KEY|PRIVATE")
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)((?::?[-?])([^}]*))?\}")
 
 
 def settings_env_names() -> set[str]:
@@ -53,86 +60,6 @@ def settings_env_names() -> set[str]:
         if isinstance(alias, AliasChoices):
             names.update(a for a in alias.choices if isinstance(a, str))
     return names
-
-
-def load_compose() -> dict[str, Any]:
-    data = yaml.safe_load(COMPOSE.read_text())
-    assert isinstance(data, dict)
-    return data
-
-
-def env_example() -> dict[str, str]:
-    values: dict[str, str] = {}
-    for line in ENV_EXAMPLE.read_text().splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        assert sep and re.fullmatch(r"[A-Z_][A-Z0-9_]*", key), f"bad line: {line!r}"
-        assert key not in values, f"{key} documented twice"
-        values[key] = value
-    return values
-
-
-def strings(node: Any) -> Iterator[str]:
-    if isinstance(node, str):
-        yield node
-    elif isinstance(node, Mapping):
-        for key, value in node.items():
-            yield str(key)
-            yield from strings(value)
-    elif isinstance(node, list):
-        for item in node:
-            yield from strings(item)
-
-
-def referenced_variables() -> dict[str, str | None]:
-    """Every ${VAR...} in the compose file -> its operator (":-", ":?", ...) or None."""
-    found: dict[str, str | None] = {}
-    text = "\n".join(strings(load_compose()))  # parsed: comments do not count
-    for match in _VAR.finditer(text):
-        operator = match.group(2)[:2].rstrip("{}") if match.group(2) else None
-        found.setdefault(match.group(1), operator)
-        if operator and "?" in operator:
-            found[match.group(1)] = operator
-    return found
-
-
-class Unset(Exception):
-    pass
-
-
-def interpolate(value: Any, env: Mapping[str, str]) -> str:
-    """Compose's interpolation: ${V}, ${V:-d}, ${V-d}, ${V:?msg}, ${V?msg}."""
-    text = str(value)
-
-    def one(match: re.Match[str]) -> str:
-        name, spec = match.group(1), match.group(2) or ""
-        current = env.get(name)
-        if spec.startswith(":-"):
-            return current if current else spec[2:]
-        if spec.startswith("-"):
-            return current if current is not None else spec[1:]
-        if spec.startswith(":?"):
-            if not current:
-                raise Unset(name)
-            return current
-        if spec.startswith("?"):
-            if current is None:
-                raise Unset(name)
-            return current
-        return current or ""
-
-    return _VAR.sub(one, text)
-
-
-def filled_env() -> dict[str, str]:
-    """.env.example as an operator would complete it: the empty required values set."""
-    env = env_example()
-    for name, operator in referenced_variables().items():
-        if operator and "?" in operator and not env.get(name):
-            env[name] = f"test-{name.lower()}-value"
-    env["INBOXCRM_WEBHOOK_SECRET"] = "whsec_dGVzdC1zZWNyZXQtZm9yLWRlcGxveS1jb25maWctdGVzdHM="
-    return env
 
 
 def service_environment(service: str, env: Mapping[str, str]) -> dict[str, str]:
@@ -273,14 +200,6 @@ def test_worker_settings_for_salesforce_and_smtp(monkeypatch: pytest.MonkeyPatch
 
 
 # --- Kubernetes ----------------------------------------------------------------------------------
-def k8s_documents() -> list[dict[str, Any]]:
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    docs: list[dict[str, Any]] = []
-    for resource in kustomization["resources"]:
-        docs.extend(d for d in yaml.safe_load_all((K8S / resource).read_text()) if d)
-    return docs
-
-
 def by_kind(kind: str) -> list[dict[str, Any]]:
     return [d for d in k8s_documents() if d["kind"] == kind]
 
