@@ -44,6 +44,8 @@ COMPOSE_ONLY = {
 # Environment variables the application reads outside Settings.
 KNOWN_APP_VARIABLES = {"INBOXCRM_POLICY_DIR"}
 APP_SERVICES = ("bootstrap", "worker", "relay")
+# Jobs that run to completion on every `up` (idempotent), instead of staying up.
+ONE_SHOT_JOBS = {"bootstrap", "temporal-schema", "temporal-namespace"}
 # The Kubernetes releases the manifests are validated against (`kubernetes-validate -k`): the
 # three minor releases upstream supported when the kubernetes-validate pin was taken.
 KUBERNETES_VERSIONS = ("1.35", "1.36", "1.37")
@@ -71,10 +73,16 @@ def service_environment(service: str, env: Mapping[str, str]) -> dict[str, str]:
 # --- compose -----------------------------------------------------------------------------------
 def test_compose_has_the_production_services() -> None:
     services = load_compose()["services"]
-    assert set(services) >= {"postgres", "temporal-db", "temporal", "temporal-ui", "bootstrap",
-                             "worker", "relay"}
+    assert set(services) >= {"postgres", "temporal-db", "temporal-schema", "temporal",
+                             "temporal-namespace", "temporal-ui", "bootstrap", "worker", "relay"}
     assert services["temporal"]["environment"]["DB"] == "postgres12"  # PostgreSQL persistence
-    assert services["temporal"]["depends_on"]["temporal-db"]["condition"] == "service_healthy"
+    assert services["temporal-schema"]["environment"]["SQL_PLUGIN"] == "postgres12"
+    assert services["temporal-schema"]["depends_on"]["temporal-db"]["condition"] == \
+        "service_healthy"
+    assert services["temporal"]["depends_on"]["temporal-schema"]["condition"] == \
+        "service_completed_successfully"
+    assert services["bootstrap"]["depends_on"]["temporal-namespace"]["condition"] == \
+        "service_completed_successfully"
     assert services["temporal-ui"]["environment"]["TEMPORAL_ADDRESS"] == "temporal:7233"
     assert "inboxcrm.worker" in services["worker"]["command"]
     assert "inboxcrm.ingress.main" in services["relay"]["command"]
@@ -89,7 +97,7 @@ def test_compose_has_the_production_services() -> None:
 
 def test_every_long_running_service_has_a_healthcheck() -> None:
     for name, service in load_compose()["services"].items():
-        if name == "bootstrap":
+        if name in ONE_SHOT_JOBS:
             assert service["restart"] == "no"
             continue
         check = service.get("healthcheck")
@@ -111,6 +119,8 @@ def test_compose_holds_no_literal_secret() -> None:
         for password in re.findall(r"://[^/:@\s]+:([^@\s]+)@", text):
             assert password.startswith("${"), f"literal password in {text!r}"
         for token in re.findall(r"[A-Za-z0-9+/=]{24,}", text):
+            if re.fullmatch(r"(/[a-z0-9_.-]+)+/?", token):
+                continue  # a lower-case file path, e.g. the schema directory
             if re.search(r"\d", token) and re.search(r"[A-Za-z]", token):
                 pytest.fail(f"secret-looking literal {token[:4]}… in the compose file")
 
@@ -462,3 +472,23 @@ def test_worker_drains_within_the_pod_grace_period() -> None:
     compose_grace = yaml.safe_load(COMPOSE.read_text())["services"]["worker"][
         "stop_grace_period"]
     assert compose_grace == f"{grace}s"
+
+
+def test_temporal_images_are_current_and_pinned() -> None:
+    """The server image plus its own admin tools for the schema (auto-setup is deprecated),
+    one exact release for both; a UI that shows Updates and Worker Versioning (2.40+)."""
+    tags: dict[str, str] = {}
+    for name, service in load_compose()["services"].items():
+        if "build" in service:
+            continue
+        image = interpolate(service["image"], env_example())
+        repository, _, tag = image.rpartition(":")
+        assert repository and tag and tag != "latest", f"{name}: {image} is not pinned"
+        assert "auto-setup" not in repository, f"{name}: auto-setup is deprecated"
+        if repository.startswith("temporalio/"):
+            assert re.fullmatch(r"\d+\.\d+\.\d+", tag), f"{name}: {image} is not an exact tag"
+            tags[repository] = tag
+    assert set(tags) == {"temporalio/server", "temporalio/admin-tools", "temporalio/ui"}
+    assert tags["temporalio/server"] == tags["temporalio/admin-tools"]
+    assert tuple(map(int, tags["temporalio/ui"].split("."))) >= (2, 40, 0)
+    assert tuple(map(int, tags["temporalio/server"].split("."))) >= (1, 29, 0)
