@@ -29,7 +29,7 @@ async def bootstrap(skip_search_attributes: bool) -> None:
     print(f"migrations applied now: {', '.join(applied) or 'none (up to date)'}")  # noqa: T201
     client = await temporal.connect(settings)
     if not skip_search_attributes:
-        added = await temporal.ensure_search_attributes(client, settings.temporal_namespace)
+        added = await temporal.ensure_search_attributes(client, client.namespace)
         print(f"search attributes added: {', '.join(added) or 'none (all present)'}")  # noqa: T201
     outcome = await temporal.ensure_drift_check_schedule(client, settings)
     print(f"drift check schedule: {outcome}")  # noqa: T201

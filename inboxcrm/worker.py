@@ -70,7 +70,7 @@ def activity_functions(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     client = await temporal.connect(
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
-    await temporal.ensure_search_attributes(client, settings.temporal_namespace)
+    await temporal.ensure_search_attributes(client, client.namespace)
     pool = await db.create_pool(settings.database_url, max_size=20)
     crm = build_crm(settings)  # INBOXCRM_CRM_PROVIDER / INBOXCRM_MAIL_PROVIDER
     mail = build_mail(settings)

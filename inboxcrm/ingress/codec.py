@@ -15,6 +15,7 @@ from temporalio.api.common.v1 import Payloads
 from inboxcrm.ingress.web import read_body
 from inboxcrm.platform.codec import CodecError, payload_codec
 from inboxcrm.platform.config import Settings
+from inboxcrm.platform.temporal import effective_namespace
 
 log = logging.getLogger("inboxcrm.ingress.codec")
 
@@ -39,7 +40,8 @@ def codec_router(settings: Settings) -> APIRouter:
     """`POST /codec/encode` and `POST /codec/decode` (+ CORS preflight) for the relay."""
     codec = payload_codec(settings)
     origins = set(_csv(settings.codec_cors_origins))
-    namespaces = set(_csv(settings.codec_namespaces)) or {settings.temporal_namespace}
+    default_namespace = effective_namespace(settings)  # the setting, or the Temporal profile's
+    namespaces = set(_csv(settings.codec_namespaces)) or {default_namespace}
     token = settings.codec_token.get_secret_value() if settings.codec_token else ""
     open_access = not token and is_loopback(settings.relay_host)
     if not token and not open_access:
@@ -71,7 +73,7 @@ def codec_router(settings: Settings) -> APIRouter:
         if not authorised(request):
             return cors(request, Response(status_code=401,
                                           headers={"WWW-Authenticate": "Bearer"}))
-        namespace = request.headers.get("x-namespace") or settings.temporal_namespace
+        namespace = request.headers.get("x-namespace") or default_namespace
         if namespace not in namespaces:
             return cors(request, _json_error(403, "namespace not served by this codec"))
         body = await read_body(request, settings.max_body_bytes)

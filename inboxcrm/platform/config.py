@@ -28,6 +28,16 @@ class Settings(BaseSettings):
     )
     temporal_namespace: str = "default"
     task_queue: str = DEFAULT_TASK_QUEUE
+    # A Temporal client profile (temporal.toml, the format the Temporal CLI and SDKs share,
+    # read by temporalio.envconfig): TEMPORAL_CONFIG_FILE names the file, TEMPORAL_PROFILE the
+    # profile in it (default "default"). Read only when one of them is set. The standard
+    # TEMPORAL_* variables override the profile, the INBOXCRM_* settings here override both
+    # (inboxcrm/platform/temporal.py connect_config).
+    temporal_config_file: str | None = Field(
+        None,
+        validation_alias=AliasChoices("TEMPORAL_CONFIG_FILE", "INBOXCRM_TEMPORAL_CONFIG_FILE"))
+    temporal_profile: str | None = Field(
+        None, validation_alias=AliasChoices("TEMPORAL_PROFILE", "INBOXCRM_TEMPORAL_PROFILE"))
     # Temporal Cloud / TLS (inboxcrm/platform/temporal.py connect): mTLS client certificate and key
     # (PEM file paths), optional server CA, or an API key (implies TLS).
     temporal_tls_cert: str | None = None

@@ -49,7 +49,8 @@ from tests.helpers.deploy_files import (
 CODE_DIRS = ("inboxcrm", "activities", "workflows", "schemas", "deploy", "tests", "bench")
 # Text in deploy/ that an operator copies from: commands, module names, paths in it must work.
 DEPLOY_TEXT = [DEPLOY / "README.md", ENV_EXAMPLE, COMPOSE, ROOT / "Dockerfile",
-               *sorted((DEPLOY / "k8s").rglob("*.yaml"))]
+               *sorted((DEPLOY / "k8s").rglob("*.yaml")),
+               *sorted((DEPLOY / "temporal").glob("*"))]
 
 
 # --- what the code says -------------------------------------------------------------------------
