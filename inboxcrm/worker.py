@@ -29,7 +29,7 @@ from activities.store_outage import StoreOutageInterceptor
 from inboxcrm.adapters.base import CrmClient, MailClient
 from inboxcrm.adapters.factory import build_crm, build_mail
 from inboxcrm.domain.extraction import Extractor, build_extractor
-from inboxcrm.platform import temporal
+from inboxcrm.platform import temporal, tracing
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.platform.logs import configure_logging
 from inboxcrm.store import db
@@ -108,6 +108,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
 
 def main() -> None:
     configure_logging("worker")
+    tracing.configure("inboxcrm-worker")  # off unless OTEL_* asks (docs/architecture.md §8)
     stop = asyncio.Event()
 
     async def _main() -> None:

@@ -8,6 +8,7 @@ import sys
 import uvicorn
 
 from inboxcrm.ingress.app import create_app
+from inboxcrm.platform import tracing
 from inboxcrm.platform.config import get_settings
 from inboxcrm.platform.logs import configure_logging
 
@@ -25,6 +26,7 @@ def port_free(host: str, port: int) -> bool:
 def main() -> None:
     settings = get_settings()
     configure_logging("relay")
+    tracing.configure("inboxcrm-relay")  # off unless OTEL_* asks (docs/architecture.md §8)
     if not port_free(settings.relay_host, settings.relay_port):
         print(  # noqa: T201
             f"inboxcrm relay: port {settings.relay_port} on {settings.relay_host} is already in "

@@ -29,6 +29,7 @@ from temporalio.envconfig import ClientConfigProfile
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import TLSConfig
 
+from inboxcrm.platform import tracing
 from inboxcrm.platform.config import Settings
 from schemas import contract
 from schemas.drift import DriftCheckInput
@@ -113,7 +114,8 @@ def effective_namespace(settings: Settings) -> str:
 async def connect(settings: Settings, *, lazy: bool = False,
                   runtime: Runtime | None = None) -> Client:
     """The one way every process connects (docs/architecture.md §8): profile and overrides
-    from connect_config, and payload encryption."""
+    from connect_config, payload encryption, and the Temporal SDK's tracing interceptor when
+    tracing is on (inboxcrm/platform/tracing.py; workers inherit it from the client)."""
     from inboxcrm.platform.codec import (
         data_converter,  # payload encryption (docs/architecture.md §7)
     )
@@ -123,6 +125,7 @@ async def connect(settings: Settings, *, lazy: bool = False,
         config.target_host, namespace=config.namespace, lazy=lazy,
         data_converter=data_converter(settings), runtime=runtime,
         tls=config.tls, api_key=config.api_key, rpc_metadata=config.rpc_metadata,
+        interceptors=tracing.client_interceptors(),
     )
 
 
