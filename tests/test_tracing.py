@@ -7,6 +7,7 @@ and carry no personal data. The CLI connects through the same profile."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -121,9 +122,10 @@ async def test_one_item_is_one_trace_from_the_webhook_to_the_crm_without_persona
         assert "@" not in exported, "an email address was exported in a span"
 
     # The CLI reaches Temporal through the same profile (it lists parked items there).
-    cli = subprocess.run([sys.executable, "-m", "inboxcrm.cli", "resume", "--tenant", "acme"],
-                         env=profile_environment(stack, tmp_path), capture_output=True,
-                         text=True, timeout=60, check=False)
+    cli = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "inboxcrm.cli", "resume", "--tenant", "acme"],
+        env=profile_environment(stack, tmp_path), capture_output=True, text=True, timeout=60,
+        check=False)
     assert cli.returncode == 0 and "woke" in cli.stdout, cli.stdout + cli.stderr
 
 
