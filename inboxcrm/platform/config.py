@@ -112,7 +112,7 @@ class Settings(BaseSettings):
     max_concurrent_workflow_tasks: int = 50
     max_cached_workflows: int = 250
     # SIGTERM: stop polling, let in-flight steps finish for up to this long (≥ the longest
-    # step, 45 s), then cancel. deploy/k8s/worker.yaml's terminationGracePeriodSeconds (75)
+    # step, 45 s), then cancel. deploy/k8s/base/worker.yaml's terminationGracePeriodSeconds (75)
     # leaves room for it plus closing connections (tests/fast/test_deploy_config.py).
     shutdown_grace_seconds: float = 50.0
 

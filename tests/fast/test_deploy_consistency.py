@@ -33,6 +33,8 @@ from tests.helpers.deploy_files import (
     COMPOSE,
     DEPLOY,
     ENV_EXAMPLE,
+    KUBECTL,
+    OVERLAYS,
     ROOT,
     app_containers,
     compose_services,
@@ -41,6 +43,7 @@ from tests.helpers.deploy_files import (
     interpolate,
     k8s_documents,
     referenced_variables,
+    renderings,
     strings,
 )
 
@@ -48,8 +51,11 @@ from tests.helpers.deploy_files import (
 # tool switches such as INBOXCRM_CAPTURE_HISTORIES that the deploy README mentions).
 CODE_DIRS = ("inboxcrm", "activities", "workflows", "schemas", "deploy", "tests", "bench")
 # Text in deploy/ that an operator copies from: commands, module names, paths in it must work.
+# The renderings the codec endpoint is looked for in (the overlays only where kubectl is).
+RENDERED = ["base", *(f"overlays/{name}" for name in OVERLAYS if KUBECTL)]
 DEPLOY_TEXT = [DEPLOY / "README.md", ENV_EXAMPLE, COMPOSE, ROOT / "Dockerfile",
                *sorted((DEPLOY / "k8s").rglob("*.yaml")),
+               *sorted((DEPLOY / "k8s").rglob("*.toml")),
                *sorted((DEPLOY / "temporal").glob("*"))]
 
 
@@ -174,7 +180,7 @@ def test_the_derivations_see_the_code() -> None:
 
 
 # --- entry points -------------------------------------------------------------------------------
-def commands() -> Iterator[tuple[str, list[str]]]:
+def commands(rendering: str) -> Iterator[tuple[str, list[str]]]:
     """Every command a deploy file runs: (where, argv)."""
     for name, service in compose_services().items():
         if "build" not in service:
@@ -185,7 +191,7 @@ def commands() -> Iterator[tuple[str, list[str]]]:
         test = (service.get("healthcheck") or {}).get("test")
         if isinstance(test, list) and test[0] == "CMD":
             yield f"compose {name}.healthcheck", [str(a) for a in test[1:]]
-    for where, container in app_containers():
+    for where, container in app_containers(rendering):
         argv = [*container.get("command", []), *container.get("args", [])]
         if argv:
             yield where, argv
@@ -224,8 +230,9 @@ def check_argv(where: str, argv: list[str]) -> None:
                            "wget"}, f"{where}: unknown program {argv[0]}"
 
 
-def test_every_command_the_deploy_files_run_exists() -> None:
-    found = list(commands())
+@pytest.mark.parametrize("rendering", renderings())
+def test_every_command_the_deploy_files_run_exists(rendering: str) -> None:
+    found = list(commands(rendering))
     assert len(found) >= 8
     for where, argv in found:
         check_argv(where, argv)
@@ -272,15 +279,16 @@ def test_every_module_and_path_the_deploy_files_name_exists() -> None:
 CONTAINER_VARIABLES = {"PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PATH"}
 
 
-def test_every_variable_given_to_an_app_container_is_read_by_the_code() -> None:
+@pytest.mark.parametrize("rendering", renderings())
+def test_every_variable_given_to_an_app_container_is_read_by_the_code(rendering: str) -> None:
     known = read_by_code() | CONTAINER_VARIABLES
     for name in ("bootstrap", "worker", "relay"):
         for key in compose_services()[name].get("environment") or {}:
             assert key in known, f"compose {name}: {key} is read by no code"
-    for where, container in app_containers():
+    for where, container in app_containers(rendering):
         for item in container.get("env", []):
             assert item["name"] in known, f"{where}: {item['name']} is read by no code"
-    for doc in k8s_documents():
+    for doc in k8s_documents(rendering):
         if doc["kind"] == "ConfigMap" and doc["metadata"]["name"].startswith("inboxcrm-config"):
             for key in doc.get("data", {}):
                 assert key in known, f"ConfigMap: {key} is read by no code"
@@ -296,7 +304,8 @@ def test_every_inboxcrm_name_in_the_deploy_files_exists() -> None:
                 f"{path.relative_to(ROOT)}: {name} is neither a setting nor a compose variable")
 
 
-def test_required_settings_are_given_everywhere() -> None:
+@pytest.mark.parametrize("rendering", renderings())
+def test_required_settings_are_given_everywhere(rendering: str) -> None:
     """A setting without a default must reach every app container: in Compose as a literal or
     a `${VAR:?message}` that stops `docker compose` while unset, in Kubernetes through the
     ConfigMap, the container's env or the Secret the deploy README tells operators to create."""
@@ -311,24 +320,24 @@ def test_required_settings_are_given_everywhere() -> None:
             for ref in refs:
                 assert operators.get(ref) and "?" in str(operators[ref]), (
                     f"compose {name}: {setting} must stop compose when {ref} is unset")
-    config = {k for d in k8s_documents() if d["kind"] == "ConfigMap" for k in d.get("data", {})}
-    for where, container in app_containers():
-        given = config | {e["name"] for e in container.get("env", [])}
+    for where, container in app_containers(rendering):
+        given = set(container_env(container, rendering))
         for setting in required - given:
             assert f"{setting}=" in readme, f"{where}: required {setting} is given nowhere"
 
 
-def test_secret_settings_never_have_literal_values() -> None:
+@pytest.mark.parametrize("rendering", renderings())
+def test_secret_settings_never_have_literal_values(rendering: str) -> None:
     secrets = secret_settings()
     assert "INBOXCRM_CODEC_TOKEN" in secrets
     for name, service in compose_services().items():
         for key, value in (service.get("environment") or {}).items():
             if key in secrets:
                 assert str(value).startswith("${"), f"compose {name}: literal {key}"
-    for doc in k8s_documents():
+    for doc in k8s_documents(rendering):
         if doc["kind"] == "ConfigMap":
             assert not secrets & set(doc.get("data", {})), "a secret setting in a ConfigMap"
-    for where, container in app_containers():
+    for where, container in app_containers(rendering):
         for item in container.get("env", []):
             assert item["name"] not in secrets or "valueFrom" in item, f"{where}: {item}"
 
@@ -352,11 +361,12 @@ def codec_endpoints() -> Iterator[tuple[str, str]]:
         value = compose_env(name).get("TEMPORAL_CODEC_ENDPOINT")
         if value is not None:
             yield f"compose {name}", value
-    for doc in k8s_documents():
-        for text in strings(doc):
-            match = re.search(r"TEMPORAL_CODEC_ENDPOINT\W+(\S+)", text)
-            if match:
-                yield f"{doc['kind']} {doc['metadata']['name']}", match.group(1)
+    for rendering in RENDERED:
+        for doc in k8s_documents(rendering):
+            for text in strings(doc):
+                match = re.search(r"TEMPORAL_CODEC_ENDPOINT\W+(\S+)", text)
+                if match:
+                    yield f"{rendering} {doc['kind']} {doc['metadata']['name']}", match.group(1)
 
 
 def test_the_ui_codec_endpoint_is_the_relays_codec_path() -> None:
@@ -401,11 +411,17 @@ def test_compose_worker_metrics_port() -> None:
         r"^EXPOSE (.*)$", (ROOT / "Dockerfile").read_text(), re.M)[0].split()
 
 
-def container_env(container: Mapping[str, Any]) -> dict[str, str]:
-    config = {k: str(v) for d in k8s_documents() if d["kind"] == "ConfigMap"
-              for k, v in (d.get("data") or {}).items()}
-    return config | {e["name"]: str(e["value"]) for e in container.get("env", [])
-                     if "value" in e}
+def container_env(container: Mapping[str, Any], rendering: str) -> dict[str, str]:
+    """What the container's environment holds: its ConfigMaps (envFrom), then its env; a
+    Secret's keys are not known here."""
+    maps = {d["metadata"]["name"]: d.get("data") or {} for d in k8s_documents(rendering)
+            if d["kind"] == "ConfigMap"}
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        if "configMapRef" in source:
+            env |= {k: str(v) for k, v in maps[source["configMapRef"]["name"]].items()}
+    return env | {e["name"]: str(e.get("value", "<from a reference>"))
+                  for e in container.get("env", [])}
 
 
 def metrics_ports(env: Mapping[str, str]) -> set[int]:
@@ -420,53 +436,61 @@ def metrics_ports(env: Mapping[str, str]) -> set[int]:
     return ports
 
 
-def scrape_targets() -> Iterator[tuple[str, dict[str, Any], int, str]]:
-    """(where, container, port, path) of every Prometheus scrape the manifests declare:
-    `prometheus.io/*` annotations and ServiceMonitor/PodMonitor endpoints."""
-    docs = k8s_documents()
+def pods(docs: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(workload, pod template) of every Deployment and Job."""
     for doc in docs:
-        spec = doc.get("spec", {})
-        template = spec.get("template") if isinstance(spec, dict) else None
-        if not template:
-            continue
+        spec = doc.get("spec")
+        if isinstance(spec, dict) and isinstance(spec.get("template"), dict):
+            yield doc, spec["template"]
+
+
+def scrape_targets(rendering: str) -> Iterator[tuple[str, dict[str, Any], int, str]]:
+    """(where, container, port, path) of every Prometheus scrape the manifests declare:
+    `prometheus.io/*` pod annotations, and ServiceMonitor endpoints (Services chosen by their
+    labels, the endpoint's port by the Service port's name, its targetPort in the pods the
+    Service selects)."""
+    docs = k8s_documents(rendering)
+    for doc, template in pods(docs):
         annotations = template.get("metadata", {}).get("annotations", {})
-        for container in template["spec"]["containers"]:
-            ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
-            if annotations.get("prometheus.io/scrape") == "true":
-                yield (doc["metadata"]["name"], container, int(annotations["prometheus.io/port"]),
+        if annotations.get("prometheus.io/scrape") == "true":
+            for container in template["spec"]["containers"]:
+                yield (doc["metadata"]["name"], container,
+                       int(annotations["prometheus.io/port"]),
                        annotations.get("prometheus.io/path", "/metrics"))
-            for monitor in docs:
-                if monitor["kind"] not in ("ServiceMonitor", "PodMonitor"):
+    services = [d for d in docs if d["kind"] == "Service"]
+    for monitor in (d for d in docs if d["kind"] == "ServiceMonitor"):
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        chosen = [s for s in services
+                  if selector.items() <= s["metadata"].get("labels", {}).items()]
+        assert chosen, f"ServiceMonitor {monitor['metadata']['name']} selects no Service"
+        for endpoint in monitor["spec"]["endpoints"]:
+            for service in chosen:
+                ports = [p for p in service["spec"]["ports"] if p.get("name") == endpoint["port"]]
+                if not ports:
                     continue
-                selector = monitor["spec"]["selector"].get("matchLabels", {})
-                if not selector.items() <= template["metadata"]["labels"].items():
-                    continue
-                key = "endpoints" if monitor["kind"] == "ServiceMonitor" else "podMetricsEndpoints"
-                for endpoint in monitor["spec"][key]:
-                    port = _service_target(docs, selector, endpoint["port"], ports)
-                    yield (f"{monitor['kind']} {monitor['metadata']['name']}", container,
-                           port, endpoint.get("path", "/metrics"))
+                target = ports[0].get("targetPort", ports[0]["port"])
+                for _, template in pods(docs):
+                    if not service["spec"]["selector"].items() <= \
+                            template["metadata"]["labels"].items():
+                        continue
+                    for container in template["spec"]["containers"]:
+                        named = {p.get("name"): p["containerPort"]
+                                 for p in container.get("ports", [])}
+                        yield (f"ServiceMonitor {monitor['metadata']['name']}", container,
+                               int(named.get(target, target)), endpoint.get("path", "/metrics"))
 
 
-def _service_target(docs: list[dict[str, Any]], selector: Mapping[str, str], name: str,
-                    container_ports: Mapping[str | None, int]) -> int:
-    for service in docs:
-        if service["kind"] == "Service" and selector.items() <= service["spec"].get(
-                "selector", {}).items():
-            for port in service["spec"]["ports"]:
-                if port.get("name") == name:
-                    target = port.get("targetPort", port["port"])
-                    return int(container_ports.get(target, target))
-    return int(container_ports[name])
-
-
-def test_every_scrape_target_serves_metrics() -> None:
+@pytest.mark.parametrize("rendering", renderings())
+def test_every_scrape_target_serves_metrics(rendering: str) -> None:
     """A scrape hits a port and path the process really serves: the relay's own route on its
     port, or the /metrics of a metrics listener its settings open."""
-    found = list(scrape_targets())
+    found = list(scrape_targets(rendering))
     assert {where for where, *_ in found} >= {"inboxcrm-relay", "inboxcrm-worker"}
+    if rendering != "base":
+        assert {"ServiceMonitor inboxcrm-relay", "ServiceMonitor inboxcrm-worker"} <= {
+            where for where, *_ in found}
     for where, container, port, path in found:
-        env = container_env(container)
+        env = container_env(container, rendering)
         is_relay = "inboxcrm.ingress.main" in container.get("command", [])
         served = port in metrics_ports(env) and path == "/metrics"
         if is_relay and port == relay_port(env):
@@ -475,9 +499,10 @@ def test_every_scrape_target_serves_metrics() -> None:
         assert port in {p["containerPort"] for p in container.get("ports", [])}, where
 
 
-def test_kubernetes_probes_and_ports_follow_the_settings() -> None:
-    for where, container in app_containers():
-        env = container_env(container)
+@pytest.mark.parametrize("rendering", renderings())
+def test_kubernetes_probes_and_ports_follow_the_settings(rendering: str) -> None:
+    for where, container in app_containers(rendering):
+        env = container_env(container, rendering)
         ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
         is_relay = "inboxcrm.ingress.main" in container.get("command", [])
         if is_relay:
@@ -495,8 +520,10 @@ def test_kubernetes_probes_and_ports_follow_the_settings() -> None:
                     f"{where}.{probe}: nothing listens on {port}"
 
 
+@pytest.mark.parametrize("rendering", renderings())
 @pytest.mark.parametrize("name", ["worker", "relay"])
-def test_compose_and_kubernetes_run_the_same_programs(name: str) -> None:
+def test_compose_and_kubernetes_run_the_same_programs(name: str, rendering: str) -> None:
     compose = [str(a) for a in compose_services()[name]["command"]]
-    kube = [c.get("command") for w, c in app_containers() if w.endswith(f"inboxcrm-{name}")]
+    kube = [c.get("command") for w, c in app_containers(rendering)
+            if w.endswith(f"inboxcrm-{name} containers")]
     assert kube and all(k == compose for k in kube)

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import copy
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator, Mapping
+from functools import cache
 from typing import Any
 
 import yaml
@@ -104,17 +108,44 @@ def filled_env() -> dict[str, str]:
     return env
 
 
-def k8s_documents() -> list[dict[str, Any]]:
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    docs: list[dict[str, Any]] = []
-    for resource in kustomization["resources"]:
-        docs.extend(d for d in yaml.safe_load_all((K8S / resource).read_text()) if d)
-    return docs
+BASE = K8S / "base"
+OVERLAYS = sorted(p.parent.name for p in (K8S / "overlays").glob("*/kustomization.yaml"))
+KUBECTL = shutil.which("kubectl")
 
 
-def app_containers() -> Iterator[tuple[str, dict[str, Any]]]:
+@cache
+def _rendered(rendering: str) -> tuple[dict[str, Any], ...]:
+    if rendering == "base":  # read as kustomize lists it: no tool needed
+        kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+        docs: list[dict[str, Any]] = []
+        for resource in kustomization["resources"]:
+            docs.extend(d for d in yaml.safe_load_all((BASE / resource).read_text()) if d)
+        return tuple(docs)
+    assert KUBECTL, "kubectl (with its built-in kustomize) is needed to render the overlays"
+    result = subprocess.run([KUBECTL, "kustomize", str(K8S / rendering)], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    return tuple(d for d in yaml.safe_load_all(result.stdout) if d)
+
+
+def k8s_documents(rendering: str = "base") -> list[dict[str, Any]]:
+    """The manifests of the base, or of an overlay as `kubectl kustomize` renders it (the
+    kustomize built into kubectl, as `kubectl apply -k` uses it). Fresh copies: callers may
+    change them."""
+    return copy.deepcopy(list(_rendered(rendering)))
+
+
+def renderings() -> list[Any]:
+    """"base" and each overlay (skipped, with the reason, where kubectl is missing)."""
+    import pytest
+
+    no_kubectl = pytest.mark.skipif(not KUBECTL, reason="kubectl (kustomize) is not installed")
+    return ["base", *(pytest.param(f"overlays/{name}", marks=no_kubectl) for name in OVERLAYS)]
+
+
+def app_containers(rendering: str = "base") -> Iterator[tuple[str, dict[str, Any]]]:
     """(where, container) of every inboxcrm container: Deployments, Jobs, init containers."""
-    for doc in k8s_documents():
+    for doc in k8s_documents(rendering):
         spec = doc.get("spec")
         template = spec.get("template") if isinstance(spec, dict) else None
         if not isinstance(template, dict):
@@ -123,4 +154,4 @@ def app_containers() -> Iterator[tuple[str, dict[str, Any]]]:
         for key in ("initContainers", "containers"):
             for container in pod.get(key, []):
                 if str(container.get("image", "")).split(":")[0].endswith("inboxcrm"):
-                    yield f"{doc['kind']} {doc['metadata']['name']}", container
+                    yield f"{doc['kind']} {doc['metadata']['name']} {key}", container
