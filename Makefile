@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-fast test-stack lint typecheck chaos bench test-ui clean-data
+.PHONY: up test test-fast test-stack lint typecheck chaos bench test-ui clean-data dist
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,13 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+## dist: the release artifacts, a wheel and an sdist under dist/ (`python -m build`), version from
+## the git tag (setuptools-scm; pyproject.toml [tool.setuptools_scm]); CI builds them after the tests
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/python -m tests.helpers.dist_check dist
 
 clean-data:
 	rm -rf .data/test-stack .data/test-pg

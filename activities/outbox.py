@@ -128,6 +128,7 @@ class OutboxRunner:
                 conn, op.op_key, tenant=item.tenant, pause_scope=self.pause_scope,
                 event_id=item.event_id, running_state=running_state)
         if claim.paused:
+            _count("inboxcrm_operations_parked", self.action, "paused")
             return OperationResult(status="parked", reason="paused")
         if claim.already_completed:
             if claim.cancelled:
@@ -177,6 +178,7 @@ class OutboxRunner:
             if classified.park_until is not None:
                 if not await self._park(attempt, classified, on_failure):
                     return await self._settled(op)
+                _count("inboxcrm_operations_parked", self.action, "provider_limit")
                 return OperationResult(status="parked", reason=classified.reason)
             error = to_application_error(classified, max_retry_after=self.max_retry_after,
                                          reconcilable=reconcile is not None)

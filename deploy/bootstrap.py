@@ -2,8 +2,11 @@
 attributes and the Schedules (the drift check, the review notices) before (a new version of)
 the workers and relays start.
 
-    python deploy/bootstrap.py [--skip-search-attributes]
+    python deploy/bootstrap.py [--skip-search-attributes] [--migrations-only]
 
+In Kubernetes it is the init container of every worker pod (and, with --migrations-only, of
+every relay pod, which must not wait for Temporal): each release's pods bring the store and
+Temporal to what their code needs before they start, with nothing to delete between releases.
 Safe to run repeatedly and concurrently: migrations run under an advisory lock and are
 recorded once each; registration adds only missing attribute names; the Schedule is created
 once and afterwards brought to the current INBOXCRM_DRIFT_CHECK_* settings. Settings come
@@ -23,13 +26,15 @@ from inboxcrm.platform.config import get_settings
 from inboxcrm.store.migrate import apply_migrations
 
 
-async def bootstrap(skip_search_attributes: bool) -> None:
+async def bootstrap(skip_search_attributes: bool, migrations_only: bool = False) -> None:
     settings = get_settings()
     applied = await apply_migrations(settings.database_url)
     print(f"migrations applied now: {', '.join(applied) or 'none (up to date)'}")  # noqa: T201
+    if migrations_only:
+        return
     client = await temporal.connect(settings)
     if not skip_search_attributes:
-        added = await temporal.ensure_search_attributes(client, settings.temporal_namespace)
+        added = await temporal.ensure_search_attributes(client, client.namespace)
         print(f"search attributes added: {', '.join(added) or 'none (all present)'}")  # noqa: T201
     outcome = await temporal.ensure_drift_check_schedule(client, settings)
     print(f"drift check schedule: {outcome}")  # noqa: T201
@@ -40,9 +45,11 @@ async def bootstrap(skip_search_attributes: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-search-attributes", action="store_true")
+    parser.add_argument("--migrations-only", action="store_true",
+                        help="the database only (the relay's init container)")
     args = parser.parse_args()
     try:
-        asyncio.run(bootstrap(args.skip_search_attributes))
+        asyncio.run(bootstrap(args.skip_search_attributes, args.migrations_only))
     except Exception as exc:  # noqa: BLE001 - one line for the job log, exit non-zero
         print(f"bootstrap failed: {type(exc).__name__}: {exc}", file=sys.stderr)  # noqa: T201
         sys.exit(1)

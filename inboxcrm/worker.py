@@ -33,7 +33,7 @@ from inboxcrm.adapters.base import CrmClient, MailClient
 from inboxcrm.adapters.factory import build_crm, build_mail
 from inboxcrm.domain.extraction import Extractor, build_extractor
 from inboxcrm.domain.shadow import comparison_extractor
-from inboxcrm.platform import temporal
+from inboxcrm.platform import temporal, tracing
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.platform.logs import configure_logging
 from inboxcrm.store import db
@@ -118,7 +118,7 @@ def worker_options(settings: Settings) -> dict[str, Any]:
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     client = await temporal.connect(
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
-    await temporal.ensure_search_attributes(client, settings.temporal_namespace)
+    await temporal.ensure_search_attributes(client, client.namespace)
     pool = await db.create_pool(settings.database_url, max_size=20)
     crm = build_crm(settings)  # INBOXCRM_CRM_PROVIDER / INBOXCRM_MAIL_PROVIDER
     mail = build_mail(settings)
@@ -151,6 +151,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
 
 def main() -> None:
     configure_logging("worker")
+    tracing.configure("inboxcrm-worker")  # off unless OTEL_* asks (docs/architecture.md §8)
     stop = asyncio.Event()
 
     async def _main() -> None:

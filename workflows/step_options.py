@@ -52,7 +52,7 @@ BOOKKEEPING_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
 #   a step's attempts run inside workflow tasks that the SDK keeps alive while a local
 #   activity runs (workflow task timeout 10 s: a dead worker is noticed after it);
 #   the worker's graceful shutdown (INBOXCRM_SHUTDOWN_GRACE_SECONDS) ≥ OPERATION_TIMEOUT, and
-#   the pod's terminationGracePeriodSeconds exceeds that (deploy/k8s/worker.yaml).
+#   the pod's terminationGracePeriodSeconds exceeds that (deploy/k8s/base/worker.yaml).
 # Worst case of the LLM extractor: its own bounded retries of a 30 s call.
 EXTRACT_TIMEOUT = timedelta(seconds=120)
 PLAN_TIMEOUT = timedelta(seconds=30)

@@ -43,6 +43,7 @@ from inboxcrm.adapters.base import (
     Unverifiable,
 )
 from inboxcrm.adapters.errors import Category, Classified, classify_exception
+from inboxcrm.platform import tracing
 
 Security = Literal["starttls", "ssl", "none"]
 SECURITY_MODES: tuple[Security, ...] = ("starttls", "ssl", "none")
@@ -122,7 +123,12 @@ class SmtpMail:
         except ValueError:
             # Nothing was sent; retrying the same content cannot help.
             raise AdapterError(Classified(Category.PERMANENT, "invalid_message")) from None
-        await asyncio.to_thread(self._deliver, msg, message.to, message.deliver_by)
+        if not tracing.enabled():
+            await asyncio.to_thread(self._deliver, msg, message.to, message.deliver_by)
+        else:
+            with tracing.destination_span("SMTP send", {"server.address": self._host,
+                                                        "server.port": self._port}):
+                await asyncio.to_thread(self._deliver, msg, message.to, message.deliver_by)
         return SentEmail(message_id=str(msg["Message-ID"]))
 
     async def read_sent(self, message_id: str) -> SentRecord | None:

@@ -20,6 +20,7 @@ from inboxcrm.ingress.postmark import postmark_router
 from inboxcrm.ingress.review import review_router
 from inboxcrm.ingress.standard import standard_router
 from inboxcrm.ingress.unsubscribe import unsubscribe_router
+from inboxcrm.platform import tracing
 from inboxcrm.platform.config import Settings
 from inboxcrm.store import db
 
@@ -53,6 +54,10 @@ def create_app(settings: Settings) -> FastAPI:
             await pool.close()
 
     app = FastAPI(title="inboxcrm relay", lifespan=lifespan)
+    if tracing.enabled():
+        from inboxcrm.ingress.request_spans import RequestSpans
+
+        app.add_middleware(RequestSpans)  # each request the root of its item's trace
     app.include_router(standard_router(settings))  # POST /v1/inbound/standard
     app.include_router(postmark_router(settings))  # POST /v1/inbound/postmark
     app.include_router(mailgun_router(settings))  # POST /v1/inbound/mailgun[/mime]

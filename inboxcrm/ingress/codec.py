@@ -25,6 +25,7 @@ from inboxcrm.ingress.web import read_body
 from inboxcrm.platform import oidc
 from inboxcrm.platform.codec import CodecError, payload_codec
 from inboxcrm.platform.config import Settings
+from inboxcrm.platform.temporal import effective_namespace
 
 log = logging.getLogger("inboxcrm.ingress.codec")
 
@@ -49,7 +50,8 @@ def codec_router(settings: Settings) -> APIRouter:
     """`POST /codec/encode` and `POST /codec/decode` (+ CORS preflight) for the relay."""
     codec = payload_codec(settings)
     origins = set(_csv(settings.codec_cors_origins))
-    namespaces = set(_csv(settings.codec_namespaces)) or {settings.temporal_namespace}
+    default_namespace = effective_namespace(settings)  # the setting, or the Temporal profile's
+    namespaces = set(_csv(settings.codec_namespaces)) or {default_namespace}
     token = settings.codec_token.get_secret_value() if settings.codec_token else ""
     verifier = oidc.verifier_from(settings.oidc_issuer, settings.oidc_audience,
                                   settings.oidc_tenants_claim, settings.oidc_jwks_cache_seconds)
@@ -97,7 +99,7 @@ def codec_router(settings: Settings) -> APIRouter:
         refused = await refusal(request)
         if refused is not None:
             return cors(request, refused)
-        namespace = request.headers.get("x-namespace") or settings.temporal_namespace
+        namespace = request.headers.get("x-namespace") or default_namespace
         if namespace not in namespaces:
             return cors(request, _json_error(403, "namespace not served by this codec"))
         body = await read_body(request, settings.max_body_bytes)

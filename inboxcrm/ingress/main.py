@@ -9,6 +9,7 @@ import sys
 import uvicorn
 
 from inboxcrm.ingress.app import create_app
+from inboxcrm.platform import tracing
 from inboxcrm.platform.config import InsecureSetting, get_settings
 from inboxcrm.platform.logs import configure_logging
 
@@ -25,6 +26,7 @@ def port_free(host: str, port: int) -> bool:
 
 def main() -> None:
     configure_logging("relay")
+    tracing.configure("inboxcrm-relay")  # off unless OTEL_* asks (docs/architecture.md §8)
     try:
         settings = get_settings()
         app = create_app(settings)

@@ -91,7 +91,7 @@ class _StoreCollector(Collector):
         if snap is None:
             return
         # The oldest open task keeps ageing between refreshes.
-        snap = dict(snap)
+        snap = snap.copy()
         if snap["oldest_age"]:
             snap["oldest_age"] = float(snap["oldest_age"]) + max(time.time() - self.read_at, 0)
         items = GaugeMetricFamily("inboxcrm_items", "Items per state", labels=["state"])

@@ -45,6 +45,16 @@ class Settings(BaseSettings):
     )
     temporal_namespace: str = "default"
     task_queue: str = DEFAULT_TASK_QUEUE
+    # A Temporal client profile (temporal.toml, the format the Temporal CLI and SDKs share,
+    # read by temporalio.envconfig): TEMPORAL_CONFIG_FILE names the file, TEMPORAL_PROFILE the
+    # profile in it (default "default"). Read only when one of them is set. The standard
+    # TEMPORAL_* variables override the profile, the INBOXCRM_* settings here override both
+    # (inboxcrm/platform/temporal.py connect_config).
+    temporal_config_file: str | None = Field(
+        None,
+        validation_alias=AliasChoices("TEMPORAL_CONFIG_FILE", "INBOXCRM_TEMPORAL_CONFIG_FILE"))
+    temporal_profile: str | None = Field(
+        None, validation_alias=AliasChoices("TEMPORAL_PROFILE", "INBOXCRM_TEMPORAL_PROFILE"))
     # Temporal Cloud / TLS (inboxcrm/platform/temporal.py connect): mTLS client certificate and key
     # (PEM file paths), optional server CA, or an API key (implies TLS).
     temporal_tls_cert: str | None = None
@@ -153,7 +163,7 @@ class Settings(BaseSettings):
     # replay tests, which run the histories through the sandboxed Replayer (inboxcrm/worker.py).
     workflow_sandbox: bool = False
     # SIGTERM: stop polling, let in-flight steps finish for up to this long (≥ the longest
-    # step, 45 s), then cancel. deploy/k8s/worker.yaml's terminationGracePeriodSeconds (75)
+    # step, 45 s), then cancel. deploy/k8s/base/worker.yaml's terminationGracePeriodSeconds (75)
     # leaves room for it plus closing connections (tests/fast/test_deploy_config.py).
     shutdown_grace_seconds: float = 50.0
 

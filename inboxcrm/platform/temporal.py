@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,9 +25,11 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
 )
+from temporalio.envconfig import ClientConfigProfile
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import TLSConfig
 
+from inboxcrm.platform import tracing
 from inboxcrm.platform.config import Settings
 from schemas import contract
 from schemas.drift import DriftCheckInput
@@ -46,20 +50,85 @@ DEV_SERVER_FLAGS = [
 ]
 
 
+@dataclass(frozen=True)
+class ConnectConfig:
+    """Where and how a process connects to Temporal, after the profile and the overrides."""
+
+    target_host: str
+    namespace: str
+    api_key: str | None = None
+    tls: TLSConfig | bool | None = None
+    rpc_metadata: Mapping[str, str] = field(default_factory=dict)
+    profile: str | None = None  # the profile it came from, for the start-up log
+
+
+# Settings that, once set, override what a profile says about TLS.
+_TLS_SETTINGS = ("temporal_tls_cert", "temporal_tls_key", "temporal_tls_ca",
+                 "temporal_tls_server_name", "temporal_api_key")
+
+
+def load_profile(settings: Settings, env: Mapping[str, str] | None = None
+                 ) -> ClientConfigProfile:
+    """The Temporal client profile (temporalio.envconfig: the temporal.toml the Temporal CLI
+    reads, then the standard TEMPORAL_* variables over it). The file is read only when
+    TEMPORAL_CONFIG_FILE or TEMPORAL_PROFILE asks for it, so a developer's own CLI profile
+    never redirects the local stack."""
+    source = Path(settings.temporal_config_file) if settings.temporal_config_file else None
+    wants_file = source is not None or bool(settings.temporal_profile)
+    return ClientConfigProfile.load(
+        profile=settings.temporal_profile or None, config_source=source,
+        disable_file=not wants_file, override_env_vars=env)
+
+
+def connect_config(settings: Settings, env: Mapping[str, str] | None = None
+                   ) -> ConnectConfig:
+    """One answer for the worker, the relay, the CLI and the bootstrap job: the profile
+    (file, then TEMPORAL_* variables), with every INBOXCRM_* / TEMPORAL_ADDRESS setting that
+    is set taking precedence; the defaults (local dev server, namespace `default`) last."""
+    profile = load_profile(settings, env)
+    given = settings.model_fields_set
+    from_profile = profile.to_client_connect_config()
+    address = (settings.temporal_address if "temporal_address" in given
+               else from_profile.get("target_host") or settings.temporal_address)
+    namespace = (settings.temporal_namespace if "temporal_namespace" in given
+                 else from_profile.get("namespace") or settings.temporal_namespace)
+    api_key = from_profile.get("api_key")
+    if settings.temporal_api_key is not None:
+        api_key = settings.temporal_api_key.get_secret_value()
+    tls: TLSConfig | bool | None = from_profile.get("tls")
+    if any(getattr(settings, name) for name in _TLS_SETTINGS):
+        tls = tls_config(settings)
+    return ConnectConfig(
+        target_host=address, namespace=namespace, api_key=api_key or None, tls=tls,
+        rpc_metadata=dict(from_profile.get("rpc_metadata", {})),
+        profile=(settings.temporal_profile or "default")
+        if settings.temporal_config_file or settings.temporal_profile else None)
+
+
+def effective_namespace(settings: Settings) -> str:
+    """The namespace this process works in (profile or setting), without reading TLS files."""
+    if "temporal_namespace" in settings.model_fields_set:
+        return settings.temporal_namespace
+    return load_profile(settings).namespace or settings.temporal_namespace
+
+
 async def connect(settings: Settings, *, lazy: bool = False,
                   runtime: Runtime | None = None) -> Client:
+    """The one way every process connects (docs/architecture.md §8): profile and overrides
+    from connect_config, payload encryption, and the Temporal SDK's tracing interceptor when
+    tracing is on (inboxcrm/platform/tracing.py; workers inherit it from the client)."""
     from inboxcrm.platform.codec import (
         data_converter,  # payload encryption (docs/architecture.md §7)
     )
 
+    config = connect_config(settings)
     return await Client.connect(
-        settings.temporal_address, namespace=settings.temporal_namespace, lazy=lazy,
+        config.target_host, namespace=config.namespace, lazy=lazy,
         data_converter=data_converter(
             settings, meter=runtime.metric_meter if runtime is not None else None),
         runtime=runtime,
-        tls=tls_config(settings),
-        api_key=settings.temporal_api_key.get_secret_value() if settings.temporal_api_key
-        else None,
+        tls=config.tls, api_key=config.api_key, rpc_metadata=config.rpc_metadata,
+        interceptors=tracing.client_interceptors(),
     )
 
 

@@ -216,6 +216,10 @@ class Stack:
         # The demo tenants live in the repository, not in the image: the local stack points
         # the policy directory at them unless one is given.
         env.setdefault("INBOXCRM_POLICY_DIR", str(ROOT / "policies"))
+        if not self.config.temporal_address:
+            # The stack's own dev server: a Temporal profile or TEMPORAL_* variables of the
+            # shell (a developer's Temporal Cloud, say) must not redirect its processes.
+            env = {k: v for k, v in env.items() if not k.startswith("TEMPORAL_")}
         if self.temporal_ui_url and not env.get("INBOXCRM_CODEC_CORS_ORIGINS"):
             port = self.config.temporal_ui_port
             env["INBOXCRM_CODEC_CORS_ORIGINS"] = f"http://127.0.0.1:{port},http://localhost:{port}"

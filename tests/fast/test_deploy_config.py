@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +19,23 @@ from temporalio.service import TLSConfig
 from inboxcrm.adapters.factory import build_crm, build_mail
 from inboxcrm.platform.config import Settings
 from inboxcrm.platform.temporal import tls_config
-
-ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy"
-COMPOSE = DEPLOY / "docker-compose.yml"
-ENV_EXAMPLE = DEPLOY / ".env.example"
-K8S = DEPLOY / "k8s"
+from tests.helpers.deploy_files import (
+    BASE,
+    COMPOSE,
+    DEPLOY,
+    K8S,
+    KUBECTL,
+    OVERLAYS,
+    ROOT,
+    Unset,
+    env_example,
+    filled_env,
+    interpolate,
+    k8s_documents,
+    load_compose,
+    referenced_variables,
+    strings,
+)
 
 # Variables that configure the containers around the application, not the application.
 COMPOSE_ONLY = {
@@ -39,13 +50,15 @@ COMPOSE_ONLY = {
 # Environment variables the application reads outside Settings.
 KNOWN_APP_VARIABLES = {"INBOXCRM_POLICY_DIR"}
 APP_SERVICES = ("bootstrap", "worker", "relay")
+# Jobs that run to completion on every `up` (idempotent), instead of staying up.
+ONE_SHOT_JOBS = {"bootstrap", "temporal-schema", "temporal-namespace"}
 # The Kubernetes releases the manifests are validated against (`kubernetes-validate -k`): the
 # three minor releases upstream supported when the kubernetes-validate pin was taken.
 KUBERNETES_VERSIONS = ("1.35", "1.36", "1.37")
 # Kinds no core Kubernetes schema describes (kustomize's file, KEDA's custom resource).
-NOT_CORE_KINDS = {"Kustomization", "ScaledObject"}
+NOT_CORE_KINDS = {"Kustomization", "Component", "ScaledObject", "TriggerAuthentication",
+                  "ServiceMonitor", "PrometheusRule"}
 SECRET_NAME = re.compile(r"PASSWORD|PWD|SECRET|TOKEN|API_KEY|SIGNING_KEY|PRIVATE")
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)((?::?[-?])([^}]*))?\}")
 
 
 def settings_env_names() -> set[str]:
@@ -58,86 +71,6 @@ def settings_env_names() -> set[str]:
     return names
 
 
-def load_compose() -> dict[str, Any]:
-    data = yaml.safe_load(COMPOSE.read_text())
-    assert isinstance(data, dict)
-    return data
-
-
-def env_example() -> dict[str, str]:
-    values: dict[str, str] = {}
-    for line in ENV_EXAMPLE.read_text().splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        assert sep and re.fullmatch(r"[A-Z_][A-Z0-9_]*", key), f"bad line: {line!r}"
-        assert key not in values, f"{key} documented twice"
-        values[key] = value
-    return values
-
-
-def strings(node: Any) -> Iterator[str]:
-    if isinstance(node, str):
-        yield node
-    elif isinstance(node, Mapping):
-        for key, value in node.items():
-            yield str(key)
-            yield from strings(value)
-    elif isinstance(node, list):
-        for item in node:
-            yield from strings(item)
-
-
-def referenced_variables() -> dict[str, str | None]:
-    """Every ${VAR...} in the compose file -> its operator (":-", ":?", ...) or None."""
-    found: dict[str, str | None] = {}
-    text = "\n".join(strings(load_compose()))  # parsed: comments do not count
-    for match in _VAR.finditer(text):
-        operator = match.group(2)[:2].rstrip("{}") if match.group(2) else None
-        found.setdefault(match.group(1), operator)
-        if operator and "?" in operator:
-            found[match.group(1)] = operator
-    return found
-
-
-class Unset(Exception):
-    pass
-
-
-def interpolate(value: Any, env: Mapping[str, str]) -> str:
-    """Compose's interpolation: ${V}, ${V:-d}, ${V-d}, ${V:?msg}, ${V?msg}."""
-    text = str(value)
-
-    def one(match: re.Match[str]) -> str:
-        name, spec = match.group(1), match.group(2) or ""
-        current = env.get(name)
-        if spec.startswith(":-"):
-            return current if current else spec[2:]
-        if spec.startswith("-"):
-            return current if current is not None else spec[1:]
-        if spec.startswith(":?"):
-            if not current:
-                raise Unset(name)
-            return current
-        if spec.startswith("?"):
-            if current is None:
-                raise Unset(name)
-            return current
-        return current or ""
-
-    return _VAR.sub(one, text)
-
-
-def filled_env() -> dict[str, str]:
-    """.env.example as an operator would complete it: the empty required values set."""
-    env = env_example()
-    for name, operator in referenced_variables().items():
-        if operator and "?" in operator and not env.get(name):
-            env[name] = f"test-{name.lower()}-value"
-    env["INBOXCRM_WEBHOOK_SECRET"] = "whsec_dGVzdC1zZWNyZXQtZm9yLWRlcGxveS1jb25maWctdGVzdHM="
-    return env
-
-
 def service_environment(service: str, env: Mapping[str, str]) -> dict[str, str]:
     raw = load_compose()["services"][service].get("environment") or {}
     assert isinstance(raw, dict), f"{service}: environment must be a mapping"
@@ -147,10 +80,16 @@ def service_environment(service: str, env: Mapping[str, str]) -> dict[str, str]:
 # --- compose -----------------------------------------------------------------------------------
 def test_compose_has_the_production_services() -> None:
     services = load_compose()["services"]
-    assert set(services) >= {"postgres", "temporal-db", "temporal", "temporal-ui", "bootstrap",
-                             "worker", "relay"}
+    assert set(services) >= {"postgres", "temporal-db", "temporal-schema", "temporal",
+                             "temporal-namespace", "temporal-ui", "bootstrap", "worker", "relay"}
     assert services["temporal"]["environment"]["DB"] == "postgres12"  # PostgreSQL persistence
-    assert services["temporal"]["depends_on"]["temporal-db"]["condition"] == "service_healthy"
+    assert services["temporal-schema"]["environment"]["SQL_PLUGIN"] == "postgres12"
+    assert services["temporal-schema"]["depends_on"]["temporal-db"]["condition"] == \
+        "service_healthy"
+    assert services["temporal"]["depends_on"]["temporal-schema"]["condition"] == \
+        "service_completed_successfully"
+    assert services["bootstrap"]["depends_on"]["temporal-namespace"]["condition"] == \
+        "service_completed_successfully"
     assert services["temporal-ui"]["environment"]["TEMPORAL_ADDRESS"] == "temporal:7233"
     assert "inboxcrm.worker" in services["worker"]["command"]
     assert "inboxcrm.ingress.main" in services["relay"]["command"]
@@ -165,7 +104,7 @@ def test_compose_has_the_production_services() -> None:
 
 def test_every_long_running_service_has_a_healthcheck() -> None:
     for name, service in load_compose()["services"].items():
-        if name == "bootstrap":
+        if name in ONE_SHOT_JOBS:
             assert service["restart"] == "no"
             continue
         check = service.get("healthcheck")
@@ -187,6 +126,8 @@ def test_compose_holds_no_literal_secret() -> None:
         for password in re.findall(r"://[^/:@\s]+:([^@\s]+)@", text):
             assert password.startswith("${"), f"literal password in {text!r}"
         for token in re.findall(r"[A-Za-z0-9+/=]{24,}", text):
+            if re.fullmatch(r"(/[a-z0-9_.-]+)+/?", token):
+                continue  # a lower-case file path, e.g. the schema directory
             if re.search(r"\d", token) and re.search(r"[A-Za-z]", token):
                 pytest.fail(f"secret-looking literal {token[:4]}… in the compose file")
 
@@ -291,14 +232,6 @@ def test_worker_settings_for_salesforce_and_smtp(monkeypatch: pytest.MonkeyPatch
 
 
 # --- Kubernetes ----------------------------------------------------------------------------------
-def k8s_documents() -> list[dict[str, Any]]:
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    docs: list[dict[str, Any]] = []
-    for resource in kustomization["resources"]:
-        docs.extend(d for d in yaml.safe_load_all((K8S / resource).read_text()) if d)
-    return docs
-
-
 def by_kind(kind: str) -> list[dict[str, Any]]:
     return [d for d in k8s_documents() if d["kind"] == kind]
 
@@ -309,12 +242,13 @@ def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_manifests_have_the_expected_kinds() -> None:
     kinds = Counter(d["kind"] for d in k8s_documents())
-    assert kinds["Deployment"] == 2
+    assert kinds["Deployment"] == 2 and kinds["PodDisruptionBudget"] == 2
     assert kinds["Service"] == 1 and kinds["HorizontalPodAutoscaler"] == 1
-    assert kinds["ConfigMap"] == 1 and kinds["Job"] == 1
+    assert kinds["ConfigMap"] == 1
+    assert kinds["Job"] == 0  # the bootstrap is an init container: nothing to delete
     assert kinds["Secret"] == 0  # referenced, never inlined
-    listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"])
-    on_disk = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    listed = set(yaml.safe_load((BASE / "kustomization.yaml").read_text())["resources"])
+    on_disk = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"}
     assert listed == on_disk
 
 
@@ -322,8 +256,9 @@ def test_deployments_reference_config_and_secrets() -> None:
     deployments = {d["metadata"]["name"]: d for d in by_kind("Deployment")}
     assert set(deployments) == {"inboxcrm-worker", "inboxcrm-relay"}
     settings_names = settings_env_names()
-    for doc in [*deployments.values(), *by_kind("Job")]:
-        for container in containers(doc):
+    for doc in deployments.values():
+        pod_spec = doc["spec"]["template"]["spec"]
+        for container in [*pod_spec.get("initContainers", []), *containers(doc)]:
             refs = {(k, v["name"]) for ref in container["envFrom"] for k, v in ref.items()}
             assert refs == {("configMapRef", "inboxcrm-config"),
                             ("secretRef", "inboxcrm-secrets")}
@@ -392,7 +327,7 @@ def kubernetes_validate(*paths: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_manifests_pass_the_kubernetes_schemas_strictly() -> None:
-    manifests = sorted(K8S.glob("*.yaml")) + sorted((K8S / "optional").glob("*.yaml"))
+    manifests = sorted(BASE.glob("*.yaml")) + sorted((K8S / "components").rglob("*.yaml"))
     result = kubernetes_validate(*manifests)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ERROR" not in result.stdout
@@ -404,7 +339,28 @@ def test_manifests_pass_the_kubernetes_schemas_strictly() -> None:
             assert passed[(resource, version)] == 1, f"{resource} not validated on {version}"
     # Only what no core schema describes goes unvalidated.
     unvalidated = set(re.findall(r"Couldn't find schema for kind (\S+)", result.stdout))
-    assert unvalidated == NOT_CORE_KINDS
+    assert unvalidated == NOT_CORE_KINDS - {"TriggerAuthentication"}
+
+
+@pytest.mark.skipif(not KUBECTL, reason="kubectl (kustomize) is not installed")
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rendered_overlays_pass_the_kubernetes_schemas_strictly(overlay: str, tmp_path: Path
+                                                                ) -> None:
+    """What `kubectl apply -k` would send: each overlay rendered by kubectl's kustomize, every
+    core resource valid on every supported release."""
+    rendered = tmp_path / f"{overlay}.yaml"
+    docs = k8s_documents(f"overlays/{overlay}")
+    rendered.write_text(yaml.safe_dump_all(docs))
+    result = kubernetes_validate(rendered)
+    assert result.returncode == 0, result.stdout + result.stderr
+    passed = Counter(re.findall(r"passed for resource (\S+) against version (\S+)",
+                                result.stdout))
+    for doc in docs:
+        if doc["kind"] in NOT_CORE_KINDS:
+            continue
+        resource = f"{doc['kind'].lower()}/{doc['metadata']['name']}"
+        for version in KUBERNETES_VERSIONS:
+            assert passed[(resource, version)] == 1, f"{resource} not validated on {version}"
 
 
 # Broken copies of the worker Deployment, each with the complaint that must reject it. They
@@ -491,7 +447,8 @@ def test_broken_compose_files_fail_the_compose_specification(tmp_path: Path) -> 
 
 
 def test_keda_alternative_parses() -> None:
-    [scaled] = list(yaml.safe_load_all((K8S / "optional" / "keda-scaledobject.yaml").read_text()))
+    [scaled] = list(yaml.safe_load_all(
+        (K8S / "components" / "keda-backlog" / "scaledobject.yaml").read_text()))
     assert scaled["kind"] == "ScaledObject"
     assert scaled["spec"]["scaleTargetRef"]["name"] == "inboxcrm-worker"
     assert scaled["spec"]["triggers"][0]["type"] == "temporal"
@@ -563,10 +520,10 @@ def test_worker_drains_within_the_pod_grace_period() -> None:
         PLAN_TIMEOUT,
     )
 
-    docs = list(yaml.safe_load_all((K8S / "worker.yaml").read_text()))
+    docs = list(yaml.safe_load_all((BASE / "worker.yaml").read_text()))
     [deployment] = [d for d in docs if d and d.get("kind") == "Deployment"]
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    config = yaml.safe_load((K8S / "configmap.yaml").read_text())["data"]
+    config = yaml.safe_load((BASE / "configmap.yaml").read_text())["data"]
     drain = float(config.get("INBOXCRM_SHUTDOWN_GRACE_SECONDS",
                              Settings.model_fields["shutdown_grace_seconds"].default))
     longest = max(EXTRACT_TIMEOUT, PLAN_TIMEOUT, OPERATION_TIMEOUT) + BOOKKEEPING_TIMEOUT
@@ -575,3 +532,23 @@ def test_worker_drains_within_the_pod_grace_period() -> None:
     compose_grace = yaml.safe_load(COMPOSE.read_text())["services"]["worker"][
         "stop_grace_period"]
     assert compose_grace == f"{grace}s"
+
+
+def test_temporal_images_are_current_and_pinned() -> None:
+    """The server image plus its own admin tools for the schema (auto-setup is deprecated),
+    one exact release for both; a UI that shows Updates and Worker Versioning (2.40+)."""
+    tags: dict[str, str] = {}
+    for name, service in load_compose()["services"].items():
+        if "build" in service:
+            continue
+        image = interpolate(service["image"], env_example())
+        repository, _, tag = image.rpartition(":")
+        assert repository and tag and tag != "latest", f"{name}: {image} is not pinned"
+        assert "auto-setup" not in repository, f"{name}: auto-setup is deprecated"
+        if repository.startswith("temporalio/"):
+            assert re.fullmatch(r"\d+\.\d+\.\d+", tag), f"{name}: {image} is not an exact tag"
+            tags[repository] = tag
+    assert set(tags) == {"temporalio/server", "temporalio/admin-tools", "temporalio/ui"}
+    assert tags["temporalio/server"] == tags["temporalio/admin-tools"]
+    assert tuple(map(int, tags["temporalio/ui"].split("."))) >= (2, 40, 0)
+    assert tuple(map(int, tags["temporalio/server"].split("."))) >= (1, 29, 0)
