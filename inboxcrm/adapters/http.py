@@ -18,6 +18,7 @@ async def send_request(
     url: str,
     *,
     json: Any = None,
+    data: dict[str, str] | None = None,
     params: dict[str, str] | None = None,
     headers: dict[str, str] | None = None,
     passthrough: Collection[int] = (),
@@ -29,7 +30,8 @@ async def send_request(
     the ledger's last_error without changing how the status is classified.
     """
     try:
-        response = await client.request(method, url, json=json, params=params, headers=headers)
+        response = await client.request(method, url, json=json, data=data, params=params,
+                                        headers=headers)
     except httpx.HTTPError as exc:
         raise AdapterError(classify_exception(exc)) from None
     if response.is_success or response.status_code in passthrough:

@@ -47,7 +47,8 @@ from inboxcrm.adapters.errors import Category, Classified, classify_exception
 Security = Literal["starttls", "ssl", "none"]
 SECURITY_MODES: tuple[Security, ...] = ("starttls", "ssl", "none")
 # Headers this adapter owns; the same names in OutgoingEmail.headers are ignored.
-OWN_HEADERS = frozenset({"from", "to", "subject", "date", "message-id", "sender", "cc", "bcc"})
+OWN_HEADERS = frozenset({"from", "to", "subject", "date", "message-id", "sender", "cc", "bcc",
+                         "reply-to"})
 _HEADER_NAME = re.compile(r"^[!-9;-~]{1,76}$")  # RFC 5322 field name: printable, no colon
 _KEY = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 # DATA is at most four socket waits: send the command, read its reply, send the message,
@@ -83,15 +84,10 @@ class SmtpMail:
     ) -> None:
         if security not in SECURITY_MODES:
             raise ValueError(f"SMTP security must be one of {SECURITY_MODES}, got {security!r}")
-        address = email.utils.parseaddr(sender)[1]
-        local, _, domain = address.rpartition("@")
-        if not local or not domain:
-            raise ValueError("the mail sender must contain an address (local@domain)")
+        _sender_address(sender)
         self._host = host
         self._port = port
         self._sender = sender
-        self._envelope_from = address
-        self._domain = domain
         self._security = security
         self._username = username or None
         self._password = password or ""
@@ -101,12 +97,16 @@ class SmtpMail:
 
     def build(self, idempotency_key: str, message: OutgoingEmail) -> EmailMessage:
         """The RFC 5322 message for one intent. Raises ValueError on an unusable header."""
+        sender = message.sender or self._sender
+        _, domain = _sender_address(sender)
         msg = EmailMessage()
-        msg["From"] = self._sender
+        msg["From"] = sender
         msg["To"] = message.to
+        if message.reply_to:
+            msg["Reply-To"] = message.reply_to
         msg["Subject"] = message.subject
         msg["Date"] = email.utils.formatdate(usegmt=True)
-        msg["Message-ID"] = message_id(idempotency_key, self._domain)
+        msg["Message-ID"] = message_id(idempotency_key, domain)
         for name, value in message.headers.items():
             if name.lower() in OWN_HEADERS:
                 continue
@@ -114,6 +114,8 @@ class SmtpMail:
                 raise ValueError("invalid header name")
             msg[name] = value  # the policy refuses CR/LF in values (no header injection)
         msg.set_content(message.text)
+        if message.html is not None:
+            msg.add_alternative(message.html, subtype="html")
         return msg
 
     async def send(self, idempotency_key: str, message: OutgoingEmail) -> SentEmail:
@@ -122,7 +124,9 @@ class SmtpMail:
         except ValueError:
             # Nothing was sent; retrying the same content cannot help.
             raise AdapterError(Classified(Category.PERMANENT, "invalid_message")) from None
-        await asyncio.to_thread(self._deliver, msg, message.to, message.deliver_by)
+        envelope_from = _sender_address(message.sender or self._sender)[0]
+        await asyncio.to_thread(self._deliver, msg, envelope_from, message.to,
+                                message.deliver_by)
         return SentEmail(message_id=str(msg["Message-ID"]))
 
     async def read_sent(self, message_id: str) -> SentRecord | None:
@@ -141,8 +145,9 @@ class SmtpMail:
         return smtplib.SMTP(self._host, self._port, timeout=self._timeout,
                             local_hostname=self._local_hostname)
 
-    def _deliver(self, msg: EmailMessage, recipient: str, deliver_by: float | None) -> None:
-        needs_utf8 = not (self._envelope_from.isascii() and recipient.isascii())
+    def _deliver(self, msg: EmailMessage, envelope_from: str, recipient: str,
+                 deliver_by: float | None) -> None:
+        needs_utf8 = not (envelope_from.isascii() and recipient.isascii())
         policy = email.policy.SMTPUTF8 if needs_utf8 else email.policy.SMTP
         payload = msg.as_bytes(policy=policy)
         options = ["SMTPUTF8", "BODY=8BITMIME"] if needs_utf8 else []
@@ -157,9 +162,9 @@ class SmtpMail:
                 client.ehlo()
             if self._username:
                 client.login(self._username, self._password)
-            code, reply = client.mail(self._envelope_from, options)
+            code, reply = client.mail(envelope_from, options)
             if code != 250:
-                raise smtplib.SMTPSenderRefused(code, reply, self._envelope_from)
+                raise smtplib.SMTPSenderRefused(code, reply, envelope_from)
             code, reply = client.rcpt(recipient)
             if code not in (250, 251):
                 raise smtplib.SMTPRecipientsRefused({recipient: (code, reply)})
@@ -180,6 +185,15 @@ class SmtpMail:
                         client.quit()
                     else:
                         client.close()
+
+
+def _sender_address(sender: str) -> tuple[str, str]:
+    """The envelope address of a From header and its domain (the Message-ID's)."""
+    address = email.utils.parseaddr(sender)[1]
+    local, _, domain = address.rpartition("@")
+    if not local or not domain:
+        raise ValueError("the mail sender must contain an address (local@domain)")
+    return address, domain
 
 
 def _fit_data_into(client: smtplib.SMTP, deliver_by: float | None, timeout: float) -> None:
