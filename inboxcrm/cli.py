@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from inboxcrm import cli_templates
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.store import db
 from inboxcrm.store import items as operator
@@ -32,6 +33,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 review_app = typer.Typer(no_args_is_help=True,
                          help="Reviewer decisions (Temporal updates) and the review card.")
 app.add_typer(review_app, name="review")
+app.add_typer(cli_templates.app, name="template")  # `template preview` (inboxcrm/cli_templates.py)
 # Wide tables when piped (rich would wrap at 80 columns).
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
