@@ -33,7 +33,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 review_app = typer.Typer(no_args_is_help=True,
                          help="Reviewer decisions (Temporal updates) and the review card.")
 app.add_typer(review_app, name="review")
-app.add_typer(cli_templates.app, name="template")  # `template preview` (inboxcrm/cli_templates.py)
 # Wide tables when piped (rich would wrap at 80 columns).
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
@@ -152,6 +151,9 @@ def settings_from_env() -> Settings:
             os.environ.setdefault(key, value)
     get_settings.cache_clear()
     return get_settings()
+
+
+app.add_typer(cli_templates.build_app(settings_from_env), name="template")  # template preview
 
 
 # --- status ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,7 +25,7 @@ from inboxcrm.domain.extraction.rules import RulesExtractor
 from inboxcrm.domain.followup import FollowupRefused, compose
 from inboxcrm.domain.policy import PolicyError, UnknownTenant, get_policy
 from inboxcrm.domain.templates import message_languages
-from inboxcrm.platform.config import Settings
+from inboxcrm.platform.config import Settings, get_settings
 
 app = typer.Typer(no_args_is_help=True, help="The tenant's follow-up templates.")
 
@@ -34,11 +35,15 @@ def _refuse(message: str) -> None:
     raise typer.Exit(1)
 
 
-def _settings() -> Settings:
-    """The CLI's settings (next to a running stack, its .data/stack.env fills in)."""
-    from inboxcrm.cli import settings_from_env
+_settings: Callable[[], Settings] = get_settings
 
-    return settings_from_env()
+
+def build_app(settings: Callable[[], Settings]) -> typer.Typer:
+    """The `template` commands, reading settings as the rest of the CLI does (next to a
+    running stack its .data/stack.env fills in)."""
+    global _settings
+    _settings = settings
+    return app
 
 
 def _field(extraction: dict[str, Any], name: str) -> str | None:
