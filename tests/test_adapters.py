@@ -673,11 +673,11 @@ async def operation_row(db: asyncpg.Pool, op_key: str) -> asyncpg.Record:
 
 
 async def test_outbox_holds_an_unconfirmed_smtp_send_and_never_repeats_it(
-    db: asyncpg.Pool, smtp_server: SmtpServer,
+    db: asyncpg.Pool, smtp_server: SmtpServer, app_settings: Settings,
 ) -> None:
     seeded = await seed(db, "send")
     smtp_server.recorder.data_reply = "drop"
-    send = SendActivities(db, smtp_mail(smtp_server.port), 300)
+    send = SendActivities(db, smtp_mail(smtp_server.port), 300, app_settings)
     activity_env = step_env()
 
     with pytest.raises(ApplicationError) as first:
@@ -699,10 +699,10 @@ async def test_outbox_holds_an_unconfirmed_smtp_send_and_never_repeats_it(
 
 
 async def test_outbox_sends_over_smtp_and_records_the_message_id(
-    db: asyncpg.Pool, smtp_server: SmtpServer,
+    db: asyncpg.Pool, smtp_server: SmtpServer, app_settings: Settings,
 ) -> None:
     seeded = await seed(db, "send")
-    send = SendActivities(db, smtp_mail(smtp_server.port), 300)
+    send = SendActivities(db, smtp_mail(smtp_server.port), 300, app_settings)
 
     result = await step_env().run(send.submit_followup_email, seeded.op)
 
