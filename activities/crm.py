@@ -17,7 +17,9 @@ from temporalio import activity
 
 from activities.failures import missing_row
 from activities.outbox import Attempt, OutboxRunner, Recorded
-from inboxcrm.adapters.base import ContactFields, CrmClient
+from inboxcrm.adapters.base import AdapterError, ContactFields, CrmClient
+from inboxcrm.adapters.errors import Category, Classified
+from inboxcrm.adapters.factory import ConfigurationError, Destinations
 from inboxcrm.store import contacts, ledger
 from schemas.models import Action, ItemState, OperationInput, OperationResult
 
@@ -25,9 +27,11 @@ from schemas.models import Action, ItemState, OperationInput, OperationResult
 MAX_DATE_AHEAD = timedelta(hours=1)
 
 class CrmActivities:
-    def __init__(self, pool: asyncpg.Pool, crm: CrmClient, max_retry_after: float) -> None:
+    def __init__(self, pool: asyncpg.Pool, crm: CrmClient | Destinations,
+                 max_retry_after: float) -> None:
+        """`crm`: each tenant's account (`Destinations`), or one client for every tenant."""
         self._pool = pool
-        self._crm = crm
+        self._destinations = crm if isinstance(crm, Destinations) else Destinations.fixed(crm)
         self._runner = OutboxRunner(pool, action=Action.CRM_UPSERT.value, pause_scope="crm",
                                     max_retry_after=max_retry_after,
                                     also_record=ledger.AlsoRecord.CRM_RECORD_ON_CONTACT)
@@ -43,13 +47,23 @@ class CrmActivities:
             record_success=self._record_note, running_state=ItemState.CRM_PENDING,
         )
 
+    def _crm(self, tenant: str) -> CrmClient:
+        """The tenant's CRM account; one that cannot be built blocks the item (never
+        another account)."""
+        try:
+            return self._destinations.crm(tenant)
+        except ConfigurationError as exc:
+            activity.logger.error("CRM destination unusable: %s", exc)
+            raise AdapterError(Classified(Category.PERMANENT, "destination_config")) from None
+
     async def _find_note(self, attempt: Attempt) -> str | None:
         """Reconcile: the note by its unique property; when found, re-assert its association
         (the attempt may have ended between the upsert and the association)."""
-        note_id = await self._crm.find_note(note_key(attempt.op.op_key))
+        crm = self._crm(attempt.op.item.tenant)
+        note_id = await crm.find_note(note_key(attempt.op.op_key))
         if note_id is not None:
             row = await self._note_context(attempt)
-            await self._crm.associate_note(note_id, row["crm_record_id"])
+            await crm.associate_note(note_id, row["crm_record_id"])
         return note_id
 
     async def _note_context(self, attempt: Attempt) -> asyncpg.Record:
@@ -65,13 +79,15 @@ class CrmActivities:
                 f"{row['received_at'].isoformat(timespec='seconds')} (delivery "
                 f"{row['delivery_id']}); intent: {row['intent'] or 'unknown'}; handled by "
                 "inboxcrm.")
-        return await self._crm.log_note(note_key(attempt.op.op_key), row["crm_record_id"], text,
-                                        message_date(row["head"], row["received_at"]))
+        return await self._crm(attempt.op.item.tenant).log_note(
+            note_key(attempt.op.op_key), row["crm_record_id"], text,
+            message_date(row["head"], row["received_at"]))
 
     def _record_note(self, attempt: Attempt, note_id: str, reconciled: bool) -> Recorded:
         return Recorded(
             actor="crm", action="crm_note_logged",
-            detail={"op_key": attempt.op.op_key, "crm": self._crm.name, "note_id": note_id,
+            detail={"op_key": attempt.op.op_key, "crm": self._crm(attempt.op.item.tenant).name,
+                    "note_id": note_id,
                     "attempt": attempt.claim.attempts, "reconciled": reconciled},
         )
 
@@ -83,7 +99,7 @@ class CrmActivities:
         )
 
     async def _find(self, attempt: Attempt) -> str | None:
-        record = await self._crm.find_contact(_contact_id(attempt))
+        record = await self._crm(attempt.op.item.tenant).find_contact(_contact_id(attempt))
         return record.record_id if record else None
 
     async def _upsert(self, attempt: Attempt) -> str:
@@ -91,7 +107,7 @@ class CrmActivities:
             row = await conn.fetchrow(contacts.LOAD_CONTACT, _contact_id(attempt))
         if row is None:
             raise missing_row("contact")
-        record = await self._crm.upsert_contact(
+        record = await self._crm(attempt.op.item.tenant).upsert_contact(
             str(row["contact_id"]),
             ContactFields(email=row["email"], name=row["name"], company=row["company"]),
         )
@@ -102,7 +118,7 @@ class CrmActivities:
         entry."""
         return Recorded(
             actor="crm", action="crm_upserted", contact_id=_contact_id(attempt),
-            detail={"op_key": attempt.op.op_key, "crm": self._crm.name,
+            detail={"op_key": attempt.op.op_key, "crm": self._crm(attempt.op.item.tenant).name,
                     "crm_record_id": record_id, "attempt": attempt.claim.attempts,
                     "reconciled": reconciled},
         )

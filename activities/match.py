@@ -23,6 +23,7 @@ from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain import planning
 from inboxcrm.domain.policy import TenantPolicy, get_policy
 from inboxcrm.store import audit, contacts, events, intents, matches, ramp
+from inboxcrm.store import templates as template_store
 from inboxcrm.store.suppression import SendInFlight, suppress_identity
 from schemas.models import Action, ItemState, PlanInput, PlanResult, operation_key
 
@@ -240,9 +241,15 @@ class _Planner:
                 "reviewer (ramp_limit)").add(1, {"outcome": "granted" if granted else "held"})
             if not granted:
                 needs_approval, approval_reason = True, "ramp_limit"
+        # The words are part of the plan: the rule's version derives from its template's, and
+        # the template at this version is stored with the intent (docs/architecture.md §5).
+        template = self.policy.template_for(rule)
+        version = self.policy.rule_version(rule)
+        await template_store.save_version(self.conn, self.item.tenant, template.ref,
+                                          template.sources())
         intent = await self.conn.fetchrow(
             intents.CREATE_INTENT, self.item.event_id, self.item.tenant, contact_id, rule.rule_id,
-            rule.version, rule.template_id, "awaiting_approval" if needs_approval else "queued",
+            version, template.ref, "awaiting_approval" if needs_approval else "queued",
             needs_approval, approval_reason,
         )
         if intent is None:
@@ -252,7 +259,7 @@ class _Planner:
             intents.QUEUE_SEND, send_key, self.item.workflow_id, self.item.event_id,
             Action.SEND.value, self.send_max_attempts, intent_id, self.item.tenant, contact_id,
             audit.json_safe({"intent_id": intent_id, "rule_id": rule.rule_id,
-                             "rule_version": rule.version,
+                             "rule_version": version, "template": template.ref,
                              "needs_approval": intent["needs_approval"],
                              "approval_reason": intent["approval_reason"]}),
         )

@@ -4,6 +4,12 @@ idempotency key.
 Eligibility is decided *now*, immediately before submitting, not at extraction time: a
 suppression, a cancelled intent or an inactive contact stops the send even if the workflow
 was already waiting (for example on a paused send) when the opt-out arrived.
+
+The words are the tenant's template at the version the plan stored (`template_versions`),
+in the language the inbound message asks for; From, Reply-To and the mail account are the
+tenant's (`inboxcrm.domain.followup`, `inboxcrm.adapters.factory.Destinations`). A
+follow-up that cannot carry its opt-out link and postal address is not sent: the operation
+is blocked with the reason (`unsubscribe_secret_missing`, …), docs/architecture.md §5.
 """
 
 from __future__ import annotations
@@ -18,11 +24,20 @@ from temporalio.exceptions import ApplicationError
 
 from activities.failures import missing_row
 from activities.outbox import Attempt, Deferred, Fenced, OutboxRunner, Recorded
-from inboxcrm.adapters.base import MailClient, OutgoingEmail
+from inboxcrm.adapters.base import AdapterError, MailClient, OutgoingEmail
 from inboxcrm.adapters.errors import Category, Classified, ErrorType
-from inboxcrm.domain.templates import render
-from inboxcrm.domain.unsubscribe_links import list_unsubscribe_headers
+from inboxcrm.adapters.factory import ConfigurationError, Destinations
+from inboxcrm.domain.followup import Followup, FollowupRefused, compose
+from inboxcrm.domain.policy import PolicyError, TenantPolicy, UnknownTenant, get_policy
+from inboxcrm.domain.templates import (
+    Template,
+    TemplateRefused,
+    from_sources,
+    message_languages,
+)
+from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.store import audit, intents, ledger
+from inboxcrm.store import templates as template_store
 from schemas.models import Action, ItemState, OperationInput, OperationResult
 
 if TYPE_CHECKING:
@@ -38,9 +53,13 @@ MIN_LEASE_SECONDS = 2.0
 
 
 class SendActivities:
-    def __init__(self, pool: asyncpg.Pool, mail: MailClient, max_retry_after: float) -> None:
+    def __init__(self, pool: asyncpg.Pool, mail: MailClient | Destinations,
+                 max_retry_after: float, settings: Settings | None = None) -> None:
+        """`mail`: each tenant's account (`Destinations`), or one client for every tenant."""
         self._pool = pool
-        self._mail = mail
+        self._destinations = (mail if isinstance(mail, Destinations)
+                              else Destinations.fixed(mail=mail))
+        self._settings = settings or get_settings()
         self._runner = OutboxRunner(pool, action=Action.SEND.value, pause_scope="send",
                                     max_retry_after=max_retry_after,
                                     also_record=ledger.AlsoRecord.INTENT_SENT)
@@ -49,11 +68,23 @@ class SendActivities:
 
     @activity.defn(name="submit_followup_email")
     async def submit_followup_email(self, op: OperationInput) -> OperationResult:
+        try:
+            mail = self._destinations.mail(op.item.tenant)
+        except ConfigurationError as exc:
+            # The tenant's mail account cannot be built (a secret reference resolves to
+            # nothing): never another account; blocked until the configuration is fixed.
+            activity.logger.error("mail destination unusable: %s", exc)
+            raise ApplicationError("permanent: destination_config",
+                                   type=ErrorType.PERMANENT.value, non_retryable=True) from None
+
+        async def perform(attempt: Attempt) -> str | OperationResult:
+            return await self._submit(attempt, mail)
+
         return await self._runner.run(
-            op, reconcile=self._by_repeating if self._mail.reconcilable else None,
-            perform=self._submit, record_success=self._record,
+            op, reconcile=self._by_repeating if mail.reconcilable else None,
+            perform=perform, record_success=lambda a, m, r: self._record(a, m, r, mail),
             running_state=ItemState.SEND_PENDING, on_failure=self._release_lease,
-            key_window_seconds=self._mail.key_window_seconds,
+            key_window_seconds=mail.key_window_seconds,
         )
 
     async def _release_lease(self, conn: Conn, attempt: Attempt, failure: Classified) -> None:
@@ -74,7 +105,7 @@ class SendActivities:
         over the unconfirmed attempt's lease)."""
         return None
 
-    async def _submit(self, attempt: Attempt) -> str | OperationResult:
+    async def _submit(self, attempt: Attempt, mail: MailClient) -> str | OperationResult:
         intent_id = _intent_id(attempt)
         item = attempt.op.item
         attempt_name = _lease_owner(attempt)
@@ -134,6 +165,9 @@ class SendActivities:
                     # Another holder (a crashed or zombie attempt of another operation on this
                     # intent): come back when its lease expires, not spending attempts.
                     raise Deferred("intent_lease_held", float(remaining) + 0.5)
+                # The words before the lease: a follow-up that may not go out as configured
+                # (no opt-out link possible, a template gone) is blocked without one.
+                followup = await self._compose(conn, row, item.event_id)
                 await conn.execute(
                     intents.TAKE_LEASE, intent_id, attempt_name, lease, item.tenant, item.event_id,
                     item.workflow_id, {"intent_id": intent_id, "eligible": True, "reason": None,
@@ -144,27 +178,60 @@ class SendActivities:
                                    non_retryable=True)
         if uncertain:
             self._uncertain.add(attempt_name)
-        subject, text = render(row["template_id"], row["name"])
-        sent = await self._mail.send(
+        sent = await mail.send(
             intent_id,
-            OutgoingEmail(to=row["email"], subject=subject, text=text,
-                          headers={"Auto-Submitted": "auto-replied",
-                                   **list_unsubscribe_headers(row["tenant"],
-                                                              row["contact_id"])},
+            OutgoingEmail(to=followup.to, subject=followup.subject, text=followup.text,
+                          html=followup.html, headers=followup.headers,
+                          sender=followup.sender, reply_to=followup.reply_to,
                           deliver_by=deliver_by),
         )
         self._uncertain.discard(attempt_name)
         return sent.message_id
 
-    def _record(self, attempt: Attempt, message_id: str, reconciled: bool) -> Recorded:
+    async def _compose(self, conn: Conn, row: asyncpg.Record, event_id: str) -> Followup:
+        """The follow-up of this intent: the planned words, the tenant's sender, the
+        message's language. A refusal is permanent (the operation is blocked with it)."""
+        try:
+            policy = get_policy(row["tenant"])
+            template = await _planned_template(conn, row, policy)
+            head = await template_store.message_head(conn, event_id)
+            return compose(policy, template, to=row["email"], contact_id=row["contact_id"],
+                           name=row["name"], company=row["company"],
+                           languages=message_languages(head), settings=self._settings)
+        except FollowupRefused as refused:
+            activity.logger.error("follow-up refused: %s", refused)
+            reason = refused.reason
+        except (UnknownTenant, PolicyError, TemplateRefused) as exc:
+            activity.logger.error("follow-up template unusable: %s", exc)
+            reason = "template_unusable"
+        raise AdapterError(Classified(Category.PERMANENT, reason))
+
+    def _record(self, attempt: Attempt, message_id: str, reconciled: bool,
+                mail: MailClient) -> Recorded:
         """The intent becomes `sent` (`AlsoRecord.INTENT_SENT`) with this entry."""
         return Recorded(
             actor="send", action="followup_sent",
             detail={"op_key": attempt.op.op_key, "intent_id": _intent_id(attempt),
-                    "idempotency_key": _intent_id(attempt), "provider": self._mail.name,
+                    "idempotency_key": _intent_id(attempt), "provider": mail.name,
                     "provider_message_id": message_id, "attempt": attempt.claim.attempts,
                     "reconciled": reconciled},
         )
+
+
+async def _planned_template(conn: Conn, row: asyncpg.Record, policy: TenantPolicy
+                            ) -> Template:
+    """The template version the plan stored (`<name>@<version>`). An intent planned before
+    templates were versioned names a bare template: the rule's current template."""
+    ref = str(row["template_id"])
+    if "@" in ref:
+        sources = await template_store.stored_version(conn, row["tenant"], ref)
+        if sources is None:
+            raise TemplateRefused(f"template version {ref} is not stored")
+        return from_sources(sources)
+    rule = policy.rule_by_id(row["rule_id"])
+    if rule is None:
+        raise TemplateRefused(f"rule {row['rule_id']!r} is no longer in the policy")
+    return policy.template_for(rule)
 
 
 def _ineligible(row: asyncpg.Record) -> str | None:

@@ -30,13 +30,15 @@ from activities.send import SendActivities
 from activities.shadow import ShadowActivities
 from activities.store_outage import StoreOutageInterceptor
 from inboxcrm.adapters.base import CrmClient, MailClient
-from inboxcrm.adapters.factory import build_crm, build_mail
+from inboxcrm.adapters.factory import ConfigurationError, Destinations
 from inboxcrm.domain.extraction import Extractor, build_extractor
+from inboxcrm.domain.policy import PolicyError, UnknownTenant, get_policy
 from inboxcrm.domain.shadow import comparison_extractor
 from inboxcrm.platform import temporal, tracing
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.platform.logs import configure_logging
 from inboxcrm.store import db
+from schemas.destinations import TenantDestinations
 from workflows.drift_check import DriftCheckWorkflow
 from workflows.inbound_email import CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS, InboundEmailWorkflow
 from workflows.review_notices import ReviewNoticesWorkflow
@@ -44,17 +46,34 @@ from workflows.review_notices import ReviewNoticesWorkflow
 log = logging.getLogger("inboxcrm.worker")
 
 
-def activity_functions(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
-                       extractor: Extractor, max_retry_after: float,
+def tenant_destinations(settings: Settings) -> Destinations:
+    """Each tenant's CRM and mail accounts, from its policy's `destinations` (the global
+    settings for a tenant that names none; docs/architecture.md §5)."""
+
+    def lookup(tenant: str) -> TenantDestinations:
+        try:
+            return get_policy(tenant).destinations
+        except (UnknownTenant, PolicyError) as exc:
+            # Never another account: a tenant whose policy cannot be read has no destination.
+            raise ConfigurationError(str(exc)) from None
+
+    return Destinations(settings, lookup)
+
+
+def activity_functions(pool: asyncpg.Pool, crm: CrmClient | Destinations,
+                       mail: MailClient | None, extractor: Extractor, max_retry_after: float,
                        review_base_url: str = "", decision_secret: str | None = None,
                        comparison: Extractor | None = None,
                        ) -> list[Callable[..., Any]]:
-    """Every activity InboundEmailWorkflow runs, bound to its resources. `comparison` is the
-    second extractor shadowed items are also shown to (`inboxcrm.domain.shadow`)."""
+    """Every activity InboundEmailWorkflow runs, bound to its resources. `crm`: each
+    tenant's accounts (`Destinations`), or one CRM client (with `mail`) for every tenant.
+    `comparison` is the second extractor shadowed items are also shown to
+    (`inboxcrm.domain.shadow`)."""
+    destinations = crm if isinstance(crm, Destinations) else Destinations.fixed(crm, mail)
     extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url)
     match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
-    crm_acts = CrmActivities(pool, crm, max_retry_after)
-    send = SendActivities(pool, mail, max_retry_after)
+    crm_acts = CrmActivities(pool, destinations, max_retry_after)
+    send = SendActivities(pool, destinations, max_retry_after)
     bookkeeping = BookkeepingActivities(pool, decision_secret)
     review = ReviewActivities(pool)
     shadow = ShadowActivities(pool, comparison)
@@ -120,19 +139,22 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
     await temporal.ensure_search_attributes(client, client.namespace)
     pool = await db.create_pool(settings.database_url, max_size=20)
-    crm = build_crm(settings)  # INBOXCRM_CRM_PROVIDER / INBOXCRM_MAIL_PROVIDER
-    mail = build_mail(settings)
+    destinations = tenant_destinations(settings)
+    # The global accounts are built now: incomplete INBOXCRM_CRM_* / INBOXCRM_MAIL_*
+    # settings stop the worker at start, as before; tenants' own are built on first use.
+    destinations.global_crm()
+    destinations.global_mail()
     worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=[InboundEmailWorkflow, DriftCheckWorkflow, ReviewNoticesWorkflow],
-        activities=[*activity_functions(pool, crm, mail, build_extractor(settings),
+        activities=[*activity_functions(pool, destinations, None, build_extractor(settings),
                                         settings.max_retry_after_seconds,
                                         settings.public_relay_base_url,
                                         settings.decision_secret.get_secret_value()
                                         if settings.decision_secret else None,
                                         comparison_extractor(settings)),
-                    DriftActivities(pool, crm, mail).check_destination_drift,
+                    DriftActivities(pool, destinations).check_destination_drift,
                     NoticeActivities(pool, settings.public_relay_base_url,
                                      settings.http_timeout_seconds).send_review_notices],
         # A PostgreSQL outage is reported as `StoreUnavailable` by every activity.
@@ -144,8 +166,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
             log.info("worker running on task queue %s", settings.task_queue)
             await stop.wait()
     finally:
-        await crm.aclose()
-        await mail.aclose()
+        await destinations.aclose()
         await pool.close()
 
 

@@ -84,6 +84,8 @@ class ConfigIn(BaseModel):
 
     search_lag_seconds: float | None = Field(default=None, ge=0, le=3600)
     hang_seconds: float | None = Field(default=None, ge=0, le=3600)
+    # Salesforce OAuth: how long an access token issued from now on is valid.
+    session_seconds: float | None = Field(default=None, gt=0, le=30 * 86400)
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -141,6 +143,7 @@ def create_app(
     app.include_router(notes.router)
     app.include_router(notes.associations)
     app.include_router(salesforce.router)  # same table, same Sandbox.run faults
+    app.include_router(salesforce.oauth)  # the token endpoint (client credentials flow)
     app.include_router(tamper.router)  # /_sandbox/contacts: changes behind the product's back
 
     @app.get("/healthz")
@@ -189,7 +192,7 @@ def create_app(
             )
             note_rows = await conn.fetch(f"{notes.SELECT_NOTES} ORDER BY n.id")
             emails = await conn.fetch(
-                "SELECT id, sender, recipients, subject, idempotency_key, created_at "
+                "SELECT id, sender, reply_to, recipients, subject, idempotency_key, created_at "
                 "FROM sandbox.emails ORDER BY created_at, id"
             )
         return {
@@ -200,6 +203,7 @@ def create_app(
                     "id": str(r["id"]),
                     "to": r["recipients"],
                     "from": r["sender"],
+                    "reply_to": r["reply_to"],
                     "subject": r["subject"],
                     "idempotency_key": r["idempotency_key"],
                     "created_at": r["created_at"].isoformat(),
@@ -230,9 +234,12 @@ def create_app(
     @app.get("/_sandbox/config")
     async def get_config(sandbox: SandboxDep) -> dict[str, float]:
         config = await sandbox.config()
+        session = await sandbox.pool.fetchval("SELECT session_seconds FROM sandbox.config "
+                                              "WHERE id")
         return {
             "search_lag_seconds": config.search_lag_seconds,
             "hang_seconds": config.hang_seconds,
+            "session_seconds": float(session),
         }
 
     @app.post("/_sandbox/config")
@@ -242,9 +249,11 @@ def create_app(
         await sandbox.pool.execute(
             "UPDATE sandbox.config SET "
             "search_lag_seconds = coalesce($1, search_lag_seconds), "
-            "hang_seconds = coalesce($2, hang_seconds) WHERE id",
+            "hang_seconds = coalesce($2, hang_seconds), "
+            "session_seconds = coalesce($3, session_seconds) WHERE id",
             update.search_lag_seconds,
             update.hang_seconds,
+            update.session_seconds,
         )
         return await get_config(sandbox)
 
@@ -279,7 +288,7 @@ def create_app(
         async with sandbox.pool.acquire() as conn, conn.transaction():
             await conn.execute(
                 "TRUNCATE sandbox.note_contacts, sandbox.notes, sandbox.contacts, sandbox.emails, "
-                "sandbox.email_requests, sandbox.faults, sandbox.calls"
+                "sandbox.email_requests, sandbox.faults, sandbox.calls, sandbox.oauth_tokens"
             )
             await conn.execute("UPDATE sandbox.config SET clock_offset_seconds = 0 WHERE id")
         return {"ok": True}

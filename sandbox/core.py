@@ -254,13 +254,17 @@ class Sandbox:
         target: str,
         operation: Callable[[], Awaitable[Outcome]],
         reserve: Callable[[], Awaitable[Release | None]] | None = None,
+        *,
+        authenticated: bool = False,
     ) -> Response:
         """Auth, then the next queued fault (if any), then the real operation; log the call.
 
         `reserve` lets an endpoint mark work as in flight while a timeout_before_commit
         hold is running (the mail idempotency key), and returns how to release it.
+        `authenticated`: the caller already checked the credential (a Salesforce OAuth
+        access token), so the API key is not asked for.
         """
-        if (denial := self.denied(request, target)) is not None:
+        if not authenticated and (denial := self.denied(request, target)) is not None:
             await self.log_call(target, "unauthenticated", denial.status_code)
             return denial
         fault = await self.consume_fault(target)

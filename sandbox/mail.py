@@ -49,6 +49,7 @@ class EmailIn:
     text: str | None
     html: str | None
     headers: dict[str, str]
+    reply_to: list[str] | None = None
 
 
 def parse_email(body: Any) -> EmailIn | str:
@@ -74,7 +75,14 @@ def parse_email(body: Any) -> EmailIn | str:
     headers = body.get("headers") or {}
     if not isinstance(headers, dict) or any(not isinstance(v, str) for v in headers.values()):
         return "`headers` must be an object of strings."
-    return EmailIn(sender, list(to), subject, text, html, {str(k): v for k, v in headers.items()})
+    reply_to = body.get("reply_to")
+    if isinstance(reply_to, str):
+        reply_to = [reply_to]
+    if reply_to is not None and (not isinstance(reply_to, list) or any(
+            not isinstance(a, str) or "@" not in a for a in reply_to)):
+        return "`reply_to` must be an email address or a list of them."
+    return EmailIn(sender, list(to), subject, text, html, {str(k): v for k, v in headers.items()},
+                   reply_to)
 
 
 def payload_hash(body: Any) -> str:
@@ -96,7 +104,7 @@ def email_json(row: asyncpg.Record) -> dict[str, Any]:
         "html": row["html_body"],
         "bcc": None,
         "cc": None,
-        "reply_to": None,
+        "reply_to": row["reply_to"],
         "scheduled_at": None,
         "headers": row["headers"],
         "created_at": row["created_at"].isoformat(),
@@ -133,8 +141,8 @@ FROM sandbox.email_requests WHERE idempotency_key = $1
 
 _INSERT_EMAIL = """
 INSERT INTO sandbox.emails
-    (id, idempotency_key, sender, recipients, subject, text_body, html_body, headers)
-VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8::jsonb)
+    (id, idempotency_key, sender, recipients, subject, text_body, html_body, headers, reply_to)
+VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8::jsonb, $9::jsonb)
 """
 
 _RELEASE = "DELETE FROM sandbox.email_requests WHERE idempotency_key = $1 AND email_id IS NULL"
@@ -190,6 +198,7 @@ class Mailer:
                 email.text,
                 email.html,
                 email.headers,
+                email.reply_to,
             )
             if self.key is not None:
                 await conn.execute(
@@ -242,7 +251,7 @@ async def send_email(request: Request, sandbox: SandboxDep) -> Response:
 
 _SELECT_EMAILS = """
 SELECT id, idempotency_key, sender, recipients, subject, text_body, html_body, headers,
-       created_at
+       reply_to, created_at
 FROM sandbox.emails
 """
 

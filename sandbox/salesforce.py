@@ -21,6 +21,16 @@ duplicate rule): another record's email is a 400 `DUPLICATES_DETECTED`.
 Any custom field (`…__c`) is accepted as an external ID field; a field that is not custom is
 a 404 `NOT_FOUND`, as Salesforce answers for a field that is not an external ID.
 
+OAuth 2.0 client credentials flow: `POST /services/oauth2/token` (form-encoded
+`grant_type=client_credentials`, `client_id`, `client_secret`; the secret must equal the
+sandbox's `--api-key` when one is set) answers Salesforce's token response (`access_token`,
+`signature`, `scope`, `instance_url`, `id`, `token_type`, `issued_at` in epoch
+milliseconds; no expiry, as Salesforce sends none); errors are `{"error", "error_description"}`
+with 400 (`unsupported_grant_type`, `invalid_client`). A token is valid for the org's
+session timeout (`session_seconds` in `/_sandbox/config`, default 7200) on the sandbox
+clock: move `/_sandbox/clock` past it and every call with the token is a 401
+`INVALID_SESSION_ID`. A Bearer that is not an issued token is checked as the API key.
+
 Auth and fault injection are the shared `Sandbox.run` (targets `crm.upsert` for the PATCH,
 `crm.search` for reads). Answers `Sandbox.run` makes itself (auth denial, injected faults,
 the held timeout) are re-shaped as Salesforce's: `unauthorized` → 401 `INVALID_SESSION_ID`,
@@ -32,10 +42,15 @@ call log still records the fault's own status), `invalid_field` → 400
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
 import random
 import re
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import parse_qs
 
 import asyncpg
 from fastapi import APIRouter, Request
@@ -45,6 +60,7 @@ from sandbox.core import Outcome, Sandbox, SandboxDep, iso, read_json
 from sandbox.notes import GET_NOTE, UPSERT_NOTE
 
 router = APIRouter(prefix="/services/data")
+oauth = APIRouter(prefix="/services/oauth2")
 
 UPSERT_ATTEMPTS = 10
 BODY_VERSION = (46, 0)  # from this API version on, an update answers 200 with a body
@@ -94,9 +110,30 @@ def salesforce_shaped(response: Response) -> Response:
     return response
 
 
+# Issued access tokens start like a Salesforce session ID (org ID, "!"), so a Bearer is
+# told apart from the API key.
+TOKEN_PREFIX = "00Dsbx0000000001!"
+ORG_ID = "00Dsbx0000000001AAA"
+USER_ID = "005sbx0000000001AAA"
+
+_TOKEN_VALID = "SELECT expires_at > sandbox.now() FROM sandbox.oauth_tokens WHERE token = $1"
+_ISSUE_TOKEN = """
+INSERT INTO sandbox.oauth_tokens (token, client_id, issued_at, expires_at)
+SELECT $1, $2, sandbox.now(), sandbox.now() + make_interval(secs => session_seconds)
+FROM sandbox.config WHERE id
+RETURNING issued_at
+"""
+
+
+def _bearer(request: Request) -> str:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
 async def run(request: Request, sandbox: Sandbox, target: str,
               operation: Callable[[], Awaitable[Outcome]]) -> Response:
-    """`Sandbox.run` (auth, faults, hold, call log) with Salesforce-shaped refusals."""
+    """`Sandbox.run` (auth, faults, hold, call log) with Salesforce-shaped refusals. An
+    issued OAuth access token authenticates while its session lasts."""
     ran = False
 
     async def tracked() -> Outcome:
@@ -104,8 +141,51 @@ async def run(request: Request, sandbox: Sandbox, target: str,
         ran = True
         return await operation()
 
-    response = await sandbox.run(request, target, tracked)
+    token = _bearer(request)
+    authenticated = False
+    if token.startswith(TOKEN_PREFIX):
+        if not await sandbox.pool.fetchval(_TOKEN_VALID, token):
+            await sandbox.log_call(target, "session_expired", 401)
+            return sf_error(401, "INVALID_SESSION_ID", "Session expired or invalid")
+        authenticated = True
+    response = await sandbox.run(request, target, tracked, authenticated=authenticated)
     return response if ran else salesforce_shaped(response)
+
+
+def _oauth_error(code: str, description: str) -> JSONResponse:
+    return JSONResponse({"error": code, "error_description": description}, status_code=400)
+
+
+@oauth.post("/token")
+async def issue_token(request: Request, sandbox: SandboxDep) -> Response:
+    """The client credentials flow: a new access token for the connected app."""
+    form = parse_qs((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
+
+    def value(key: str) -> str:
+        return (form.get(key) or [""])[0]
+
+    grant = value("grant_type")
+    if grant != "client_credentials":
+        await sandbox.log_call("crm.oauth", "invalid", 400)
+        return _oauth_error("unsupported_grant_type", "grant type not supported")
+    client_id, client_secret = value("client_id"), value("client_secret")
+    wrong = sandbox.api_key is not None and not hmac.compare_digest(
+        client_secret.encode(), sandbox.api_key.encode())
+    if not client_id or not client_secret or wrong:
+        await sandbox.log_call("crm.oauth", "unauthenticated", 400)
+        return _oauth_error("invalid_client", "invalid client credentials")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(48)
+    issued = await sandbox.pool.fetchval(_ISSUE_TOKEN, token, client_id)
+    await sandbox.log_call("crm.oauth", "ok", 200)
+    instance = str(request.base_url).rstrip("/")
+    issued_ms = str(int(issued.timestamp() * 1000))
+    identity = f"{instance}/id/{ORG_ID}/{USER_ID}"
+    signature = base64.b64encode(hmac.new(client_secret.encode(),
+                                          (identity + issued_ms).encode(),
+                                          hashlib.sha256).digest()).decode()
+    return JSONResponse({"access_token": token, "signature": signature, "scope": "api",
+                         "token_format": "opaque", "instance_url": instance, "id": identity,
+                         "token_type": "Bearer", "issued_at": issued_ms})
 
 
 def _version(raw: str) -> tuple[int, int] | None:

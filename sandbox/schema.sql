@@ -113,3 +113,19 @@ CREATE TABLE IF NOT EXISTS sandbox.note_contacts (
     created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (note_id, contact_id)
 );
+
+-- Salesforce OAuth 2.0 (client credentials flow): access tokens the token endpoint issued and
+-- until when each is valid on the sandbox clock (the org's session timeout,
+-- `session_seconds`, default 2 h as Salesforce's). An expired or unknown token is answered
+-- 401 INVALID_SESSION_ID.
+ALTER TABLE sandbox.config ADD COLUMN IF NOT EXISTS session_seconds double precision
+    NOT NULL DEFAULT 7200;
+CREATE TABLE IF NOT EXISTS sandbox.oauth_tokens (
+    token      text PRIMARY KEY,
+    client_id  text NOT NULL,
+    issued_at  timestamptz NOT NULL DEFAULT sandbox.now(),
+    expires_at timestamptz NOT NULL
+);
+
+-- Resend's `reply_to` (string or list), kept and shown like the other fields.
+ALTER TABLE sandbox.emails ADD COLUMN IF NOT EXISTS reply_to jsonb;

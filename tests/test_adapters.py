@@ -645,15 +645,15 @@ async def seed(db: asyncpg.Pool, action: str) -> Seeded:
     async with db.acquire() as conn, conn.transaction():
         event_id = await conn.fetchval(
             "INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, "
-            "content_sha256, size_bytes, state) VALUES ('adapters-test', 'test', "
+            "content_sha256, size_bytes, state) VALUES ('acme', 'test', "
             "'sales@acme.test', $1, $1, '0', 0, 'matching') RETURNING event_id", workflow_id)
         contact_id = await conn.fetchval(
             "INSERT INTO contacts (tenant, canonical_email, email, name, company) VALUES "
-            "('adapters-test', $1, $1, 'Ada Lovelace', 'Analytical') RETURNING contact_id",
+            "('acme', $1, $1, 'Ada Lovelace', 'Analytical') RETURNING contact_id",
             address)
         intent_id = await conn.fetchval(
             "INSERT INTO followup_intents (event_id, tenant, contact_id, rule_id, rule_version,"
-            " template_id) VALUES ($1, 'adapters-test', $2, 'ack', 1, 'ack-v1') "
+            " template_id) VALUES ($1, 'acme', $2, 'ack', 1, 'ack-v1') "
             "RETURNING intent_id", event_id, contact_id)
         ref = str(contact_id) if action == "crm-upsert" else str(intent_id)
         op_key = f"{workflow_id}:{action}"
@@ -661,7 +661,7 @@ async def seed(db: asyncpg.Pool, action: str) -> Seeded:
             "INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, "
             "external_ref) VALUES ($1, $2, $3, $4, 6, $5)",
             op_key, workflow_id, event_id, action, ref)
-    op = OperationInput(ItemRef(str(event_id), workflow_id, "adapters-test"), op_key)
+    op = OperationInput(ItemRef(str(event_id), workflow_id, "acme"), op_key)
     return Seeded(op, str(contact_id), str(intent_id), address)
 
 
@@ -673,11 +673,11 @@ async def operation_row(db: asyncpg.Pool, op_key: str) -> asyncpg.Record:
 
 
 async def test_outbox_holds_an_unconfirmed_smtp_send_and_never_repeats_it(
-    db: asyncpg.Pool, smtp_server: SmtpServer,
+    db: asyncpg.Pool, smtp_server: SmtpServer, app_settings: Settings,
 ) -> None:
     seeded = await seed(db, "send")
     smtp_server.recorder.data_reply = "drop"
-    send = SendActivities(db, smtp_mail(smtp_server.port), 300)
+    send = SendActivities(db, smtp_mail(smtp_server.port), 300, app_settings)
     activity_env = step_env()
 
     with pytest.raises(ApplicationError) as first:
@@ -699,10 +699,10 @@ async def test_outbox_holds_an_unconfirmed_smtp_send_and_never_repeats_it(
 
 
 async def test_outbox_sends_over_smtp_and_records_the_message_id(
-    db: asyncpg.Pool, smtp_server: SmtpServer,
+    db: asyncpg.Pool, smtp_server: SmtpServer, app_settings: Settings,
 ) -> None:
     seeded = await seed(db, "send")
-    send = SendActivities(db, smtp_mail(smtp_server.port), 300)
+    send = SendActivities(db, smtp_mail(smtp_server.port), 300, app_settings)
 
     result = await step_env().run(send.submit_followup_email, seeded.op)
 

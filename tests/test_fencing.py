@@ -36,7 +36,8 @@ CAP = 30.0
 @pytest.fixture
 async def clients(app_settings: Settings) -> AsyncIterator[dict[str, Any]]:
     crm, mail = build_crm(app_settings), build_mail(app_settings)
-    yield {"crm": crm, "mail": mail}
+    # The stack's settings: its unsubscribe secret signs the follow-ups' opt-out links.
+    yield {"crm": crm, "mail": mail, "settings": app_settings}
     await crm.aclose()
     await mail.aclose()
 
@@ -89,8 +90,9 @@ async def test_overlapping_send_attempts_send_one_email_and_the_row_stays_comple
     planned = await planned_item(db)
     op = planned.op("send")
     gate = Gate()
-    slow = SendActivities(db, GatedMail(clients["mail"], gate, lose_answer=lose_answer), CAP)
-    rerun = SendActivities(db, clients["mail"], CAP)
+    slow = SendActivities(db, GatedMail(clients["mail"], gate, lose_answer=lose_answer), CAP,
+                          clients["settings"])
+    rerun = SendActivities(db, clients["mail"], CAP, clients["settings"])
 
     first = _attempt(slow.submit_followup_email, op)
     await asyncio.wait_for(gate.entered.wait(), 10)   # the provider took it; attempt 1 stalls
@@ -121,7 +123,7 @@ async def test_a_send_refuses_an_intent_already_sent(
     await db.execute("UPDATE operations SET status = 'waiting', attempts = 1, "
                      "last_error_category = 'transient' WHERE op_key = $1",
                      planned.op("send").op_key)
-    send = SendActivities(db, clients["mail"], CAP)
+    send = SendActivities(db, clients["mail"], CAP, clients["settings"])
 
     result = await step_env().run(send.submit_followup_email, planned.op("send"))
 
@@ -135,7 +137,7 @@ async def test_a_cancelled_send_stays_cancelled(
     planned = await planned_item(db)
     await db.execute("UPDATE operations SET status = 'cancelled', attempts = 1 "
                      "WHERE op_key = $1", planned.op("send").op_key)
-    send = SendActivities(db, clients["mail"], CAP)
+    send = SendActivities(db, clients["mail"], CAP, clients["settings"])
 
     result = await step_env().run(send.submit_followup_email, planned.op("send"))
 
@@ -182,7 +184,8 @@ async def test_retry_of_an_ambiguous_send_sends_with_the_same_key_and_records_wh
     key, instead of finding the same uncertainty again."""
     planned = await planned_item(db)
     op = planned.op("send")
-    send = SendActivities(db, UnsearchableMail(clients["mail"], drops=1), CAP)
+    send = SendActivities(db, UnsearchableMail(clients["mail"], drops=1), CAP,
+                          clients["settings"])
     with pytest.raises(Exception, match="AmbiguousOutcome"):
         await step_env(timeout=6).run(send.submit_followup_email, op)  # a 3 s lease
     assert (await _row(db, op.op_key))["status"] == "ambiguous"

@@ -82,6 +82,11 @@ class OutgoingEmail:
     subject: str
     text: str
     headers: dict[str, str] = field(default_factory=dict)
+    # The tenant's From and Reply-To (docs/architecture.md §5); None: the adapter's own From
+    # (INBOXCRM_MAIL_FROM) and no Reply-To.
+    sender: str | None = None
+    reply_to: str | None = None
+    html: str | None = None
     # `time.monotonic()` by which the delivery must be over (the end of the send lease): an
     # adapter that cannot finish by then must not start handing the message over.
     deliver_by: float | None = None

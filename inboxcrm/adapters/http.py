@@ -19,6 +19,7 @@ def send_request(
     url: str,
     *,
     json: Any = None,
+    data: dict[str, str] | None = None,
     params: dict[str, str] | None = None,
     headers: dict[str, str] | None = None,
     passthrough: Collection[int] = (),
@@ -33,7 +34,7 @@ def send_request(
     and the classified outcome (no query string, no body). With tracing off the caller awaits
     the request itself: not even a coroutine more (bench/tracing_overhead.py).
     """
-    request = _send(client, method, url, json=json, params=params, headers=headers,
+    request = _send(client, method, url, json=json, data=data, params=params, headers=headers,
                     passthrough=passthrough, reason=reason)
     return _traced(client, method, url, request) if tracing.enabled() else request
 
@@ -69,13 +70,15 @@ async def _send(
     url: str,
     *,
     json: Any,
+    data: dict[str, str] | None,
     params: dict[str, str] | None,
     headers: dict[str, str] | None,
     passthrough: Collection[int],
     reason: Callable[[httpx.Response], str | None] | None,
 ) -> httpx.Response:
     try:
-        response = await client.request(method, url, json=json, params=params, headers=headers)
+        response = await client.request(method, url, json=json, data=data, params=params,
+                                        headers=headers)
     except httpx.HTTPError as exc:
         raise AdapterError(classify_exception(exc)) from None
     if response.is_success or response.status_code in passthrough:

@@ -41,8 +41,13 @@ class ResendMail:
         self._sender = sender
 
     async def send(self, idempotency_key: str, message: OutgoingEmail) -> SentEmail:
-        body = {"from": self._sender, "to": [message.to], "subject": message.subject,
-                "text": message.text, "headers": message.headers}
+        body: dict[str, object] = {
+            "from": message.sender or self._sender, "to": [message.to],
+            "subject": message.subject, "text": message.text, "headers": message.headers}
+        if message.html is not None:
+            body["html"] = message.html
+        if message.reply_to is not None:
+            body["reply_to"] = message.reply_to
         response = await send_request(
             self._client, "POST", "/emails", json=body,
             headers={"Idempotency-Key": idempotency_key}, reason=_reason,

@@ -23,12 +23,16 @@ Answers (all classification in `inboxcrm.adapters.errors`):
   `http_300:MULTIPLE_MATCHES`, the item is blocked for review; we never pick one;
 - 400/404 error arrays `[{"errorCode": ..., "message": ...}]`: permanent, reason from the
   errorCode (`UNABLE_TO_LOCK_ROW` excepted: transient);
-- 401 `INVALID_SESSION_ID`: permanent (the credential), blocked until it is replaced;
+- 401 `INVALID_SESSION_ID`: the session expired or was revoked. With OAuth (`ClientCredentials`)
+  the adapter fetches a new access token once and repeats the call (safe: an upsert by
+  External ID is idempotent, and a 401 did nothing); a second 401, or a fixed token, is
+  permanent: blocked until the credential is replaced;
 - 403 `REQUEST_LIMIT_EXCEEDED`: the org's API limit, transient with a long delay.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import datetime
 from typing import Any
@@ -44,6 +48,7 @@ from inboxcrm.adapters.transport import new_client
 LAST_NAME_PLACEHOLDER = "[unknown]"
 NOTE_SUBJECT = "Inbound email (inboxcrm)"
 DEFAULT_API_VERSION = "62.0"
+SESSION_EXPIRED = "http_401:INVALID_SESSION_ID"
 _ERROR_CODE = re.compile(r"^[A-Z][A-Z0-9_]{0,79}$")
 _API_VERSION = re.compile(r"^\d{2,3}\.\d$")
 _FIELD = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,79}$")
@@ -62,6 +67,77 @@ def _reason(response: httpx.Response) -> str | None:
     if isinstance(code, str) and _ERROR_CODE.match(code):
         return f"http_{response.status_code}:{code}"
     return None
+
+
+def _oauth_reason(response: httpx.Response) -> str | None:
+    """`http_{status}:{error}` from an OAuth error answer (`{"error": "invalid_client"}`)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    code = body.get("error") if isinstance(body, dict) else None
+    if isinstance(code, str) and re.match(r"^[a-z_]{1,64}$", code):
+        return f"http_{response.status_code}:{code}"
+    return None
+
+
+class ClientCredentials:
+    """Access tokens from the OAuth 2.0 client credentials flow of a connected app:
+    `POST {token_url}` with `grant_type=client_credentials`, `client_id`, `client_secret`
+    (form-encoded); the answer's `access_token` is used as the Bearer token until Salesforce
+    answers 401 INVALID_SESSION_ID, then renewed once (Salesforce's answer carries no expiry:
+    the session lasts the org's session timeout, so the token is kept until refused).
+
+    One token per adapter, shared by concurrent calls: a renewal happens once, however many
+    calls met the expired one (the lock, and the stale token each caller presents)."""
+
+    def __init__(self, token_url: str, client_id: str, client_secret: str,
+                 timeout: float = 10.0) -> None:
+        self._token_url = token_url
+        self._form = {"grant_type": "client_credentials", "client_id": client_id,
+                      "client_secret": client_secret}
+        self._client = new_client(token_url, {}, timeout)
+        self._token: str | None = None
+        self._lock = asyncio.Lock()
+        self.fetched = 0  # tokens fetched (for tests and the adapter's own accounting)
+
+    async def token(self) -> str:
+        if self._token is not None:
+            return self._token
+        async with self._lock:
+            if self._token is None:
+                self._token = await self._fetch()
+            return self._token
+
+    async def renew(self, stale: str) -> str:
+        """A new token, unless another call already replaced `stale`."""
+        async with self._lock:
+            if self._token is None or self._token == stale:
+                self._token = None
+                self._token = await self._fetch()
+            return self._token
+
+    async def _fetch(self) -> str:
+        """The token request. Whatever goes wrong, the CRM call it was for was not sent:
+        a failure is transient (retry) or permanent (the app's credentials), never unknown."""
+        try:
+            response = await send_request(self._client, "POST", self._token_url,
+                                          data=self._form, reason=_oauth_reason)
+        except AdapterError as exc:
+            if exc.classified.category is Category.UNKNOWN:
+                raise AdapterError(Classified(Category.TRANSIENT, exc.classified.reason,
+                                              exc.classified.retry_after,
+                                              exc.classified.status_code)) from None
+            raise
+        token = _json(response).get("access_token")
+        if not isinstance(token, str) or not token:
+            raise AdapterError(Classified(Category.TRANSIENT, "oauth_response_mismatch", None,
+                                          response.status_code))
+        self.fetched += 1
+        return token
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
 
 
 def _split_name(name: str | None) -> tuple[str | None, str]:
@@ -85,6 +161,7 @@ class SalesforceCrm:
         note_external_id_field: str = "Inboxcrm_Note_Id__c",
         api_version: str = DEFAULT_API_VERSION,
         timeout: float = 10.0,
+        oauth: ClientCredentials | None = None,
     ) -> None:
         version = api_version.removeprefix("v")
         if not _API_VERSION.match(version):
@@ -95,8 +172,10 @@ class SalesforceCrm:
             raise ValueError(f"invalid Salesforce company field {company_field!r}")
         if not _FIELD.match(note_external_id_field):
             raise ValueError(f"invalid Salesforce note ID field {note_external_id_field!r}")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # With OAuth the Bearer token is set per call (it is renewed); else a fixed one.
+        headers = {"Authorization": f"Bearer {token}"} if token and oauth is None else {}
         self._client = new_client(instance_url, headers, timeout)
+        self._oauth = oauth
         self._field = external_id_field
         self._company_field = company_field
         self._note_field = note_external_id_field
@@ -143,9 +222,9 @@ class SalesforceCrm:
 
     async def read_contact(self, record_id: str) -> CrmRecordView | None:
         """GET the Contact by its Salesforce Id with our external ID field."""
-        response = await send_request(
-            self._client, "GET", f"{self._sobjects}/Contact/{quote(record_id, safe='')}",
-            params={"fields": f"Id,{self._field}"}, passthrough=(404,), reason=_reason)
+        response = await self._call(
+            "GET", f"{self._sobjects}/Contact/{quote(record_id, safe='')}",
+            params={"fields": f"Id,{self._field}"}, passthrough=(404,))
         if response.status_code == 404:
             return None
         body = _json(response)
@@ -157,7 +236,7 @@ class SalesforceCrm:
         return CrmRecordView(record_id=found, external_id=str(owner) if owner else None)
 
     async def _upsert(self, path: str, body: dict[str, Any]) -> CrmRecord:
-        response = await send_request(self._client, "PATCH", path, json=body, reason=_reason)
+        response = await self._call("PATCH", path, json=body)
         if response.status_code == 204:
             # Updated (API versions before 46.0 answer without a body): read the Id back.
             found = await self._find(path)
@@ -175,8 +254,7 @@ class SalesforceCrm:
                          else response.status_code == 201)
 
     async def _find(self, path: str) -> CrmRecord | None:
-        response = await send_request(self._client, "GET", path, params={"fields": "Id"},
-                                      passthrough=(404,), reason=_reason)
+        response = await self._call("GET", path, params={"fields": "Id"}, passthrough=(404,))
         if response.status_code == 404:
             return None
         body = _json(response)
@@ -186,8 +264,31 @@ class SalesforceCrm:
                                           response.status_code))
         return CrmRecord(record_id=record_id)
 
+    async def _call(self, method: str, path: str, *, json: Any = None,
+                    params: dict[str, str] | None = None,
+                    passthrough: tuple[int, ...] = ()) -> httpx.Response:
+        """One REST call; with OAuth, an expired session is renewed once and the call
+        repeated (a 401 changed nothing, and every write here is an idempotent upsert)."""
+        if self._oauth is None:
+            return await send_request(self._client, method, path, json=json, params=params,
+                                      passthrough=passthrough, reason=_reason)
+        token = await self._oauth.token()
+        try:
+            return await send_request(self._client, method, path, json=json, params=params,
+                                      headers={"Authorization": f"Bearer {token}"},
+                                      passthrough=passthrough, reason=_reason)
+        except AdapterError as exc:
+            if exc.classified.reason != SESSION_EXPIRED:
+                raise
+        token = await self._oauth.renew(token)
+        return await send_request(self._client, method, path, json=json, params=params,
+                                  headers={"Authorization": f"Bearer {token}"},
+                                  passthrough=passthrough, reason=_reason)
+
     async def aclose(self) -> None:
         await self._client.aclose()
+        if self._oauth is not None:
+            await self._oauth.aclose()
 
 
 def _json(response: httpx.Response) -> dict[str, Any]:

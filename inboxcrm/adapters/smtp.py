@@ -48,7 +48,8 @@ from inboxcrm.platform import tracing
 Security = Literal["starttls", "ssl", "none"]
 SECURITY_MODES: tuple[Security, ...] = ("starttls", "ssl", "none")
 # Headers this adapter owns; the same names in OutgoingEmail.headers are ignored.
-OWN_HEADERS = frozenset({"from", "to", "subject", "date", "message-id", "sender", "cc", "bcc"})
+OWN_HEADERS = frozenset({"from", "to", "subject", "date", "message-id", "sender", "cc", "bcc",
+                         "reply-to"})
 _HEADER_NAME = re.compile(r"^[!-9;-~]{1,76}$")  # RFC 5322 field name: printable, no colon
 _KEY = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 # DATA is at most four socket waits: send the command, read its reply, send the message,
@@ -84,15 +85,10 @@ class SmtpMail:
     ) -> None:
         if security not in SECURITY_MODES:
             raise ValueError(f"SMTP security must be one of {SECURITY_MODES}, got {security!r}")
-        address = email.utils.parseaddr(sender)[1]
-        local, _, domain = address.rpartition("@")
-        if not local or not domain:
-            raise ValueError("the mail sender must contain an address (local@domain)")
+        _sender_address(sender)
         self._host = host
         self._port = port
         self._sender = sender
-        self._envelope_from = address
-        self._domain = domain
         self._security = security
         self._username = username or None
         self._password = password or ""
@@ -102,12 +98,16 @@ class SmtpMail:
 
     def build(self, idempotency_key: str, message: OutgoingEmail) -> EmailMessage:
         """The RFC 5322 message for one intent. Raises ValueError on an unusable header."""
+        sender = message.sender or self._sender
+        _, domain = _sender_address(sender)
         msg = EmailMessage()
-        msg["From"] = self._sender
+        msg["From"] = sender
         msg["To"] = message.to
+        if message.reply_to:
+            msg["Reply-To"] = message.reply_to
         msg["Subject"] = message.subject
         msg["Date"] = email.utils.formatdate(usegmt=True)
-        msg["Message-ID"] = message_id(idempotency_key, self._domain)
+        msg["Message-ID"] = message_id(idempotency_key, domain)
         for name, value in message.headers.items():
             if name.lower() in OWN_HEADERS:
                 continue
@@ -115,6 +115,8 @@ class SmtpMail:
                 raise ValueError("invalid header name")
             msg[name] = value  # the policy refuses CR/LF in values (no header injection)
         msg.set_content(message.text)
+        if message.html is not None:
+            msg.add_alternative(message.html, subtype="html")
         return msg
 
     async def send(self, idempotency_key: str, message: OutgoingEmail) -> SentEmail:
@@ -123,12 +125,15 @@ class SmtpMail:
         except ValueError:
             # Nothing was sent; retrying the same content cannot help.
             raise AdapterError(Classified(Category.PERMANENT, "invalid_message")) from None
+        envelope_from = _sender_address(message.sender or self._sender)[0]
         if not tracing.enabled():
-            await asyncio.to_thread(self._deliver, msg, message.to, message.deliver_by)
+            await asyncio.to_thread(self._deliver, msg, envelope_from, message.to,
+                                    message.deliver_by)
         else:
             with tracing.destination_span("SMTP send", {"server.address": self._host,
                                                         "server.port": self._port}):
-                await asyncio.to_thread(self._deliver, msg, message.to, message.deliver_by)
+                await asyncio.to_thread(self._deliver, msg, envelope_from, message.to,
+                                        message.deliver_by)
         return SentEmail(message_id=str(msg["Message-ID"]))
 
     async def read_sent(self, message_id: str) -> SentRecord | None:
@@ -147,8 +152,9 @@ class SmtpMail:
         return smtplib.SMTP(self._host, self._port, timeout=self._timeout,
                             local_hostname=self._local_hostname)
 
-    def _deliver(self, msg: EmailMessage, recipient: str, deliver_by: float | None) -> None:
-        needs_utf8 = not (self._envelope_from.isascii() and recipient.isascii())
+    def _deliver(self, msg: EmailMessage, envelope_from: str, recipient: str,
+                 deliver_by: float | None) -> None:
+        needs_utf8 = not (envelope_from.isascii() and recipient.isascii())
         policy = email.policy.SMTPUTF8 if needs_utf8 else email.policy.SMTP
         payload = msg.as_bytes(policy=policy)
         options = ["SMTPUTF8", "BODY=8BITMIME"] if needs_utf8 else []
@@ -163,9 +169,9 @@ class SmtpMail:
                 client.ehlo()
             if self._username:
                 client.login(self._username, self._password)
-            code, reply = client.mail(self._envelope_from, options)
+            code, reply = client.mail(envelope_from, options)
             if code != 250:
-                raise smtplib.SMTPSenderRefused(code, reply, self._envelope_from)
+                raise smtplib.SMTPSenderRefused(code, reply, envelope_from)
             code, reply = client.rcpt(recipient)
             if code not in (250, 251):
                 raise smtplib.SMTPRecipientsRefused({recipient: (code, reply)})
@@ -186,6 +192,15 @@ class SmtpMail:
                         client.quit()
                     else:
                         client.close()
+
+
+def _sender_address(sender: str) -> tuple[str, str]:
+    """The envelope address of a From header and its domain (the Message-ID's)."""
+    address = email.utils.parseaddr(sender)[1]
+    local, _, domain = address.rpartition("@")
+    if not local or not domain:
+        raise ValueError("the mail sender must contain an address (local@domain)")
+    return address, domain
 
 
 def _fit_data_into(client: smtplib.SMTP, deliver_by: float | None, timeout: float) -> None:

@@ -1,8 +1,15 @@
-"""Tenant identity policy: one settings file per tenant in `policies/` (see
-`policies/README.md`). Identity is a tenant policy, never a model judgement."""
+"""Tenant policy: one settings file per tenant in `policies/` (see `policies/README.md`),
+and the tenant's own words in `policies/<tenant>/templates/`. Identity is a tenant policy,
+never a model judgement.
+
+A policy refuses to load, with a message naming the file, when it is invalid: an unknown
+key, a secret written inline instead of by reference (`schemas.destinations`), a follow-up
+rule whose template is missing, or a template that does not show the opt-out link and the
+sender's postal address (`inboxcrm.domain.templates`)."""
 
 from __future__ import annotations
 
+import email.utils
 import json
 import os
 import re
@@ -15,10 +22,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
 )
+
+from inboxcrm.domain.templates import Template, TemplateRefused, load_templates, rule_version
+from schemas.destinations import TenantDestinations
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY_SUFFIXES = (".json", ".toml")
@@ -50,7 +61,8 @@ class FollowupRule(_Strict):
     version: int = Field(ge=1)
     intents: list[str]
     quiet_period_hours: float = Field(default=24, ge=0)
-    template_id: str = "ack-v1"
+    # The template's name in policies/<tenant>/templates/ (<name>.<lang>.subject|txt|html).
+    template_id: str = Field(default="ack", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
     new_prospect_requires_approval: bool = False
 
     @field_validator("intents")
@@ -73,6 +85,38 @@ class Thresholds(_Strict):
     sender_email: float = Field(default=0.8, ge=0, le=1)
     contact_name: float = Field(default=0.5, ge=0, le=1)
     company: float = Field(default=0.5, ge=0, le=1)
+
+
+class Sender(_Strict):
+    """Who the tenant's follow-ups come from. Unset `from`: the global INBOXCRM_MAIL_FROM.
+    `postal_address` is required as soon as the tenant has a follow-up rule: every
+    commercial follow-up shows it (and the opt-out link)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    from_address: str | None = Field(default=None, alias="from", max_length=320)
+    reply_to: str | None = Field(default=None, max_length=320)
+    postal_address: str | None = Field(default=None, min_length=5, max_length=500)
+    signature: str = Field(default="", max_length=2000)
+
+    @field_validator("from_address", "reply_to")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        _, address = email.utils.parseaddr(value)
+        if "\n" in value or "\r" in value:
+            raise ValueError("must be one line")
+        try:
+            _normalise(address)
+        except InvalidAddress:
+            raise ValueError("is not a valid address (e.g. \"Acme Sales <sales@acme.test>\")"
+                             ) from None
+        return value
+
+    @property
+    def display_name(self) -> str:
+        return email.utils.parseaddr(self.from_address or "")[0]
 
 
 SenderAuthentication = Literal["required", "prefer", "off"]
@@ -157,6 +201,11 @@ class TenantPolicy(_Strict):
     mode: Mode = "live"
     ramp: Ramp | None = None
     notifications: Notifications | None = None
+    # The tenant's own words and destinations (docs/architecture.md §5).
+    default_language: str = Field(default="en", pattern=r"^[a-z]{2,3}(?:-[a-z0-9]{1,8})?$")
+    sender: Sender = Sender()
+    destinations: TenantDestinations = TenantDestinations()
+    _templates: dict[str, Template] = PrivateAttr(default_factory=dict)
 
     @field_validator("trusted_authserv_ids")
     @classmethod
@@ -216,6 +265,25 @@ class TenantPolicy(_Strict):
                 return rule
         return None
 
+    def rule_by_id(self, rule_id: str) -> FollowupRule | None:
+        return next((r for r in self.followup_rules if r.rule_id == rule_id), None)
+
+    @property
+    def templates(self) -> dict[str, Template]:
+        return dict(self._templates)
+
+    def template_for(self, rule: FollowupRule) -> Template:
+        """The rule's template (loading the policy checked that it exists)."""
+        try:
+            return self._templates[rule.template_id]
+        except KeyError:
+            raise PolicyError(f"tenant {self.tenant!r}: rule {rule.rule_id!r} has no template "
+                              f"{rule.template_id!r}") from None
+
+    def rule_version(self, rule: FollowupRule) -> int:
+        """The version the intent key stores: the rule's number and its template's words."""
+        return rule_version(rule.rule_id, rule.version, self.template_for(rule))
+
 
 def policy_dir() -> Path:
     env = os.environ.get("INBOXCRM_POLICY_DIR")
@@ -231,6 +299,19 @@ def _policy_files(directory: Path) -> list[Path]:
     except OSError as exc:
         raise PolicyError(f"cannot read policy directory {directory}: {exc.strerror}") from exc
     return [p for p in entries if p.suffix in POLICY_SUFFIXES and p.is_file()]
+
+
+def template_dir(policy_file: Path) -> Path:
+    """The tenant's templates: `<policy dir>/<tenant>/templates/`."""
+    return policy_file.parent / policy_file.stem / "templates"
+
+
+def _template_files(policy_file: Path) -> list[Path]:
+    folder = template_dir(policy_file)
+    try:
+        return sorted(p for p in folder.iterdir() if p.is_file())
+    except OSError:
+        return []
 
 
 def _load_file(path: Path) -> TenantPolicy:
@@ -253,6 +334,24 @@ def _load_file(path: Path) -> TenantPolicy:
         raise PolicyError(
             f"policy file {path}: tenant {policy.tenant!r} does not match the file name"
         )
+    try:
+        templates = load_templates(template_dir(path))
+    except TemplateRefused as exc:
+        raise PolicyError(f"policy file {path}: {exc}") from None
+    for rule in policy.followup_rules:
+        if rule.template_id not in templates:
+            raise PolicyError(
+                f"policy file {path}: rule {rule.rule_id!r} uses template "
+                f"{rule.template_id!r}, which is not in {template_dir(path)} (expected "
+                f"{rule.template_id}.{policy.default_language}.subject and .txt)")
+        if policy.default_language not in templates[rule.template_id].languages:
+            raise PolicyError(
+                f"policy file {path}: template {rule.template_id!r} has no "
+                f"{policy.default_language!r} version (the tenant's default_language)")
+    if policy.followup_rules and not policy.sender.postal_address:
+        raise PolicyError(f"policy file {path}: sender.postal_address is required: every "
+                          "follow-up must show the sender's postal address")
+    policy._templates = templates
     return policy
 
 
@@ -263,8 +362,9 @@ def load_policies(directory: Path | None = None) -> dict[str, TenantPolicy]:
     files = _policy_files(directory)
     stamp: list[tuple[str, int, int]] = []
     for path in files:
-        st = path.stat()
-        stamp.append((path.name, st.st_mtime_ns, st.st_size))
+        for part in (path, *_template_files(path)):
+            st = part.stat()
+            stamp.append((str(part.relative_to(directory)), st.st_mtime_ns, st.st_size))
     key = (str(directory.resolve()), tuple(stamp))
     cached = _cache.get(key)
     if cached is not None:

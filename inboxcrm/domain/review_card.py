@@ -31,9 +31,18 @@ from inboxcrm.domain.extraction.signals import (
     opt_out_language,
     soft_opt_out,
 )
-from inboxcrm.domain.policy import FollowupRule, TenantPolicy, UnknownTenant, get_policy
-from inboxcrm.domain.templates import TEMPLATES, render
+from inboxcrm.domain.followup import FollowupRefused, compose
+from inboxcrm.domain.policy import (
+    FollowupRule,
+    PolicyError,
+    TenantPolicy,
+    UnknownTenant,
+    get_policy,
+)
+from inboxcrm.domain.templates import Template, TemplateRefused, from_sources, message_languages
+from inboxcrm.platform.config import get_settings
 from inboxcrm.store import intents, review
+from inboxcrm.store import templates as template_store
 from schemas.contract import decision_body
 
 if TYPE_CHECKING:
@@ -263,23 +272,34 @@ async def _dry_run(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str,
 async def _followup(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str, Any],
                     policy: TenantPolicy, contact: Any) -> None:
     planned = await review.event_intent(conn, row["event_id"])
+    languages = message_languages(bytes(row["raw"][:64 * 1024]) if row["raw"] else None)
     if planned is not None:
-        template = planned["template_id"]
-        subject, body = render(template, planned["name"]) if template in TEMPLATES else ("", "")
+        ref = str(planned["template_id"])
+        words, refused = await _words(
+            conn, policy, ref, planned["rule_id"], to=planned["email"],
+            contact_id=planned["contact_id"], name=planned["name"],
+            company=planned["company"], languages=languages)
         status = {"awaiting_approval": "planned; waits for a reviewer's approval of this intent",
                   "queued": "planned; sent when the item continues",
                   "sent": "sent", "cancelled": "cancelled"}.get(planned["status"],
                                                                 planned["status"])
-        card.followup = Followup(f"{planned['rule_id']} v{planned['rule_version']}", template,
-                                 planned["email"], subject, body, status)
+        if refused and planned["status"] not in ("sent", "cancelled"):
+            status = f"blocked when sent: {refused}"
+        card.followup = Followup(f"{planned['rule_id']} v{planned['rule_version']}", ref,
+                                 planned["email"], words[0], words[1], status)
         return
     rule = planning.followup_rule(policy, extraction.get("intent"))
     if rule is None:
         return
     recipient = _value(extraction, "sender_email") or row["canonical_email"]
-    subject, body = render(rule.template_id, _value(extraction, "contact_name"))
-    identity = row["canonical_email"]
-    if identity is None:
+    (subject, body), refused = await _words(
+        conn, policy, rule.template_id, rule.rule_id, to=recipient or "",
+        contact_id=contact["contact_id"] if contact is not None else None,
+        name=_value(extraction, "contact_name"), company=_value(extraction, "company"),
+        languages=languages)
+    if refused:
+        status = f"not sent: {refused}"
+    elif (identity := row["canonical_email"]) is None:
         status = "no recipient yet (needs corrections.sender_email)"
     else:
         # The planner's facts, asked with the planner's statement.
@@ -290,8 +310,36 @@ async def _followup(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str
                 contact_id=contact["contact_id"] if contact is not None else None,
                 event_id=row["event_id"], quiet_period_hours=rule.quiet_period_hours))
         status = proposed_status(rule, contact, facts)
-    card.followup = Followup(f"{rule.rule_id} v{rule.version}", rule.template_id, recipient,
-                             subject, body, status)
+    template_ref = (policy.template_for(rule).ref if rule.template_id in policy.templates
+                    else rule.template_id)
+    card.followup = Followup(f"{rule.rule_id} v{policy.rule_version(rule)}"
+                             if rule.template_id in policy.templates else rule.rule_id,
+                             template_ref, recipient, subject, body, status)
+
+
+async def _words(conn: Conn, policy: TenantPolicy, ref: str, rule_id: str, *, to: str,
+                 contact_id: Any, name: str | None, company: str | None,
+                 languages: list[str]) -> tuple[tuple[str, str], str | None]:
+    """(subject, body) as the send would render them, or ("", "") and why it would not."""
+    try:
+        template: Template
+        if "@" in ref:
+            sources = await template_store.stored_version(conn, policy.tenant, ref)
+            if sources is None:
+                raise TemplateRefused(f"template version {ref} is not stored")
+            template = from_sources(sources)
+        else:
+            rule = policy.rule_by_id(rule_id)
+            if rule is None:
+                raise TemplateRefused(f"rule {rule_id!r} is no longer in the policy")
+            template = policy.template_for(rule)
+        followup = compose(policy, template, to=to, contact_id=contact_id, name=name,
+                           company=company, languages=languages, settings=get_settings())
+    except FollowupRefused as refused:
+        return ("", ""), refused.reason
+    except (TemplateRefused, PolicyError):
+        return ("", ""), "template_unusable"
+    return (followup.subject, followup.text), None
 
 
 def _contact_status(contact: Any) -> str:

@@ -126,8 +126,10 @@ def _followup(extraction: dict[str, Any], policy: TenantPolicy, facts: ShadowFac
             recent=facts.recent_intent or facts.recent_shadow_followup))
     if decision.rule is None:
         return {"action": "none", "reason": "no_rule_for_intent"}
-    base = {"rule_id": decision.rule.rule_id, "rule_version": decision.rule.version,
-            "template_id": decision.rule.template_id}
+    # The version and words the live planner would plan (`TenantPolicy.rule_version`).
+    base = {"rule_id": decision.rule.rule_id,
+            "rule_version": policy.rule_version(decision.rule),
+            "template_id": policy.template_for(decision.rule).ref}
     if decision.outcome == "awaiting_approval":
         return base | {"action": "await_approval", "reason": "followup_approval_required"}
     if decision.outcome == "queued":

@@ -1,29 +1,302 @@
-"""Approved follow-up templates. A follow-up is only ever rendered from one of these; the
-model never writes outgoing text."""
+"""A tenant's own words: follow-up templates per tenant and language (docs/architecture.md §5,
+`policies/README.md`). A follow-up is only ever rendered from one of these; the model never
+writes outgoing text.
+
+Layout, in the tenant's policy folder:
+
+    policies/<tenant>/templates/<name>.<lang>.subject   one line (required)
+    policies/<tenant>/templates/<name>.<lang>.txt       the plain-text body (required)
+    policies/<tenant>/templates/<name>.<lang>.html      an HTML body (optional)
+
+Rendered by jinja2's `SandboxedEnvironment` with `StrictUndefined`: a template may use only
+the documented fields (`FIELDS`); anything else, a syntax error, or a body that does not
+show the opt-out link *and* the sender's postal address refuses to load, with a message
+naming the file and what is wrong. The check renders each body with marker values (with and
+without a first name), so a link hidden behind a condition does not pass.
+
+A template's `version` is a hash of every file of it (all languages): a changed word is a
+new version, the follow-up rule's version stored with the intent derives from it
+(`rule_version`), and the intent keeps the reference `<name>@<version>`. The sources of
+that version are stored with the plan (`inboxcrm.store.templates`), so a send, its retries
+and a reviewer's preview render the very words that were planned.
+"""
 
 from __future__ import annotations
 
+import email.parser
+import email.policy
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jinja2 import StrictUndefined, TemplateError, meta
+from jinja2.sandbox import SandboxedEnvironment
+
+# The fields a template may use. Nothing else reaches the renderer.
+FIELDS: dict[str, str] = {
+    "first_name": "the contact's first name, \"\" when unknown "
+                  "(write {{ first_name or \"there\" }})",
+    "company": "the contact's company, \"\" when unknown",
+    "signature": "the tenant's signature (policy sender.signature)",
+    "sender_name": "the display name of the tenant's From address",
+    "opt_out_url": "the one-click opt-out link (required in every body)",
+    "postal_address": "the sender's postal address (policy sender.postal_address; required "
+                      "in every body)",
+}
+REQUIRED: dict[str, str] = {
+    "opt_out_url": "the opt-out link ({{ opt_out_url }})",
+    "postal_address": "the sender's postal address ({{ postal_address }})",
+}
+PARTS = ("subject", "txt", "html")
+_FILE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9_-]{0,63})\.(?P<lang>[a-z]{2,3}(?:-[a-z0-9]{1,8})?)"
+                   r"\.(?P<part>subject|txt|html)$")
+_LANG = re.compile(r"^[a-z]{2,3}(?:-[a-z0-9]{1,8})?$")
+MAX_TEMPLATE_BYTES = 64 * 1024
+MAX_SUBJECT_CHARS = 200
+_MARK = {"opt_out_url": "https://unsubscribe.invalid/OPT-OUT-MARK",
+         "postal_address": "POSTAL-ADDRESS-MARK"}
+
+
+class TemplateRefused(ValueError):
+    """A template file that must not be used. The message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class LanguageSource:
+    """One language of a template: its three parts as written."""
+
+    subject: str
+    text: str
+    html: str | None = None
+
+
+@dataclass(frozen=True)
+class Rendered:
+    subject: str
+    text: str
+    html: str | None
 
 
 @dataclass(frozen=True)
 class Template:
-    template_id: str
-    subject: str
-    text: str
+    """A validated template: every language it has, and the version of all of them."""
+
+    name: str
+    languages: Mapping[str, LanguageSource]
+    version: str
+
+    @property
+    def ref(self) -> str:
+        """What the intent stores: the name and the version of the words."""
+        return f"{self.name}@{self.version}"
+
+    def sources(self) -> dict[str, Any]:
+        """The template as stored with a plan (`from_sources` reads it back)."""
+        return {"name": self.name,
+                "languages": {lang: {"subject": s.subject, "text": s.text, "html": s.html}
+                              for lang, s in sorted(self.languages.items())}}
+
+    def language_for(self, wanted: Iterable[str], default: str) -> str:
+        """The first wanted language the template has (`de-AT` also matches `de`), else the
+        tenant's default, else the template's first language."""
+        for raw in wanted:
+            lang = raw.strip().lower()
+            for candidate in (lang, lang.split("-", 1)[0]):
+                if candidate in self.languages:
+                    return candidate
+        if default in self.languages:
+            return default
+        return sorted(self.languages)[0]
 
 
-TEMPLATES = {
-    "ack-v1": Template(
-        "ack-v1",
-        "Thanks for your message",
-        "Hello {greeting_name},\n\nthank you for getting in touch. We have received your "
-        "message and a member of our team will reply shortly.\n\nBest regards\n",
-    ),
-}
+@dataclass(frozen=True)
+class Fields:
+    """The values of `FIELDS` for one follow-up."""
+
+    first_name: str
+    company: str
+    signature: str
+    sender_name: str
+    opt_out_url: str
+    postal_address: str
+
+    def as_context(self) -> dict[str, str]:
+        return {"first_name": self.first_name, "company": self.company,
+                "signature": self.signature, "sender_name": self.sender_name,
+                "opt_out_url": self.opt_out_url, "postal_address": self.postal_address}
 
 
-def render(template_id: str, name: str | None) -> tuple[str, str]:
-    template = TEMPLATES[template_id]
-    greeting = (name or "").split(" ")[0] or "there"
-    return template.subject, template.text.format(greeting_name=greeting)
+def _environment(html: bool) -> SandboxedEnvironment:
+    return SandboxedEnvironment(undefined=StrictUndefined, autoescape=html,
+                                keep_trailing_newline=True)
+
+
+_TEXT_ENV = _environment(False)
+_HTML_ENV = _environment(True)
+
+
+def version_of(name: str, languages: Mapping[str, LanguageSource]) -> str:
+    canonical = json.dumps(
+        {"name": name, "languages": {lang: [s.subject, s.text, s.html]
+                                     for lang, s in sorted(languages.items())}},
+        sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def rule_version(rule_id: str, version: int, template: Template) -> int:
+    """The follow-up rule's version as the intent key stores it (`(event_id, rule_id,
+    rule_version)`): derived from the rule's own number and its template's words, so a
+    changed template is a new rule version. A positive 31-bit integer (the column's type)."""
+    digest = hashlib.sha256(f"{rule_id}:{version}:{template.version}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFF_FFFF or 1
+
+
+def _check(source: str, where: str, *, html: bool, part: str) -> None:
+    """Refuse a part that does not compile, uses an undocumented field, or (a body) does not
+    show the opt-out link and the postal address."""
+    env = _HTML_ENV if html else _TEXT_ENV
+    try:
+        parsed = env.parse(source)
+    except TemplateError as exc:
+        line = getattr(exc, "lineno", None)
+        raise TemplateRefused(f"template {where}: does not compile"
+                              f"{f' (line {line})' if line else ''}: {exc.message}") from None
+    unknown = sorted(meta.find_undeclared_variables(parsed) - set(FIELDS))
+    if unknown:
+        raise TemplateRefused(f"template {where}: uses {', '.join(unknown)}, which is not a "
+                              f"documented field (allowed: {', '.join(FIELDS)})")
+    compiled = env.from_string(source)
+    for first_name in ("Ada", ""):
+        context = {"first_name": first_name, "company": "", "signature": "",
+                   "sender_name": "Sender", **_MARK}
+        try:
+            out = compiled.render(context)
+        except TemplateError as exc:
+            raise TemplateRefused(f"template {where}: cannot render: {exc.message}") from None
+        if part == "subject":
+            if "\n" in out.strip() or not out.strip():
+                raise TemplateRefused(f"template {where}: the subject must be one non-empty "
+                                      "line")
+            continue
+        missing = [what for key, what in REQUIRED.items() if _MARK[key] not in out]
+        if missing:
+            raise TemplateRefused(
+                f"template {where}: missing {' and '.join(missing)}"
+                + ("" if first_name else " when the first name is unknown")
+                + "; a commercial follow-up must carry both")
+
+
+def build(name: str, languages: Mapping[str, LanguageSource], where: str) -> Template:
+    """A validated template from its sources (`where` names it in messages)."""
+    if not languages:
+        raise TemplateRefused(f"template {where}: no language")
+    for lang, source in languages.items():
+        if not _LANG.match(lang):
+            raise TemplateRefused(f"template {where}: {lang!r} is not a language tag")
+        _check(source.subject, f"{where}/{name}.{lang}.subject", html=False, part="subject")
+        _check(source.text, f"{where}/{name}.{lang}.txt", html=False, part="body")
+        if source.html is not None:
+            _check(source.html, f"{where}/{name}.{lang}.html", html=True, part="body")
+    return Template(name, dict(languages), version_of(name, languages))
+
+
+def load_templates(directory: Path) -> dict[str, Template]:
+    """Every template in a tenant's `templates/` folder, validated ({} when there is none).
+    Raises TemplateRefused naming the file."""
+    if not directory.is_dir():
+        return {}
+    found: dict[str, dict[str, dict[str, str]]] = {}
+    for path in sorted(directory.iterdir()):
+        if path.name.startswith(".") or not path.is_file():
+            continue
+        match = _FILE.match(path.name)
+        if match is None:
+            raise TemplateRefused(f"template {path}: the name must be <name>.<lang>.subject|txt"
+                                  "|html (lower case), e.g. ack.en.txt")
+        if path.stat().st_size > MAX_TEMPLATE_BYTES:
+            raise TemplateRefused(f"template {path}: larger than {MAX_TEMPLATE_BYTES} bytes")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TemplateRefused(f"template {path}: cannot read: {exc}") from None
+        parts = found.setdefault(match["name"], {}).setdefault(match["lang"], {})
+        parts[match["part"]] = text
+    templates: dict[str, Template] = {}
+    for name, by_lang in found.items():
+        languages: dict[str, LanguageSource] = {}
+        for lang, parts in by_lang.items():
+            for required in ("subject", "txt"):
+                if required not in parts:
+                    raise TemplateRefused(
+                        f"template {directory}/{name}.{lang}.{required}: missing (each "
+                        "language needs a .subject and a .txt)")
+            subject = parts["subject"].strip()
+            if len(subject) > MAX_SUBJECT_CHARS:
+                raise TemplateRefused(f"template {directory}/{name}.{lang}.subject: longer "
+                                      f"than {MAX_SUBJECT_CHARS} characters")
+            languages[lang] = LanguageSource(subject, parts["txt"], parts.get("html"))
+        templates[name] = build(name, languages, str(directory))
+    return templates
+
+
+def from_sources(sources: Mapping[str, Any]) -> Template:
+    """A stored template (`Template.sources`), checked again as it is read."""
+    try:
+        name = str(sources["name"])
+        languages = {str(lang): LanguageSource(str(p["subject"]), str(p["text"]),
+                                               None if p.get("html") is None else str(p["html"]))
+                     for lang, p in dict(sources["languages"]).items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise TemplateRefused("stored template: malformed") from None
+    return build(name, languages, f"stored:{name}")
+
+
+def render(template: Template, lang: str, fields: Fields) -> Rendered:
+    """Subject, text and HTML of one follow-up in `lang` (one of the template's)."""
+    source = template.languages[lang]
+    context = fields.as_context()
+    subject = _TEXT_ENV.from_string(source.subject).render(context)
+    text = _TEXT_ENV.from_string(source.text).render(context)
+    html = (_HTML_ENV.from_string(source.html).render(context)
+            if source.html is not None else None)
+    return Rendered(" ".join(subject.split()), text, html)
+
+
+def first_name(name: str | None) -> str:
+    """The first word of the contact's name, as the greeting uses it ("" when unknown)."""
+    return (name or "").strip().split(" ")[0] if name and name.strip() else ""
+
+
+def message_languages(head: bytes | str | None) -> list[str]:
+    """The languages the inbound message names: `Content-Language`, then `Accept-Language`
+    (quality order), as lower-case tags. [] when it names none (or was purged)."""
+    if not head:
+        return []
+    parser = email.parser.BytesHeaderParser(policy=email.policy.compat32)
+    raw = head.encode("utf-8", "replace") if isinstance(head, str) else head
+    try:
+        headers = parser.parsebytes(raw)
+    except (ValueError, TypeError):
+        return []
+    wanted: list[str] = []
+    for tag in str(headers.get("Content-Language") or "").split(","):
+        tag = tag.strip().lower()
+        if _LANG.match(tag):
+            wanted.append(tag)
+    ranked: list[tuple[float, int, str]] = []
+    for index, item in enumerate(str(headers.get("Accept-Language") or "").split(",")[:20]):
+        tag, _, params = item.strip().lower().partition(";")
+        quality = 1.0
+        if params.strip().startswith("q="):
+            try:
+                quality = float(params.strip()[2:])
+            except ValueError:
+                quality = 0.0
+        if _LANG.match(tag) and quality > 0:
+            ranked.append((-quality, index, tag))
+    wanted += [tag for _, _, tag in sorted(ranked)]
+    return wanted

@@ -3,6 +3,7 @@
 Every follow-up carries
     List-Unsubscribe: <{public relay URL}/v1/unsubscribe/{token}>
     List-Unsubscribe-Post: List-Unsubscribe=One-Click
+The same link is in the body of every follow-up (the template's `{{ opt_out_url }}`).
 The token names the tenant and the contact (our opaque contact UUID, never the address)
 and is signed: `u1.{tenant}.{base64url contact UUID}.{base64url HMAC-SHA256[:18]}` with
 `INBOXCRM_UNSUBSCRIBE_SECRET`. It is deterministic, so a retried send carries the very same
@@ -16,19 +17,15 @@ import base64
 import binascii
 import hashlib
 import hmac
-import logging
 import re
 import uuid
 
-from inboxcrm.platform.config import Settings, get_settings
-
-log = logging.getLogger("inboxcrm.domain.unsubscribe_links")
+from inboxcrm.platform.config import Settings
 
 TOKEN_VERSION = "u1"
 MAC_BYTES = 18
 _TENANT = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 _B64URL = re.compile(r"^[A-Za-z0-9_-]+$")
-_warned = False
 
 
 def _b64(data: bytes) -> str:
@@ -74,24 +71,9 @@ def read_token(secret: str, token: str) -> tuple[str, uuid.UUID] | None:
 
 
 def unsubscribe_url(settings: Settings, tenant: str, contact_id: str | uuid.UUID) -> str | None:
+    """The opt-out link of this contact; None without a secret (then no follow-up may be
+    sent: `inboxcrm.domain.followup.compose` refuses)."""
     if settings.unsubscribe_secret is None:
         return None
     token = make_token(settings.unsubscribe_secret.get_secret_value(), tenant, contact_id)
     return f"{settings.public_relay_base_url}/v1/unsubscribe/{token}"
-
-
-def list_unsubscribe_headers(tenant: str, contact_id: str | uuid.UUID,
-                             settings: Settings | None = None) -> dict[str, str]:
-    """The RFC 8058 headers for a follow-up to this contact; {} when no secret is set."""
-    global _warned
-    url = unsubscribe_url(settings or get_settings(), tenant, contact_id)
-    if url is None:
-        if not _warned:
-            log.warning("INBOXCRM_UNSUBSCRIBE_SECRET not set: follow-ups carry no "
-                        "List-Unsubscribe header")
-            _warned = True
-        return {}
-    return {"List-Unsubscribe": f"<{url}>",
-            "List-Unsubscribe-Post": "List-Unsubscribe=One-Click"}
-
-

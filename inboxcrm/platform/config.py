@@ -90,7 +90,8 @@ class Settings(BaseSettings):
     # Unset credentials disable the source (every request is a 401 without reading the body);
     # `inboxcrm up` generates them under .data/. A credential writes only into the tenants
     # whose policy lists it (`inbound_credentials`: "postmark", "mailgun").
-    # Unset unsubscribe secret: no List-Unsubscribe header, links 404.
+    # Unset unsubscribe secret: no follow-up is sent (every follow-up carries its opt-out
+    # link; the send is blocked `unsubscribe_secret_missing`), links 404.
     postmark_user: str | None = None
     postmark_password: SecretStr | None = None
     mailgun_signing_key: SecretStr | None = None
@@ -122,6 +123,7 @@ class Settings(BaseSettings):
     crm_id_property: str = "inboxcrm_contact_id"
     mail_url: str | None = None
     mail_token: str | None = None
+    # The From of tenants whose policy sets no sender.from (docs/architecture.md §5).
     mail_from: str = "Acme Sales <sales@acme.test>"
     http_timeout_seconds: float = 10.0
     max_retry_after_seconds: float = 300.0
@@ -131,7 +133,13 @@ class Settings(BaseSettings):
     mail_provider: Literal["sandbox", "resend", "smtp"] = "sandbox"
     # Salesforce (inboxcrm/adapters/salesforce.py): upsert by External ID on Contact.
     salesforce_instance_url: str | None = None  # e.g. https://acme.my.salesforce.com
-    salesforce_token: SecretStr | None = None   # OAuth access token (Bearer)
+    salesforce_token: SecretStr | None = None   # a fixed access token (Bearer; not renewed)
+    # OAuth 2.0 client credentials flow (preferred): the adapter fetches its own token from
+    # the token URL (default {instance}/services/oauth2/token) and renews it on
+    # INVALID_SESSION_ID. Per tenant: the policy's destinations.crm.oauth.
+    salesforce_client_id: str | None = None
+    salesforce_client_secret: SecretStr | None = None
+    salesforce_token_url: str | None = None
     salesforce_api_version: str = "62.0"
     salesforce_external_id_field: str = "Inboxcrm_Contact_Id__c"  # External ID + Unique
     salesforce_company_field: str = "Inboxcrm_Company__c"  # text field; "" sends no company

@@ -41,7 +41,8 @@ COUNT_COMPLETED = f"SELECT count(*) {_COMPLETED_IN_WINDOW}"
 # A uniform random sample, so successive runs cover different operations of a busy window.
 SAMPLE_COMPLETED = f"""
 SELECT o.op_key, o.action, o.external_ref,
-       coalesce(c.crm_record_id, i.provider_message_id, o.destination_id) AS destination_id
+       coalesce(c.crm_record_id, i.provider_message_id, o.destination_id) AS destination_id,
+       coalesce(c.tenant, i.tenant) AS tenant
 {_COMPLETED_IN_WINDOW}
 ORDER BY random() LIMIT $4
 """
@@ -98,6 +99,7 @@ class Sampled:
     action: str
     external_ref: str | None
     destination_id: str | None
+    tenant: str | None = None  # whose account to ask (each tenant may have its own)
 
 
 async def count_completed(conn: Conn, start: datetime, end: datetime) -> int:
@@ -107,8 +109,8 @@ async def count_completed(conn: Conn, start: datetime, end: datetime) -> int:
 async def sample_completed(conn: Conn, start: datetime, end: datetime,
                            limit: int) -> list[Sampled]:
     rows = await conn.fetch(SAMPLE_COMPLETED, start, end, list(CHECKED_ACTIONS), limit)
-    return [Sampled(r["op_key"], r["action"], r["external_ref"], r["destination_id"])
-            for r in rows]
+    return [Sampled(r["op_key"], r["action"], r["external_ref"], r["destination_id"],
+                    r["tenant"]) for r in rows]
 
 
 async def duplicate_message_ids(conn: Conn, start: datetime,

@@ -63,10 +63,10 @@ FOR SHARE OF c
 """
 
 CLAIM_INTENT = """
-SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.lease_owner,
+SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.rule_id, i.lease_owner,
        i.provider_message_id,
        extract(epoch FROM i.lease_until - clock_timestamp()) AS lease_remaining,
-       c.status AS contact_status, c.email, c.name, c.tenant, c.canonical_email,
+       c.status AS contact_status, c.email, c.name, c.company, c.tenant, c.canonical_email,
        EXISTS (SELECT 1 FROM suppressions s
                WHERE s.tenant = c.tenant AND s.canonical_email = c.canonical_email)
            AS suppressed

@@ -33,7 +33,7 @@ FROM operations WHERE workflow_id = $1 ORDER BY first_seen
 
 EVENT_INTENT = """
 SELECT i.intent_id, i.rule_id, i.rule_version, i.template_id, i.status, i.needs_approval,
-       i.approved_by, c.email, c.name
+       i.approved_by, c.email, c.name, c.company, c.contact_id
 FROM followup_intents i JOIN contacts c ON c.contact_id = i.contact_id
 WHERE i.event_id = $1 ORDER BY i.created_at DESC LIMIT 1
 """

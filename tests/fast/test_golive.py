@@ -6,6 +6,7 @@ tests/test_golive.py's job."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,13 @@ import pytest
 
 from inboxcrm.domain.extraction import RulesExtractor
 from inboxcrm.domain.extraction.llm import LLMExtractor
-from inboxcrm.domain.policy import PolicyError, TenantPolicy, get_policy, load_policies
+from inboxcrm.domain.policy import (
+    FollowupRule,
+    PolicyError,
+    TenantPolicy,
+    get_policy,
+    load_policies,
+)
 from inboxcrm.domain.shadow import (
     ShadowFacts,
     comparison_extractor,
@@ -58,8 +65,18 @@ def test_a_new_prospect_would_be_created_and_acknowledged(acme: TenantPolicy) ->
                                "fields": ["name", "company"]}
     assert plan["crm"] == {"upsert": True, "note": True}
     assert plan["followup"]["action"] == "send"
-    assert plan["followup"]["rule_id"] == "ack" and plan["followup"]["template_id"] == "ack-v1"
-    assert describe(plan) == "contact create (name, company); follow-up ack-v1 sent"
+    ack = acme.rule_by_id("ack")
+    assert ack is not None
+    ref = acme.template_for(ack).ref
+    assert plan["followup"]["rule_id"] == "ack" and plan["followup"]["template_id"] == ref
+    assert plan["followup"]["rule_version"] == acme.rule_version(ack)
+    assert describe(plan) == f"contact create (name, company); follow-up {ref} sent"
+
+
+def ack_rule(policy: TenantPolicy) -> FollowupRule:
+    rule = policy.rule_by_id("ack")
+    assert rule is not None
+    return rule
 
 
 def test_the_plan_holds_no_personal_data(acme: TenantPolicy) -> None:
@@ -69,6 +86,8 @@ def test_the_plan_holds_no_personal_data(acme: TenantPolicy) -> None:
                                                  contact_company="Initech")):
             text = json.dumps(shadow_plan(route, ["opt_out_phrase"], extraction(), JANE,
                                           acme, facts))
+            # A template reference is `<name>@<version>`: not an address.
+            text = text.replace(acme.template_for(ack_rule(acme)).ref, "")
             for secret in ("jane", "Jane", "@", "Initech"):
                 assert secret not in text, (route, text)
 
@@ -79,8 +98,11 @@ def test_a_second_message_of_the_same_person_matches_and_keeps_the_quiet_period(
     plan = shadow_plan("auto", [], extraction(), JANE, acme,
                        ShadowFacts(shadow_created=True, recent_shadow_followup=True))
     assert plan["contact"]["action"] == "match_shadowed"
+    ack = acme.rule_by_id("ack")
+    assert ack is not None
     assert plan["followup"] == {"action": "none", "reason": "quiet_period", "rule_id": "ack",
-                                "rule_version": 1, "template_id": "ack-v1"}
+                                "rule_version": acme.rule_version(ack),
+                                "template_id": acme.template_for(ack).ref}
     assert plan["outcome"] == "would_complete"
 
 
@@ -185,8 +207,10 @@ async def test_the_llm_would_route_a_message_differently(
 
 
 def _policy_dir(tmp_path: Path, extra: dict[str, Any]) -> Path:
-    document = json.loads((Path(__file__).parents[2] / "policies" / "acme.json").read_text())
+    policies = Path(__file__).parents[2] / "policies"
+    document = json.loads((policies / "acme.json").read_text())
     (tmp_path / "acme.json").write_text(json.dumps(document | extra))
+    shutil.copytree(policies / "acme", tmp_path / "acme")  # its templates
     return tmp_path
 
 

@@ -37,12 +37,12 @@ class OwnWorker:
     def current(self) -> ManagedProcess:
         return self.started[-1]
 
-    async def run_item(self, env: StackClient, event_id: str, workflow_id: str
-                       ) -> WorkflowHandle[InboundEmailWorkflow, object]:
+    async def run_item(self, env: StackClient, event_id: str, workflow_id: str,
+                       tenant: str = "acme") -> WorkflowHandle[InboundEmailWorkflow, object]:
         """Start a stored event's workflow on this queue (what the relay does on its own)."""
         client = await env.temporal()
         handle = await client.start_workflow(
-            InboundEmailWorkflow.run, InboundEmailInput(event_id=event_id, tenant="acme"),
+            InboundEmailWorkflow.run, InboundEmailInput(event_id=event_id, tenant=tenant),
             id=workflow_id, task_queue=self.task_queue)
         return handle  # type: ignore[return-value]
 

@@ -540,9 +540,12 @@ async def test_config_is_runtime_and_validated(anon) -> None:
     assert (await anon.get("/_sandbox/config")).json() == {
         "search_lag_seconds": SEARCH_LAG,
         "hang_seconds": HANG,
+        "session_seconds": 7200.0,
     }
     changed = await anon.post("/_sandbox/config", json={"hang_seconds": 3})
-    assert changed.json() == {"search_lag_seconds": SEARCH_LAG, "hang_seconds": 3.0}
+    assert changed.json() == {"search_lag_seconds": SEARCH_LAG, "hang_seconds": 3.0,
+                              "session_seconds": 7200.0}
+    assert (await anon.post("/_sandbox/config", json={"session_seconds": 0})).status_code == 422
     assert (await anon.post("/_sandbox/config", json={"hang_seconds": -1})).status_code == 422
     assert (await anon.post("/_sandbox/config", json={"lag": 1})).status_code == 422
 

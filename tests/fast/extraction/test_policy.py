@@ -32,7 +32,8 @@ def test_demo_tenant_acme(acme: TenantPolicy) -> None:
     assert acme.review_on_conflict == ["name"]
     assert acme.review_owner == "sales-ops"
     [rule] = acme.followup_rules
-    assert (rule.rule_id, rule.version, rule.template_id) == ("ack", 1, "ack-v1")
+    assert (rule.rule_id, rule.version, rule.template_id) == ("ack", 1, "ack")
+    assert set(acme.template_for(rule).languages) >= {"en"}
     assert rule.quiet_period_hours == 24 and rule.new_prospect_requires_approval is False
     assert set(rule.intents) == set(INTENTS) - {"opt_out", "complaint"}
     assert acme.rule_for_intent("pricing_request") is rule
@@ -102,19 +103,33 @@ def _write(directory: Path, name: str, data: object) -> Path:
     return path
 
 
+def _templates(directory: Path, tenant: str, name: str) -> None:
+    """A minimal valid template for a test tenant's rule."""
+    folder = directory / tenant / "templates"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.en.subject").write_text("Thanks\n", encoding="utf-8")
+    (folder / f"{name}.en.txt").write_text(
+        "Hi {{ first_name or 'there' }}\n{{ postal_address }}\n{{ opt_out_url }}\n",
+        encoding="utf-8")
+
+
 def _policy_data(tenant: str = "beta") -> dict[str, object]:
     return {
         "tenant": tenant, "mailboxes": ["inbox@beta.example"], "domains": ["beta.example"],
         "identity": {"fold_dots": False, "fold_plus": True},
         "updatable_fields": ["company"], "review_on_conflict": ["name", "company"],
         "followup_rules": [{"rule_id": "welcome", "version": 3, "intents": ["demo_request"],
-                            "quiet_period_hours": 48, "new_prospect_requires_approval": True}],
+                            "quiet_period_hours": 48, "new_prospect_requires_approval": True,
+                            "template_id": "welcome"}],
         "thresholds": {"sender_email": 0.9, "contact_name": 0.6, "company": 0.6},
+        "sender": {"postal_address": "Beta Ltd., 2 Beta Road, Betatown"},
     }
 
 
 def test_policy_dir_env_json_and_toml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _write(tmp_path, "beta.json", _policy_data())
+    _templates(tmp_path, "beta", "welcome")
+    _templates(tmp_path, "gamma", "ack")
     _write(tmp_path, "gamma.toml", """
 tenant = "gamma"
 mailboxes = ["hello@gamma.example"]
@@ -124,6 +139,9 @@ review_on_conflict = []
 
 [identity]
 fold_dots = true
+
+[sender]
+postal_address = "Gamma GmbH, Gammaweg 3, 12345 Gammastadt"
 
 [[followup_rules]]
 rule_id = "ack"
@@ -165,6 +183,7 @@ def test_invalid_policy_names_the_file(
 ) -> None:
     data = _policy_data() | mutation
     _write(tmp_path, "beta.json", data)
+    _templates(tmp_path, "beta", "welcome")
     with pytest.raises(PolicyError) as info:
         load_policies(tmp_path)
     assert "beta.json" in str(info.value)
@@ -183,6 +202,7 @@ def test_unparseable_policy_names_the_file(tmp_path: Path) -> None:
 
 def test_policy_cache_sees_changes(tmp_path: Path) -> None:
     path = _write(tmp_path, "beta.json", _policy_data())
+    _templates(tmp_path, "beta", "welcome")
     assert load_policies(tmp_path)["beta"].review_owner == "sales-ops"
     data = _policy_data() | {"review_owner": "team-b"}
     path.write_text(json.dumps(data) + "\n" * 3, encoding="utf-8")

@@ -1,0 +1,221 @@
+"""Each tenant's own words and destinations, on real components (docs/architecture.md §5):
+two tenants with their own templates, senders and sandbox accounts (two sandbox processes,
+each with its own database and API key; `north` on the HubSpot/Resend surface, `south` on
+Salesforce through the OAuth client credentials flow and the Resend surface) run through a
+real worker process. Each item reaches only its own tenant's account, in its own words,
+from its own sender; the global account sees nothing. Then south's Salesforce session
+expires (its sandbox clock moves past the session timeout) and the next item completes
+anyway: the token is renewed, nothing waits for a person."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from inboxcrm.stack import postgres
+from inboxcrm.stack.stack import Stack
+from inboxcrm.verify.probe import StackClient, unique_email
+from schemas.models import inbound_workflow_id
+from tests.helpers.own_worker import OwnWorker
+from tests.helpers.sandbox_process import SandboxProcess, free_port, running
+
+KEYS = {"north": "north-account-key", "south": "south-account-key"}
+SESSION_SECONDS = 7200
+
+
+def _policy(tenant: str, url: str, *, sender: str, reply_to: str, postal: str,
+            crm: dict[str, Any], language: str) -> dict[str, Any]:
+    return {
+        "tenant": tenant, "mailboxes": [f"sales@{tenant}.test"], "domains": [f"{tenant}.test"],
+        "followup_rules": [{"rule_id": "ack", "version": 1, "template_id": "hello",
+                            "intents": ["product_question", "pricing_request", "demo_request",
+                                        "support_request", "partnership", "other"]}],
+        "sender_authentication": "off", "default_language": language,
+        "sender": {"from": sender, "reply_to": reply_to, "postal_address": postal,
+                   "signature": f"The {tenant.title()} team"},
+        "destinations": {"crm": crm, "mail": {"provider": "sandbox", "url": url,
+                                              "token": {"env": f"{tenant.upper()}_KEY"}}},
+    }
+
+
+def _templates(folder: Path, files: dict[str, str]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+async def orgs(postgres_server_url: str) -> AsyncIterator[dict[str, SandboxProcess]]:
+    """Two accounts: a sandbox process each, with its own database and API key."""
+    urls = {t: await postgres.create_database(postgres_server_url, f"sandbox_{t}")
+            for t in KEYS}
+    processes = {t: SandboxProcess(urls[t], free_port(), args=("--api-key", KEYS[t]))
+                 for t in KEYS}
+    try:
+        async for north in running(processes["north"]):
+            async for south in running(processes["south"]):
+                yield {"north": north, "south": south}
+    finally:
+        for url in urls.values():
+            await postgres.drop_database(postgres_server_url, url)
+
+
+@pytest.fixture(scope="module")
+def policy_dir(orgs: dict[str, SandboxProcess], tmp_path_factory: pytest.TempPathFactory
+               ) -> Path:
+    directory = tmp_path_factory.mktemp("policies")
+    north = _policy("north", orgs["north"].url, sender="North Sales <sales@north.test>",
+                    reply_to="deals@north.test", postal="North AS, Fjordveien 1, 0150 Oslo",
+                    crm={"provider": "sandbox", "url": orgs["north"].url,
+                         "token": {"env": "NORTH_KEY"}}, language="en")
+    south = _policy("south", orgs["south"].url, sender="Süd Vertrieb <vertrieb@south.test>",
+                    reply_to="team@south.test", postal="Süd GmbH, Hauptstraße 5, 80331 München",
+                    crm={"provider": "salesforce", "url": orgs["south"].url,
+                         "oauth": {"client_id": "south-connected-app",
+                                   "client_secret": {"env": "SOUTH_KEY"}}}, language="de")
+    for data in (north, south):
+        (directory / f"{data['tenant']}.json").write_text(json.dumps(data), encoding="utf-8")
+    _templates(directory / "north" / "templates", {
+        "hello.en.subject": "North got your note, {{ first_name or 'friend' }}",
+        "hello.en.txt": "Hi {{ first_name or 'there' }}, North will call you back.\n"
+                        "{{ signature }}\n{{ postal_address }}\nStop: {{ opt_out_url }}\n"})
+    _templates(directory / "south" / "templates", {
+        "hello.de.subject": "Süd dankt Ihnen",
+        "hello.de.txt": "Guten Tag {{ first_name }}, Süd meldet sich bald.\n{{ signature }}\n"
+                        "{{ postal_address }}\nAbmelden: {{ opt_out_url }}\n",
+        "hello.en.subject": "South thanks you",
+        "hello.en.txt": "Hello, South will be in touch.\n{{ postal_address }}\n"
+                        "Unsubscribe: {{ opt_out_url }}\n"})
+    return directory
+
+
+@pytest.fixture(scope="module")
+def worker(stack: Stack, policy_dir: Path) -> Iterator[OwnWorker]:
+    own = OwnWorker(stack, INBOXCRM_POLICY_DIR=str(policy_dir), NORTH_KEY=KEYS["north"],
+                    SOUTH_KEY=KEYS["south"])
+    own.start()
+    yield own
+    own.stop_all()
+
+
+async def _store(db: asyncpg.Pool, tenant: str, email: str) -> tuple[str, str]:
+    """An event as the relay stores it for the tenant's mailbox."""
+    mailbox, delivery = f"sales@{tenant}.test", f"D-{uuid.uuid4().hex[:12]}"
+    raw = (f"From: Jane Doe <{email}>\r\nTo: {mailbox}\r\nSubject: Pricing for 20 seats\r\n"
+           f"Message-ID: <{uuid.uuid4().hex}@example.com>\r\n"
+           "Date: Sun, 29 Nov 2026 10:00:00 +0000\r\n"
+           "Content-Type: text/plain; charset=utf-8\r\n\r\n"
+           "Hi, could you send me pricing for 20 seats?\r\n\r\nThanks,\r\nJane Doe\r\n").encode()
+    workflow_id = inbound_workflow_id(tenant, "standard", mailbox, delivery)
+    event_id = await db.fetchval(
+        "INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, raw, "
+        "content_sha256, size_bytes, workflow_started_at) VALUES ($1, 'standard', $2, $3, $4, "
+        "$5, $6, $7, now()) RETURNING event_id",
+        tenant, mailbox, delivery, workflow_id, raw, hashlib.sha256(raw).hexdigest(), len(raw))
+    return str(event_id), workflow_id
+
+
+async def _run(env: StackClient, db: asyncpg.Pool, worker: OwnWorker, tenant: str,
+               email: str) -> Any:
+    event_id, workflow_id = await _store(db, tenant, email)
+    handle = await worker.run_item(env, event_id, workflow_id, tenant=tenant)
+    return await asyncio.wait_for(handle.result(), timeout=90)
+
+
+async def _account(org: SandboxProcess, tenant: str) -> dict[str, Any]:
+    """What one account holds, read with its own key, each email with its body."""
+    headers = {"Authorization": f"Bearer {KEYS[tenant]}"}
+    async with httpx.AsyncClient(base_url=org.url, headers=headers, timeout=10) as client:
+        state = (await client.get("/_sandbox/state")).json()
+        state["bodies"] = {e["id"]: (await client.get(f"/emails/{e['id']}")).json()
+                           for e in state["emails"]}
+        state["calls"] = (await client.get("/_sandbox/calls")).json()["calls"]
+    return state
+
+
+def _contacts(state: dict[str, Any], email: str) -> list[dict[str, Any]]:
+    return [c for c in state["contacts"] if c["properties"].get("email") == email]
+
+
+def _emails(state: dict[str, Any], email: str) -> list[dict[str, Any]]:
+    return [e for e in state["emails"] if email in e["to"]]
+
+
+async def test_each_tenant_gets_its_own_words_from_its_own_account(
+        env: StackClient, db: asyncpg.Pool, worker: OwnWorker,
+        orgs: dict[str, SandboxProcess]) -> None:
+    emails = {"north": unique_email("north"), "south": unique_email("south")}
+    results = await asyncio.gather(*(_run(env, db, worker, t, e) for t, e in emails.items()))
+    assert [(r.state, r.reason) for r in results] == [("completed", "followup_sent")] * 2
+
+    accounts = {t: await _account(orgs[t], t) for t in KEYS}
+    for tenant, other in (("north", "south"), ("south", "north")):
+        mine, theirs = accounts[tenant], accounts[other]
+        assert len(_contacts(mine, emails[tenant])) == 1
+        assert len(_emails(mine, emails[tenant])) == 1
+        assert _contacts(theirs, emails[tenant]) == [] == _emails(theirs, emails[tenant])
+        assert await env.crm_records_for(emails[tenant]) == []  # the global account
+        assert await env.emails_to(emails[tenant]) == []
+
+    [north_mail] = _emails(accounts["north"], emails["north"])
+    north_body = accounts["north"]["bodies"][north_mail["id"]]
+    assert north_mail["from"] == "North Sales <sales@north.test>"
+    assert north_body["reply_to"] == ["deals@north.test"]
+    assert north_mail["subject"] == "North got your note, Jane"
+    assert north_body["text"].startswith("Hi Jane, North will call you back.")
+    assert "North AS, Fjordveien 1" in north_body["text"]
+    link = north_body["headers"]["List-Unsubscribe"].strip("<>")
+    assert "/v1/unsubscribe/u1.north." in link and link in north_body["text"]
+
+    [south_mail] = _emails(accounts["south"], emails["south"])
+    south_body = accounts["south"]["bodies"][south_mail["id"]]
+    assert south_mail["from"] == "Süd Vertrieb <vertrieb@south.test>"
+    assert south_body["reply_to"] == ["team@south.test"]
+    assert south_mail["subject"] == "Süd dankt Ihnen"  # the tenant's default language
+    assert "Süd GmbH, Hauptstraße 5" in south_body["text"]
+    assert "/v1/unsubscribe/u1.south." in south_body["text"]
+    # South's CRM is Salesforce, reached with a token of its own app.
+    assert [c["outcome"] for c in accounts["south"]["calls"]
+            if c["target"] == "crm.oauth"] == ["ok"]
+
+    # The intents name the planned words: a version of each tenant's own template.
+    rows = await db.fetch("SELECT c.tenant, i.template_id FROM followup_intents i JOIN contacts c "
+                          "USING (contact_id) WHERE c.email = ANY($1::text[])",
+                          list(emails.values()))
+    refs = {r["tenant"]: r["template_id"] for r in rows}
+    assert refs["north"].startswith("hello@") and refs["south"].startswith("hello@")
+    assert refs["north"] != refs["south"]
+
+
+async def test_an_expired_salesforce_session_does_not_block_the_next_item(
+        env: StackClient, db: asyncpg.Pool, worker: OwnWorker,
+        orgs: dict[str, SandboxProcess]) -> None:
+    first = await _run(env, db, worker, "south", unique_email("south-before"))
+    assert first.state == "completed"
+    async with httpx.AsyncClient(base_url=orgs["south"].url, timeout=10) as control:
+        (await control.post("/_sandbox/clock",
+                            json={"advance_seconds": SESSION_SECONDS + 60})).raise_for_status()
+    after = unique_email("south-after")
+    result = await _run(env, db, worker, "south", after)
+    assert (result.state, result.reason) == ("completed", "followup_sent")
+    account = await _account(orgs["south"], "south")
+    assert len(_contacts(account, after)) == 1 and len(_emails(account, after)) == 1
+    outcomes = [(c["target"], c["outcome"]) for c in account["calls"]]
+    assert ("crm.upsert", "session_expired") in outcomes
+    # Renewed: a second token, and the upsert after the refusal went through.
+    assert outcomes.count(("crm.oauth", "ok")) >= 2
+    refused = outcomes.index(("crm.upsert", "session_expired"))
+    assert ("crm.upsert", "ok") in outcomes[refused:]
+    op = await db.fetchrow("SELECT o.status, o.attempts FROM operations o JOIN inbound_events e "
+                           "USING (event_id) JOIN contacts c ON c.contact_id = e.contact_id "
+                           "WHERE c.email = $1 AND o.action = 'crm-upsert'", after)
+    assert op is not None and (op["status"], op["attempts"]) == ("completed", 1)
