@@ -713,15 +713,20 @@ class InboundEmailWorkflow:
             heartbeat_timeout=HEARTBEAT_TIMEOUT, summary=summary)
 
     async def _bookkeeping(self, fn: Step[Owner, Arg, Result], arg: Arg) -> Result:
-        """State mirror, audit, review tasks: never fail the workflow. Past a few quick
-        attempts the item waits for the store (capped backoff) for as long as it takes."""
+        """State mirror, audit, review tasks. Past a few quick attempts against an
+        unreachable store the item waits for the store (capped backoff) for as long as it
+        takes. Any other failure is a bug no wait can fix: the run fails, and shows as
+        `failed` in the queue (docs/architecture.md §3). Runs from before that waited on
+        every failure."""
         while True:
             try:
                 result = await workflow.execute_local_activity_method(
                     fn, arg, start_to_close_timeout=BOOKKEEPING_TIMEOUT,
                     retry_policy=BOOKKEEPING_RETRY)
-            except STEP_FAILURES:
+            except STEP_FAILURES as err:
                 if not workflow.patched("store-outage-waits"):
+                    raise
+                if not is_store_outage(err) and workflow.patched("bookkeeping-store-only"):
                     raise
                 await self._wait_for_store()
                 continue

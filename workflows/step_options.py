@@ -39,9 +39,13 @@ SEND_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coeffici
                          non_retryable_error_types=NON_RETRYABLE)
 # Bookkeeping writes (state, audit, review tasks) are idempotent single statements: a few
 # quick attempts (about a minute against a frozen store), then the workflow waits for the
-# store (STORE_WAIT_*) and tries again, for as long as the outage lasts.
+# store (STORE_WAIT_*) and tries again, for as long as the outage lasts. Only a store outage
+# waits: any other error (a bug, a missing row) is not retried and fails the run, which the
+# relay's sweeper then shows as `failed` in the queue (docs/architecture.md §3).
 BOOKKEEPING_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
-                                maximum_interval=timedelta(seconds=10), maximum_attempts=5)
+                                maximum_interval=timedelta(seconds=10), maximum_attempts=5,
+                                non_retryable_error_types=[*NON_RETRYABLE,
+                                                           ErrorType.STEP_BUG.value])
 
 # The timeout chain, innermost first (docs/architecture.md §4):
 #   HTTP call ≤ INBOXCRM_HTTP_TIMEOUT_SECONDS (10 s); SMTP ≤ one command timeout per step,

@@ -22,11 +22,17 @@ from typing import Any
 import pytest
 from temporalio import activity
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.store_outage import StoreOutageInterceptor
 from inboxcrm.platform.temporal import SEARCH_ATTRIBUTES as SEARCH_ATTRIBUTE_TYPES
 from schemas.contract import QUERY_STATUS, SEARCH_ATTRIBUTES, Decision
 from schemas.models import (
@@ -71,6 +77,8 @@ class Scenario:
     audit: list[str] = field(default_factory=list)
     decisions: list[DecisionRecord] = field(default_factory=list)
     approvals: list[str] = field(default_factory=list)
+    state_failures: list[BaseException] = field(default_factory=list)
+    state_calls: int = 0
 
     def activities(self) -> list[Callable[..., Any]]:
         @activity.defn(name="extract_message")
@@ -105,6 +113,9 @@ class Scenario:
 
         @activity.defn(name="record_item_state")
         async def record_item_state(change: StateChange) -> None:
+            self.state_calls += 1
+            if self.state_failures:
+                raise self.state_failures.pop(0)
             self.states.append(change.state)
 
         @activity.defn(name="record_audit")
@@ -195,7 +206,8 @@ async def run(env: WorkflowEnvironment, scenario: Scenario,
     queue = f"branches-{uuid.uuid4().hex[:8]}"
     client: Client = env.client
     async with Worker(client, task_queue=queue, workflows=[InboundEmailWorkflow],
-                      activities=scenario.activities()):
+                      activities=scenario.activities(),
+                      interceptors=[StoreOutageInterceptor()]):
         handle = await client.start_workflow(
             InboundEmailWorkflow.run, InboundEmailInput(event_id="e-1", tenant="acme"),
             id=f"inbound/acme/test/{uuid.uuid4().hex}", task_queue=queue)
@@ -429,3 +441,30 @@ async def test_the_decider_comes_from_authentication_not_the_typed_name(
         "update", "reviewer:dana", "desk", "mallory")
     assert approved.update_id and approved.signal_seq is None
     assert scenario.approvals == ["reviewer:dana"]  # never the typed "mallory"
+
+
+async def test_bookkeeping_retries_a_store_error_and_completes(
+        env: WorkflowEnvironment) -> None:
+    """A refused connection is a store error: retried (and, past the budget, waited out)."""
+    scenario = Scenario(state_failures=[ConnectionRefusedError(111, "Connect call failed")])
+    result = await asyncio.wait_for(run(env, scenario), timeout=30)
+    assert (result["state"], result["reason"]) == ("completed", "followup_sent")
+    assert scenario.state_calls == 2 and scenario.states == ["completed"]
+
+
+@pytest.mark.parametrize("bug", [FileNotFoundError(2, "No such file"), KeyError("route"),
+                                 ValueError("bad")])
+async def test_a_bug_in_bookkeeping_fails_the_run_instead_of_waiting_for_the_store(
+        env: WorkflowEnvironment, bug: BaseException) -> None:
+    """Not a store error: not retried, never `store_unavailable`; the run fails, which the
+    relay's sweeper shows as `failed` in the queue (tested on the stack)."""
+    scenario = Scenario(state_failures=[bug])
+    with pytest.raises(WorkflowFailureError) as failed:
+        await asyncio.wait_for(run(env, scenario), timeout=30)
+    cause = failed.value.cause
+    while cause is not None and not isinstance(cause, ApplicationError):
+        cause = cause.cause
+    assert isinstance(cause, ApplicationError)
+    assert (cause.type, cause.message) == (ErrorType.STEP_BUG.value,
+                                           f"bug: {type(bug).__name__}")
+    assert scenario.state_calls == 1  # not retried
