@@ -16,7 +16,7 @@ import asyncpg
 from temporalio import activity
 
 from activities.failures import missing_row
-from activities.outbox import Attempt, OutboxRunner, Recorded
+from activities.outbox import MAX_PARK_SECONDS, Attempt, OutboxRunner, Recorded
 from inboxcrm.adapters.base import ContactFields, CrmClient
 from inboxcrm.store import contacts, ledger
 from schemas.models import Action, ItemState, OperationInput, OperationResult
@@ -25,14 +25,16 @@ from schemas.models import Action, ItemState, OperationInput, OperationResult
 MAX_DATE_AHEAD = timedelta(hours=1)
 
 class CrmActivities:
-    def __init__(self, pool: asyncpg.Pool, crm: CrmClient, max_retry_after: float) -> None:
+    def __init__(self, pool: asyncpg.Pool, crm: CrmClient, max_retry_after: float,
+                 max_park: float = MAX_PARK_SECONDS) -> None:
         self._pool = pool
         self._crm = crm
         self._runner = OutboxRunner(pool, action=Action.CRM_UPSERT.value, pause_scope="crm",
-                                    max_retry_after=max_retry_after,
+                                    max_retry_after=max_retry_after, max_park=max_park,
                                     also_record=ledger.AlsoRecord.CRM_RECORD_ON_CONTACT)
         self._note_runner = OutboxRunner(pool, action=Action.CRM_NOTE.value, pause_scope="crm",
-                                         max_retry_after=max_retry_after)
+                                         max_retry_after=max_retry_after,
+                                         max_park=max_park)
 
     @activity.defn(name="log_email_on_contact")
     async def log_email_on_contact(self, op: OperationInput) -> OperationResult:

@@ -10,7 +10,12 @@ key's first request), repeating the identical request inside the window is the
 reconciliation; once the window (counted from the first attempt's time in the ledger, less a
 margin) has passed, a repeat could send again, so any later attempt is held as `ambiguous`
 with the reference and the first attempt's time for the person who decides. A limit with a
-known reset (HubSpot's DAILY) parks the tenant's scope until then and gives the attempt back.
+known reset (HubSpot's DAILY), or a Retry-After longer than a step waits in place, parks the
+tenant's scope until then and gives the attempt back (up to a cap: past it, a person decides).
+
+Retry delays are jittered here, since a RetryPolicy has no jitter of its own: the provider's
+Retry-After is honoured and never shortened (a little is added, so items refused together
+do not come back together); without one, the step's own backoff with "equal jitter".
 
 Every write an attempt makes to its row is fenced by its claim token (`ledger`): an attempt
 that a re-run overtook (a slow local activity outliving its step) cannot complete, fail or
@@ -19,6 +24,8 @@ release anything; it reports what the row says now instead.
 
 from __future__ import annotations
 
+import contextlib
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -31,13 +38,26 @@ from temporalio.exceptions import ApplicationError
 from activities.failures import refuse_if_worker_draining
 from activities.heartbeat import heartbeating
 from inboxcrm.adapters.base import AdapterError
-from inboxcrm.adapters.errors import Category, Classified, ErrorType, to_application_error
+from inboxcrm.adapters.errors import (
+    Category,
+    Classified,
+    ErrorType,
+    park_long_retry_after,
+    to_application_error,
+)
 from inboxcrm.store import audit, ledger
 from schemas.models import OperationInput, OperationResult
 
 # The window is counted from our first attempt's start, which precedes the provider's first
 # sight of the key; the margin covers clock skew between the two.
 KEY_WINDOW_MARGIN = timedelta(hours=1)
+# A step whose activity info carries no RetryPolicy backs off like CRM_RETRY / SEND_RETRY.
+DEFAULT_BACKOFF = (1.0, 2.0, 60.0)  # initial seconds, coefficient, maximum seconds
+# What is added to a provider's Retry-After: up to this share of it, at most RETRY_AFTER_SPREAD_MAX.
+RETRY_AFTER_SPREAD = 0.1
+RETRY_AFTER_SPREAD_MAX = 5.0
+# The longest Retry-After parked for when the runner is built without a cap (24 h).
+MAX_PARK_SECONDS = 86_400.0
 
 _STATUS_FOR_CATEGORY = {
     Category.TRANSIENT: "waiting",
@@ -82,14 +102,16 @@ class Attempt:
 
 class OutboxRunner:
     def __init__(self, pool: asyncpg.Pool, *, action: str, pause_scope: str,
-                 max_retry_after: float,
+                 max_retry_after: float, max_park: float = MAX_PARK_SECONDS,
                  also_record: ledger.AlsoRecord = ledger.AlsoRecord.NOTHING) -> None:
         """`also_record`: the action's own record of a success, written with the ledger row
-        (`ledger.complete_attempt`)."""
+        (`ledger.complete_attempt`). A Retry-After longer than `max_retry_after` parks the
+        scope, up to `max_park` (longer: blocked for a person)."""
         self.pool = pool
         self.action = action
         self.pause_scope = pause_scope
         self.max_retry_after = max_retry_after
+        self.max_park = max_park
         self._also_record = also_record
 
     async def run(
@@ -128,7 +150,9 @@ class OutboxRunner:
                 conn, op.op_key, tenant=item.tenant, pause_scope=self.pause_scope,
                 event_id=item.event_id, running_state=running_state)
         if claim.paused:
-            return OperationResult(status="parked", reason="paused")
+            return OperationResult(
+                status="parked", reason="paused",
+                retry_at=claim.parked_until.isoformat() if claim.parked_until else None)
         if claim.already_completed:
             if claim.cancelled:
                 # Cancelled stays cancelled (by a suppression or a rejection): never "sent".
@@ -172,14 +196,18 @@ class OutboxRunner:
                                    next_retry_delay=timedelta(seconds=later.retry_after)
                                    ) from None
         except AdapterError as exc:
-            classified = exc.classified
+            classified = park_long_retry_after(exc.classified,
+                                               max_retry_after=self.max_retry_after,
+                                               max_park=self.max_park)
             _count("inboxcrm_operation_failures", self.action, classified.category.value)
             if classified.park_until is not None:
                 if not await self._park(attempt, classified, on_failure):
                     return await self._settled(op)
-                return OperationResult(status="parked", reason=classified.reason)
-            error = to_application_error(classified, max_retry_after=self.max_retry_after,
-                                         reconcilable=reconcile is not None)
+                return OperationResult(status="parked", reason=classified.reason,
+                                       retry_at=classified.park_until.isoformat())
+            error = with_jittered_delay(to_application_error(classified,
+                                                   max_retry_after=self.max_retry_after,
+                                                   reconcilable=reconcile is not None))
             status = _STATUS_FOR_CATEGORY[classified.category]
             if error.type == ErrorType.AMBIGUOUS.value:
                 status = "ambiguous"
@@ -248,7 +276,7 @@ class OutboxRunner:
                 actor=self.action, action="scope_parked",
                 detail={"op_key": op.op_key, "scope": self.pause_scope,
                         "until": classified.park_until.isoformat(),
-                        "reason": classified.reason},
+                        "reason": classified.reason, "retry_after": classified.retry_after},
             )
         return True
 
@@ -290,6 +318,45 @@ class OutboxRunner:
             return OperationResult(status="cancelled", reason="cancelled")
         raise ApplicationError("another attempt owns the operation",
                                type=ErrorType.UNKNOWN_OUTCOME.value)
+
+
+def with_jittered_delay(error: ApplicationError) -> ApplicationError:
+    """The same error with a jittered `next_retry_delay` (a RetryPolicy has no jitter).
+
+    A provider's delay is honoured and never shortened: up to RETRY_AFTER_SPREAD of it (at
+    most RETRY_AFTER_SPREAD_MAX seconds) is added. Without one, the step's RetryPolicy
+    backoff for this attempt, as "equal jitter": half of it, plus a random part of the other
+    half, so a burst of failures (a CRM outage) does not come back in lockstep. Errors that
+    are not retried are returned as they are."""
+    if error.non_retryable:
+        return error
+    if error.next_retry_delay is not None:
+        asked = error.next_retry_delay.total_seconds()
+        delay = asked + random.uniform(0, min(asked * RETRY_AFTER_SPREAD,
+                                              RETRY_AFTER_SPREAD_MAX))
+    else:
+        backoff = _backoff_seconds()
+        delay = backoff / 2 + random.uniform(0, backoff / 2)
+    return ApplicationError(error.message, *error.details, type=error.type,
+                            non_retryable=False, next_retry_delay=timedelta(seconds=delay))
+
+
+def _backoff_seconds() -> float:
+    """The step's RetryPolicy backoff before the next attempt (Temporal's formula)."""
+    initial, coefficient, maximum = DEFAULT_BACKOFF
+    attempt = 1
+    with contextlib.suppress(RuntimeError):  # outside an activity: the defaults
+        info = activity.info()
+        attempt = max(info.attempt, 1)
+        policy = info.retry_policy
+        if policy is not None:
+            initial = policy.initial_interval.total_seconds()
+            coefficient = policy.backoff_coefficient
+            if policy.maximum_interval is not None:
+                maximum = policy.maximum_interval.total_seconds()
+            else:
+                maximum = initial * 100
+    return float(min(initial * coefficient ** (attempt - 1), maximum))
 
 
 def _count(name: str, action: str, outcome: str) -> None:

@@ -17,7 +17,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.failures import missing_row
-from activities.outbox import Attempt, Deferred, Fenced, OutboxRunner, Recorded
+from activities.outbox import MAX_PARK_SECONDS, Attempt, Deferred, Fenced, OutboxRunner, Recorded
 from inboxcrm.adapters.base import MailClient, OutgoingEmail
 from inboxcrm.adapters.errors import Category, Classified, ErrorType
 from inboxcrm.domain.templates import render
@@ -38,11 +38,12 @@ MIN_LEASE_SECONDS = 2.0
 
 
 class SendActivities:
-    def __init__(self, pool: asyncpg.Pool, mail: MailClient, max_retry_after: float) -> None:
+    def __init__(self, pool: asyncpg.Pool, mail: MailClient, max_retry_after: float,
+                 max_park: float = MAX_PARK_SECONDS) -> None:
         self._pool = pool
         self._mail = mail
         self._runner = OutboxRunner(pool, action=Action.SEND.value, pause_scope="send",
-                                    max_retry_after=max_retry_after,
+                                    max_retry_after=max_retry_after, max_park=max_park,
                                     also_record=ledger.AlsoRecord.INTENT_SENT)
         # Attempts that repeat an unconfirmed one: their lease is kept on any failure.
         self._uncertain: set[str] = set()

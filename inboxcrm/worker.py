@@ -23,6 +23,7 @@ from activities.crm import CrmActivities
 from activities.drift import DriftActivities
 from activities.extract import ExtractActivities
 from activities.match import MatchActivities
+from activities.outbox import MAX_PARK_SECONDS
 from activities.review import ReviewActivities
 from activities.send import SendActivities
 from activities.store_outage import StoreOutageInterceptor
@@ -41,13 +42,13 @@ log = logging.getLogger("inboxcrm.worker")
 
 def activity_functions(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
                        extractor: Extractor, max_retry_after: float,
-                       review_base_url: str = "", decision_secret: str | None = None
-                       ) -> list[Callable[..., Any]]:
+                       review_base_url: str = "", decision_secret: str | None = None,
+                       max_park: float = MAX_PARK_SECONDS) -> list[Callable[..., Any]]:
     """Every activity InboundEmailWorkflow runs, bound to its resources."""
     extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url)
     match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
-    crm_acts = CrmActivities(pool, crm, max_retry_after)
-    send = SendActivities(pool, mail, max_retry_after)
+    crm_acts = CrmActivities(pool, crm, max_retry_after, max_park)
+    send = SendActivities(pool, mail, max_retry_after, max_park)
     bookkeeping = BookkeepingActivities(pool, decision_secret)
     review = ReviewActivities(pool)
     return [
@@ -84,7 +85,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                                         settings.max_retry_after_seconds,
                                         settings.public_relay_base_url,
                                         settings.decision_secret.get_secret_value()
-                                        if settings.decision_secret else None),
+                                        if settings.decision_secret else None,
+                                        settings.max_park_seconds),
                     DriftActivities(pool, crm, mail).check_destination_drift],
         max_concurrent_activities=settings.max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,

@@ -157,6 +157,9 @@ class OperationResult:
     destination_id: str | None = None
     reason: str | None = None
     reconciled: bool = False
+    # Parked by a destination's limit (not an operator's pause): when it ends (ISO 8601), so
+    # the workflow checks again then, not only on its backing-off fallback.
+    retry_at: str | None = None
 
 
 @dataclass

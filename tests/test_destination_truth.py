@@ -5,21 +5,26 @@ with real sandbox faults and the sandbox clock, counted on the destination side:
   same key is the reconciliation; past it the item is held (`ambiguous`), never guessed;
 - a HubSpot note carries hs_timestamp and is associated by the v4 call, both under the note's
   one operation key; repeating creates nothing;
-- HubSpot's DAILY 429 parks the tenant's CRM scope until the reset, spending no attempt.
+- HubSpot's DAILY 429 parks the tenant's CRM scope until the reset, spending no attempt;
+  so does a Retry-After longer than a step waits in place (an hour here), and
+  `inboxcrm resume` lifts such a park.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
 from inboxcrm.adapters.hubspot import HubSpotCrm
+from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
+from tests.helpers.cli import cli
 
 SEND_KEY = "{}:send"
 MESSAGE_DATE = "2026-11-29T10:00:00.000Z"  # the Date header of the sample message
@@ -174,6 +179,43 @@ async def test_daily_limit_parks_the_crm_scope_until_the_reset(env: StackClient)
             "UPDATE settings SET value = jsonb_set(value, '{until}', to_jsonb(now()::text)) "
             "WHERE tenant = 'acme' AND key = 'parked.crm'")
         await env.wait_state(workflow_id, "completed", timeout=120)
+    finally:
+        await env.db.execute("DELETE FROM settings WHERE tenant = 'acme' AND key = 'parked.crm'")
+    assert len(await env.crm_records_for(email)) == 1
+    op = await env.operation(op_key)
+    assert (op["status"], op["attempts"]) == ("completed", 1)
+
+
+async def test_a_retry_after_of_an_hour_parks_without_spending_an_attempt(
+        env: StackClient, stack: Stack) -> None:
+    """HubSpot answers 429 with `Retry-After: 3600`: the CRM scope parks for the hour (not
+    300 s of retrying that spends the budget), the attempt is given back, nothing is called
+    while parked; `inboxcrm resume` lifts the park and the item completes with one record."""
+    email = unique_email("retryhour")
+    await env.inject("crm.upsert", "rate_limit", retry_after=3600)
+    workflow_id = await env.deliver(message_from(email))
+    op_key = f"{workflow_id}:crm-upsert"
+    try:
+        parked = await env.wait_for(lambda: env.db.fetchval(
+            "SELECT value FROM settings WHERE tenant = 'acme' AND key = 'parked.crm'"),
+            what="the CRM scope parked")
+        parked = json.loads(parked) if isinstance(parked, str) else parked
+        left = datetime.fromisoformat(parked["until"]) - datetime.now(UTC)
+        assert timedelta(minutes=58) < left <= timedelta(hours=1), left
+        await env.wait_for(lambda: env.db.fetchval(
+            "SELECT reason = 'paused' FROM inbound_events WHERE workflow_id = $1",
+            workflow_id), what="the item shown as paused")
+        op = await env.operation(op_key)
+        assert (op["status"], op["attempts"], op["last_error"]) == (
+            "waiting", 0, "http_429:SECONDLY")  # the budget is untouched
+        calls_while_parked = len(await env.calls("crm.upsert"))
+        await asyncio.sleep(6)  # past the first re-check (5 s): it finds the park, calls nothing
+        assert len(await env.calls("crm.upsert")) == calls_while_parked
+        assert (await env.operation(op_key))["attempts"] == 0
+
+        resumed = cli(stack, "resume", "--tenant", "acme", "--scope", "crm")
+        assert resumed.returncode == 0 and "woke" in resumed.stdout, resumed.stderr
+        await env.wait_state(workflow_id, "completed", timeout=30)
     finally:
         await env.db.execute("DELETE FROM settings WHERE tenant = 'acme' AND key = 'parked.crm'")
     assert len(await env.crm_records_for(email)) == 1

@@ -20,7 +20,7 @@ run when the SDK reads the signal and query signatures.
 import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -106,6 +106,8 @@ with workflow.unsafe.imports_passed_through():
         HEARTBEAT_TIMEOUT,
         HISTORY_LIMIT,
         OPERATION_TIMEOUT,
+        PARK_END_MIN,
+        PARK_END_SPREAD,
         PAUSE_FALLBACK_MAX,
         PAUSE_POLL,
         PAUSE_POLL_MAX,
@@ -116,6 +118,7 @@ with workflow.unsafe.imports_passed_through():
         STEP_FAILURES,
         STORE_WAIT_FIRST,
         STORE_WAIT_MAX,
+        WAIT_JITTER,
         is_store_outage,
         is_worker_draining,
     )
@@ -303,7 +306,7 @@ class InboundEmailWorkflow:
                 # Woken by `inboxcrm resume` (a signal); the timer is only the fallback.
                 if workflow.patched("pause-wake"):
                     self._continue_if_long()
-                    await self._sleep_unless_woken(pause_poll)
+                    await self._sleep_unless_woken(_park_wait(pause_poll, result.retry_at))
                     pause_poll = min(pause_poll * 2, PAUSE_FALLBACK_MAX)
                     continue
                 await workflow.sleep(pause_poll)
@@ -345,7 +348,7 @@ class InboundEmailWorkflow:
             "inboxcrm_store_waits", "Workflow waits for an unreachable store").add(1)
         workflow.logger.warning("store unavailable; waiting %ss",
                                 self._store_wait.total_seconds())
-        await self._sleep_unless_woken(self._store_wait)
+        await self._sleep_unless_woken(_jittered(self._store_wait))
         self._store_wait = min(self._store_wait * 2, STORE_WAIT_MAX)
         self._status.reason = reason
 
@@ -732,6 +735,27 @@ class InboundEmailWorkflow:
                 continue
             self._store_wait = STORE_WAIT_FIRST  # the store answers again
             return result
+
+
+def _jittered(wait: timedelta) -> timedelta:
+    """A backoff wait shortened by up to WAIT_JITTER of itself (never lengthened, so the
+    documented maxima hold), so items that started waiting together (a store outage, a
+    pause) do not all come back in the same second. `workflow.random()` is seeded by the run,
+    so a replay draws the same numbers; only the timers' durations change, not the commands."""
+    return wait * (1 - WAIT_JITTER * workflow.random().random())
+
+
+def _park_wait(fallback: timedelta, retry_at: str | None) -> timedelta:
+    """How long a parked operation waits before it checks again: its jittered fallback, or
+    less when a destination's limit says when it ends (`retry_at`). The end of such a limit
+    is never anticipated: a little is added (up to PARK_END_SPREAD), so the items a tenant
+    parked together do not all call the provider in the same second."""
+    wait = _jittered(fallback)
+    if retry_at is None:
+        return wait
+    remaining = datetime.fromisoformat(retry_at) - workflow.now()
+    spread = min(remaining * WAIT_JITTER, PARK_END_SPREAD) * workflow.random().random()
+    return min(wait, max(remaining, timedelta(0)) + max(spread, timedelta(0)) + PARK_END_MIN)
 
 
 def _budget(op_key: str) -> int:

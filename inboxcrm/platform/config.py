@@ -113,7 +113,11 @@ class Settings(BaseSettings):
     mail_token: str | None = None
     mail_from: str = "Acme Sales <sales@acme.test>"
     http_timeout_seconds: float = 10.0
+    # A provider's Retry-After up to this is waited out by the step's own retry (an attempt
+    # spent); longer, the operation parks until then, spending none (docs/architecture.md §4)
+    # up to max_park_seconds; a delay longer than that blocks the item for a person.
     max_retry_after_seconds: float = 300.0
+    max_park_seconds: float = 86_400.0
     # Which adapters the worker builds (inboxcrm/adapters/factory.py). `sandbox` is the
     # HubSpot/Resend-compatible sandbox at sandbox_url (or crm_url / mail_url).
     crm_provider: Literal["sandbox", "hubspot", "salesforce"] = "sandbox"

@@ -45,6 +45,13 @@ ON CONFLICT (tenant, key) DO UPDATE
 SET value = EXCLUDED.value, updated_by = EXCLUDED.updated_by, updated_at = now()
 """
 
+# `inboxcrm resume` also lifts a destination's park of the same scope (`parked.crm`,
+# `parked.send`; an operator knows the limit is over): if it is not, the next call meets it
+# again and parks again, spending no attempt. $1 tenant (NULL: every tenant), $2 park keys.
+LIFT_PARKS = """
+DELETE FROM settings WHERE ($1::text IS NULL OR tenant = $1) AND key = ANY($2::text[])
+"""
+
 AUDIT_BY_WORKFLOW = """
 SELECT at, actor, action, detail, workflow_id FROM audit_log
 WHERE workflow_id = $1 ORDER BY audit_id
@@ -112,9 +119,14 @@ async def set_pause(conn: asyncpg.Connection[Any], tenant: str | None, scope: st
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}")
     await conn.execute(SET_SWITCH, tenant or "*", f"paused.{scope}", json.loads(
         "true" if paused else "false"), actor)
+    detail: dict[str, Any] = {"scope": scope, "tenant": tenant or "*"}
+    if not paused:
+        keys = [f"parked.{name}" for name in (("crm", "send") if scope == "all" else (scope,))]
+        lifted = await conn.execute(LIFT_PARKS, tenant, keys)
+        detail["destination_parks_lifted"] = int(lifted.split()[-1])
     await conn.execute(
         "INSERT INTO audit_log (tenant, actor, action, detail) VALUES ($1, $2, $3, $4)",
-        tenant, actor, "paused" if paused else "resumed", {"scope": scope, "tenant": tenant or "*"},
+        tenant, actor, "paused" if paused else "resumed", detail,
     )
 
 

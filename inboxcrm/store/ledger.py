@@ -33,18 +33,23 @@ if TYPE_CHECKING:
 # the row-locked claim, and the item's state mirror. When paused nothing is claimed and the
 # item shows `<running_state> / paused`; when the row cannot be claimed (completed,
 # cancelled, out of attempts) the state is left alone and `previous` tells which.
-# A scope parked by a destination's limit (`parked.crm`, until a time) counts as paused.
+# A scope parked by a destination's limit (`parked.crm`, until a time) counts as paused;
+# `parked_until` says until when, where only such a limit (no operator's switch) holds it.
 # The claim stamps the first attempt's time (`first_attempt_at`) once.
 # $1 op_key, $2 tenant, $3 switch key (`paused.crm` / `paused.send`), $4 event_id,
 # $5 running state, $6 park key (`parked.crm` / `parked.send`).
 BEGIN_ATTEMPT = """
-WITH switch AS (
-    SELECT EXISTS (
-        SELECT 1 FROM settings
-        WHERE tenant IN ('*', $2)
-          AND ((key IN ($3, 'paused.all') AND value = 'true'::jsonb)
-               OR (key = $6 AND (value ->> 'until')::timestamptz > now()))
-    ) AS paused
+WITH limits AS (
+    SELECT coalesce(bool_or(key IN ($3, 'paused.all') AND value = 'true'::jsonb), false)
+               AS switched,
+           max((value ->> 'until')::timestamptz) FILTER (WHERE key = $6) AS parked_until
+    FROM settings
+    WHERE tenant IN ('*', $2) AND key IN ($3, 'paused.all', $6)
+), switch AS (
+    SELECT switched OR coalesce(parked_until > now(), false) AS paused,
+           CASE WHEN NOT switched AND parked_until > now() THEN parked_until END
+               AS parked_until
+    FROM limits
 ), previous AS (
     SELECT op_key, status, last_error_category, attempts, destination_id, external_ref
     FROM operations WHERE op_key = $1 FOR UPDATE
@@ -65,7 +70,7 @@ WITH switch AS (
     FROM switch
     WHERE e.event_id = $4 AND (switch.paused OR EXISTS (SELECT 1 FROM claimed))
 )
-SELECT switch.paused, previous.op_key IS NOT NULL AS found,
+SELECT switch.paused, switch.parked_until, previous.op_key IS NOT NULL AS found,
        claimed.attempts IS NOT NULL AS claimed,
        previous.status AS previous_status, previous.last_error_category AS previous_category,
        COALESCE(claimed.attempts, previous.attempts) AS attempts,
@@ -225,6 +230,7 @@ SELECT status, last_error_category FROM previous
 
 # A destination's limit parks the tenant's scope until `until` (like a pause), and the
 # attempt that met the limit is given back: waiting for a reset spends no attempt budget.
+# A park already running longer is kept (a short Retry-After never ends a daily limit).
 # $1 op_key, $2 category, $3 reason, $4 tenant, $5 park key, $6 park value (until, reason),
 # $7 the claim token: only the attempt that still owns the row parks (fencing).
 PARK_SCOPE = """
@@ -239,6 +245,8 @@ WITH refunded AS (
     SELECT $4, $5, $6, 'destination-limit' FROM refunded
     ON CONFLICT (tenant, key) DO UPDATE
     SET value = EXCLUDED.value, updated_by = EXCLUDED.updated_by, updated_at = now()
+    WHERE coalesce((settings.value ->> 'until')::timestamptz, '-infinity')
+          < (EXCLUDED.value ->> 'until')::timestamptz
 )
 SELECT op_key FROM refunded
 """
@@ -256,6 +264,7 @@ class Claim:
     external_ref: str | None
     exhausted: bool = False
     paused: bool = False
+    parked_until: datetime | None = None      # paused by a destination's limit until then
     first_attempt_at: datetime | None = None  # set on a claimed attempt
     since_first_attempt: float = 0.0          # seconds, on the database's clock
     cancelled: bool = False         # with already_completed: the row ended `cancelled`
@@ -275,7 +284,7 @@ async def begin_attempt(conn: Conn, op_key: str, *, tenant: str, pause_scope: st
     assert row is not None  # the statement always returns its one `switch` row
     if row["paused"]:
         return Claim(op_key, False, None, False, row["attempts"] or 0, row["external_ref"],
-                     paused=True)
+                     paused=True, parked_until=row["parked_until"])
     if not row["found"]:
         raise OperationNotFound(op_key)
     if row["claimed"]:

@@ -13,9 +13,9 @@ import json
 import sys
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,10 @@ class Scenario:
     approvals: list[str] = field(default_factory=list)
     state_failures: list[BaseException] = field(default_factory=list)
     state_calls: int = 0
+    # The CRM answers `parked` until this moment of the test server's clock (`clock`).
+    crm_parked_until: datetime | None = None
+    clock: Callable[[], Awaitable[datetime]] | None = None
+    crm_checks: list[datetime] = field(default_factory=list)
 
     def activities(self) -> list[Callable[..., Any]]:
         @activity.defn(name="extract_message")
@@ -97,6 +101,12 @@ class Scenario:
         @activity.defn(name="upsert_contact_in_crm")
         async def upsert_contact_in_crm(op: OperationInput) -> OperationResult:
             self.calls["crm-upsert"] += 1
+            if self.crm_parked_until is not None and self.clock is not None:
+                now = await self.clock()
+                self.crm_checks.append(now)
+                if now < self.crm_parked_until:
+                    return OperationResult(status="parked", reason="paused",
+                                           retry_at=self.crm_parked_until.isoformat())
             if self.crm_failures:
                 raise self.crm_failures.pop(0)
             return OperationResult(status="completed", destination_id="crm-1")
@@ -468,3 +478,19 @@ async def test_a_bug_in_bookkeeping_fails_the_run_instead_of_waiting_for_the_sto
     assert (cause.type, cause.message) == (ErrorType.STEP_BUG.value,
                                            f"bug: {type(bug).__name__}")
     assert scenario.state_calls == 1  # not retried
+
+
+async def test_a_destination_park_ends_when_the_destination_said(
+        env: WorkflowEnvironment) -> None:
+    """Parked by a Retry-After of an hour (`retry_at`), the operation checks again when the
+    hour is over (plus at most a minute's spread), not on its backing-off fallback (which
+    alone would first look again after about 85 minutes), and never before."""
+    start = await env.get_current_time()
+    scenario = Scenario(crm_parked_until=start + timedelta(hours=1),
+                        clock=env.get_current_time)
+    result = await run(env, scenario)
+    assert (result["state"], result["reason"]) == ("completed", "followup_sent")
+    *waiting, done = scenario.crm_checks
+    assert all(check < start + timedelta(hours=1) for check in waiting)
+    assert timedelta(hours=1) <= done - start <= timedelta(hours=1, seconds=75), done - start
+    assert len(waiting) <= 12  # the fallback backs off: 5 s, 10 s, … (each up to 20 % less)
