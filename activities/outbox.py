@@ -7,9 +7,12 @@ Failures are classified once (`inboxcrm.adapters.errors`) and stored on the row 
 
 Where the destination's only tool is an idempotency key with a window (Resend: 24 h from the
 key's first request), repeating the identical request inside the window is the
-reconciliation; once the window (counted from the first attempt's time in the ledger, less a
-margin) has passed, a repeat could send again, so any later attempt is held as `ambiguous`
-with the reference and the first attempt's time for the person who decides. A limit with a
+reconciliation; once the window has passed, a repeat could send again, so any later attempt
+is held as `ambiguous` with the reference and the window's start for the person who decides.
+The window is counted, less a margin, from the first attempt that may have taken effect
+(`operations.key_window_from`): an attempt the destination certainly refused (a 429 or 503
+answered, a connection never made) sent nothing and opens none, so a send refused before a
+long pause is sent after it, not held. A limit with a
 known reset (HubSpot's DAILY), or a Retry-After longer than a step waits in place, parks the
 tenant's scope until then and gives the attempt back (up to a cap: past it, a person decides).
 
@@ -165,8 +168,8 @@ class OutboxRunner:
         attempt = Attempt(op, claim)
         activity.logger.info("operation attempt #%d", claim.attempts,
                              extra={"op_key": op.op_key})
-        if key_window_seconds is not None and claim.attempts > 1 and (
-                claim.since_first_attempt
+        if key_window_seconds is not None and claim.since_key_window is not None and (
+                claim.since_key_window
                 >= key_window_seconds - KEY_WINDOW_MARGIN.total_seconds()):
             if not await self._hold(attempt, "idempotency_window_passed"):
                 return await self._settled(op)
@@ -191,7 +194,7 @@ class OutboxRunner:
             # Nothing happened in this attempt: the row goes back to waiting with what was
             # known before it (an uncertain earlier attempt stays uncertain).
             category = "unknown" if claim.needs_reconcile else claim.previous_category
-            await self._mark(attempt, "waiting", category, later.reason)
+            await self._mark(attempt, "waiting", category, later.reason, refused=True)
             raise ApplicationError(later.reason, type=ErrorType.TRANSIENT.value,
                                    next_retry_delay=timedelta(seconds=later.retry_after)
                                    ) from None
@@ -212,9 +215,12 @@ class OutboxRunner:
             if error.type == ErrorType.AMBIGUOUS.value:
                 status = "ambiguous"
             async with self.pool.acquire() as conn, conn.transaction():
-                owned = await ledger.record_failure(conn, op.op_key, claim.attempts, status,
-                                                    classified.category.value,
-                                                    classified.reason)
+                # Transient and permanent mean the destination took nothing: no key window.
+                owned = await ledger.record_failure(
+                    conn, op.op_key, claim.attempts, status, classified.category.value,
+                    classified.reason, refused=status != "ambiguous"
+                    and classified.category is not Category.UNKNOWN,
+                    window_before=claim.key_window_from)
                 if owned and on_failure is not None:
                     await on_failure(conn, attempt, classified)
                 await audit.append(
@@ -267,7 +273,8 @@ class OutboxRunner:
         async with self.pool.acquire() as conn, conn.transaction():
             if not await ledger.park_scope(conn, op.op_key, attempt.claim.attempts, classified,
                                            tenant=item.tenant, scope=self.pause_scope,
-                                           until=classified.park_until):
+                                           until=classified.park_until,
+                                           window_before=attempt.claim.key_window_from):
                 return False
             if on_failure is not None:
                 await on_failure(conn, attempt, classified)
@@ -282,10 +289,12 @@ class OutboxRunner:
 
     async def _hold(self, attempt: Attempt, reason: str) -> bool:
         """Ambiguous: held for a person, with what they need to decide (the reference the
-        destination knows, e.g. the intent ID = idempotency key, and the first attempt's
-        time, from which the key's window ran). False: fenced off, nothing written."""
+        destination knows, e.g. the intent ID = idempotency key, the first attempt's time,
+        and the start of the key's window: the first attempt that may have taken effect).
+        False: fenced off, nothing written."""
         op, item, claim = attempt.op, attempt.op.item, attempt.claim
         first = claim.first_attempt_at.isoformat() if claim.first_attempt_at else None
+        window = claim.key_window_from.isoformat() if claim.key_window_from else None
         async with self.pool.acquire() as conn, conn.transaction():
             if not await ledger.record_failure(conn, op.op_key, claim.attempts, "ambiguous",
                                                "unknown", reason):
@@ -294,15 +303,17 @@ class OutboxRunner:
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=self.action, action="operation_ambiguous",
                 detail={"op_key": op.op_key, "reason": reason, "attempt": claim.attempts,
-                        "external_ref": claim.external_ref, "first_attempt_at": first},
+                        "external_ref": claim.external_ref, "first_attempt_at": first,
+                        "key_window_from": window},
             )
         return True
 
     async def _mark(self, attempt: Attempt, status: str, category: str | None,
-                    reason: str) -> None:
+                    reason: str, refused: bool = False) -> None:
         async with self.pool.acquire() as conn:
             if not await ledger.record_failure(conn, attempt.op.op_key, attempt.claim.attempts,
-                                               status, category, reason):
+                                               status, category, reason, refused=refused,
+                                               window_before=attempt.claim.key_window_from):
                 raise Fenced()
 
     async def _settled(self, op: OperationInput) -> OperationResult:

@@ -96,8 +96,10 @@ async def test_past_the_window_the_item_is_held_and_nothing_more_is_sent(
         return op is not None and op["attempts"] >= 2
 
     await env.wait_for(second_attempt_running, timeout=60, what="a second send attempt")
-    # A day passes on both sides: the ledger's first attempt and the provider's key.
+    # A day passes on both sides: the ledger's first attempt (whose outcome is unknown, so
+    # the key's window runs from it) and the provider's key.
     await env.db.execute("UPDATE operations SET first_attempt_at = first_attempt_at - "
+                         "interval '25 hours', key_window_from = key_window_from - "
                          "interval '25 hours' WHERE op_key = $1", op_key)
     await env.move_sandbox_clock(advance_seconds=25 * 3600)
     await env.http.delete(f"{env.endpoints.sandbox_url}/_sandbox/faults")
@@ -116,6 +118,38 @@ async def test_past_the_window_the_item_is_held_and_nothing_more_is_sent(
     detail = json.loads(detail) if isinstance(detail, str) else detail
     assert detail["external_ref"] == intent["intent_id"]
     assert datetime.fromisoformat(detail["first_attempt_at"]) == op["first_attempt_at"]
+    assert datetime.fromisoformat(detail["key_window_from"]) == op["key_window_from"]
+
+
+async def test_a_send_refused_before_a_long_pause_is_sent_after_it(env: StackClient) -> None:
+    """The first attempt is refused with a 429: the provider took nothing, so no key window
+    opens. A day passes before the next attempt (past Resend's 24 h): that attempt repeats
+    nothing that may have been sent, so it sends, once; the item is not held `ambiguous`."""
+    email = unique_email("refusedthenday")
+    await env.inject("mail.send", "rate_limit", retry_after=15)
+    workflow_id = await env.deliver(message_from(email))
+    op_key = SEND_KEY.format(workflow_id)
+
+    async def refused() -> Any:
+        op = await env.operation(op_key)
+        return op if op is not None and (op["attempts"], op["status"]) == (1, "waiting") \
+            else None
+
+    op = await env.wait_for(refused, timeout=60, what="the first send attempt refused")
+    assert (op["last_error_category"], op["last_error"]) == (
+        "transient", "http_429:rate_limit_exceeded")
+    assert op["first_attempt_at"] is not None and op["key_window_from"] is None
+    # A day passes on both sides before the second attempt (due 15 s after the first).
+    await env.db.execute("UPDATE operations SET first_attempt_at = first_attempt_at - "
+                         "interval '25 hours' WHERE op_key = $1", op_key)
+    await env.move_sandbox_clock(advance_seconds=25 * 3600)
+
+    await env.wait_state(workflow_id, "completed", timeout=60)
+
+    [sent] = await env.emails_to(email)
+    op = await env.operation(op_key)
+    assert (op["status"], op["attempts"], op["destination_id"]) == ("completed", 2, sent["id"])
+    assert (await intent_of(env, workflow_id))["provider_message_id"] == sent["id"]
 
 
 async def test_note_has_the_message_date_and_the_v4_association_once(
@@ -229,5 +263,9 @@ async def test_resend_list_is_not_a_lookup(env: StackClient) -> None:
     async with httpx.AsyncClient() as http:
         listed = (await http.get(f"{env.endpoints.sandbox_url}/emails",
                                  params={"idempotency_key": str(uuid.uuid4()),
-                                         "limit": 1})).json()
-    assert [e["id"] for e in listed["data"]] == [unrelated]
+                                         "limit": 100})).json()
+        everything = (await http.get(f"{env.endpoints.sandbox_url}/emails",
+                                     params={"limit": 100})).json()
+    # (Not `limit=1`: a test that moved the sandbox clock forward left newer emails behind.)
+    assert [e["id"] for e in listed["data"]] == [e["id"] for e in everything["data"]]
+    assert unrelated in [e["id"] for e in listed["data"]]
