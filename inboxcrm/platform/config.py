@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     webhook_tolerance_seconds: int = 300
     max_body_bytes: int = 10 * 1024 * 1024
     sweeper_interval_seconds: float = 5.0
+    # How often the relay looks for runs that ended without settling their item (failed,
+    # terminated, timed out, cancelled) to write them `failed` into the queue; how far back
+    # its first pass looks.
+    failed_run_check_seconds: float = 30.0
+    failed_run_lookback_hours: float = 168.0
     relay_pool_size: int = 20
     # The relay's Prometheus metrics: an internal listener, never the public port; empty
     # disables it. Store gauges are refreshed every interval, not per scrape.

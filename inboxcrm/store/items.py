@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from inboxcrm.store import events
+from inboxcrm.store import events, failed_runs
 
 ITEM_STATUS = """
 SELECT e.event_id, e.workflow_id, e.tenant, e.source, e.mailbox, e.delivery_id, e.state,
@@ -66,8 +66,15 @@ WHERE a.workflow_id IN (SELECT workflow_id FROM inbound_events
 ORDER BY a.audit_id
 """
 
-# A failed run started again under its workflow ID (`inboxcrm replay`), with who and why.
+# A failed run started again under its workflow ID (`inboxcrm replay`), with who and why; the
+# review task of the `failed` item (`inboxcrm/store/failed_runs.py`) is answered by it. A task
+# the new run already opened for a wait of its own has another reason and stays open.
 RECORD_REPLAYED = """
+WITH answered AS (
+    UPDATE review_tasks SET status = 'resolved', resolved_at = now(), resolution = 'replayed',
+                            resolved_by = $4
+    WHERE workflow_id = $3 AND status = 'open' AND reason = ANY($6::text[])
+)
 INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
 VALUES ($1, $2, $3, $4, 'replayed', $5)
 """
@@ -148,4 +155,5 @@ async def event_of_workflow(conn: asyncpg.Connection[Any],
 
 async def record_replayed(conn: asyncpg.Connection[Any], *, tenant: str, event_id: Any,
                           workflow_id: str, actor: str, reason: str) -> None:
-    await conn.execute(RECORD_REPLAYED, tenant, event_id, workflow_id, actor, {"reason": reason})
+    await conn.execute(RECORD_REPLAYED, tenant, event_id, workflow_id, actor, {"reason": reason},
+                       list(failed_runs.REASONS))
