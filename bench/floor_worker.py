@@ -2,8 +2,9 @@
 separate process beside the product's worker, on its own task queue.
 
 Same worker settings as inboxcrm.worker: INBOXCRM_MAX_CONCURRENT_ACTIVITIES and
-INBOXCRM_MAX_CONCURRENT_WORKFLOW_TASKS through the same Settings class, SDK defaults for
-everything else (pollers, sticky cache, local-activity slots).
+INBOXCRM_MAX_CONCURRENT_WORKFLOW_TASKS through the same Settings class, the same limit on
+local-activity slots (inboxcrm.worker.MAX_CONCURRENT_LOCAL_ACTIVITIES, the product's pool
+size), SDK defaults for everything else (pollers, sticky cache).
 
     python -m bench.floor_worker --task-queue bench-floor
 """
@@ -20,6 +21,7 @@ from temporalio.worker import Worker
 
 from bench.floor_workflow import ACTIVITIES, FloorWorkflow
 from inboxcrm.platform.config import Settings
+from inboxcrm.worker import MAX_CONCURRENT_LOCAL_ACTIVITIES
 
 READY = "floor worker running on task queue"
 
@@ -36,11 +38,13 @@ async def run(task_queue: str) -> None:
         client, task_queue=task_queue, workflows=[FloorWorkflow], activities=ACTIVITIES,
         max_concurrent_activities=settings.max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
+        max_concurrent_local_activities=MAX_CONCURRENT_LOCAL_ACTIVITIES,
     )
     async with worker:
         print(f"{READY} {task_queue} (max_concurrent_activities="
               f"{settings.max_concurrent_activities}, max_concurrent_workflow_tasks="
-              f"{settings.max_concurrent_workflow_tasks})", flush=True)
+              f"{settings.max_concurrent_workflow_tasks}, max_concurrent_local_activities="
+              f"{MAX_CONCURRENT_LOCAL_ACTIVITIES})", flush=True)
         await stop.wait()
 
 

@@ -1,5 +1,6 @@
 """The worker process: runs InboundEmailWorkflow, the scheduled DriftCheckWorkflow and every
-activity on one task queue.
+activity on one task queue; with the LLM extractor, also the model call on a task queue of its
+own, rate-limited (docs/architecture.md §5).
 
 Stateless: any number of replicas may run; PostgreSQL constraints and the operation keys,
 not the worker, decide what is a duplicate.
@@ -8,6 +9,7 @@ not the worker, decide what is a duplicate.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Callable
@@ -39,13 +41,23 @@ from workflows.inbound_email import CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS, Inbound
 
 log = logging.getLogger("inboxcrm.worker")
 
+# The worker's PostgreSQL pool. Every step is a local activity holding at most one of its
+# connections at a time, so the worker runs at most this many local activities at once
+# (docs/architecture.md §5): more would only queue on the pool inside their step's timeout,
+# where a wait looks like a hung store. The SDK's default is 100 slots.
+DB_POOL_SIZE = 20
+MAX_CONCURRENT_LOCAL_ACTIVITIES = DB_POOL_SIZE
+
 
 def activity_functions(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
                        extractor: Extractor, max_retry_after: float,
                        review_base_url: str = "", decision_secret: str | None = None,
-                       max_park: float = MAX_PARK_SECONDS) -> list[Callable[..., Any]]:
-    """Every activity InboundEmailWorkflow runs, bound to its resources."""
-    extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url)
+                       max_park: float = MAX_PARK_SECONDS, model_queue: str = ""
+                       ) -> list[Callable[..., Any]]:
+    """Every activity InboundEmailWorkflow runs on its task queue, bound to its resources
+    (`model_queue`: the model call runs there instead, `model_activities`)."""
+    extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url,
+                                model_queue)
     match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
     crm_acts = CrmActivities(pool, crm, max_retry_after, max_park)
     send = SendActivities(pool, mail, max_retry_after, max_park)
@@ -70,25 +82,42 @@ def activity_functions(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
     ]
 
 
+def model_activities(pool: asyncpg.Pool, extractor: Extractor, max_retry_after: float,
+                     review_base_url: str = "") -> list[Callable[..., Any]]:
+    """The activity of the model's task queue: the extraction with the LLM."""
+    extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url)
+    return [extract.extract_with_model]
+
+
+def model_queue(settings: Settings, extractor: Extractor) -> str:
+    """The model's task queue, or "" for an extractor that runs locally (the rules)."""
+    if extractor.name != "llm":
+        return ""
+    return settings.model_task_queue or f"{settings.task_queue}-model"
+
+
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     client = await temporal.connect(
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
     await temporal.ensure_search_attributes(client, settings.temporal_namespace)
-    pool = await db.create_pool(settings.database_url, max_size=20)
+    pool = await db.create_pool(settings.database_url, max_size=DB_POOL_SIZE)
     crm = build_crm(settings)  # INBOXCRM_CRM_PROVIDER / INBOXCRM_MAIL_PROVIDER
     mail = build_mail(settings)
+    extractor = build_extractor(settings)
+    models = model_queue(settings, extractor)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=[InboundEmailWorkflow, DriftCheckWorkflow],
-        activities=[*activity_functions(pool, crm, mail, build_extractor(settings),
+        activities=[*activity_functions(pool, crm, mail, extractor,
                                         settings.max_retry_after_seconds,
                                         settings.public_relay_base_url,
                                         settings.decision_secret.get_secret_value()
                                         if settings.decision_secret else None,
-                                        settings.max_park_seconds),
+                                        settings.max_park_seconds, models),
                     DriftActivities(pool, crm, mail).check_destination_drift],
         max_concurrent_activities=settings.max_concurrent_activities,
+        max_concurrent_local_activities=MAX_CONCURRENT_LOCAL_ACTIVITIES,
         max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
         # Items parked for review wait for days: keep a bounded number in memory; an evicted
         # one replays its (short) history when its signal arrives.
@@ -102,8 +131,22 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         # of workflows started before `local-steps`.
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
     )
+    # The model call: regular activities on their own queue, at most model_calls_per_second
+    # for all workers together (the server enforces it), model_max_concurrent per worker.
+    model_worker = None if not models else Worker(
+        client, task_queue=models,
+        activities=model_activities(pool, extractor, settings.max_retry_after_seconds,
+                                    settings.public_relay_base_url),
+        max_concurrent_activities=settings.model_max_concurrent,
+        max_task_queue_activities_per_second=settings.model_calls_per_second,
+        interceptors=[StoreOutageInterceptor()],
+        graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
+    )
     try:
-        async with worker:
+        async with worker, (model_worker or contextlib.nullcontext()):
+            if model_worker is not None:
+                log.info("model calls on task queue %s (%s/s)", models,
+                         settings.model_calls_per_second)
             log.info("worker running on task queue %s", settings.task_queue)
             await stop.wait()
     finally:

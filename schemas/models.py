@@ -88,6 +88,9 @@ class ExtractResult:
     identity_known: bool = True
     # Where the review card lives (the relay's public URL), for the UI's current details.
     review_base_url: str = ""
+    # Not extracted yet: the model call runs as a regular activity (`extract_with_model`) on
+    # this task queue (docs/architecture.md §5). Empty: this result is the extraction.
+    model_queue: str = ""
 
 
 @dataclass

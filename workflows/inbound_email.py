@@ -183,6 +183,12 @@ class InboundEmailWorkflow:
         extraction = await self._step(
             ExtractActivities.extract_message, self.item, EXTRACT_TIMEOUT, EXTRACT_RETRY,
             summary="extract")
+        if extraction.model_queue and workflow.patched("model-call-activity"):
+            # The LLM extractor: the model call is a regular activity on its own, rate-limited
+            # task queue (docs/architecture.md §5). Only new runs with it ever get here.
+            extraction = await self._step(
+                ExtractActivities.extract_with_model, self.item, EXTRACT_TIMEOUT,
+                EXTRACT_RETRY, summary="extract with model", task_queue=extraction.model_queue)
         self._owner = extraction.review_owner
         self._escalation_hours = extraction.escalation_hours
         self._identity_known = extraction.identity_known
@@ -263,11 +269,13 @@ class InboundEmailWorkflow:
         return plan
 
     async def _step(self, fn: Step[Owner, Arg, Result], arg: Arg, timeout: timedelta,
-                    retry: RetryPolicy, summary: str | None = None) -> Result:
+                    retry: RetryPolicy, summary: str | None = None,
+                    task_queue: str | None = None) -> Result:
         """A non-outbox step; if it cannot finish, a person decides (retry or reject)."""
         while True:
             try:
-                return await self._activity(fn, arg, timeout, retry, summary=summary)
+                return await self._activity(fn, arg, timeout, retry, summary=summary,
+                                            task_queue=task_queue)
             except STEP_FAILURES as err:
                 if await self._handed_over(err):
                     continue
@@ -699,7 +707,8 @@ class InboundEmailWorkflow:
         return [SA_NEEDS_REVIEW.value_set(False), SA_OVERDUE.value_set(False)]
 
     async def _activity(self, fn: Step[Owner, Arg, Result], arg: Arg, timeout: timedelta,
-                        retry: RetryPolicy, summary: str | None = None) -> Result:
+                        retry: RetryPolicy, summary: str | None = None,
+                        task_queue: str | None = None) -> Result:
         """Run a step in the worker that runs this workflow (a local activity).
 
         Safe because no step relies on running once: every side effect goes through the
@@ -707,7 +716,13 @@ class InboundEmailWorkflow:
         steps are idempotent transactions. What it saves is a server round trip and a
         workflow task per step. A worker killed mid-step is noticed after the workflow task
         timeout (10 s) and another worker re-runs the step from the ledger's state.
-        Workflows started before this change keep scheduling regular activities."""
+        Workflows started before this change keep scheduling regular activities. A step
+        given a `task_queue` (the model call) is always a regular activity there, with
+        heartbeats: a dead worker is noticed after HEARTBEAT_TIMEOUT."""
+        if task_queue is not None:
+            return await workflow.execute_activity_method(
+                fn, arg, task_queue=task_queue, start_to_close_timeout=timeout,
+                retry_policy=retry, heartbeat_timeout=HEARTBEAT_TIMEOUT, summary=summary)
         if workflow.patched("local-steps"):
             return await workflow.execute_local_activity_method(
                 fn, arg, start_to_close_timeout=timeout, retry_policy=retry, summary=summary)

@@ -149,6 +149,12 @@ class Settings(BaseSettings):
     llm_model: str = "gpt-4o-mini"
     llm_timeout_seconds: float = 30.0
     llm_max_schema_retries: int = 2
+    # With the LLM extractor the model call is a regular activity on its own task queue
+    # (empty: `<task_queue>-model`), rate-limited for every worker on it together (Temporal's
+    # task-queue limit) and bounded per worker (docs/architecture.md §5).
+    model_task_queue: str = ""
+    model_calls_per_second: float = 5.0
+    model_max_concurrent: int = 20
 
     # Worker. Prometheus metrics (SDK + app) at this address; empty disables.
     worker_metrics_address: str = "127.0.0.1:9464"

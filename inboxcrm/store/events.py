@@ -74,6 +74,15 @@ RETURNING raw, source, extraction IS NOT NULL AND route IS NOT NULL AS extracted
           route_reasons, canonical_email IS NOT NULL AS identity_known
 """
 
+# The same without the raw message: where the extraction itself runs elsewhere (the model's
+# task queue), the local step only needs to know whether it is stored.
+MARK_EXTRACTING = """
+UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now()
+WHERE event_id = $1
+RETURNING extraction IS NOT NULL AND route IS NOT NULL AS extracted, route, route_reasons,
+          canonical_email IS NOT NULL AS identity_known
+"""
+
 # The validated record and its audit entry, atomically in one statement.
 # $1 event_id, $2 extraction, $3 route, $4 route reasons, $5 canonical email, $6 tenant,
 # $7 workflow_id, $8 audit detail.

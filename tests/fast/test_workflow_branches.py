@@ -83,11 +83,18 @@ class Scenario:
     crm_parked_until: datetime | None = None
     clock: Callable[[], Awaitable[datetime]] | None = None
     crm_checks: list[datetime] = field(default_factory=list)
+    # The LLM extractor: the model call runs on this queue (set by `run`), as a regular
+    # activity; each call's (task queue, local?) is recorded.
+    model_queue: str | None = None
+    model_calls: list[tuple[str, bool]] = field(default_factory=list)
 
     def activities(self) -> list[Callable[..., Any]]:
         @activity.defn(name="extract_message")
         async def extract_message(item: ItemRef) -> ExtractResult:
             self.calls["extract"] += 1
+            if self.model_queue is not None and not self.model_calls:
+                return ExtractResult(route="review", escalation_hours=1.0,
+                                     model_queue=self.model_queue)
             return ExtractResult(route=self.route, reasons=list(self.reasons),
                                  escalation_hours=1.0)
 
@@ -180,6 +187,17 @@ class Scenario:
                 describe_operation]
 
 
+    def extract_with_model(self) -> Callable[..., Any]:
+        @activity.defn(name="extract_with_model")
+        async def extract_with_model(item: ItemRef) -> ExtractResult:
+            info = activity.info()
+            self.model_calls.append((info.task_queue, info.is_local))
+            return ExtractResult(route=self.route, reasons=list(self.reasons),
+                                 escalation_hours=1.0)
+
+        return extract_with_model
+
+
 def planned(**overrides: Any) -> PlanResult:
     values: dict[str, Any] = dict(
         outcome="planned", contact_id="c-1", crm_op_key="wf:crm-upsert",
@@ -215,9 +233,13 @@ async def run(env: WorkflowEnvironment, scenario: Scenario,
     steps' summaries from the history)."""
     queue = f"branches-{uuid.uuid4().hex[:8]}"
     client: Client = env.client
+    if scenario.model_queue is not None:
+        scenario.model_queue = f"{queue}-model"
+    models = Worker(client, task_queue=f"{queue}-model",
+                    activities=[scenario.extract_with_model()])
     async with Worker(client, task_queue=queue, workflows=[InboundEmailWorkflow],
                       activities=scenario.activities(),
-                      interceptors=[StoreOutageInterceptor()]):
+                      interceptors=[StoreOutageInterceptor()]), models:
         handle = await client.start_workflow(
             InboundEmailWorkflow.run, InboundEmailInput(event_id="e-1", tenant="acme"),
             id=f"inbound/acme/test/{uuid.uuid4().hex}", task_queue=queue)
@@ -494,3 +516,23 @@ async def test_a_destination_park_ends_when_the_destination_said(
     assert all(check < start + timedelta(hours=1) for check in waiting)
     assert timedelta(hours=1) <= done - start <= timedelta(hours=1, seconds=75), done - start
     assert len(waiting) <= 12  # the fallback backs off: 5 s, 10 s, … (each up to 20 % less)
+
+
+async def test_the_model_call_runs_as_a_regular_activity_on_its_own_queue(
+        env: WorkflowEnvironment) -> None:
+    """With the LLM extractor the local step names the model's task queue; the workflow runs
+    `extract_with_model` there, once, as a regular activity, then goes on as usual."""
+    scenario = Scenario(model_queue="")
+    summaries: list[str] = []
+    result = await run(env, scenario, summaries=summaries)
+    assert (result["state"], result["reason"]) == ("completed", "followup_sent")
+    assert scenario.model_calls == [(scenario.model_queue, False)]
+    assert scenario.calls["extract"] == 1 and scenario.calls["plan"] == 1
+    assert summaries[:2] == ["extract", "extract with model"]
+
+
+async def test_with_the_rules_extractor_nothing_runs_on_the_model_queue(
+        env: WorkflowEnvironment) -> None:
+    scenario = Scenario()
+    result = await run(env, scenario)
+    assert result["state"] == "completed" and scenario.model_calls == []
