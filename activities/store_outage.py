@@ -37,12 +37,14 @@ from schemas.outcomes import ErrorType
 
 # The server refused, dropped or never answered the connection (class 08), is shutting
 # down, starting or restarting (class 57: operator intervention, including a statement
-# cancelled by its timeout), or has no connection slot left; a socket that was refused,
-# reset or timed out (a pool acquire timing out is a TimeoutError too); the host not found.
+# cancelled by its timeout), has no connection slot, disk or memory left (class 53), or is a
+# standby that cannot write yet (25006, during a failover); a socket that was refused, reset
+# or timed out (a pool acquire timing out is a TimeoutError too); the host not found.
 _STORE_DOWN: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,
     asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
     ConnectionError,
     TimeoutError,
     socket.gaierror,

@@ -23,6 +23,8 @@ STORE_DOWN = [
     asyncpg.exceptions.CannotConnectNowError("the database system is starting up"),
     asyncpg.exceptions.AdminShutdownError("terminating connection"),
     asyncpg.exceptions.TooManyConnectionsError("sorry, too many clients already"),
+    asyncpg.exceptions.DiskFullError("could not extend file"),
+    asyncpg.exceptions.ReadOnlySQLTransactionError("cannot execute INSERT in a read-only"),
     asyncpg.InterfaceError("connection is closed"),
     asyncpg.InterfaceError("pool is closing"),
 ]
