@@ -16,7 +16,7 @@ import asyncpg
 from temporalio import activity
 
 from activities.failures import missing_row
-from activities.outbox import Attempt, OutboxRunner, Recorded
+from activities.outbox import MAX_PARK_SECONDS, Attempt, OutboxRunner, Recorded
 from inboxcrm.adapters.base import AdapterError, ContactFields, CrmClient
 from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
@@ -28,15 +28,16 @@ MAX_DATE_AHEAD = timedelta(hours=1)
 
 class CrmActivities:
     def __init__(self, pool: asyncpg.Pool, crm: CrmClient | Destinations,
-                 max_retry_after: float) -> None:
+                 max_retry_after: float, max_park: float = MAX_PARK_SECONDS) -> None:
         """`crm`: each tenant's account (`Destinations`), or one client for every tenant."""
         self._pool = pool
         self._destinations = crm if isinstance(crm, Destinations) else Destinations.fixed(crm)
         self._runner = OutboxRunner(pool, action=Action.CRM_UPSERT.value, pause_scope="crm",
-                                    max_retry_after=max_retry_after,
+                                    max_retry_after=max_retry_after, max_park=max_park,
                                     also_record=ledger.AlsoRecord.CRM_RECORD_ON_CONTACT)
         self._note_runner = OutboxRunner(pool, action=Action.CRM_NOTE.value, pause_scope="crm",
-                                         max_retry_after=max_retry_after)
+                                         max_retry_after=max_retry_after,
+                                         max_park=max_park)
 
     @activity.defn(name="log_email_on_contact")
     async def log_email_on_contact(self, op: OperationInput) -> OperationResult:

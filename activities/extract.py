@@ -9,7 +9,12 @@ and suppresses the reported address in the same transaction as the stored record
 
 The extraction is stored once per event: a re-run (a crash, a replay) answers from the
 stored record and never asks the model again, which might answer differently and leave an
-orphan contact behind."""
+orphan contact behind.
+
+With the LLM extractor the model call is not a local step (docs/architecture.md §5): the
+local `extract_message` answers a stored extraction, or names the model's task queue, and
+the workflow runs `extract_with_model` there as a regular activity, under that queue's rate
+limit. The rule-based extractor takes milliseconds and stays local."""
 
 from __future__ import annotations
 
@@ -46,17 +51,56 @@ STEP = "extract"
 
 class ExtractActivities:
     def __init__(self, pool: asyncpg.Pool, extractor: Extractor, max_retry_after: float,
-                 review_base_url: str = "") -> None:
+                 review_base_url: str = "", model_queue: str = "") -> None:
+        """`model_queue`: where `extract_with_model` runs (the LLM extractor); empty: the
+        whole extraction runs in `extract_message`."""
         self._pool = pool
         self._extractor = extractor
         self._max_retry_after = max_retry_after
         self._review_base_url = review_base_url
+        self._model_queue = model_queue
 
     @activity.defn(name="extract_message")
     async def extract_message(self, item: ItemRef) -> ExtractResult:
+        if self._model_queue:
+            stored = await self._stored(item)
+            if stored is not None:
+                return stored
+            policy = get_policy(item.tenant)
+            return ExtractResult(route="review", extractor="pending",
+                                 review_owner=policy.review_owner,
+                                 escalation_hours=policy.escalation_hours,
+                                 review_base_url=self._review_base_url,
+                                 model_queue=self._model_queue)
         async with heartbeating(), counted_attempt(self._pool, item, STEP,
                                                    counts_itself=True) as attempt:
             return await self._extract(item, attempt)
+
+    @activity.defn(name="extract_with_model")
+    async def extract_with_model(self, item: ItemRef) -> ExtractResult:
+        """The extraction with the model, as a regular activity on the model's task queue:
+        heartbeats, a crash loop counted like the local step's."""
+        async with heartbeating(), counted_attempt(self._pool, item, STEP,
+                                                   counts_itself=True) as attempt:
+            return await self._extract(item, attempt)
+
+    async def _stored(self, item: ItemRef) -> ExtractResult | None:
+        """Mark the item `extracting`; the stored extraction's result, if there is one."""
+        policy = get_policy(item.tenant)
+        event = await self._pool.fetchrow(events.MARK_EXTRACTING, item.event_id,
+                                          ItemState.EXTRACTING, policy.mode == "shadow")
+        if event is None:
+            raise missing_row("event")
+        return self._stored_result(item, event) if event["extracted"] else None
+
+    def _stored_result(self, item: ItemRef, event: asyncpg.Record) -> ExtractResult:
+        policy = get_policy(item.tenant)
+        return ExtractResult(route=event["route"], reasons=list(event["route_reasons"] or []),
+                             extractor="stored", review_owner=policy.review_owner,
+                             escalation_hours=policy.escalation_hours,
+                             identity_known=bool(event["identity_known"]),
+                             review_base_url=self._review_base_url,
+                             shadow=bool(event["shadow"]))
 
     async def _extract(self, item: ItemRef, attempt: StepAttempt) -> ExtractResult:
         policy = get_policy(item.tenant)
@@ -68,11 +112,7 @@ class ExtractActivities:
         attempt.begun(event["started"])
         shadow = bool(event["shadow"])
         if event["extracted"]:
-            return ExtractResult(route=event["route"], reasons=list(event["route_reasons"] or []),
-                                 extractor="stored", review_owner=policy.review_owner,
-                                 escalation_hours=policy.escalation_hours,
-                                 identity_known=bool(event["identity_known"]),
-                                 review_base_url=self._review_base_url, shadow=shadow)
+            return self._stored_result(item, event)
         raw = event["raw"]
         if raw is None:
             raise ApplicationError(

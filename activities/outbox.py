@@ -7,10 +7,18 @@ Failures are classified once (`inboxcrm.adapters.errors`) and stored on the row 
 
 Where the destination's only tool is an idempotency key with a window (Resend: 24 h from the
 key's first request), repeating the identical request inside the window is the
-reconciliation; once the window (counted from the first attempt's time in the ledger, less a
-margin) has passed, a repeat could send again, so any later attempt is held as `ambiguous`
-with the reference and the first attempt's time for the person who decides. A limit with a
-known reset (HubSpot's DAILY) parks the tenant's scope until then and gives the attempt back.
+reconciliation; once the window has passed, a repeat could send again, so any later attempt
+is held as `ambiguous` with the reference and the window's start for the person who decides.
+The window is counted, less a margin, from the first attempt that may have taken effect
+(`operations.key_window_from`): an attempt the destination certainly refused (a 429 or 503
+answered, a connection never made) sent nothing and opens none, so a send refused before a
+long pause is sent after it, not held. A limit with a
+known reset (HubSpot's DAILY), or a Retry-After longer than a step waits in place, parks the
+tenant's scope until then and gives the attempt back (up to a cap: past it, a person decides).
+
+Retry delays are jittered here, since a RetryPolicy has no jitter of its own: the provider's
+Retry-After is honoured and never shortened (a little is added, so items refused together
+do not come back together); without one, the step's own backoff with "equal jitter".
 
 Every write an attempt makes to its row is fenced by its claim token (`ledger`): an attempt
 that a re-run overtook (a slow local activity outliving its step) cannot complete, fail or
@@ -19,6 +27,8 @@ release anything; it reports what the row says now instead.
 
 from __future__ import annotations
 
+import contextlib
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -31,13 +41,26 @@ from temporalio.exceptions import ApplicationError
 from activities.failures import refuse_if_worker_draining
 from activities.heartbeat import heartbeating
 from inboxcrm.adapters.base import AdapterError
-from inboxcrm.adapters.errors import Category, Classified, ErrorType, to_application_error
+from inboxcrm.adapters.errors import (
+    Category,
+    Classified,
+    ErrorType,
+    park_long_retry_after,
+    to_application_error,
+)
 from inboxcrm.store import audit, ledger
 from schemas.models import OperationInput, OperationResult
 
 # The window is counted from our first attempt's start, which precedes the provider's first
 # sight of the key; the margin covers clock skew between the two.
 KEY_WINDOW_MARGIN = timedelta(hours=1)
+# A step whose activity info carries no RetryPolicy backs off like CRM_RETRY / SEND_RETRY.
+DEFAULT_BACKOFF = (1.0, 2.0, 60.0)  # initial seconds, coefficient, maximum seconds
+# What is added to a provider's Retry-After: up to this share of it, at most RETRY_AFTER_SPREAD_MAX.
+RETRY_AFTER_SPREAD = 0.1
+RETRY_AFTER_SPREAD_MAX = 5.0
+# The longest Retry-After parked for when the runner is built without a cap (24 h).
+MAX_PARK_SECONDS = 86_400.0
 
 _STATUS_FOR_CATEGORY = {
     Category.TRANSIENT: "waiting",
@@ -82,14 +105,16 @@ class Attempt:
 
 class OutboxRunner:
     def __init__(self, pool: asyncpg.Pool, *, action: str, pause_scope: str,
-                 max_retry_after: float,
+                 max_retry_after: float, max_park: float = MAX_PARK_SECONDS,
                  also_record: ledger.AlsoRecord = ledger.AlsoRecord.NOTHING) -> None:
         """`also_record`: the action's own record of a success, written with the ledger row
-        (`ledger.complete_attempt`)."""
+        (`ledger.complete_attempt`). A Retry-After longer than `max_retry_after` parks the
+        scope, up to `max_park` (longer: blocked for a person)."""
         self.pool = pool
         self.action = action
         self.pause_scope = pause_scope
         self.max_retry_after = max_retry_after
+        self.max_park = max_park
         self._also_record = also_record
 
     async def run(
@@ -129,7 +154,9 @@ class OutboxRunner:
                 event_id=item.event_id, running_state=running_state)
         if claim.paused:
             _count("inboxcrm_operations_parked", self.action, "paused")
-            return OperationResult(status="parked", reason="paused")
+            return OperationResult(
+                status="parked", reason="paused",
+                retry_at=claim.parked_until.isoformat() if claim.parked_until else None)
         if claim.already_completed:
             if claim.cancelled:
                 # Cancelled stays cancelled (by a suppression or a rejection): never "sent".
@@ -142,8 +169,8 @@ class OutboxRunner:
         attempt = Attempt(op, claim)
         activity.logger.info("operation attempt #%d", claim.attempts,
                              extra={"op_key": op.op_key})
-        if key_window_seconds is not None and claim.attempts > 1 and (
-                claim.since_first_attempt
+        if key_window_seconds is not None and claim.since_key_window is not None and (
+                claim.since_key_window
                 >= key_window_seconds - KEY_WINDOW_MARGIN.total_seconds()):
             if not await self._hold(attempt, "idempotency_window_passed"):
                 return await self._settled(op)
@@ -168,27 +195,34 @@ class OutboxRunner:
             # Nothing happened in this attempt: the row goes back to waiting with what was
             # known before it (an uncertain earlier attempt stays uncertain).
             category = "unknown" if claim.needs_reconcile else claim.previous_category
-            await self._mark(attempt, "waiting", category, later.reason)
+            await self._mark(attempt, "waiting", category, later.reason, refused=True)
             raise ApplicationError(later.reason, type=ErrorType.TRANSIENT.value,
                                    next_retry_delay=timedelta(seconds=later.retry_after)
                                    ) from None
         except AdapterError as exc:
-            classified = exc.classified
+            classified = park_long_retry_after(exc.classified,
+                                               max_retry_after=self.max_retry_after,
+                                               max_park=self.max_park)
             _count("inboxcrm_operation_failures", self.action, classified.category.value)
             if classified.park_until is not None:
                 if not await self._park(attempt, classified, on_failure):
                     return await self._settled(op)
                 _count("inboxcrm_operations_parked", self.action, "provider_limit")
-                return OperationResult(status="parked", reason=classified.reason)
-            error = to_application_error(classified, max_retry_after=self.max_retry_after,
-                                         reconcilable=reconcile is not None)
+                return OperationResult(status="parked", reason=classified.reason,
+                                       retry_at=classified.park_until.isoformat())
+            error = with_jittered_delay(to_application_error(classified,
+                                                    max_retry_after=self.max_retry_after,
+                                                    reconcilable=reconcile is not None))
             status = _STATUS_FOR_CATEGORY[classified.category]
             if error.type == ErrorType.AMBIGUOUS.value:
                 status = "ambiguous"
             async with self.pool.acquire() as conn, conn.transaction():
-                owned = await ledger.record_failure(conn, op.op_key, claim.attempts, status,
-                                                    classified.category.value,
-                                                    classified.reason)
+                # Transient and permanent mean the destination took nothing: no key window.
+                owned = await ledger.record_failure(
+                    conn, op.op_key, claim.attempts, status, classified.category.value,
+                    classified.reason, refused=status != "ambiguous"
+                    and classified.category is not Category.UNKNOWN,
+                    window_before=claim.key_window_from)
                 if owned and on_failure is not None:
                     await on_failure(conn, attempt, classified)
                 await audit.append(
@@ -241,7 +275,8 @@ class OutboxRunner:
         async with self.pool.acquire() as conn, conn.transaction():
             if not await ledger.park_scope(conn, op.op_key, attempt.claim.attempts, classified,
                                            tenant=item.tenant, scope=self.pause_scope,
-                                           until=classified.park_until):
+                                           until=classified.park_until,
+                                           window_before=attempt.claim.key_window_from):
                 return False
             if on_failure is not None:
                 await on_failure(conn, attempt, classified)
@@ -250,16 +285,18 @@ class OutboxRunner:
                 actor=self.action, action="scope_parked",
                 detail={"op_key": op.op_key, "scope": self.pause_scope,
                         "until": classified.park_until.isoformat(),
-                        "reason": classified.reason},
+                        "reason": classified.reason, "retry_after": classified.retry_after},
             )
         return True
 
     async def _hold(self, attempt: Attempt, reason: str) -> bool:
         """Ambiguous: held for a person, with what they need to decide (the reference the
-        destination knows, e.g. the intent ID = idempotency key, and the first attempt's
-        time, from which the key's window ran). False: fenced off, nothing written."""
+        destination knows, e.g. the intent ID = idempotency key, the first attempt's time,
+        and the start of the key's window: the first attempt that may have taken effect).
+        False: fenced off, nothing written."""
         op, item, claim = attempt.op, attempt.op.item, attempt.claim
         first = claim.first_attempt_at.isoformat() if claim.first_attempt_at else None
+        window = claim.key_window_from.isoformat() if claim.key_window_from else None
         async with self.pool.acquire() as conn, conn.transaction():
             if not await ledger.record_failure(conn, op.op_key, claim.attempts, "ambiguous",
                                                "unknown", reason):
@@ -268,15 +305,17 @@ class OutboxRunner:
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=self.action, action="operation_ambiguous",
                 detail={"op_key": op.op_key, "reason": reason, "attempt": claim.attempts,
-                        "external_ref": claim.external_ref, "first_attempt_at": first},
+                        "external_ref": claim.external_ref, "first_attempt_at": first,
+                        "key_window_from": window},
             )
         return True
 
     async def _mark(self, attempt: Attempt, status: str, category: str | None,
-                    reason: str) -> None:
+                    reason: str, refused: bool = False) -> None:
         async with self.pool.acquire() as conn:
             if not await ledger.record_failure(conn, attempt.op.op_key, attempt.claim.attempts,
-                                               status, category, reason):
+                                               status, category, reason, refused=refused,
+                                               window_before=attempt.claim.key_window_from):
                 raise Fenced()
 
     async def _settled(self, op: OperationInput) -> OperationResult:
@@ -292,6 +331,45 @@ class OutboxRunner:
             return OperationResult(status="cancelled", reason="cancelled")
         raise ApplicationError("another attempt owns the operation",
                                type=ErrorType.UNKNOWN_OUTCOME.value)
+
+
+def with_jittered_delay(error: ApplicationError) -> ApplicationError:
+    """The same error with a jittered `next_retry_delay` (a RetryPolicy has no jitter).
+
+    A provider's delay is honoured and never shortened: up to RETRY_AFTER_SPREAD of it (at
+    most RETRY_AFTER_SPREAD_MAX seconds) is added. Without one, the step's RetryPolicy
+    backoff for this attempt, as "equal jitter": half of it, plus a random part of the other
+    half, so a burst of failures (a CRM outage) does not come back in lockstep. Errors that
+    are not retried are returned as they are."""
+    if error.non_retryable:
+        return error
+    if error.next_retry_delay is not None:
+        asked = error.next_retry_delay.total_seconds()
+        delay = asked + random.uniform(0, min(asked * RETRY_AFTER_SPREAD,
+                                              RETRY_AFTER_SPREAD_MAX))
+    else:
+        backoff = _backoff_seconds()
+        delay = backoff / 2 + random.uniform(0, backoff / 2)
+    return ApplicationError(error.message, *error.details, type=error.type,
+                            non_retryable=False, next_retry_delay=timedelta(seconds=delay))
+
+
+def _backoff_seconds() -> float:
+    """The step's RetryPolicy backoff before the next attempt (Temporal's formula)."""
+    initial, coefficient, maximum = DEFAULT_BACKOFF
+    attempt = 1
+    with contextlib.suppress(RuntimeError):  # outside an activity: the defaults
+        info = activity.info()
+        attempt = max(info.attempt, 1)
+        policy = info.retry_policy
+        if policy is not None:
+            initial = policy.initial_interval.total_seconds()
+            coefficient = policy.backoff_coefficient
+            if policy.maximum_interval is not None:
+                maximum = policy.maximum_interval.total_seconds()
+            else:
+                maximum = initial * 100
+    return float(min(initial * coefficient ** (attempt - 1), maximum))
 
 
 def _count(name: str, action: str, outcome: str) -> None:

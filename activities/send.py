@@ -23,7 +23,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.failures import missing_row
-from activities.outbox import Attempt, Deferred, Fenced, OutboxRunner, Recorded
+from activities.outbox import MAX_PARK_SECONDS, Attempt, Deferred, Fenced, OutboxRunner, Recorded
 from inboxcrm.adapters.base import AdapterError, MailClient, OutgoingEmail
 from inboxcrm.adapters.errors import Category, Classified, ErrorType
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
@@ -54,14 +54,15 @@ MIN_LEASE_SECONDS = 2.0
 
 class SendActivities:
     def __init__(self, pool: asyncpg.Pool, mail: MailClient | Destinations,
-                 max_retry_after: float, settings: Settings | None = None) -> None:
+                 max_retry_after: float, settings: Settings | None = None,
+                 max_park: float = MAX_PARK_SECONDS) -> None:
         """`mail`: each tenant's account (`Destinations`), or one client for every tenant."""
         self._pool = pool
         self._destinations = (mail if isinstance(mail, Destinations)
                               else Destinations.fixed(mail=mail))
         self._settings = settings or get_settings()
         self._runner = OutboxRunner(pool, action=Action.SEND.value, pause_scope="send",
-                                    max_retry_after=max_retry_after,
+                                    max_retry_after=max_retry_after, max_park=max_park,
                                     also_record=ledger.AlsoRecord.INTENT_SENT)
         # Attempts that repeat an unconfirmed one: their lease is kept on any failure.
         self._uncertain: set[str] = set()

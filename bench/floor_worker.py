@@ -2,9 +2,9 @@
 separate process beside the product's worker, on its own task queue.
 
 The same worker settings as inboxcrm.worker, through the same function
-(`inboxcrm.worker.worker_options`: concurrency limits, workflow cache size, workflow runner,
-shutdown grace) and the same kind of client runtime (a Prometheus exporter when
-`--metrics-address` is given), so that the product/floor ratio compares work, not
+(`inboxcrm.worker.worker_options`: concurrency limits, local-activity slots included, workflow
+cache size, workflow runner, shutdown grace) and the same kind of client runtime (a Prometheus
+exporter when `--metrics-address` is given), so that the product/floor ratio compares work, not
 configuration. What the floor leaves out is the product's work: no payload codec, no
 database, no HTTP, no search attributes, no activity interceptor.
 

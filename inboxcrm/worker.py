@@ -1,5 +1,6 @@
 """The worker process: runs InboundEmailWorkflow, the scheduled DriftCheckWorkflow and
-ReviewNoticesWorkflow, and every activity on one task queue.
+ReviewNoticesWorkflow, and every activity on one task queue; with the LLM extractor, also the
+model call on a task queue of its own, rate-limited (docs/architecture.md §5).
 
 Stateless: any number of replicas may run; PostgreSQL constraints and the operation keys,
 not the worker, decide what is a duplicate.
@@ -8,6 +9,7 @@ not the worker, decide what is a duplicate.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Callable
@@ -25,6 +27,7 @@ from activities.drift import DriftActivities
 from activities.extract import ExtractActivities
 from activities.match import MatchActivities
 from activities.notify import NoticeActivities
+from activities.outbox import MAX_PARK_SECONDS
 from activities.review import ReviewActivities
 from activities.send import SendActivities
 from activities.shadow import ShadowActivities
@@ -45,6 +48,13 @@ from workflows.review_notices import ReviewNoticesWorkflow
 
 log = logging.getLogger("inboxcrm.worker")
 
+# The worker's PostgreSQL pool. Every step is a local activity holding at most one of its
+# connections at a time, so the worker runs at most this many local activities at once
+# (docs/architecture.md §5): more would only queue on the pool inside their step's timeout,
+# where a wait looks like a hung store. The SDK's default is 100 slots.
+DB_POOL_SIZE = 20
+MAX_CONCURRENT_LOCAL_ACTIVITIES = DB_POOL_SIZE
+
 
 def tenant_destinations(settings: Settings) -> Destinations:
     """Each tenant's CRM and mail accounts, from its policy's `destinations` (the global
@@ -63,17 +73,20 @@ def tenant_destinations(settings: Settings) -> Destinations:
 def activity_functions(pool: asyncpg.Pool, crm: CrmClient | Destinations,
                        mail: MailClient | None, extractor: Extractor, max_retry_after: float,
                        review_base_url: str = "", decision_secret: str | None = None,
-                       comparison: Extractor | None = None,
+                       comparison: Extractor | None = None, max_park: float = MAX_PARK_SECONDS,
+                       model_queue: str = "", settings: Settings | None = None,
                        ) -> list[Callable[..., Any]]:
-    """Every activity InboundEmailWorkflow runs, bound to its resources. `crm`: each
-    tenant's accounts (`Destinations`), or one CRM client (with `mail`) for every tenant.
-    `comparison` is the second extractor shadowed items are also shown to
-    (`inboxcrm.domain.shadow`)."""
+    """Every activity InboundEmailWorkflow runs on its task queue, bound to its resources.
+    `crm`: each tenant's accounts (`Destinations`), or one CRM client (with `mail`) for
+    every tenant. `comparison` is the second extractor shadowed items are also shown to
+    (`inboxcrm.domain.shadow`); `model_queue`: the model call runs there instead
+    (`model_activities`); `settings`: the send's (default: the process's)."""
     destinations = crm if isinstance(crm, Destinations) else Destinations.fixed(crm, mail)
-    extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url)
+    extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url,
+                                model_queue)
     match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
-    crm_acts = CrmActivities(pool, destinations, max_retry_after)
-    send = SendActivities(pool, destinations, max_retry_after)
+    crm_acts = CrmActivities(pool, destinations, max_retry_after, max_park)
+    send = SendActivities(pool, destinations, max_retry_after, settings, max_park)
     bookkeeping = BookkeepingActivities(pool, decision_secret)
     review = ReviewActivities(pool)
     shadow = ShadowActivities(pool, comparison)
@@ -95,6 +108,20 @@ def activity_functions(pool: asyncpg.Pool, crm: CrmClient | Destinations,
         review.describe_operation,
         shadow.plan_in_shadow,
     ]
+
+
+def model_activities(pool: asyncpg.Pool, extractor: Extractor, max_retry_after: float,
+                     review_base_url: str = "") -> list[Callable[..., Any]]:
+    """The activity of the model's task queue: the extraction with the LLM."""
+    extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url)
+    return [extract.extract_with_model]
+
+
+def model_queue(settings: Settings, extractor: Extractor) -> str:
+    """The model's task queue, or "" for an extractor that runs locally (the rules)."""
+    if extractor.name != "llm":
+        return ""
+    return settings.model_task_queue or f"{settings.task_queue}-model"
 
 
 def workflow_runner(settings: Settings) -> WorkflowRunner:
@@ -121,6 +148,7 @@ def worker_options(settings: Settings) -> dict[str, Any]:
     return {
         "max_concurrent_activities": settings.max_concurrent_activities,
         "max_concurrent_workflow_tasks": settings.max_concurrent_workflow_tasks,
+        "max_concurrent_local_activities": MAX_CONCURRENT_LOCAL_ACTIVITIES,
         # Items parked for review wait for days: keep a bounded number in memory; an evicted
         # one replays its (short) history when its signal arrives.
         "max_cached_workflows": settings.max_cached_workflows,
@@ -138,22 +166,25 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     client = await temporal.connect(
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
     await temporal.ensure_search_attributes(client, client.namespace)
-    pool = await db.create_pool(settings.database_url, max_size=20)
+    pool = await db.create_pool(settings.database_url, max_size=DB_POOL_SIZE)
     destinations = tenant_destinations(settings)
     # The global accounts are built now: incomplete INBOXCRM_CRM_* / INBOXCRM_MAIL_*
     # settings stop the worker at start, as before; tenants' own are built on first use.
     destinations.global_crm()
     destinations.global_mail()
+    extractor = build_extractor(settings)
+    models = model_queue(settings, extractor)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=[InboundEmailWorkflow, DriftCheckWorkflow, ReviewNoticesWorkflow],
-        activities=[*activity_functions(pool, destinations, None, build_extractor(settings),
+        activities=[*activity_functions(pool, destinations, None, extractor,
                                         settings.max_retry_after_seconds,
                                         settings.public_relay_base_url,
                                         settings.decision_secret.get_secret_value()
                                         if settings.decision_secret else None,
-                                        comparison_extractor(settings)),
+                                        comparison_extractor(settings),
+                                        settings.max_park_seconds, models, settings),
                     DriftActivities(pool, destinations).check_destination_drift,
                     NoticeActivities(pool, settings.public_relay_base_url,
                                      settings.http_timeout_seconds).send_review_notices],
@@ -161,8 +192,22 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         interceptors=[StoreOutageInterceptor()],
         **worker_options(settings),
     )
+    # The model call: regular activities on their own queue, at most model_calls_per_second
+    # for all workers together (the server enforces it), model_max_concurrent per worker.
+    model_worker = None if not models else Worker(
+        client, task_queue=models,
+        activities=model_activities(pool, extractor, settings.max_retry_after_seconds,
+                                    settings.public_relay_base_url),
+        max_concurrent_activities=settings.model_max_concurrent,
+        max_task_queue_activities_per_second=settings.model_calls_per_second,
+        interceptors=[StoreOutageInterceptor()],
+        graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
+    )
     try:
-        async with worker:
+        async with worker, (model_worker or contextlib.nullcontext()):
+            if model_worker is not None:
+                log.info("model calls on task queue %s (%s/s)", models,
+                         settings.model_calls_per_second)
             log.info("worker running on task queue %s", settings.task_queue)
             await stop.wait()
     finally:

@@ -93,6 +93,9 @@ class ExtractResult:
     # The tenant was in shadow mode when this item was first extracted: it is planned and
     # shadowed, never carried out (docs/architecture.md §6, "Going live").
     shadow: bool = False
+    # Not extracted yet: the model call runs as a regular activity (`extract_with_model`) on
+    # this task queue (docs/architecture.md §5). Empty: this result is the extraction.
+    model_queue: str = ""
 
 
 @dataclass
@@ -173,6 +176,9 @@ class OperationResult:
     destination_id: str | None = None
     reason: str | None = None
     reconciled: bool = False
+    # Parked by a destination's limit (not an operator's pause): when it ends (ISO 8601), so
+    # the workflow checks again then, not only on its backing-off fallback.
+    retry_at: str | None = None
 
 
 @dataclass

@@ -30,6 +30,10 @@ class ErrorType(StrEnum):
     # The worker is shutting down and did not start the step: the workflow hands it to the
     # next worker after a short timer (docs/architecture.md §4, graceful shutdown).
     WORKER_DRAINING = "WorkerDraining"
+    # An unexpected error that is neither a destination's answer nor a store outage (a bug,
+    # a missing file): never a store wait. Bookkeeping does not retry it: the run fails and
+    # shows as `failed` in the queue (activities/store_outage.py).
+    STEP_BUG = "StepBug"
 
 
 @dataclass(frozen=True)

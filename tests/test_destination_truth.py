@@ -5,21 +5,26 @@ with real sandbox faults and the sandbox clock, counted on the destination side:
   same key is the reconciliation; past it the item is held (`ambiguous`), never guessed;
 - a HubSpot note carries hs_timestamp and is associated by the v4 call, both under the note's
   one operation key; repeating creates nothing;
-- HubSpot's DAILY 429 parks the tenant's CRM scope until the reset, spending no attempt.
+- HubSpot's DAILY 429 parks the tenant's CRM scope until the reset, spending no attempt;
+  so does a Retry-After longer than a step waits in place (an hour here), and
+  `inboxcrm resume` lifts such a park.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
 from inboxcrm.adapters.hubspot import HubSpotCrm
+from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
+from tests.helpers.cli import cli
 
 SEND_KEY = "{}:send"
 MESSAGE_DATE = "2026-11-29T10:00:00.000Z"  # the Date header of the sample message
@@ -91,8 +96,10 @@ async def test_past_the_window_the_item_is_held_and_nothing_more_is_sent(
         return op is not None and op["attempts"] >= 2
 
     await env.wait_for(second_attempt_running, timeout=60, what="a second send attempt")
-    # A day passes on both sides: the ledger's first attempt and the provider's key.
+    # A day passes on both sides: the ledger's first attempt (whose outcome is unknown, so
+    # the key's window runs from it) and the provider's key.
     await env.db.execute("UPDATE operations SET first_attempt_at = first_attempt_at - "
+                         "interval '25 hours', key_window_from = key_window_from - "
                          "interval '25 hours' WHERE op_key = $1", op_key)
     await env.move_sandbox_clock(advance_seconds=25 * 3600)
     await env.http.delete(f"{env.endpoints.sandbox_url}/_sandbox/faults")
@@ -111,6 +118,38 @@ async def test_past_the_window_the_item_is_held_and_nothing_more_is_sent(
     detail = json.loads(detail) if isinstance(detail, str) else detail
     assert detail["external_ref"] == intent["intent_id"]
     assert datetime.fromisoformat(detail["first_attempt_at"]) == op["first_attempt_at"]
+    assert datetime.fromisoformat(detail["key_window_from"]) == op["key_window_from"]
+
+
+async def test_a_send_refused_before_a_long_pause_is_sent_after_it(env: StackClient) -> None:
+    """The first attempt is refused with a 429: the provider took nothing, so no key window
+    opens. A day passes before the next attempt (past Resend's 24 h): that attempt repeats
+    nothing that may have been sent, so it sends, once; the item is not held `ambiguous`."""
+    email = unique_email("refusedthenday")
+    await env.inject("mail.send", "rate_limit", retry_after=15)
+    workflow_id = await env.deliver(message_from(email))
+    op_key = SEND_KEY.format(workflow_id)
+
+    async def refused() -> Any:
+        op = await env.operation(op_key)
+        return op if op is not None and (op["attempts"], op["status"]) == (1, "waiting") \
+            else None
+
+    op = await env.wait_for(refused, timeout=60, what="the first send attempt refused")
+    assert (op["last_error_category"], op["last_error"]) == (
+        "transient", "http_429:rate_limit_exceeded")
+    assert op["first_attempt_at"] is not None and op["key_window_from"] is None
+    # A day passes on both sides before the second attempt (due 15 s after the first).
+    await env.db.execute("UPDATE operations SET first_attempt_at = first_attempt_at - "
+                         "interval '25 hours' WHERE op_key = $1", op_key)
+    await env.move_sandbox_clock(advance_seconds=25 * 3600)
+
+    await env.wait_state(workflow_id, "completed", timeout=60)
+
+    [sent] = await env.emails_to(email)
+    op = await env.operation(op_key)
+    assert (op["status"], op["attempts"], op["destination_id"]) == ("completed", 2, sent["id"])
+    assert (await intent_of(env, workflow_id))["provider_message_id"] == sent["id"]
 
 
 async def test_note_has_the_message_date_and_the_v4_association_once(
@@ -181,11 +220,52 @@ async def test_daily_limit_parks_the_crm_scope_until_the_reset(env: StackClient)
     assert (op["status"], op["attempts"]) == ("completed", 1)
 
 
+async def test_a_retry_after_of_an_hour_parks_without_spending_an_attempt(
+        env: StackClient, stack: Stack) -> None:
+    """HubSpot answers 429 with `Retry-After: 3600`: the CRM scope parks for the hour (not
+    300 s of retrying that spends the budget), the attempt is given back, nothing is called
+    while parked; `inboxcrm resume` lifts the park and the item completes with one record."""
+    email = unique_email("retryhour")
+    await env.inject("crm.upsert", "rate_limit", retry_after=3600)
+    workflow_id = await env.deliver(message_from(email))
+    op_key = f"{workflow_id}:crm-upsert"
+    try:
+        parked = await env.wait_for(lambda: env.db.fetchval(
+            "SELECT value FROM settings WHERE tenant = 'acme' AND key = 'parked.crm'"),
+            what="the CRM scope parked")
+        parked = json.loads(parked) if isinstance(parked, str) else parked
+        left = datetime.fromisoformat(parked["until"]) - datetime.now(UTC)
+        assert timedelta(minutes=58) < left <= timedelta(hours=1), left
+        await env.wait_for(lambda: env.db.fetchval(
+            "SELECT reason = 'paused' FROM inbound_events WHERE workflow_id = $1",
+            workflow_id), what="the item shown as paused")
+        op = await env.operation(op_key)
+        assert (op["status"], op["attempts"], op["last_error"]) == (
+            "waiting", 0, "http_429:SECONDLY")  # the budget is untouched
+        calls_while_parked = len(await env.calls("crm.upsert"))
+        await asyncio.sleep(6)  # past the first re-check (5 s): it finds the park, calls nothing
+        assert len(await env.calls("crm.upsert")) == calls_while_parked
+        assert (await env.operation(op_key))["attempts"] == 0
+
+        resumed = cli(stack, "resume", "--tenant", "acme", "--scope", "crm")
+        assert resumed.returncode == 0 and "woke" in resumed.stdout, resumed.stderr
+        await env.wait_state(workflow_id, "completed", timeout=30)
+    finally:
+        await env.db.execute("DELETE FROM settings WHERE tenant = 'acme' AND key = 'parked.crm'")
+    assert len(await env.crm_records_for(email)) == 1
+    op = await env.operation(op_key)
+    assert (op["status"], op["attempts"]) == ("completed", 1)
+
+
 async def test_resend_list_is_not_a_lookup(env: StackClient) -> None:
     """What the removed list-and-guess would have seen: `?idempotency_key=` filters nothing."""
     unrelated = await send_unrelated_email(env)
     async with httpx.AsyncClient() as http:
         listed = (await http.get(f"{env.endpoints.sandbox_url}/emails",
                                  params={"idempotency_key": str(uuid.uuid4()),
-                                         "limit": 1})).json()
-    assert [e["id"] for e in listed["data"]] == [unrelated]
+                                         "limit": 100})).json()
+        everything = (await http.get(f"{env.endpoints.sandbox_url}/emails",
+                                     params={"limit": 100})).json()
+    # (Not `limit=1`: a test that moved the sandbox clock forward left newer emails behind.)
+    assert [e["id"] for e in listed["data"]] == [e["id"] for e in everything["data"]]
+    assert unrelated in [e["id"] for e in listed["data"]]

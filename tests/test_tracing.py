@@ -50,6 +50,7 @@ async def test_one_item_is_one_trace_from_the_webhook_to_the_crm_without_persona
     env = profile_environment(stack, tmp_path) | {
         "INBOXCRM_TASK_QUEUE": f"inboxcrm-trace-{uuid.uuid4().hex[:6]}",
         "INBOXCRM_RELAY_PORT": str(relay_port),
+        "INBOXCRM_RELAY_METRICS_ADDRESS": f"127.0.0.1:{free_port()}",
         "INBOXCRM_WORKER_METRICS_ADDRESS": f"127.0.0.1:{free_port()}",
         "OTEL_TRACES_EXPORTER": "otlp",
         "OTEL_BSP_SCHEDULE_DELAY": "100",

@@ -112,6 +112,15 @@ async def replays(env: StackClient, handle: WorkflowHandle[Any, Any], scenario: 
         store_history(history, f"{label}-{scenario}", settings)
 
 
+async def model_calls(handle: WorkflowHandle[Any, Any]) -> list[str]:
+    """The task queues the item's model calls were scheduled on (regular activities)."""
+    history = await handle.fetch_history()
+    return [e.activity_task_scheduled_event_attributes.task_queue.name for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")
+            and e.activity_task_scheduled_event_attributes.activity_type.name
+            == "extract_with_model"]
+
+
 async def handover_timers(handle: WorkflowHandle[Any, Any]) -> list[timedelta]:
     """The timers in the item's history: the handover from a draining worker is the only one
     a run without pauses, outages or reviews starts."""
@@ -124,11 +133,13 @@ async def handover_timers(handle: WorkflowHandle[Any, Any]) -> list[timedelta]:
 async def test_sigterm_during_extraction_hands_the_next_step_over(
         env: StackClient, db: asyncpg.Pool, stack: Stack, llm_stub: StubServer,
         app_settings: Settings) -> None:
-    """SIGTERM while the model takes 6 s to answer: the draining worker stores the extraction,
-    refuses to start planning (nothing counted toward a crash loop), and exits; the workflow
-    waits one short timer, and the next worker plans and sends from the stored extraction
-    without asking the model again. The history replays (and is the stored example of this
-    workflow version: INBOXCRM_CAPTURE_HISTORIES=<label>)."""
+    """SIGTERM while the model takes 6 s to answer: the draining worker finishes the model
+    call (a regular activity on the model's task queue) and stores the extraction, starts no
+    planning (nothing counted toward a crash loop), and exits; the next worker plans and
+    sends from the stored extraction without asking the model again. (Planning goes to the
+    next worker by itself, or, if the draining worker took the workflow task, after one short
+    handover timer.) The history replays (and is the stored example of this workflow version:
+    INBOXCRM_CAPTURE_HISTORIES=<label>)."""
     email = unique_email("handover")
     llm_stub.script(content(json.dumps(llm_answer(email)), delay=6))
     worker = OwnWorker(stack, **llm_settings(llm_stub))
@@ -159,7 +170,8 @@ async def test_sigterm_during_extraction_hands_the_next_step_over(
     assert len(await env.crm_records_for(email)) == 1
     assert len(await env.emails_to(email)) == 1
 
-    assert await handover_timers(handle) == [DRAIN_HANDOVER]
+    assert await handover_timers(handle) in ([], [DRAIN_HANDOVER])
+    assert await model_calls(handle) == [f"{worker.task_queue}-model"]
     await replays(env, handle, "drain-handover-step", app_settings)
 
 

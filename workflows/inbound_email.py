@@ -21,7 +21,7 @@ run when the SDK reads the signal and query signatures.
 import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -108,6 +108,8 @@ with workflow.unsafe.imports_passed_through():
         HEARTBEAT_TIMEOUT,
         HISTORY_LIMIT,
         OPERATION_TIMEOUT,
+        PARK_END_MIN,
+        PARK_END_SPREAD,
         PAUSE_FALLBACK_MAX,
         PAUSE_POLL,
         PAUSE_POLL_MAX,
@@ -119,6 +121,7 @@ with workflow.unsafe.imports_passed_through():
         STEP_FAILURES,
         STORE_WAIT_FIRST,
         STORE_WAIT_MAX,
+        WAIT_JITTER,
         is_store_outage,
         is_worker_draining,
     )
@@ -192,6 +195,12 @@ class InboundEmailWorkflow:
         extraction = await self._step(
             ExtractActivities.extract_message, self.item, EXTRACT_TIMEOUT, EXTRACT_RETRY,
             summary="extract")
+        if extraction.model_queue and workflow.patched("model-call-activity"):
+            # The LLM extractor: the model call is a regular activity on its own, rate-limited
+            # task queue (docs/architecture.md §5). Only new runs with it ever get here.
+            extraction = await self._step(
+                ExtractActivities.extract_with_model, self.item, EXTRACT_TIMEOUT,
+                EXTRACT_RETRY, summary="extract with model", task_queue=extraction.model_queue)
         self._owner = extraction.review_owner
         self._escalation_hours = extraction.escalation_hours
         self._identity_known = extraction.identity_known
@@ -288,11 +297,13 @@ class InboundEmailWorkflow:
         return plan
 
     async def _step(self, fn: Step[Owner, Arg, Result], arg: Arg, timeout: timedelta,
-                    retry: RetryPolicy, summary: str | None = None) -> Result:
+                    retry: RetryPolicy, summary: str | None = None,
+                    task_queue: str | None = None) -> Result:
         """A non-outbox step; if it cannot finish, a person decides (retry or reject)."""
         while True:
             try:
-                return await self._activity(fn, arg, timeout, retry, summary=summary)
+                return await self._activity(fn, arg, timeout, retry, summary=summary,
+                                            task_queue=task_queue)
             except STEP_FAILURES as err:
                 if await self._handed_over(err):
                     continue
@@ -331,7 +342,7 @@ class InboundEmailWorkflow:
                 # Woken by `inboxcrm resume` (a signal); the timer is only the fallback.
                 if workflow.patched("pause-wake"):
                     self._continue_if_long()
-                    await self._sleep_unless_woken(pause_poll)
+                    await self._sleep_unless_woken(_park_wait(pause_poll, result.retry_at))
                     pause_poll = min(pause_poll * 2, PAUSE_FALLBACK_MAX)
                     continue
                 await workflow.sleep(pause_poll)
@@ -374,7 +385,7 @@ class InboundEmailWorkflow:
             "inboxcrm_store_waits", "Workflow waits for an unreachable store").add(1)
         workflow.logger.warning("store unavailable; waiting %ss",
                                 self._store_wait.total_seconds())
-        await self._sleep_unless_woken(self._store_wait)
+        await self._sleep_unless_woken(_jittered(self._store_wait))
         self._store_wait = min(self._store_wait * 2, STORE_WAIT_MAX)
         self._status.reason = reason
 
@@ -741,7 +752,8 @@ class InboundEmailWorkflow:
         return [SA_NEEDS_REVIEW.value_set(False), SA_OVERDUE.value_set(False)]
 
     async def _activity(self, fn: Step[Owner, Arg, Result], arg: Arg, timeout: timedelta,
-                        retry: RetryPolicy, summary: str | None = None) -> Result:
+                        retry: RetryPolicy, summary: str | None = None,
+                        task_queue: str | None = None) -> Result:
         """Run a step in the worker that runs this workflow (a local activity).
 
         Safe because no step relies on running once: every side effect goes through the
@@ -749,7 +761,13 @@ class InboundEmailWorkflow:
         steps are idempotent transactions. What it saves is a server round trip and a
         workflow task per step. A worker killed mid-step is noticed after the workflow task
         timeout (10 s) and another worker re-runs the step from the ledger's state.
-        Workflows started before this change keep scheduling regular activities."""
+        Workflows started before this change keep scheduling regular activities. A step
+        given a `task_queue` (the model call) is always a regular activity there, with
+        heartbeats: a dead worker is noticed after HEARTBEAT_TIMEOUT."""
+        if task_queue is not None:
+            return await workflow.execute_activity_method(
+                fn, arg, task_queue=task_queue, start_to_close_timeout=timeout,
+                retry_policy=retry, heartbeat_timeout=HEARTBEAT_TIMEOUT, summary=summary)
         if workflow.patched("local-steps"):
             return await workflow.execute_local_activity_method(
                 fn, arg, start_to_close_timeout=timeout, retry_policy=retry, summary=summary)
@@ -758,20 +776,46 @@ class InboundEmailWorkflow:
             heartbeat_timeout=HEARTBEAT_TIMEOUT, summary=summary)
 
     async def _bookkeeping(self, fn: Step[Owner, Arg, Result], arg: Arg) -> Result:
-        """State mirror, audit, review tasks: never fail the workflow. Past a few quick
-        attempts the item waits for the store (capped backoff) for as long as it takes."""
+        """State mirror, audit, review tasks. Past a few quick attempts against an
+        unreachable store the item waits for the store (capped backoff) for as long as it
+        takes. Any other failure is a bug no wait can fix: the run fails, and shows as
+        `failed` in the queue (docs/architecture.md §3). Runs from before that waited on
+        every failure."""
         while True:
             try:
                 result = await workflow.execute_local_activity_method(
                     fn, arg, start_to_close_timeout=BOOKKEEPING_TIMEOUT,
                     retry_policy=BOOKKEEPING_RETRY)
-            except STEP_FAILURES:
+            except STEP_FAILURES as err:
                 if not workflow.patched("store-outage-waits"):
+                    raise
+                if not is_store_outage(err) and workflow.patched("bookkeeping-store-only"):
                     raise
                 await self._wait_for_store()
                 continue
             self._store_wait = STORE_WAIT_FIRST  # the store answers again
             return result
+
+
+def _jittered(wait: timedelta) -> timedelta:
+    """A backoff wait shortened by up to WAIT_JITTER of itself (never lengthened, so the
+    documented maxima hold), so items that started waiting together (a store outage, a
+    pause) do not all come back in the same second. `workflow.random()` is seeded by the run,
+    so a replay draws the same numbers; only the timers' durations change, not the commands."""
+    return wait * (1 - WAIT_JITTER * workflow.random().random())
+
+
+def _park_wait(fallback: timedelta, retry_at: str | None) -> timedelta:
+    """How long a parked operation waits before it checks again: its jittered fallback, or
+    less when a destination's limit says when it ends (`retry_at`). The end of such a limit
+    is never anticipated: a little is added (up to PARK_END_SPREAD), so the items a tenant
+    parked together do not all call the provider in the same second."""
+    wait = _jittered(fallback)
+    if retry_at is None:
+        return wait
+    remaining = datetime.fromisoformat(retry_at) - workflow.now()
+    spread = min(remaining * WAIT_JITTER, PARK_END_SPREAD) * workflow.random().random()
+    return min(wait, max(remaining, timedelta(0)) + max(spread, timedelta(0)) + PARK_END_MIN)
 
 
 def _budget(op_key: str) -> int:

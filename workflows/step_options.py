@@ -40,9 +40,13 @@ SEND_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coeffici
                          non_retryable_error_types=NON_RETRYABLE)
 # Bookkeeping writes (state, audit, review tasks) are idempotent single statements: a few
 # quick attempts (about a minute against a frozen store), then the workflow waits for the
-# store (STORE_WAIT_*) and tries again, for as long as the outage lasts.
+# store (STORE_WAIT_*) and tries again, for as long as the outage lasts. Only a store outage
+# waits: any other error (a bug, a missing row) is not retried and fails the run, which the
+# relay's sweeper then shows as `failed` in the queue (docs/architecture.md §3).
 BOOKKEEPING_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1),
-                                maximum_interval=timedelta(seconds=10), maximum_attempts=5)
+                                maximum_interval=timedelta(seconds=10), maximum_attempts=5,
+                                non_retryable_error_types=[*NON_RETRYABLE,
+                                                           ErrorType.STEP_BUG.value])
 
 # The timeout chain, innermost first (docs/architecture.md §4):
 #   HTTP call ≤ INBOXCRM_HTTP_TIMEOUT_SECONDS (10 s); SMTP ≤ one command timeout per step,
@@ -73,6 +77,15 @@ PAUSE_POLL_MAX = timedelta(seconds=60)
 # Since `inboxcrm resume` wakes parked items with a signal, the re-check is only the fallback
 # for a missed signal: it backs off to an hour (~24 checks a day).
 PAUSE_FALLBACK_MAX = timedelta(hours=1)
+# The workflow's own backoff waits (pause re-checks, store waits) are shortened by up to this
+# share at random (`workflow.random()`, deterministic on replay): items that began waiting
+# together do not all return together. A parked operation whose destination said when its
+# limit ends (`OperationResult.retry_at`) checks again then, plus up to PARK_END_SPREAD (and
+# at least PARK_END_MIN, so a clock difference between the store and the server never makes
+# it check a moment too early and park again).
+WAIT_JITTER = 0.2
+PARK_END_SPREAD = timedelta(seconds=60)
+PARK_END_MIN = timedelta(seconds=1)
 # Past this many history events a run waiting on a pause continues as new, carrying the
 # plan (Temporal's hard limit is 51,200; a 30-day pause stays far below either).
 HISTORY_LIMIT = 1_000

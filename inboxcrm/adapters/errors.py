@@ -21,6 +21,7 @@ import smtplib
 import socket
 import ssl
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -37,6 +38,7 @@ __all__ = [
     "classify_smtp_code",
     "classify_status",
     "next_daily_reset",
+    "park_long_retry_after",
     "parse_retry_after",
     "to_application_error",
 ]
@@ -207,6 +209,24 @@ def _classify_exception(exc: BaseException) -> Classified:
 
 def _name(exc: BaseException) -> str:
     return type(exc).__name__
+
+
+def park_long_retry_after(classified: Classified, *, max_retry_after: float,
+                          max_park: float, now: datetime | None = None) -> Classified:
+    """A refusal whose Retry-After is longer than a step waits in place (`max_retry_after`)
+    parks the operation's scope until then, like a daily limit: the attempt is given back,
+    so waiting spends none of the budget. A delay longer than `max_park` is beyond what we
+    wait for unattended: the item is blocked for a person, with the reason
+    `<label>:retry_after_over_cap`. Anything else is returned unchanged."""
+    delay = classified.retry_after
+    if (classified.category is not Category.TRANSIENT or classified.park_until is not None
+            or delay is None or delay <= max_retry_after):
+        return classified
+    if delay > max_park:
+        return Classified(Category.PERMANENT, f"{classified.reason}:retry_after_over_cap",
+                          delay, classified.status_code)
+    moment = (now or datetime.now(UTC)).astimezone(UTC)
+    return replace(classified, park_until=moment + timedelta(seconds=delay))
 
 
 def to_application_error(

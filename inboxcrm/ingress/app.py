@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from inboxcrm.ingress.codec import codec_router
+from inboxcrm.ingress.failed_runs import FailedRuns, check_forever
 from inboxcrm.ingress.intake import Ingestor, TemporalHandle, sweep_forever
 from inboxcrm.ingress.mailgun import mailgun_router
 from inboxcrm.ingress.metrics import RelayMetrics
@@ -38,7 +40,10 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.metrics = metrics
         listener = metrics.serve(settings.relay_metrics_address) \
             if settings.relay_metrics_address else None
+        failed = FailedRuns(pool, handle, settings.task_queue,
+                            timedelta(hours=settings.failed_run_lookback_hours))
         tasks = [asyncio.create_task(sweep_forever(app.state.ingestor, settings)),
+                 asyncio.create_task(check_forever(failed, settings.failed_run_check_seconds)),
                  asyncio.create_task(metrics.refresh_forever(
                      pool, settings.relay_metrics_interval_seconds))]
         try:

@@ -80,6 +80,11 @@ class Settings(BaseSettings):
     webhook_tolerance_seconds: int = 300
     max_body_bytes: int = 10 * 1024 * 1024
     sweeper_interval_seconds: float = 5.0
+    # How often the relay looks for runs that ended without settling their item (failed,
+    # terminated, timed out, cancelled) to write them `failed` into the queue; how far back
+    # its first pass looks.
+    failed_run_check_seconds: float = 30.0
+    failed_run_lookback_hours: float = 168.0
     relay_pool_size: int = 20
     # The relay's Prometheus metrics: an internal listener, never the public port; empty
     # disables it. Store gauges are refreshed every interval, not per scrape.
@@ -126,7 +131,11 @@ class Settings(BaseSettings):
     # The From of tenants whose policy sets no sender.from (docs/architecture.md §5).
     mail_from: str = "Acme Sales <sales@acme.test>"
     http_timeout_seconds: float = 10.0
+    # A provider's Retry-After up to this is waited out by the step's own retry (an attempt
+    # spent); longer, the operation parks until then, spending none (docs/architecture.md §4)
+    # up to max_park_seconds; a delay longer than that blocks the item for a person.
     max_retry_after_seconds: float = 300.0
+    max_park_seconds: float = 86_400.0
     # Which adapters the worker builds (inboxcrm/adapters/factory.py). `sandbox` is the
     # HubSpot/Resend-compatible sandbox at sandbox_url (or crm_url / mail_url).
     crm_provider: Literal["sandbox", "hubspot", "salesforce"] = "sandbox"
@@ -159,6 +168,12 @@ class Settings(BaseSettings):
     llm_model: str = "gpt-4o-mini"
     llm_timeout_seconds: float = 30.0
     llm_max_schema_retries: int = 2
+    # With the LLM extractor the model call is a regular activity on its own task queue
+    # (empty: `<task_queue>-model`), rate-limited for every worker on it together (Temporal's
+    # task-queue limit) and bounded per worker (docs/architecture.md §5).
+    model_task_queue: str = ""
+    model_calls_per_second: float = 5.0
+    model_max_concurrent: int = 20
 
     # Worker. Prometheus metrics (SDK + app) at this address; empty disables.
     worker_metrics_address: str = "127.0.0.1:9464"

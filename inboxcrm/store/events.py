@@ -83,6 +83,18 @@ RETURNING raw, source, extraction IS NOT NULL AND route IS NOT NULL AS extracted
           (SELECT started FROM counted) AS started
 """
 
+# The same without the raw message or the attempt count: where the extraction itself runs
+# elsewhere (the model's task queue), the local step only needs to know whether it is stored
+# (and fixes the mode, as START_EXTRACTION does; $3: true for shadow).
+MARK_EXTRACTING = """
+UPDATE inbound_events SET state = $2, reason = NULL, updated_at = now(),
+    shadow = COALESCE(shadow, (SELECT s.value ->> 'mode' = 'shadow' FROM settings s
+                               WHERE s.tenant = inbound_events.tenant AND s.key = 'mode'), $3)
+WHERE event_id = $1
+RETURNING extraction IS NOT NULL AND route IS NOT NULL AS extracted, route, route_reasons,
+          canonical_email IS NOT NULL AS identity_known, shadow
+"""
+
 # The validated record, its audit entry and the cleared attempt count, atomically in one
 # statement. $1 event_id, $2 extraction, $3 route, $4 route reasons, $5 canonical email,
 # $6 tenant, $7 workflow_id, $8 audit detail, $9 the step.

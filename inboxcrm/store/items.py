@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from inboxcrm.store import events
+from inboxcrm.store import events, failed_runs
 
 ITEM_STATUS = """
 SELECT e.event_id, e.workflow_id, e.tenant, e.source, e.mailbox, e.delivery_id, e.state,
@@ -21,7 +21,8 @@ WHERE e.workflow_id = $1
 
 ITEM_OPERATIONS = """
 SELECT op_key, action, status, attempts, max_attempts, last_error_category, last_error,
-       external_ref, destination_id, first_seen, first_attempt_at, last_transition
+       external_ref, destination_id, first_seen, first_attempt_at, key_window_from,
+       last_transition
 FROM operations WHERE workflow_id = $1 ORDER BY first_seen
 """
 
@@ -45,6 +46,13 @@ ON CONFLICT (tenant, key) DO UPDATE
 SET value = EXCLUDED.value, updated_by = EXCLUDED.updated_by, updated_at = now()
 """
 
+# `inboxcrm resume` also lifts a destination's park of the same scope (`parked.crm`,
+# `parked.send`; an operator knows the limit is over): if it is not, the next call meets it
+# again and parks again, spending no attempt. $1 tenant (NULL: every tenant), $2 park keys.
+LIFT_PARKS = """
+DELETE FROM settings WHERE ($1::text IS NULL OR tenant = $1) AND key = ANY($2::text[])
+"""
+
 AUDIT_BY_WORKFLOW = """
 SELECT at, actor, action, detail, workflow_id FROM audit_log
 WHERE workflow_id = $1 ORDER BY audit_id
@@ -58,8 +66,15 @@ WHERE a.workflow_id IN (SELECT workflow_id FROM inbound_events
 ORDER BY a.audit_id
 """
 
-# A failed run started again under its workflow ID (`inboxcrm replay`), with who and why.
+# A failed run started again under its workflow ID (`inboxcrm replay`), with who and why; the
+# review task of the `failed` item (`inboxcrm/store/failed_runs.py`) is answered by it. A task
+# the new run already opened for a wait of its own has another reason and stays open.
 RECORD_REPLAYED = """
+WITH answered AS (
+    UPDATE review_tasks SET status = 'resolved', resolved_at = now(), resolution = 'replayed',
+                            resolved_by = $4
+    WHERE workflow_id = $3 AND status = 'open' AND reason = ANY($6::text[])
+)
 INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
 VALUES ($1, $2, $3, $4, 'replayed', $5)
 """
@@ -112,9 +127,14 @@ async def set_pause(conn: asyncpg.Connection[Any], tenant: str | None, scope: st
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}")
     await conn.execute(SET_SWITCH, tenant or "*", f"paused.{scope}", json.loads(
         "true" if paused else "false"), actor)
+    detail: dict[str, Any] = {"scope": scope, "tenant": tenant or "*"}
+    if not paused:
+        keys = [f"parked.{name}" for name in (("crm", "send") if scope == "all" else (scope,))]
+        lifted = await conn.execute(LIFT_PARKS, tenant, keys)
+        detail["destination_parks_lifted"] = int(lifted.split()[-1])
     await conn.execute(
         "INSERT INTO audit_log (tenant, actor, action, detail) VALUES ($1, $2, $3, $4)",
-        tenant, actor, "paused" if paused else "resumed", {"scope": scope, "tenant": tenant or "*"},
+        tenant, actor, "paused" if paused else "resumed", detail,
     )
 
 
@@ -135,4 +155,5 @@ async def event_of_workflow(conn: asyncpg.Connection[Any],
 
 async def record_replayed(conn: asyncpg.Connection[Any], *, tenant: str, event_id: Any,
                           workflow_id: str, actor: str, reason: str) -> None:
-    await conn.execute(RECORD_REPLAYED, tenant, event_id, workflow_id, actor, {"reason": reason})
+    await conn.execute(RECORD_REPLAYED, tenant, event_id, workflow_id, actor, {"reason": reason},
+                       list(failed_runs.REASONS))

@@ -33,44 +33,54 @@ if TYPE_CHECKING:
 # the row-locked claim, and the item's state mirror. When paused nothing is claimed and the
 # item shows `<running_state> / paused`; when the row cannot be claimed (completed,
 # cancelled, out of attempts) the state is left alone and `previous` tells which.
-# A scope parked by a destination's limit (`parked.crm`, until a time) counts as paused.
-# The claim stamps the first attempt's time (`first_attempt_at`) once.
+# A scope parked by a destination's limit (`parked.crm`, until a time) counts as paused;
+# `parked_until` says until when, where only such a limit (no operator's switch) holds it.
+# The claim stamps the first attempt's time (`first_attempt_at`) once, and the start of the
+# idempotency key's window (`key_window_from`) unless an earlier attempt that may have taken
+# effect already did: an attempt that ends certainly refused gives it back
+# (`record_failure(..., refused=True)`), so only attempts of unknown outcome open the window.
 # $1 op_key, $2 tenant, $3 switch key (`paused.crm` / `paused.send`), $4 event_id,
 # $5 running state, $6 park key (`parked.crm` / `parked.send`).
 BEGIN_ATTEMPT = """
-WITH switch AS (
-    SELECT EXISTS (
-        SELECT 1 FROM settings
-        WHERE tenant IN ('*', $2)
-          AND ((key IN ($3, 'paused.all') AND value = 'true'::jsonb)
-               OR (key = $6 AND (value ->> 'until')::timestamptz > now()))
-    ) AS paused
+WITH limits AS (
+    SELECT coalesce(bool_or(key IN ($3, 'paused.all') AND value = 'true'::jsonb), false)
+               AS switched,
+           max((value ->> 'until')::timestamptz) FILTER (WHERE key = $6) AS parked_until
+    FROM settings
+    WHERE tenant IN ('*', $2) AND key IN ($3, 'paused.all', $6)
+), switch AS (
+    SELECT switched OR coalesce(parked_until > now(), false) AS paused,
+           CASE WHEN NOT switched AND parked_until > now() THEN parked_until END
+               AS parked_until
+    FROM limits
 ), previous AS (
-    SELECT op_key, status, last_error_category, attempts, destination_id, external_ref
+    SELECT op_key, status, last_error_category, attempts, destination_id, external_ref,
+           key_window_from
     FROM operations WHERE op_key = $1 FOR UPDATE
 ), claimed AS (
     UPDATE operations AS o
     SET status = 'in_progress', attempts = o.attempts + 1, last_transition = now(),
-        first_attempt_at = coalesce(o.first_attempt_at, now())
+        first_attempt_at = coalesce(o.first_attempt_at, now()),
+        key_window_from = coalesce(o.key_window_from, now())
     FROM previous, switch
     WHERE o.op_key = previous.op_key
       AND NOT switch.paused
       AND previous.status NOT IN ('completed', 'cancelled')
       AND o.attempts < o.max_attempts
-    RETURNING o.attempts, o.first_attempt_at,
-              extract(epoch FROM now() - o.first_attempt_at) AS since_first_attempt
+    RETURNING o.attempts, o.first_attempt_at, previous.key_window_from AS window_before,
+              extract(epoch FROM now() - previous.key_window_from) AS since_key_window
 ), mirrored AS (
     UPDATE inbound_events AS e
     SET state = $5, reason = CASE WHEN switch.paused THEN 'paused' END, updated_at = now()
     FROM switch
     WHERE e.event_id = $4 AND (switch.paused OR EXISTS (SELECT 1 FROM claimed))
 )
-SELECT switch.paused, previous.op_key IS NOT NULL AS found,
+SELECT switch.paused, switch.parked_until, previous.op_key IS NOT NULL AS found,
        claimed.attempts IS NOT NULL AS claimed,
        previous.status AS previous_status, previous.last_error_category AS previous_category,
        COALESCE(claimed.attempts, previous.attempts) AS attempts,
        previous.destination_id, previous.external_ref, claimed.first_attempt_at,
-       claimed.since_first_attempt
+       claimed.window_before, claimed.since_key_window
 FROM switch LEFT JOIN previous ON true LEFT JOIN claimed ON true
 """
 
@@ -180,6 +190,16 @@ WHERE op_key = $1 AND status = 'in_progress' AND attempts = $5
 RETURNING op_key
 """
 
+# The same for an attempt the destination certainly refused (nothing can have been sent): the
+# key's window goes back to what it was before this attempt ($6; NULL if none was open).
+RECORD_REFUSAL = """
+UPDATE operations
+SET status = $2, last_error_category = $3, last_error = $4, last_transition = now(),
+    key_window_from = $6
+WHERE op_key = $1 AND status = 'in_progress' AND attempts = $5
+RETURNING op_key
+"""
+
 # A rejected item: nothing more is written or sent.
 CANCEL_EVENT_OPERATIONS = """
 UPDATE operations SET status = 'cancelled', last_transition = now()
@@ -217,6 +237,8 @@ WITH previous AS (
             ELSE o.last_error_category END,
         first_attempt_at = CASE WHEN o.status IN ('completed', 'cancelled')
                                 THEN o.first_attempt_at END,
+        key_window_from = CASE WHEN o.status IN ('completed', 'cancelled')
+                               THEN o.key_window_from END,
         last_transition = now()
     FROM previous WHERE o.op_key = previous.op_key
 )
@@ -225,13 +247,15 @@ SELECT status, last_error_category FROM previous
 
 # A destination's limit parks the tenant's scope until `until` (like a pause), and the
 # attempt that met the limit is given back: waiting for a reset spends no attempt budget.
+# A park already running longer is kept (a short Retry-After never ends a daily limit).
 # $1 op_key, $2 category, $3 reason, $4 tenant, $5 park key, $6 park value (until, reason),
-# $7 the claim token: only the attempt that still owns the row parks (fencing).
+# $7 the claim token: only the attempt that still owns the row parks (fencing); $8 the key
+# window as it was before this (refused) attempt.
 PARK_SCOPE = """
 WITH refunded AS (
     UPDATE operations
     SET status = 'waiting', attempts = greatest(attempts - 1, 0), last_error_category = $2,
-        last_error = $3, last_transition = now()
+        last_error = $3, last_transition = now(), key_window_from = $8
     WHERE op_key = $1 AND status = 'in_progress' AND attempts = $7
     RETURNING op_key
 ), parked AS (
@@ -239,6 +263,8 @@ WITH refunded AS (
     SELECT $4, $5, $6, 'destination-limit' FROM refunded
     ON CONFLICT (tenant, key) DO UPDATE
     SET value = EXCLUDED.value, updated_by = EXCLUDED.updated_by, updated_at = now()
+    WHERE coalesce((settings.value ->> 'until')::timestamptz, '-infinity')
+          < (EXCLUDED.value ->> 'until')::timestamptz
 )
 SELECT op_key FROM refunded
 """
@@ -256,8 +282,13 @@ class Claim:
     external_ref: str | None
     exhausted: bool = False
     paused: bool = False
+    parked_until: datetime | None = None      # paused by a destination's limit until then
     first_attempt_at: datetime | None = None  # set on a claimed attempt
-    since_first_attempt: float = 0.0          # seconds, on the database's clock
+    # The idempotency key's window as it was before this attempt: opened by the first earlier
+    # attempt that may have taken effect (None: every earlier attempt was certainly refused),
+    # and how long ago, in seconds on the database's clock.
+    key_window_from: datetime | None = None
+    since_key_window: float | None = None
     cancelled: bool = False         # with already_completed: the row ended `cancelled`
     previous_category: str | None = None
 
@@ -275,7 +306,7 @@ async def begin_attempt(conn: Conn, op_key: str, *, tenant: str, pause_scope: st
     assert row is not None  # the statement always returns its one `switch` row
     if row["paused"]:
         return Claim(op_key, False, None, False, row["attempts"] or 0, row["external_ref"],
-                     paused=True)
+                     paused=True, parked_until=row["parked_until"])
     if not row["found"]:
         raise OperationNotFound(op_key)
     if row["claimed"]:
@@ -284,7 +315,9 @@ async def begin_attempt(conn: Conn, op_key: str, *, tenant: str, pause_scope: st
         )
         return Claim(op_key, False, None, needs_reconcile, row["attempts"], row["external_ref"],
                      first_attempt_at=row["first_attempt_at"],
-                     since_first_attempt=float(row["since_first_attempt"] or 0),
+                     key_window_from=row["window_before"],
+                     since_key_window=None if row["since_key_window"] is None
+                     else float(row["since_key_window"]),
                      previous_category=row["previous_category"])
     if row["previous_status"] in ("completed", "cancelled"):
         return Claim(op_key, True, row["destination_id"], False, row["attempts"],
@@ -301,22 +334,31 @@ async def complete(
 
 
 async def record_failure(conn: Conn, op_key: str, token: int, status: str,
-                         category: str | None, reason: str | None) -> bool:
+                         category: str | None, reason: str | None, *,
+                         refused: bool = False, window_before: datetime | None = None
+                         ) -> bool:
     """Store the failure category and a payload-free reason, if the claim `token` still owns
-    the row. False: fenced off (a later attempt claimed it, or it is settled)."""
+    the row. False: fenced off (a later attempt claimed it, or it is settled). `refused`: the
+    destination certainly took nothing, so the attempt opens no key window (the window goes
+    back to `window_before`, the claim's `key_window_from`)."""
     reason = reason[:200] if reason else None
+    if refused:
+        return await conn.fetchval(RECORD_REFUSAL, op_key, status, category, reason, token,
+                                   window_before) is not None
     return await conn.fetchval(RECORD_FAILURE, op_key, status, category, reason,
                                token) is not None
 
 
 async def park_scope(conn: Conn, op_key: str, token: int, classified: Classified, *,
-                     tenant: str, scope: str, until: datetime) -> bool:
+                     tenant: str, scope: str, until: datetime,
+                     window_before: datetime | None) -> bool:
     """Park `tenant`'s `scope` until `until` and give this attempt back (`PARK_SCOPE`), if
-    the claim `token` still owns the row. False: fenced off, nothing written."""
+    the claim `token` still owns the row; the limit refused the request, so its key window
+    goes back to `window_before`. False: fenced off, nothing written."""
     return await conn.fetchval(
         PARK_SCOPE, op_key, classified.category.value, classified.reason[:200], tenant,
         f"parked.{scope}", {"until": until.isoformat(), "reason": classified.reason[:200]},
-        token) is not None
+        token, window_before) is not None
 
 
 async def current_status(conn: Conn, op_key: str) -> tuple[str, str | None]:

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 TERMINAL_STATES = frozenset({"completed", "ignored", "suppressed", "rejected", "shadowed"})
 REVIEW_STATES = frozenset({"awaiting_review", "blocked", "ambiguous", "held"})
+# Waiting for a person too: a run that ended without settling its item (`inboxcrm replay`).
+OWNED_STATES = REVIEW_STATES | {"failed"}
 IN_FLIGHT_STATES = frozenset({"received", "extracting", "matching", "crm_pending",
                               "send_pending"})
 UNOWNED = frozenset({"", "unassigned"})
@@ -396,7 +398,7 @@ def _parse_time(value: Any) -> datetime | None:
 
 def _accounted(events: list[Any], settled: bool) -> tuple[CheckResult, list[str]]:
     result = CheckResult("every_item_terminal_or_owned",
-                         "every item terminal, or in review with an open owned task"
+                         "every item terminal, or in review (or failed) with an open owned task"
                          + ("; nothing in flight (settled)" if settled else
                             "; in-flight items reported, not counted"),
                          examined=len(events))
@@ -405,7 +407,7 @@ def _accounted(events: list[Any], settled: bool) -> tuple[CheckResult, list[str]
         state, workflow_id = event["state"], event["workflow_id"]
         if state in TERMINAL_STATES:
             continue
-        if state in REVIEW_STATES:
+        if state in OWNED_STATES:
             owner = event["open_task_owner"]
             if owner is None or str(owner).strip() in UNOWNED:
                 result.flag([f"{workflow_id} state:{state} no_owned_task"])

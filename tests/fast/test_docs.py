@@ -195,7 +195,9 @@ def test_what_the_documents_say_about_heartbeats_is_true() -> None:
 
     step = inspect.getsource(InboundEmailWorkflow._activity)
     assert 'if workflow.patched("local-steps"):' in step
-    assert step.index("execute_local_activity_method") < step.index("execute_activity_method(")
+    local = step.index('if workflow.patched("local-steps"):')
+    assert local < step.index("execute_local_activity_method") < step.rindex(
+        "execute_activity_method(")
     assert "is_local" in inspect.getsource(heartbeat.heartbeating)
     claims = 0
     for name, text in _documents().items():

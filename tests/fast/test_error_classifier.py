@@ -16,6 +16,7 @@ from inboxcrm.adapters.errors import (
     classify_exception,
     classify_status,
     next_daily_reset,
+    park_long_retry_after,
     parse_retry_after,
     to_application_error,
 )
@@ -125,6 +126,40 @@ def test_retry_after_is_honoured_and_capped() -> None:
     greedy = to_application_error(classify_status(503, "86400"), max_retry_after=300)
     assert greedy.next_retry_delay == timedelta(seconds=300)
     assert to_application_error(classify_status(500), max_retry_after=300).next_retry_delay is None
+
+
+NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("status", "header", "expected"), [
+    (429, "3600", ("park", timedelta(hours=1))),         # parks for an hour, no attempt spent
+    (503, "86400", ("park", timedelta(days=1))),         # up to the cap
+    (429, "86401", ("block", None)),                     # past it: a person decides
+    (429, "300", ("retry", None)),                       # waited in place (an attempt)
+    (429, None, ("retry", None)),
+    (401, "3600", ("block", None)),                      # permanent anyway
+    (504, "3600", ("retry", None)),                      # unknown: reconciled, not parked
+])
+def test_a_long_retry_after_parks_up_to_the_cap(
+        status: int, header: str | None, expected: tuple[str, timedelta | None]) -> None:
+    classified = classify_status(status, header)
+    parked = park_long_retry_after(classified, max_retry_after=300, max_park=86_400, now=NOW)
+    kind, delay = expected
+    if kind == "park":
+        assert parked.category is T and parked.park_until == NOW + delay
+    elif kind == "block":
+        assert parked.category is P and parked.park_until is None
+        error = to_application_error(parked, max_retry_after=300)
+        assert (error.type, error.non_retryable) == (ErrorType.PERMANENT.value, True)
+        if status == 429:
+            assert error.message == "permanent: http_429:retry_after_over_cap"
+    else:
+        assert parked == classified
+
+
+def test_a_daily_park_is_left_as_it_is() -> None:
+    daily = classify_status(429, None, "http_429:DAILY")
+    assert park_long_retry_after(daily, max_retry_after=300, max_park=60) == daily
 
 
 def test_application_errors_by_category() -> None:

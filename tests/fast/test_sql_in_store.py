@@ -98,7 +98,7 @@ def test_the_store_itself_is_seen_as_sql() -> None:
     hits = [hit for path in sorted(store.glob("*.py"))
             for hit in sql_literals(path.read_text(), path.name)]
     assert len(hits) >= 60, hits
-    assert any(h.startswith("ledger.py:") and "WITH switch AS (" in h for h in hits)
+    assert any(h.startswith("ledger.py:") and "WITH limits AS (" in h for h in hits)
 
 
 @pytest.mark.parametrize("sample", [

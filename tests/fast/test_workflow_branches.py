@@ -13,20 +13,26 @@ import json
 import sys
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio import activity
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.store_outage import StoreOutageInterceptor
 from inboxcrm.platform.temporal import SEARCH_ATTRIBUTES as SEARCH_ATTRIBUTE_TYPES
 from schemas.contract import QUERY_STATUS, SEARCH_ATTRIBUTES, Decision
 from schemas.models import (
@@ -73,11 +79,24 @@ class Scenario:
     audit: list[str] = field(default_factory=list)
     decisions: list[DecisionRecord] = field(default_factory=list)
     approvals: list[str] = field(default_factory=list)
+    state_failures: list[BaseException] = field(default_factory=list)
+    state_calls: int = 0
+    # The CRM answers `parked` until this moment of the test server's clock (`clock`).
+    crm_parked_until: datetime | None = None
+    clock: Callable[[], Awaitable[datetime]] | None = None
+    crm_checks: list[datetime] = field(default_factory=list)
+    # The LLM extractor: the model call runs on this queue (set by `run`), as a regular
+    # activity; each call's (task queue, local?) is recorded.
+    model_queue: str | None = None
+    model_calls: list[tuple[str, bool]] = field(default_factory=list)
 
     def activities(self) -> list[Callable[..., Any]]:
         @activity.defn(name="extract_message")
         async def extract_message(item: ItemRef) -> ExtractResult:
             self.calls["extract"] += 1
+            if self.model_queue is not None and not self.model_calls:
+                return ExtractResult(route="review", escalation_hours=1.0,
+                                     model_queue=self.model_queue)
             return ExtractResult(route=self.route, reasons=list(self.reasons),
                                  escalation_hours=1.0, shadow=self.shadow)
 
@@ -91,6 +110,12 @@ class Scenario:
         @activity.defn(name="upsert_contact_in_crm")
         async def upsert_contact_in_crm(op: OperationInput) -> OperationResult:
             self.calls["crm-upsert"] += 1
+            if self.crm_parked_until is not None and self.clock is not None:
+                now = await self.clock()
+                self.crm_checks.append(now)
+                if now < self.crm_parked_until:
+                    return OperationResult(status="parked", reason="paused",
+                                           retry_at=self.crm_parked_until.isoformat())
             if self.crm_failures:
                 raise self.crm_failures.pop(0)
             return OperationResult(status="completed", destination_id="crm-1")
@@ -107,6 +132,9 @@ class Scenario:
 
         @activity.defn(name="record_item_state")
         async def record_item_state(change: StateChange) -> None:
+            self.state_calls += 1
+            if self.state_failures:
+                raise self.state_failures.pop(0)
             self.states.append(change.state)
 
         @activity.defn(name="record_audit")
@@ -166,6 +194,17 @@ class Scenario:
                 describe_operation, plan_in_shadow]
 
 
+    def extract_with_model(self) -> Callable[..., Any]:
+        @activity.defn(name="extract_with_model")
+        async def extract_with_model(item: ItemRef) -> ExtractResult:
+            info = activity.info()
+            self.model_calls.append((info.task_queue, info.is_local))
+            return ExtractResult(route=self.route, reasons=list(self.reasons),
+                                 escalation_hours=1.0)
+
+        return extract_with_model
+
+
 def planned(**overrides: Any) -> PlanResult:
     values: dict[str, Any] = dict(
         outcome="planned", contact_id="c-1", crm_op_key="wf:crm-upsert",
@@ -201,8 +240,13 @@ async def run(env: WorkflowEnvironment, scenario: Scenario,
     steps' summaries from the history)."""
     queue = f"branches-{uuid.uuid4().hex[:8]}"
     client: Client = env.client
+    if scenario.model_queue is not None:
+        scenario.model_queue = f"{queue}-model"
+    models = Worker(client, task_queue=f"{queue}-model",
+                    activities=[scenario.extract_with_model()])
     async with Worker(client, task_queue=queue, workflows=[InboundEmailWorkflow],
-                      activities=scenario.activities()):
+                      activities=scenario.activities(),
+                      interceptors=[StoreOutageInterceptor()]), models:
         handle = await client.start_workflow(
             InboundEmailWorkflow.run, InboundEmailInput(event_id="e-1", tenant="acme"),
             id=f"inbound/acme/test/{uuid.uuid4().hex}", task_queue=queue)
@@ -466,3 +510,66 @@ async def test_the_decider_comes_from_authentication_not_the_typed_name(
         "update", "reviewer:dana", "desk", "mallory")
     assert approved.update_id and approved.signal_seq is None
     assert scenario.approvals == ["reviewer:dana"]  # never the typed "mallory"
+
+
+async def test_bookkeeping_retries_a_store_error_and_completes(
+        env: WorkflowEnvironment) -> None:
+    """A refused connection is a store error: retried (and, past the budget, waited out)."""
+    scenario = Scenario(state_failures=[ConnectionRefusedError(111, "Connect call failed")])
+    result = await asyncio.wait_for(run(env, scenario), timeout=30)
+    assert (result["state"], result["reason"]) == ("completed", "followup_sent")
+    assert scenario.state_calls == 2 and scenario.states == ["completed"]
+
+
+@pytest.mark.parametrize("bug", [FileNotFoundError(2, "No such file"), KeyError("route"),
+                                 ValueError("bad")])
+async def test_a_bug_in_bookkeeping_fails_the_run_instead_of_waiting_for_the_store(
+        env: WorkflowEnvironment, bug: BaseException) -> None:
+    """Not a store error: not retried, never `store_unavailable`; the run fails, which the
+    relay's sweeper shows as `failed` in the queue (tested on the stack)."""
+    scenario = Scenario(state_failures=[bug])
+    with pytest.raises(WorkflowFailureError) as failed:
+        await asyncio.wait_for(run(env, scenario), timeout=30)
+    cause = failed.value.cause
+    while cause is not None and not isinstance(cause, ApplicationError):
+        cause = cause.cause
+    assert isinstance(cause, ApplicationError)
+    assert (cause.type, cause.message) == (ErrorType.STEP_BUG.value,
+                                           f"bug: {type(bug).__name__}")
+    assert scenario.state_calls == 1  # not retried
+
+
+async def test_a_destination_park_ends_when_the_destination_said(
+        env: WorkflowEnvironment) -> None:
+    """Parked by a Retry-After of an hour (`retry_at`), the operation checks again when the
+    hour is over (plus at most a minute's spread), not on its backing-off fallback (which
+    alone would first look again after about 85 minutes), and never before."""
+    start = await env.get_current_time()
+    scenario = Scenario(crm_parked_until=start + timedelta(hours=1),
+                        clock=env.get_current_time)
+    result = await run(env, scenario)
+    assert (result["state"], result["reason"]) == ("completed", "followup_sent")
+    *waiting, done = scenario.crm_checks
+    assert all(check < start + timedelta(hours=1) for check in waiting)
+    assert timedelta(hours=1) <= done - start <= timedelta(hours=1, seconds=75), done - start
+    assert len(waiting) <= 12  # the fallback backs off: 5 s, 10 s, … (each up to 20 % less)
+
+
+async def test_the_model_call_runs_as_a_regular_activity_on_its_own_queue(
+        env: WorkflowEnvironment) -> None:
+    """With the LLM extractor the local step names the model's task queue; the workflow runs
+    `extract_with_model` there, once, as a regular activity, then goes on as usual."""
+    scenario = Scenario(model_queue="")
+    summaries: list[str] = []
+    result = await run(env, scenario, summaries=summaries)
+    assert (result["state"], result["reason"]) == ("completed", "followup_sent")
+    assert scenario.model_calls == [(scenario.model_queue, False)]
+    assert scenario.calls["extract"] == 1 and scenario.calls["plan"] == 1
+    assert summaries[:2] == ["extract", "extract with model"]
+
+
+async def test_with_the_rules_extractor_nothing_runs_on_the_model_queue(
+        env: WorkflowEnvironment) -> None:
+    scenario = Scenario()
+    result = await run(env, scenario)
+    assert result["state"] == "completed" and scenario.model_calls == []

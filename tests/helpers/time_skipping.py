@@ -50,7 +50,8 @@ async def skipping_worker(pool: asyncpg.Pool, settings: Settings
         queue = f"skip-{uuid.uuid4().hex[:8]}"
         worker = Worker(env.client, task_queue=queue, workflows=[InboundEmailWorkflow],
                         activities=activity_functions(pool, crm, mail, build_extractor(settings),
-                                                      settings.max_retry_after_seconds),
+                                                      settings.max_retry_after_seconds,
+                                                      settings=settings),
                         interceptors=[StoreOutageInterceptor()])
         async with worker:
             yield SkippingWorker(env, env.client, queue)
