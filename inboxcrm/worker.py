@@ -28,10 +28,11 @@ from activities.send import SendActivities
 from activities.store_outage import StoreOutageInterceptor
 from inboxcrm.adapters.base import CrmClient, MailClient
 from inboxcrm.adapters.factory import build_crm, build_mail
-from inboxcrm.domain.extraction import Extractor, build_extractor
+from inboxcrm.domain.extraction import Extractor, build_extractor, work_pool
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.platform.logs import configure_logging
+from inboxcrm.platform.workpool import IN_PROCESS, Runner
 from inboxcrm.store import db
 from workflows.drift_check import DriftCheckWorkflow
 from workflows.inbound_email import CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS, InboundEmailWorkflow
@@ -41,9 +42,11 @@ log = logging.getLogger("inboxcrm.worker")
 
 def activity_functions(pool: asyncpg.Pool, crm: CrmClient, mail: MailClient,
                        extractor: Extractor, max_retry_after: float,
-                       review_base_url: str = "") -> list[Callable[..., Any]]:
-    """Every activity InboundEmailWorkflow runs, bound to its resources."""
-    extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url)
+                       review_base_url: str = "",
+                       runner: Runner = IN_PROCESS) -> list[Callable[..., Any]]:
+    """Every activity InboundEmailWorkflow runs, bound to its resources (`runner`: where
+    the work on a message runs, the worker's `WorkPool`)."""
+    extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url, runner)
     match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
     crm_acts = CrmActivities(pool, crm, max_retry_after)
     send = SendActivities(pool, mail, max_retry_after)
@@ -72,6 +75,11 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
     await temporal.ensure_search_attributes(client, settings.temporal_namespace)
     pool = await db.create_pool(settings.database_url, max_size=20)
+    # The work on messages runs in child processes with a hard time limit, never on this
+    # event loop (docs/architecture.md §7): started before the first task, closed after the
+    # last step in flight has finished.
+    work = work_pool(settings, settings.work_processes)
+    await work.start()
     crm = build_crm(settings)  # INBOXCRM_CRM_PROVIDER / INBOXCRM_MAIL_PROVIDER
     mail = build_mail(settings)
     worker = Worker(
@@ -80,7 +88,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         workflows=[InboundEmailWorkflow, DriftCheckWorkflow],
         activities=[*activity_functions(pool, crm, mail, build_extractor(settings),
                                         settings.max_retry_after_seconds,
-                                        settings.public_relay_base_url),
+                                        settings.public_relay_base_url, work),
                     DriftActivities(pool, crm, mail).check_destination_drift],
         max_concurrent_activities=settings.max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.max_concurrent_workflow_tasks,
@@ -103,6 +111,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     finally:
         await crm.aclose()
         await mail.aclose()
+        await work.close()
         await pool.close()
 
 

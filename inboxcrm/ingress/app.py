@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from inboxcrm.domain.extraction import work_pool
 from inboxcrm.ingress.codec import codec_router
 from inboxcrm.ingress.intake import Ingestor, TemporalHandle, sweep_forever
 from inboxcrm.ingress.mailgun import mailgun_router
@@ -35,6 +36,11 @@ def create_app(settings: Settings) -> FastAPI:
                                     max_size=settings.relay_pool_size)
         app.state.ingestor = Ingestor(pool, handle, settings.task_queue)
         app.state.metrics = metrics
+        # The review card reads stored messages in a child process under the work budget,
+        # never on this event loop (docs/architecture.md §7).
+        work = work_pool(settings, settings.relay_work_processes)
+        await work.start()
+        app.state.work = work
         sweeper = asyncio.create_task(sweep_forever(app.state.ingestor, settings))
         try:
             yield
@@ -42,6 +48,7 @@ def create_app(settings: Settings) -> FastAPI:
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
+            await work.close()
             await pool.close()
 
     app = FastAPI(title="inboxcrm relay", lifespan=lifespan)

@@ -147,7 +147,7 @@ def review_router(settings: Settings) -> APIRouter:
                          "or with <code>inboxcrm review show WORKFLOW_ID</code>.</p>")
         ingestor: Ingestor = request.app.state.ingestor
         async with ingestor.pool.acquire() as conn:
-            card = await build_card(conn, workflow_id)
+            card = await build_card(conn, workflow_id, request.app.state.work)
         if card is None:
             return _page("not found", "<p>No item with this workflow ID.</p>", 404)
         if "application/json" in request.headers.get("accept", ""):

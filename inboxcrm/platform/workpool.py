@@ -154,7 +154,8 @@ class WorkPool:
                 except (ConnectionError, OSError):
                     continue  # it died while idle: not this input's doing; another child
                 try:
-                    status, value = await asyncio.wait_for(self._receive(child), self.time_limit)
+                    async with asyncio.timeout(self.time_limit):
+                        status, value = await self._receive(child)
                 except TimeoutError:
                     self.stats.killed += 1
                     raise BudgetExceeded("time", loop.time() - started) from None
@@ -179,6 +180,11 @@ class WorkPool:
                 else:
                     self._retire(child)
         raise WorkPoolUnavailable("work pool children keep dying before a call")
+
+    def child_pids(self) -> list[int]:
+        """The PIDs of the children now running (for metrics and benchmarks)."""
+        return [child.process.pid for child in self._children
+                if child.process.returncode is None]
 
     async def close(self) -> None:
         """Stop every child: idle ones see end of input and exit, busy ones are killed."""

@@ -18,7 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from inboxcrm.domain.policy import PolicyError, TenantPolicy, UnknownTenant, get_policy
-from inboxcrm.platform.workpool import IN_PROCESS, BudgetExceeded, Runner, WorkFailed
+from inboxcrm.platform.config import Settings
+from inboxcrm.platform.workpool import IN_PROCESS, BudgetExceeded, Runner, WorkFailed, WorkPool
 from schemas.extraction import Extraction
 
 from .authentication import Authentication, authenticate, blocking_reason
@@ -49,7 +50,9 @@ __all__ = [
     "extract_and_route",
     "minimise",
     "run_extract_command",
+    "view_message",
     "warm_up",
+    "work_pool",
 ]
 
 RouteName = Literal["auto", "review", "ignore", "opt_out"]
@@ -205,6 +208,26 @@ async def extract_and_route(
         return too_complex(chosen)
     except WorkFailed:
         return too_complex(chosen, "extractor_failed")
+
+
+def view_message(raw: bytes, policy: TenantPolicy | None,
+                 source: str) -> tuple[MinimisedMessage, Authentication | None]:
+    """What the review card shows of a stored message: the minimised message and, under the
+    tenant's policy, the sender's verdict (run under the work budget, like extraction)."""
+    message = minimise(raw[:MAX_RAW_BYTES], raw_size=len(raw))
+    return message, authenticate(message, policy, source) if policy is not None else None
+
+
+# What a work pool child imports before its first call (everything the calls above use).
+PRELOAD = ("inboxcrm.domain.extraction",)
+
+
+def work_pool(settings: Settings, processes: int) -> WorkPool:
+    """The pool that runs the work on messages (extraction in a worker, the review card in
+    the relay) under the settings' budget (`INBOXCRM_WORK_*`). `await pool.start()` it."""
+    return WorkPool(processes=processes, time_limit=settings.work_time_limit_seconds,
+                    memory_limit_mb=settings.work_memory_limit_mb or None,
+                    preload=PRELOAD, warmup=warm_up)
 
 
 def warm_up() -> None:
