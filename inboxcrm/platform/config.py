@@ -104,7 +104,7 @@ class Settings(BaseSettings):
     work_processes: int = Field(1, ge=1, le=64)  # per worker process (one per core is a worker)
     relay_work_processes: int = Field(1, ge=1, le=64)
     work_time_limit_seconds: float = Field(5.0, gt=0, le=60)
-    work_memory_limit_mb: int = Field(1024, ge=0)
+    work_memory_limit_mb: int = Field(384, ge=0)  # a child starts at ~90 MB of it
 
     # Worker. Prometheus metrics (SDK + app) at this address; empty disables.
     worker_metrics_address: str = "127.0.0.1:9464"

@@ -48,11 +48,15 @@ def write_frame(stream: IO[bytes], value: object) -> None:
 
 
 def _die_with_parent() -> None:
-    """Linux: SIGKILL when the parent dies (a worker killed -9 leaves no child computing)."""
+    """Linux: SIGKILL when the parent dies (a worker killed -9 leaves no child computing),
+    and the first victim of the OOM killer in a container at its memory limit, before the
+    worker or relay that runs it (its call is then `crashed`: too_complex)."""
     if sys.platform != "linux":
         return
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as adj:
+        adj.write("1000")
 
 
 def _configure(config: dict[str, Any]) -> None:
