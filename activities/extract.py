@@ -38,7 +38,9 @@ from inboxcrm.domain.extraction import (
     ExtractorUnavailable,
     extract_and_route,
 )
+from inboxcrm.domain.extraction.route import TOO_COMPLEX
 from inboxcrm.domain.policy import InvalidAddress, TenantPolicy, canonical_email, get_policy
+from inboxcrm.platform.workpool import IN_PROCESS, Runner, WorkPoolUnavailable
 from inboxcrm.store import audit, events
 from inboxcrm.store.suppression import SendInFlight, suppress_reported
 from schemas.models import ExtractResult, ItemRef, ItemState
@@ -50,8 +52,14 @@ STEP = "extract"
 
 
 class ExtractActivities:
+    """`runner`: where the work on the message runs. The worker passes its `WorkPool`
+    (off the event loop, killed at the time limit: docs/architecture.md §7); a message over
+    budget is stored and routed like any other, to review with reason `too_complex`, so it
+    is never a crash and never reaches the crash-loop counter."""
+
     def __init__(self, pool: asyncpg.Pool, extractor: Extractor, max_retry_after: float,
-                 review_base_url: str = "", model_queue: str = "") -> None:
+                 review_base_url: str = "", model_queue: str = "",
+                 runner: Runner = IN_PROCESS) -> None:
         """`model_queue`: where `extract_with_model` runs (the LLM extractor); empty: the
         whole extraction runs in `extract_message`."""
         self._pool = pool
@@ -59,6 +67,7 @@ class ExtractActivities:
         self._max_retry_after = max_retry_after
         self._review_base_url = review_base_url
         self._model_queue = model_queue
+        self._runner = runner
 
     @activity.defn(name="extract_message")
     async def extract_message(self, item: ItemRef) -> ExtractResult:
@@ -121,7 +130,12 @@ class ExtractActivities:
             )
         try:
             outcome = await extract_and_route(bytes(raw), policy, self._extractor,
-                                              source=str(event["source"]))
+                                              source=str(event["source"]), runner=self._runner)
+        except WorkPoolUnavailable:
+            # this worker cannot run the work now (its pool is closing or cannot start
+            # children): not the message's doing, so a plain retry
+            raise ApplicationError("work pool unavailable", type=ErrorType.TRANSIENT.value,
+                                   next_retry_delay=timedelta(seconds=2)) from None
         except ExtractorUnavailable as exc:
             delay = None
             if exc.retry_after is not None:
@@ -135,6 +149,10 @@ class ExtractActivities:
                 f"extractor misconfigured: http_{exc.status_code}",
                 type=ErrorType.PERMANENT.value, non_retryable=True,
             ) from None
+        if outcome.reasons[:1] == [TOO_COMPLEX]:
+            activity.metric_meter().create_counter(
+                "inboxcrm_messages_over_budget",
+                description="messages routed to review as too_complex").add(1)
         record: dict[str, Any] = outcome.extraction.model_dump(mode="json")
         detail = {
             "extractor": outcome.extractor,

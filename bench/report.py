@@ -106,6 +106,13 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
                     f"; bare serves x{ing['duplicate_vs_bare_rps']} the req/s; server CPU "
                     f"per request x{ing.get('duplicate_vs_bare_server_cpu')}",
                     f"<= x{ing['target_duplicate_vs_bare']}"))
+    budget = result.get("budget")
+    if budget and budget.get("error"):
+        out.append(("budget", f"ERROR: {budget['error']}", ""))
+    elif budget:
+        from bench import extraction_budget
+
+        out += extraction_budget.rows(budget)
     for note in result.get("notes", []):
         out.append(("note", note, ""))
     return out

@@ -10,7 +10,10 @@ the bare ingress endpoint (bench/bare_endpoint.py). Then, on that one server:
   2. parked      worker and Temporal RSS with P workflows waiting in review, and the wall
                  time of `inboxcrm queue --json`;
   3. ingress     p50/p99 and requests/s of POST /v1/inbound/standard, new deliveries and
-                 duplicates, vs the bare endpoint.
+                 duplicates, vs the bare endpoint;
+  4. budget      the work budget of one message (bench/extraction_budget.py, no stack, run
+                 first): the worst extraction over the pathological corpus, the event-loop
+                 lag while a work pool chews it, the pool's cost per ordinary message.
 
 Prints a table; writes bench/results/<timestamp>.json, bench/results/latest.json and
 bench/results/latest.png. See bench/README.md.
@@ -50,7 +53,8 @@ from bench.common import (  # noqa: E402
 )
 
 DATA_DIR = ROOT / ".data" / "bench"
-PHASES = ("throughput", "parked", "ingress")
+PHASES = ("throughput", "parked", "ingress", "budget")
+STACK_PHASES = ("throughput", "parked", "ingress")
 
 
 def log(line: str) -> None:
@@ -332,22 +336,31 @@ def main(argv: list[str] | None = None) -> int:
     m = result["machine"]
     log(f"machine: {m['nproc']} cores ({m['cpu_model']}), {m['ram_gib']} GiB RAM, "
         f"load {m['loadavg_start']}")
-    with exclusive_data_dir():
-        stack = start_stack(opts)
+    if "budget" in opts.phases:
+        log("budget: the pathological corpus through a work pool (no stack)")
+        from bench import extraction_budget
+
         try:
-            log(f"starting a fresh stack under {DATA_DIR} (logs in {stack.log_dir})")
-            t0 = time.perf_counter()
-            if opts.profile_n and "throughput" in opts.phases:
-                # pg_stat_statements preloaded
-                profile.prepare_postgres(DATA_DIR / "pg", stack.config.pg_port)
-            stack.start_all()
-            result["stack_start_seconds"] = round(time.perf_counter() - t0, 1)
-            asyncio.run(run_phases(stack, opts, result))
-        except KeyboardInterrupt:
-            log("interrupted; stopping the stack")
-            return 130
-        finally:
-            stack.stop()
+            result["budget"] = extraction_budget.run(rounds=1)
+        except Exception as exc:  # a figure we could not take, not a reason to stop
+            result["budget"] = {"error": f"{type(exc).__name__}: {exc}"}
+    if any(phase in STACK_PHASES for phase in opts.phases):
+        with exclusive_data_dir():
+            stack = start_stack(opts)
+            try:
+                log(f"starting a fresh stack under {DATA_DIR} (logs in {stack.log_dir})")
+                t0 = time.perf_counter()
+                if opts.profile_n and "throughput" in opts.phases:
+                    # pg_stat_statements preloaded
+                    profile.prepare_postgres(DATA_DIR / "pg", stack.config.pg_port)
+                stack.start_all()
+                result["stack_start_seconds"] = round(time.perf_counter() - t0, 1)
+                asyncio.run(run_phases(stack, opts, result))
+            except KeyboardInterrupt:
+                log("interrupted; stopping the stack")
+                return 130
+            finally:
+                stack.stop()
     result["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     result["finished_at"] = time.time()
     result["notes"] += error_notes(result)

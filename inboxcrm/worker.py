@@ -34,12 +34,13 @@ from activities.shadow import ShadowActivities
 from activities.store_outage import StoreOutageInterceptor
 from inboxcrm.adapters.base import CrmClient, MailClient
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
-from inboxcrm.domain.extraction import Extractor, build_extractor
+from inboxcrm.domain.extraction import Extractor, build_extractor, work_pool
 from inboxcrm.domain.policy import PolicyError, UnknownTenant, get_policy
 from inboxcrm.domain.shadow import comparison_extractor
 from inboxcrm.platform import temporal, tracing
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.platform.logs import configure_logging
+from inboxcrm.platform.workpool import IN_PROCESS, Runner
 from inboxcrm.store import db
 from schemas.destinations import TenantDestinations
 from workflows.drift_check import DriftCheckWorkflow
@@ -75,15 +76,16 @@ def activity_functions(pool: asyncpg.Pool, crm: CrmClient | Destinations,
                        review_base_url: str = "", decision_secret: str | None = None,
                        comparison: Extractor | None = None, max_park: float = MAX_PARK_SECONDS,
                        model_queue: str = "", settings: Settings | None = None,
-                       ) -> list[Callable[..., Any]]:
+                       runner: Runner = IN_PROCESS) -> list[Callable[..., Any]]:
     """Every activity InboundEmailWorkflow runs on its task queue, bound to its resources.
     `crm`: each tenant's accounts (`Destinations`), or one CRM client (with `mail`) for
     every tenant. `comparison` is the second extractor shadowed items are also shown to
     (`inboxcrm.domain.shadow`); `model_queue`: the model call runs there instead
-    (`model_activities`); `settings`: the send's (default: the process's)."""
+    (`model_activities`); `settings`: the send's (default: the process's); `runner`: where the
+    work on a message runs (the worker's `WorkPool`)."""
     destinations = crm if isinstance(crm, Destinations) else Destinations.fixed(crm, mail)
     extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url,
-                                model_queue)
+                                model_queue, runner)
     match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
     crm_acts = CrmActivities(pool, destinations, max_retry_after, max_park)
     send = SendActivities(pool, destinations, max_retry_after, settings, max_park)
@@ -111,9 +113,11 @@ def activity_functions(pool: asyncpg.Pool, crm: CrmClient | Destinations,
 
 
 def model_activities(pool: asyncpg.Pool, extractor: Extractor, max_retry_after: float,
-                     review_base_url: str = "") -> list[Callable[..., Any]]:
+                     review_base_url: str = "", runner: Runner = IN_PROCESS
+                     ) -> list[Callable[..., Any]]:
     """The activity of the model's task queue: the extraction with the LLM."""
-    extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url)
+    extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url,
+                                runner=runner)
     return [extract.extract_with_model]
 
 
@@ -167,6 +171,11 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
     await temporal.ensure_search_attributes(client, client.namespace)
     pool = await db.create_pool(settings.database_url, max_size=DB_POOL_SIZE)
+    # The work on messages runs in child processes with a hard time limit, never on this
+    # event loop (docs/architecture.md §7): started before the first task, closed after the
+    # last step in flight has finished.
+    work = work_pool(settings, settings.work_processes)
+    await work.start()
     destinations = tenant_destinations(settings)
     # The global accounts are built now: incomplete INBOXCRM_CRM_* / INBOXCRM_MAIL_*
     # settings stop the worker at start, as before; tenants' own are built on first use.
@@ -184,7 +193,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                                         settings.decision_secret.get_secret_value()
                                         if settings.decision_secret else None,
                                         comparison_extractor(settings),
-                                        settings.max_park_seconds, models, settings),
+                                        settings.max_park_seconds, models, settings, work),
                     DriftActivities(pool, destinations).check_destination_drift,
                     NoticeActivities(pool, settings.public_relay_base_url,
                                      settings.http_timeout_seconds).send_review_notices],
@@ -197,7 +206,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     model_worker = None if not models else Worker(
         client, task_queue=models,
         activities=model_activities(pool, extractor, settings.max_retry_after_seconds,
-                                    settings.public_relay_base_url),
+                                    settings.public_relay_base_url, work),
         max_concurrent_activities=settings.model_max_concurrent,
         max_task_queue_activities_per_second=settings.model_calls_per_second,
         interceptors=[StoreOutageInterceptor()],
@@ -212,6 +221,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
             await stop.wait()
     finally:
         await destinations.aclose()
+        await work.close()
         await pool.close()
 
 

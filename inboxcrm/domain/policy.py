@@ -191,6 +191,9 @@ class TenantPolicy(_Strict):
     # product writes to a CRM or mails anyone (docs/architecture.md §5).
     sender_authentication: SenderAuthentication = "required"
     trusted_authserv_ids: list[str] = []
+    # An upstream filter's spam verdict (any dialect, inboxcrm/domain/extraction/spam.py):
+    # a score at or above the threshold, or a flag; `ignore` drops the message, `review`
+    # puts it in front of a person.
     spam_score_threshold: float = Field(default=5.0, gt=0)
     # Which shared credentials may write into this tenant. None by default: a credential
     # shared by several tenants reaches only those that list it.
@@ -206,6 +209,7 @@ class TenantPolicy(_Strict):
     sender: Sender = Sender()
     destinations: TenantDestinations = TenantDestinations()
     _templates: dict[str, Template] = PrivateAttr(default_factory=dict)
+    spam_action: Literal["ignore", "review"] = "ignore"
 
     @field_validator("trusted_authserv_ids")
     @classmethod

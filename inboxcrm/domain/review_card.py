@@ -16,13 +16,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from email.parser import BytesHeaderParser
-from email.policy import default as default_policy
 from typing import TYPE_CHECKING, Any
 
 from inboxcrm.domain import planning
-from inboxcrm.domain.extraction import minimise
-from inboxcrm.domain.extraction.authentication import authenticate
+from inboxcrm.domain.extraction import view_message
+from inboxcrm.domain.extraction.authentication import Authentication
 from inboxcrm.domain.extraction.minimise import MinimisedMessage
 from inboxcrm.domain.extraction.signals import (
     addresses_in_text,
@@ -41,6 +39,7 @@ from inboxcrm.domain.policy import (
 )
 from inboxcrm.domain.templates import Template, TemplateRefused, from_sources, message_languages
 from inboxcrm.platform.config import get_settings
+from inboxcrm.platform.workpool import IN_PROCESS, BudgetExceeded, Runner, WorkFailed
 from inboxcrm.store import intents, review
 from inboxcrm.store import templates as template_store
 from schemas.contract import decision_body
@@ -146,14 +145,11 @@ def _marks(line: str, reasons: set[str], evidence: dict[str, str]) -> list[str]:
     return marks
 
 
-def _verdict(message: MinimisedMessage, tenant: str, source: str) -> str:
+def _verdict(auth: Authentication | None, policy: TenantPolicy | None) -> str:
     """The same verdict the extractor reached, under the tenant's trust settings: which
     boundary vouched for the sender, or why none did."""
-    try:
-        policy = get_policy(tenant)
-    except UnknownTenant:
+    if auth is None or policy is None:
         return "unknown (tenant policy missing)"
-    auth = authenticate(message, policy, source)
     by = f" by {auth.authority}" if auth.authority else ""
     how = f" ({auth.method})" if auth.method else ""
     why = f": {auth.reason}" if auth.reason else ""
@@ -161,19 +157,22 @@ def _verdict(message: MinimisedMessage, tenant: str, source: str) -> str:
     return f"{auth.verdict}{how}{by}{why}{setting}"
 
 
-def _auth_results(raw: bytes) -> list[str]:
+def _auth_results(message: MinimisedMessage) -> list[str]:
     """`Authentication-Results` as received (bounded); evaluating them is the tenant
     policy's job, the card only shows them."""
-    headers = BytesHeaderParser(policy=default_policy).parsebytes(raw[:64 * 1024])
-    return [str(v)[:MAX_HEADER_CHARS] for v in headers.get_all("Authentication-Results") or []]
+    return [value[:MAX_HEADER_CHARS] for name, value in message.auth_headers
+            if name == "Authentication-Results"]
 
 
 def _short(contact_id: Any) -> str:
     return str(contact_id)[:8]
 
 
-async def build_card(conn: Conn, workflow_id: str) -> ReviewCard | None:
-    """The card of one item (None if the store has no such item)."""
+async def build_card(conn: Conn, workflow_id: str,
+                     runner: Runner = IN_PROCESS) -> ReviewCard | None:
+    """The card of one item (None if the store has no such item). The stored message is
+    read through `runner`: the relay's `WorkPool`, so a message that is expensive to read
+    costs a child process its time limit, never the relay's event loop."""
     row = await review.review_item(conn, workflow_id)
     if row is None:
         return None
@@ -189,7 +188,7 @@ async def build_card(conn: Conn, workflow_id: str) -> ReviewCard | None:
         else None,
         overdue=bool(row["escalate_at"] and row["escalate_at"] <= now))
     extraction: dict[str, Any] = row["extraction"] or {}
-    _message(card, row["raw"], reasons, extraction)
+    await _message(card, row["raw"], reasons, extraction, runner)
     _fields(card, extraction)
     await _dry_run(conn, card, row, extraction)
     for op in await review.item_operations(conn, workflow_id):
@@ -202,18 +201,33 @@ async def build_card(conn: Conn, workflow_id: str) -> ReviewCard | None:
     return card
 
 
-def _message(card: ReviewCard, raw: bytes | None, reasons: list[str],
-             extraction: dict[str, Any]) -> None:
+async def _message(card: ReviewCard, raw: bytes | None, reasons: list[str],
+                   extraction: dict[str, Any], runner: Runner) -> None:
     if raw is None:
         card.headers.append(("Message", "purged (past retention)"))
         return
-    message = minimise(bytes(raw))
+    try:
+        policy: TenantPolicy | None = get_policy(card.tenant)
+    except UnknownTenant:
+        policy = None
+    try:
+        message, auth = await runner.run(view_message, bytes(raw), policy, card.source)
+    except (BudgetExceeded, WorkFailed):
+        card.headers.append(("Message", "not shown: reading it exceeded the work budget "
+                                        "(too_complex)"))
+        card.truncated = True
+        return
     for name in ("From", "Reply-To", "Sender", "Subject"):
         if name in message.headers:
             card.headers.append((name, message.headers[name][:MAX_HEADER_CHARS]))
-    card.headers.append(("Sender authentication", _verdict(message, card.tenant, card.source)))
-    for verdict in _auth_results(bytes(raw)):
+    card.headers.append(("Sender authentication", _verdict(auth, policy)))
+    for verdict in _auth_results(message):
         card.headers.append(("Authentication-Results", verdict))
+    if message.too_complex:
+        card.headers.append(("Message", f"only the header fields were read: over the "
+                                        f"{message.too_complex} limit (too_complex)"))
+    if message.limits_hit:
+        card.headers.append(("Limits applied", ", ".join(message.limits_hit)))
     evidence = {name: (extraction.get(name) or {}).get("evidence") or "" for name in FIELDS}
     lines = message.body.split("\n")
     card.truncated = message.truncated or len(lines) > MAX_LINES

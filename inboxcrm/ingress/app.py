@@ -13,6 +13,7 @@ from datetime import timedelta
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from inboxcrm.domain.extraction import work_pool
 from inboxcrm.ingress.codec import codec_router
 from inboxcrm.ingress.failed_runs import FailedRuns, check_forever
 from inboxcrm.ingress.intake import Ingestor, TemporalHandle, sweep_forever
@@ -40,6 +41,11 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.metrics = metrics
         listener = metrics.serve(settings.relay_metrics_address) \
             if settings.relay_metrics_address else None
+        # The review card reads stored messages in a child process under the work budget,
+        # never on this event loop (docs/architecture.md §7).
+        work = work_pool(settings, settings.relay_work_processes)
+        await work.start()
+        app.state.work = work
         failed = FailedRuns(pool, handle, settings.task_queue,
                             timedelta(hours=settings.failed_run_lookback_hours))
         tasks = [asyncio.create_task(sweep_forever(app.state.ingestor, settings)),
@@ -56,6 +62,7 @@ def create_app(settings: Settings) -> FastAPI:
             if listener is not None:
                 listener.shutdown()
                 listener.server_close()
+            await work.close()
             await pool.close()
 
     app = FastAPI(title="inboxcrm relay", lifespan=lifespan)

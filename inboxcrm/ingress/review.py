@@ -198,7 +198,7 @@ def review_router(settings: Settings) -> APIRouter:
                     answer: tuple[bool, str] | None = None, status: int = 200) -> Response:
         ingestor: Ingestor = request.app.state.ingestor
         async with ingestor.pool.acquire() as conn:
-            card = await build_card(conn, workflow_id)
+            card = await build_card(conn, workflow_id, request.app.state.work)
         if card is None or not visitor.principal.may_see(card.tenant):
             return _not_found()
         if "application/json" in request.headers.get("accept", ""):

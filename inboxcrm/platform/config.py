@@ -175,6 +175,16 @@ class Settings(BaseSettings):
     model_calls_per_second: float = 5.0
     model_max_concurrent: int = 20
 
+    # The work budget of one message (docs/architecture.md §7, inboxcrm/platform/workpool.py):
+    # extraction (worker) and the review card's minimising (relay) run in child processes,
+    # each call killed after work_time_limit_seconds of wall clock (the child is replaced)
+    # or at work_memory_limit_mb of address space (0: no limit). A message over budget
+    # goes to review as `too_complex`.
+    work_processes: int = Field(1, ge=1, le=64)  # per worker process (one per core is a worker)
+    relay_work_processes: int = Field(1, ge=1, le=64)
+    work_time_limit_seconds: float = Field(5.0, gt=0, le=60)
+    work_memory_limit_mb: int = Field(384, ge=0)  # a child starts at ~90 MB of it
+
     # Worker. Prometheus metrics (SDK + app) at this address; empty disables.
     worker_metrics_address: str = "127.0.0.1:9464"
     max_concurrent_activities: int = 50

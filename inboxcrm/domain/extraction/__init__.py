@@ -16,6 +16,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from inboxcrm.domain.policy import PolicyError, TenantPolicy, UnknownTenant, get_policy
+from inboxcrm.platform.config import Settings
+from inboxcrm.platform.workpool import IN_PROCESS, BudgetExceeded, Runner, WorkFailed, WorkPool
 from schemas.extraction import Extraction
 from schemas.models import Route
 
@@ -27,9 +29,10 @@ from .base import (
     ExtractorMisconfigured,
     ExtractorUnavailable,
 )
+from .limits import MAX_RAW_BYTES
 from .minimise import MinimisedMessage, minimise
-from .route import Decision, ignore_reasons, validate_and_route
-from .rules import RULES_VERSION, RulesExtractor
+from .route import TOO_COMPLEX, Decision, ignore_reasons, validate_and_route
+from .rules import RULES_VERSION, RulesExtractor, extract_rules
 
 __all__ = [
     "Authentication",
@@ -49,6 +52,9 @@ __all__ = [
     "extract_offline",
     "minimise",
     "summary",
+    "view_message",
+    "warm_up",
+    "work_pool",
 ]
 
 
@@ -81,38 +87,32 @@ class ExtractionOutcome(BaseModel):
 _RULES = RulesExtractor()
 
 
-async def extract_and_route(
-    raw: bytes, policy: TenantPolicy, extractor: Extractor | None = None,
-    source: str = "standard",
-) -> ExtractionOutcome:
-    """Minimise, extract, validate and route one raw message that arrived through `source`
-    (standard | postmark | mailgun | smtp: which provider verdicts are trustworthy).
+@dataclass(frozen=True)
+class Prepared:
+    """What the extractor and the router need of a message, from `prepare` (the work on the
+    raw bytes; everything here is bounded)."""
 
-    Never raises on bad input. Raises ExtractorUnavailable (transient: retry later, see
-    `retry_after`) or ExtractorMisconfigured (permanent) from an LLM extractor; an LLM
-    that keeps producing invalid output yields a `review` outcome instead.
-    Header-only ignore decisions (auto-replies, bounces, lists, loops) never call the
-    model: the offline rules extractor fills the record for those."""
-    message = minimise(raw)
-    auth = authenticate(message, policy, source)
-    chosen: Extractor = extractor or _RULES
-    ignore = ignore_reasons(message, policy, source)
-    if ignore:
-        chosen = _RULES
-    extra_reasons: list[str] = []
+    message: MinimisedMessage
+    auth: Authentication
+    ignore: list[str]
+
+
+def prepare(raw: bytes, raw_size: int, policy: TenantPolicy, source: str) -> Prepared:
+    """Minimise the message and take the header-only decisions: the part of extraction
+    whose cost grows with the raw message, run under the work budget (a `Runner`)."""
+    message = minimise(raw, raw_size=raw_size)
+    return Prepared(message, authenticate(message, policy, source),
+                    ignore_reasons(message, policy, source))
+
+
+def finish(prepared: Prepared, extraction: Extraction, extra_reasons: list[str],
+           extractor: tuple[str, str], policy: TenantPolicy, source: str) -> ExtractionOutcome:
+    """Validate and route an extractor's record (deterministic; over bounded text)."""
+    message, auth = prepared.message, prepared.auth
     try:
-        extraction = await chosen.extract(message)
-    except ExtractionInvalid:
-        extraction = Extraction.empty()
-        extra_reasons.append("schema_invalid")
-    except ExtractorError:
-        raise  # transient or permanent: the caller's retry policy decides
-    except Exception:  # a defect must not turn untrusted input into a crash: a person looks
-        extraction = Extraction.empty()
-        extra_reasons.append("extractor_failed")
-    try:
-        decision = validate_and_route(message, extraction, policy, precomputed_ignore=ignore,
-                                      source=source, auth_reason=blocking_reason(auth, policy))
+        decision = validate_and_route(message, extraction, policy,
+                                      precomputed_ignore=prepared.ignore, source=source,
+                                      auth_reason=blocking_reason(auth, policy))
     except Exception:
         decision = Decision("review", ["routing_failed"], None, Extraction.empty())
     route: Route = decision.route
@@ -129,11 +129,116 @@ async def extract_and_route(
         route=route,
         reasons=reasons,
         canonical_email=canonical,
-        extractor=chosen.name,
-        extractor_version=chosen.version,
+        extractor=extractor[0],
+        extractor_version=extractor[1],
         authentication=auth.as_json(),
         suppression_candidates=_suppression_candidates(message, route),
     )
+
+
+def extract_with_rules(raw: bytes, raw_size: int, policy: TenantPolicy,
+                       source: str) -> ExtractionOutcome:
+    """The whole pipeline with the offline rules extractor, in one call (one trip to a work
+    pool child per message)."""
+    prepared = prepare(raw, raw_size, policy, source)
+    extra_reasons: list[str] = []
+    try:
+        extraction = extract_rules(prepared.message)
+    except Exception:  # a defect must not turn untrusted input into a crash: a person looks
+        extraction = Extraction.empty()
+        extra_reasons.append("extractor_failed")
+    return finish(prepared, extraction, extra_reasons, (_RULES.name, _RULES.version), policy,
+                  source)
+
+
+def too_complex(extractor: Extractor, reason: str = TOO_COMPLEX) -> ExtractionOutcome:
+    """The outcome of a message whose extraction exceeded its work budget: a person looks
+    (nothing was read, so no sender is proposed)."""
+    return ExtractionOutcome(
+        extraction=Extraction.empty().model_copy(update={"needs_human_review": True}),
+        route="review", reasons=[reason], canonical_email=None,
+        extractor=extractor.name, extractor_version=extractor.version,
+        authentication=Authentication("none").as_json())
+
+
+async def extract_and_route(
+    raw: bytes, policy: TenantPolicy, extractor: Extractor | None = None,
+    source: str = "standard", runner: Runner = IN_PROCESS,
+) -> ExtractionOutcome:
+    """Minimise, extract, validate and route one raw message that arrived through `source`
+    (standard | postmark | mailgun | smtp: which provider verdicts are trustworthy).
+
+    The work on the message runs through `runner`: in a worker and the relay a `WorkPool`
+    (off the event loop, killed at its time limit), in the CLI and tests in this process. A
+    message over its work budget is a `review` outcome with reason `too_complex`.
+
+    Never raises on bad input. Raises ExtractorUnavailable (transient: retry later, see
+    `retry_after`) or ExtractorMisconfigured (permanent) from an LLM extractor, and
+    WorkPoolUnavailable when the runner cannot run anything (not the message's fault);
+    an LLM that keeps producing invalid output yields a `review` outcome instead.
+    Header-only ignore decisions (auto-replies, bounces, lists, loops) never call the
+    model: the offline rules extractor fills the record for those."""
+    chosen: Extractor = extractor or _RULES
+    head = raw[:MAX_RAW_BYTES]
+    try:
+        if isinstance(chosen, RulesExtractor):
+            return await runner.run(extract_with_rules, head, len(raw), policy, source)
+        prepared = await runner.run(prepare, head, len(raw), policy, source)
+    except BudgetExceeded:
+        return too_complex(chosen)
+    except WorkFailed:  # a defect, not the message's size: a person looks
+        return too_complex(chosen, "extractor_failed")
+    if prepared.ignore:
+        chosen = _RULES
+    extra_reasons: list[str] = []
+    try:
+        extraction = await chosen.extract(prepared.message)
+    except ExtractionInvalid:
+        extraction = Extraction.empty()
+        extra_reasons.append("schema_invalid")
+    except ExtractorError:
+        raise  # transient or permanent: the caller's retry policy decides
+    except Exception:  # a defect must not turn untrusted input into a crash: a person looks
+        extraction = Extraction.empty()
+        extra_reasons.append("extractor_failed")
+    try:
+        return await runner.run(finish, prepared, extraction, extra_reasons,
+                                (chosen.name, chosen.version), policy, source)
+    except BudgetExceeded:
+        return too_complex(chosen)
+    except WorkFailed:
+        return too_complex(chosen, "extractor_failed")
+
+
+def view_message(raw: bytes, policy: TenantPolicy | None,
+                 source: str) -> tuple[MinimisedMessage, Authentication | None]:
+    """What the review card shows of a stored message: the minimised message and, under the
+    tenant's policy, the sender's verdict (run under the work budget, like extraction)."""
+    message = minimise(raw[:MAX_RAW_BYTES], raw_size=len(raw))
+    return message, authenticate(message, policy, source) if policy is not None else None
+
+
+# What a work pool child imports before its first call (everything the calls above use).
+PRELOAD = ("inboxcrm.domain.extraction",)
+
+
+def work_pool(settings: Settings, processes: int) -> WorkPool:
+    """The pool that runs the work on messages (extraction in a worker, the review card in
+    the relay) under the settings' budget (`INBOXCRM_WORK_*`). `await pool.start()` it."""
+    return WorkPool(processes=processes, time_limit=settings.work_time_limit_seconds,
+                    memory_limit_mb=settings.work_memory_limit_mb or None,
+                    preload=PRELOAD, warmup=warm_up)
+
+
+def warm_up() -> None:
+    """Run the pipeline once on a small message: a work pool child does this at start, so
+    its first real message pays no lazy set-up (the JSON Schema validator, regex caches)."""
+    policy = TenantPolicy(tenant="warm-up", mailboxes=["sales@example.com"],
+                          domains=["example.com"])
+    raw = (b"From: Jane Doe <jane@example.org>\r\nTo: sales@example.com\r\n"
+           b"Subject: Pricing?\r\n\r\nHello, what does it cost?\r\n\r\nBest regards\r\n"
+           b"Jane Doe\r\n")
+    extract_with_rules(raw, len(raw), policy, "standard")
 
 
 def _suppression_candidates(message: MinimisedMessage, route: str) -> dict[str, Any] | None:

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import codecs
 import contextlib
 import re
 import unicodedata
-from email import message_from_bytes
+from collections import Counter
 from email import policy as email_policy
 from email.message import Message
 from email.utils import getaddresses
@@ -25,8 +24,23 @@ from html.parser import HTMLParser
 
 from pydantic import BaseModel, ConfigDict
 
+from .limits import (
+    MAX_HTML_CHARS,
+    MAX_PARTS,
+    MAX_RAW_BYTES,
+    Budget,
+    TooComplex,
+    bounded_payload,
+    cap_combining_runs,
+    charset_allowed,
+    parse_headers,
+    parse_message,
+    terminated_html,
+    text_codec,
+)
 from .reports import Report, detect_report
 from .signals import words
+from .spam import MAX_SPAM_HEADERS, SPAM_HEADERS
 
 # Headers the model sees (issue #4, item 2).
 MODEL_HEADERS = (
@@ -87,13 +101,10 @@ AUTH_HEADERS = (
 )
 MAX_AUTH_HEADERS = 40
 
-MAX_RAW_BYTES = 5 * 1024 * 1024  # parse at most this much of a message
-MAX_PART_BYTES = 2 * 1024 * 1024  # decode at most this much of one part
-MAX_HTML_CHARS = 1_000_000
 MAX_TEXT_CHARS = 200_000  # text considered for quote stripping
-MAX_PARTS = 200
-MAX_DEPTH = 8
+MAX_TEXT_LINES = 3000  # lines considered for quote stripping (blank runs squeezed first)
 MAX_HEADER_CHARS = 1000
+MAX_ADDRESS_HEADERS = 20  # occurrences of one address header that are read
 MAX_RAW_HEADER_CHARS = 8000
 MAX_ADDRESSES = 50
 MAX_HIDDEN_CHARS = 4000
@@ -119,6 +130,7 @@ class MinimisedMessage(BaseModel):
     to: list[Mailbox] = []
     cc: list[Mailbox] = []
     auth_headers: list[tuple[str, str]] = []  # AUTH_HEADERS occurrences, topmost first
+    spam_headers: list[tuple[str, str]] = []  # spam.SPAM_HEADERS occurrences, topmost first
     from_header_count: int = 0
     content_type: str = "text/plain"
     body: str = ""  # own text, then (if any) the forwarded block
@@ -134,6 +146,12 @@ class MinimisedMessage(BaseModel):
     defects: int = 0
     raw_size: int = 0
     parse_failed: bool = False
+    # the structural limit that stopped the parse (parts, depth, headers): only the top
+    # header fields were read, and the message goes to review as `too_complex`
+    too_complex: str | None = None
+    # limits that cut or replaced something without stopping the parse (charset, html,
+    # text): said on the review card, never a reason on their own
+    limits_hit: list[str] = []
 
     @property
     def own_text(self) -> str:
@@ -160,32 +178,17 @@ class MinimisedMessage(BaseModel):
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _SURROGATES = re.compile(r"[\udc80-\udcff]")
-_ENCODED_WORD = re.compile(r"=\?([^?\s]+?)(?:\*[^?\s]*)?\?([QqBb])\?([^?\s]*)\?=")
+# RFC 2047 (with RFC 2231's `*language`): the charset stops at `*`, `?` or a space, so a
+# failed match is given up at once (`=?***…` made the lazy form backtrack quadratically).
+_ENCODED_WORD = re.compile(r"=\?([^?\s*]{1,64})(?:\*[^?\s*]{0,64})?\?([QqBb])\?([^?\s]*)\?=")
 _HEX = re.compile(rb"=([0-9A-Fa-f]{2})")
 
 
-def _codec(charset: str | None) -> str | None:
-    if not charset:
-        return None
-    name = charset.strip().strip('"').lower()
-    if not name or len(name) > 40:
-        return None
-    try:
-        info = codecs.lookup(name)
-    except LookupError:
-        return None
-    if not getattr(info, "_is_text_encoding", True):
-        return None  # base64, rot13, zlib ... are not charsets
-    if info.name == "latin-1" or info.name == "iso8859-1":
-        return "cp1252"  # what "latin-1" senders actually mean; superset for printables
-    return info.name
-
-
 def decode_bytes(data: bytes, charset: str | None = None) -> str:
-    """Bytes to text: the declared charset if it works, else UTF-8, else cp1252/latin-1.
-    Never raises."""
+    """Bytes to text: the declared charset if it is on the allow-list and works
+    (`limits.text_codec`), else UTF-8, else cp1252/latin-1. Never raises."""
     candidates: list[str] = []
-    declared = _codec(charset)
+    declared = text_codec(charset)
     if declared:
         candidates.append(declared)
     candidates.append("utf-8")
@@ -252,13 +255,13 @@ def decode_header_value(raw: object, limit: int = MAX_HEADER_CHARS) -> str:
         previous_was_word = True
     out.append(value[pos:])
     text = _CONTROL.sub(" ", "".join(out)).replace("\r", " ").replace("\n", " ")
-    text = unicodedata.normalize("NFC", text).strip()
+    text = unicodedata.normalize("NFC", cap_combining_runs(text)).strip()
     return text[:limit]
 
 
 def _parse_mailboxes(raw_values: list[str]) -> list[Mailbox]:
     out: list[Mailbox] = []
-    for raw in raw_values:
+    for raw in raw_values[:MAX_ADDRESS_HEADERS]:
         value = re.sub(r"\r?\n[ \t]*", " ", _recover_8bit(raw[:MAX_RAW_HEADER_CHARS]))
         try:
             pairs = getaddresses([value])
@@ -281,7 +284,7 @@ def clean_text(text: str) -> str:
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = _CONTROL.sub("", text)
     text = _SURROGATES.sub("\ufffd", text)
-    return unicodedata.normalize("NFC", text)
+    return unicodedata.normalize("NFC", cap_combining_runs(text))
 
 
 # --------------------------------------------------------------------------- HTML
@@ -313,6 +316,7 @@ class _HTMLToText(HTMLParser):
         self.hidden: list[str] = []
         self.hidden_chars = 0
         self.stack: list[tuple[str, bool, bool, bool]] = []  # tag, skip, hidden, quote
+        self.open_tags: Counter[str] = Counter()  # the stack's tags: an O(1) end-tag check
         self.skip = 0
         self.hidden_depth = 0
         self.quote = 0
@@ -337,6 +341,7 @@ class _HTMLToText(HTMLParser):
                 if address:
                     self.pending_mailto = address
         self.stack.append((tag, skip, hidden, quote))
+        self.open_tags[tag] += 1
         self.skip += skip
         self.hidden_depth += hidden
         self.quote += quote
@@ -357,10 +362,11 @@ class _HTMLToText(HTMLParser):
                 self.parts.append(f" <{address}>")
         if tag in _BLOCK_TAGS:
             self.parts.append("\n")
-        if not any(entry[0] == tag for entry in self.stack):
+        if not self.open_tags[tag]:
             return
         while self.stack:
             name, skip, hidden, quote = self.stack.pop()
+            self.open_tags[name] -= 1
             self.skip -= skip
             self.hidden_depth -= hidden
             self.quote -= quote
@@ -387,17 +393,20 @@ class _HTMLToText(HTMLParser):
 
 
 def html_to_text(html: str) -> tuple[str, str, bool]:
-    """(visible text, hidden text, quoted_removed). Never raises."""
+    """(visible text, hidden text, quoted_removed). Never raises. At most MAX_HTML_CHARS
+    are parsed (the writer's text comes first; what is cut is the quoted history), and
+    without an unterminated tail (`limits.terminated_html`): linear in the input."""
     parser = _HTMLToText()
     try:
-        parser.feed(html[:MAX_HTML_CHARS])
+        parser.feed(terminated_html(html[:MAX_HTML_CHARS]))
         parser.close()
     except Exception:  # html.parser is lenient, but be certain
         pass
-    text = "".join(parser.parts)
+    text = cap_combining_runs("".join(parser.parts))
     lines = [line.strip() for line in text.split("\n")]
     text = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
-    hidden = re.sub(r"\s+", " ", " ".join(parser.hidden)).strip()[:MAX_HIDDEN_CHARS]
+    hidden = re.sub(r"\s+", " ", cap_combining_runs(" ".join(parser.hidden))).strip()[
+        :MAX_HIDDEN_CHARS]
     return text, hidden, parser.quoted_removed
 
 
@@ -550,37 +559,25 @@ def strip_quoted(text: str, subject: str) -> tuple[str, str, list[Mailbox], bool
 
 
 class _Collector:
-    def __init__(self) -> None:
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
         self.plain: list[str] = []
         self.html: list[str] = []
         self.attached: list[Message] = []
         self.parts = 0
         self.report = False
         self.defects = 0
+        self.limits_hit: set[str] = set()
 
 
-def _payload_bytes(part: Message) -> bytes:
-    try:
-        payload = part.get_payload(decode=True)
-    except Exception:  # malformed transfer encodings
-        payload = None
-    if isinstance(payload, bytes):
-        return payload[:MAX_PART_BYTES]
-    try:
-        raw = part.get_payload()
-    except Exception:
-        return b""
-    if isinstance(raw, str):
-        return raw[:MAX_PART_BYTES].encode("utf-8", errors="surrogateescape")
-    return b""
-
-
-def _part_text(part: Message) -> str:
+def _part_text(part: Message, out: _Collector) -> str:
     try:
         charset = part.get_content_charset()
     except Exception:
         charset = None
-    return clean_text(decode_bytes(_payload_bytes(part), charset))
+    if not charset_allowed(charset):
+        out.limits_hit.add("charset")
+    return clean_text(decode_bytes(bounded_payload(part), charset))
 
 
 def _content_type(part: Message) -> str:
@@ -592,7 +589,7 @@ def _content_type(part: Message) -> str:
 
 def _walk(part: Message, out: _Collector, depth: int) -> None:
     out.parts += 1
-    if out.parts > MAX_PARTS or depth > MAX_DEPTH:
+    if out.parts > MAX_PARTS:
         return
     with contextlib.suppress(TypeError):
         out.defects += len(getattr(part, "defects", []) or [])
@@ -611,12 +608,12 @@ def _walk(part: Message, out: _Collector, depth: int) -> None:
         return
     if ctype == "message/global":
         # RFC 6532: a forwarded message (UTF-8 headers allowed, and unlike message/rfc822 a
-        # transfer encoding too): the same as an attached message/rfc822
+        # transfer encoding too): the same as an attached message/rfc822. An encoded one is
+        # parsed here, against the same budget as the message around it.
         payload = part.get_payload()
         encoding = str(part.get("Content-Transfer-Encoding", "")).strip().lower()
         if encoding in ("base64", "quoted-printable") or not isinstance(payload, list):
-            out.attached.append(message_from_bytes(_payload_bytes(part),
-                                                   policy=email_policy.compat32))
+            out.attached.append(parse_message(bounded_payload(part), out.budget))
         elif payload and isinstance(payload[0], Message):
             out.attached.append(payload[0])
         return
@@ -630,10 +627,10 @@ def _walk(part: Message, out: _Collector, depth: int) -> None:
     if disposition == "attachment":
         return
     if ctype == "text/html":
-        out.html.append(_part_text(part))
+        out.html.append(_part_text(part, out))
     elif ctype == "text/plain" or ctype.startswith("multipart/") or ctype == "text/enriched":
         # a multipart without a usable boundary is text for our purposes
-        out.plain.append(_part_text(part))
+        out.plain.append(_part_text(part, out))
 
 
 def _headers(msg: Message) -> tuple[dict[str, list[str]], int]:
@@ -650,8 +647,9 @@ def _headers(msg: Message) -> tuple[dict[str, list[str]], int]:
     return raw, len(raw.get("from", []))
 
 
-def _ordered(msg: Message, names: tuple[str, ...]) -> list[tuple[str, str]]:
-    """Every occurrence of the named headers, in message order, names as spelt in `names`."""
+def _ordered(msg: Message, names: tuple[str, ...], limit: int) -> list[tuple[str, str]]:
+    """The first `limit` occurrences of the named headers, in message order (topmost
+    first), names as spelt in `names`."""
     wanted = {name.lower(): name for name in names}
     out: list[tuple[str, str]] = []
     try:
@@ -659,7 +657,7 @@ def _ordered(msg: Message, names: tuple[str, ...]) -> list[tuple[str, str]]:
             key = wanted.get(str(name).strip().lower())
             if key is not None:
                 out.append((key, value if isinstance(value, str) else str(value)))
-                if len(out) >= MAX_AUTH_HEADERS:
+                if len(out) >= limit:
                     break
     except Exception:  # a broken header block yields no trace headers, never a crash
         return out
@@ -679,22 +677,43 @@ def _bounded(text: str, limit: int) -> tuple[str, bool]:
     return (cut[:space] if space > 0 else cut).rstrip(), True
 
 
-def minimise(raw: bytes, max_body_chars: int = 8000) -> MinimisedMessage:
-    """Decode and minimise one raw RFC 5322 message. Never raises on bad input."""
+_BLANK_RUN = re.compile(r"\n(?:[ \t]*+\n){2,}")
+
+
+def _bounded_lines(text: str) -> tuple[str, bool]:
+    """At most MAX_TEXT_LINES lines, runs of blank lines squeezed first: quote stripping
+    runs a handful of patterns per line."""
+    if text.count("\n") < MAX_TEXT_LINES:
+        return text, False
+    text = _BLANK_RUN.sub("\n\n", text)
+    lines = text.split("\n", MAX_TEXT_LINES)
+    if len(lines) <= MAX_TEXT_LINES:
+        return text, True
+    return "\n".join(lines[:MAX_TEXT_LINES]), True
+
+
+def minimise(raw: bytes, max_body_chars: int = 8000,
+             raw_size: int | None = None) -> MinimisedMessage:
+    """Decode and minimise one raw RFC 5322 message (`raw_size`: the whole message's size
+    when `raw` is its first MAX_RAW_BYTES). Never raises on bad input. A message beyond the
+    structural limits of `limits.py` keeps only its top header fields and `too_complex`
+    names the limit."""
     if not isinstance(raw, bytes | bytearray | memoryview):
         return _empty(0, True)
     raw = bytes(raw)
-    raw_size = len(raw)
+    raw_size = max(len(raw), raw_size or 0)
     try:
-        return _minimise(raw[:MAX_RAW_BYTES], raw_size, max(200, max_body_chars), 0)
+        try:
+            return _minimise(raw[:MAX_RAW_BYTES], raw_size, max(200, max_body_chars), 0)
+        except TooComplex as exc:
+            return _headers_only(raw, raw_size, exc.limit)
     except Exception:  # last line of defence: untrusted input must not crash the caller
         return _empty(raw_size, True)
 
 
-def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> MinimisedMessage:
-    msg = message_from_bytes(raw, policy=email_policy.compat32)
+def _header_view(msg: Message) -> tuple[dict[str, list[str]], int, dict[str, str],
+                                        dict[str, str]]:
     raw_headers, from_count = _headers(msg)
-
     headers: dict[str, str] = {}
     for name in MODEL_HEADERS:
         values = raw_headers.get(name.lower())
@@ -705,14 +724,49 @@ def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> Min
         values = raw_headers.get(name.lower())
         if values:
             routing[name] = decode_header_value(values[0], 500)
+    return raw_headers, from_count, headers, routing
 
-    collector = _Collector()
+
+def _auth_headers(msg: Message) -> list[tuple[str, str]]:
+    return [(name, decode_header_value(value, MAX_RAW_HEADER_CHARS))
+            for name, value in _ordered(msg, AUTH_HEADERS, MAX_AUTH_HEADERS)]
+
+
+def _spam_headers(msg: Message) -> list[tuple[str, str]]:
+    return [(name, decode_header_value(value, 500))
+            for name, value in _ordered(msg, SPAM_HEADERS, MAX_SPAM_HEADERS)]
+
+
+def _headers_only(raw: bytes, raw_size: int, limit: str) -> MinimisedMessage:
+    msg = parse_headers(raw)
+    raw_headers, from_count, headers, routing = _header_view(msg)
+    return MinimisedMessage(
+        headers=headers,
+        routing_headers=routing,
+        from_addrs=_parse_mailboxes(raw_headers.get("from", [])),
+        reply_to=_parse_mailboxes(raw_headers.get("reply-to", [])),
+        sender=_parse_mailboxes(raw_headers.get("sender", [])),
+        to=_parse_mailboxes(raw_headers.get("to", [])),
+        cc=_parse_mailboxes(raw_headers.get("cc", [])),
+        auth_headers=_auth_headers(msg),
+        spam_headers=_spam_headers(msg),
+        from_header_count=from_count,
+        content_type=_content_type(msg),
+        truncated=True,
+        raw_size=raw_size,
+        too_complex=limit,
+    )
+
+
+def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> MinimisedMessage:
+    budget = Budget()
+    msg = parse_message(raw, budget)
+    raw_headers, from_count, headers, routing = _header_view(msg)
+
+    collector = _Collector(budget)
     _walk(msg, collector, 0)
     report = detect_report(msg, raw) if depth == 0 else None
-    auth_headers = [
-        (name, decode_header_value(value, MAX_RAW_HEADER_CHARS))
-        for name, value in _ordered(msg, AUTH_HEADERS)
-    ][:MAX_AUTH_HEADERS]
+    auth_headers = _auth_headers(msg)
     content_type = _content_type(msg)
 
     hidden = ""
@@ -724,6 +778,8 @@ def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> Min
         is_html_only = True
         texts, hiddens = [], []
         for html in collector.html:
+            if len(html) > MAX_HTML_CHARS:
+                collector.limits_hit.add("html_chars")
             visible, hid, quoted = html_to_text(html)
             texts.append(visible)
             hiddens.append(hid)
@@ -733,6 +789,11 @@ def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> Min
     else:
         text = ""
     text = text[:MAX_TEXT_CHARS]
+    text, lines_cut = _bounded_lines(text)
+    if lines_cut:
+        collector.limits_hit.add("text_lines")
+    if budget.truncated:
+        collector.limits_hit.add("lines")
 
     own, forwarded_block, forwarded_from, forwarded, quoted = strip_quoted(
         text, headers.get("Subject", "")
@@ -769,6 +830,7 @@ def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> Min
         to=_parse_mailboxes(raw_headers.get("to", [])),
         cc=_parse_mailboxes(raw_headers.get("cc", [])),
         auth_headers=auth_headers,
+        spam_headers=_spam_headers(msg),
         from_header_count=from_count,
         content_type=content_type,
         body=body,
@@ -777,7 +839,7 @@ def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> Min
         forwarded_from=forwarded_from,
         quoted_removed=quoted or quoted_html,
         truncated=own_truncated or fwd_truncated or raw_size > MAX_RAW_BYTES
-        or len(text) >= MAX_TEXT_CHARS,
+        or len(text) >= MAX_TEXT_CHARS or lines_cut or budget.truncated,
         is_html_only=is_html_only,
         has_report_part=collector.report or content_type == "multipart/report",
         report=report,
@@ -785,4 +847,5 @@ def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> Min
         defects=collector.defects,
         raw_size=raw_size,
         parse_failed=False,
+        limits_hit=sorted(collector.limits_hit),
     )

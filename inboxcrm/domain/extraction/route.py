@@ -21,10 +21,15 @@ from schemas.models import Route
 from . import signals
 from .authentication import AUTH_REASONS
 from .minimise import Mailbox, MinimisedMessage
+from .spam import SpamVerdict, spam_verdict
 
 FIELDS = ("sender_email", "contact_name", "company")
 
 # Every reason the router can give (field-specific ones as "<reason>:<field>").
+# The message exceeded its work budget (a structural limit while parsing, or the process
+# pool's time or memory limit): nothing was decided from its content, a person looks.
+TOO_COMPLEX = "too_complex"
+
 IGNORE_REASONS = frozenset({
     "auto_submitted", "auto_reply", "null_return_path", "multipart_report", "mailer_daemon",
     "bounce", "bulk_list", "bulk_precedence", "own_mailbox", "own_domain", "abuse_report",
@@ -37,6 +42,7 @@ REVIEW_REASONS = frozenset({
     "different_contact_address", "prompt_injection", "complaint", "legal_threat",
     "extractor_flagged", "empty_message", "auto_reply_suspected", "possible_opt_out",
     "bulk_precedence", "bulk_suspected", "bounce_suspected", "internal_forward",
+    "upstream_spam", TOO_COMPLEX,
     *AUTH_REASONS,
     *(f"{kind}:{name}" for kind in ("evidence_not_found", "low_confidence")
       for name in ("sender_email", "contact_name", "company")),
@@ -127,8 +133,6 @@ _BULK_MAILER = re.compile(
 )
 _UNDISCLOSED = re.compile(r"undisclosed|recipients? (?:list )?suppressed|:\s*;", re.IGNORECASE)
 MANY_RECIPIENTS = 10
-_SPAM_SCORE = re.compile(r"(?:^|[\s,;(])(?:score|hits)\s*=\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
-_NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)")
 
 
 def bulk_signals(msg: MinimisedMessage) -> list[str]:
@@ -154,32 +158,10 @@ def bulk_signals(msg: MinimisedMessage) -> list[str]:
     return found
 
 
-def upstream_spam(msg: MinimisedMessage, policy: TenantPolicy, source: str = "standard") -> bool:
-    """An upstream filter's verdict: a flag, or a score at or above the tenant's threshold.
-    A sender who forges one only harms their own message, so X-Spam-* counts from any
-    source; Mailgun's own verdict only on the Mailgun source."""
-    routing = msg.routing_headers
-    threshold = policy.spam_score_threshold
-    if routing.get("X-Spam-Flag", "").strip().lower().startswith("yes"):
-        return True
-    status = routing.get("X-Spam-Status", "")
-    if status.strip().lower().startswith("yes"):
-        return True
-    scores: list[str] = []
-    found = _SPAM_SCORE.search(status)
-    if found:
-        scores.append(found.group(1))
-    for name in ("X-Spam-Score", "X-Spam_score", "X-PM-Spam-Score"):
-        number = _NUMBER.match(routing.get(name, ""))
-        if number:
-            scores.append(number.group(1))
-    if source == "mailgun":
-        if routing.get("X-Mailgun-Sflag", "").strip().lower() == "yes":
-            return True
-        number = _NUMBER.match(routing.get("X-Mailgun-Sscore", ""))
-        if number:
-            scores.append(number.group(1))
-    return any(float(score) >= threshold for score in scores)
+def upstream_spam(msg: MinimisedMessage, policy: TenantPolicy) -> SpamVerdict:
+    """An upstream filter's verdict in any dialect it writes (`spam.py`): only ever a reason
+    to trust the message less, from any source."""
+    return spam_verdict(msg.spam_headers, policy.spam_score_threshold)
 
 
 def internal_forward(msg: MinimisedMessage, policy: TenantPolicy) -> Mailbox | None:
@@ -234,7 +216,7 @@ def ignore_reasons(msg: MinimisedMessage, policy: TenantPolicy,
             reasons.append("bounce")
     if "X-Failed-Recipients" in routing and not {"mailer_daemon", "bounce"} & set(reasons):
         reasons.append("bounce")
-    if upstream_spam(msg, policy, source):
+    if policy.spam_action == "ignore" and upstream_spam(msg, policy).spam:
         reasons.append("upstream_spam")
 
     bulk = bulk_signals(msg)
@@ -335,6 +317,8 @@ def validate_and_route(
         return Decision("ignore", list(ignore), None, record)
 
     reasons: list[str] = []
+    if msg.too_complex:
+        _add(reasons, TOO_COMPLEX)
     if msg.parse_failed:
         _add(reasons, "unparseable")
     forwarded_by_colleague = internal_forward(msg, policy)
@@ -468,6 +452,9 @@ def validate_and_route(
     # 11. The sender must be vouched for by the trusted boundary (tenant policy).
     if auth_reason is not None:
         _add(reasons, auth_reason)
+    # 12. An upstream spam verdict the tenant wants a person to see (`spam_action: review`).
+    if policy.spam_action == "review" and upstream_spam(msg, policy).spam:
+        _add(reasons, "upstream_spam")
 
     doubt = any(r in IDENTITY_DOUBT or r.startswith("evidence_not_found:sender")
                 for r in reasons)
@@ -485,6 +472,10 @@ def validate_and_route(
         route = "review"
     else:
         route = "auto"
+    if TOO_COMPLEX in reasons:  # never acted on; the reason the queue shows
+        route = "review"
+        reasons.remove(TOO_COMPLEX)
+        reasons.insert(0, TOO_COMPLEX)
 
     record = Extraction(
         sender_email=fields["sender_email"],

@@ -44,14 +44,18 @@ _COMPANY_SUFFIX = re.compile(
     r"lda\.?|ltda\.?|oy|ab|as|aps|pty)(?=$|[\s,.)])",
     re.IGNORECASE,
 )
+# One form line each: `[^\S\n]` (a space that is not a line break) keeps every attempt on
+# its own line; `^\s*` let each line start scan across every blank line below it
+# (quadratic in a run of blank lines).
 _FORM_NAME = re.compile(
-    r"^\s*(?:full ?name|your name|name|nom|nom complet|nombre|nome|naam|vor- und nachname)"
-    r"\s*[:=]\s*(.{2,80}?)\s*$",
+    r"^[^\S\n]*(?:full ?name|your name|name|nom|nom complet|nombre|nome|naam|"
+    r"vor- und nachname)[^\S\n]*[:=][^\S\n]*(.{2,80}?)[^\S\n]*$",
     re.IGNORECASE | re.MULTILINE,
 )
 _FORM_COMPANY = re.compile(
-    r"^\s*(?:company(?: name)?|organi[sz]ation|firma|unternehmen|soci[eé]t[eé]|entreprise|"
-    r"empresa|azienda|societ[aà]|bedrijf)\s*[:=]\s*(.{2,80}?)\s*$",
+    r"^[^\S\n]*(?:company(?: name)?|organi[sz]ation|firma|unternehmen|soci[eé]t[eé]|"
+    r"entreprise|empresa|azienda|societ[aà]|bedrijf)[^\S\n]*[:=][^\S\n]*(.{2,80}?)"
+    r"[^\S\n]*$",
     re.IGNORECASE | re.MULTILINE,
 )
 _AT_COMPANY = re.compile(

@@ -16,13 +16,15 @@ from typing import cast
 
 from schemas.extraction import Intent
 
+from .limits import cap_combining_runs
+
 _QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"',
                          "\u00b4": "'", "`": "'", "\u2013": "-", "\u2014": "-"})
 
 
 def fold(text: str) -> str:
     if not text.isascii():  # ASCII is its own NFKD form and has no marks to drop
-        decomposed = unicodedata.normalize("NFKD", text)
+        decomposed = unicodedata.normalize("NFKD", cap_combining_runs(text))
         text = "".join(
             ch for ch in decomposed if unicodedata.category(ch) not in ("Mn", "Cf", "Me")
         )
@@ -205,7 +207,8 @@ INJECTION_PATTERNS: tuple[str, ...] = (
     r"\bnegeer (?:alle )?(?:vorige|eerdere|voorgaande) (?:instructies|opdrachten)",
 )
 _INJECTION = _compile(INJECTION_PATTERNS)
-_ROLE_LINE = re.compile(r"(?m)^\s*(?:system|assistant|developer)\s*:\s*\S")
+# `[^\S\n]*`, not `\s*`: from each line start, `^\s*` scanned every blank line below it.
+_ROLE_LINE = re.compile(r"(?m)^[^\S\n]*(?:system|assistant|developer)[^\S\n]*:\s*\S")
 _COMPACT_INJECTION = re.compile(
     r"(?:ignore|disregard|forget)(?:all|any|the|your|every|of)*(?:previous|prior|above|earlier|"
     r"preceding|system)|systemprompt|newinstructions|developermode|youarenowan?(?:ai|assistant)"
@@ -337,9 +340,12 @@ def classify_intent(text: str, subject: str, opted_out: bool) -> Intent:
 
 # --------------------------------------------------------------------------- addresses
 
+# A local part starts where a run of local-part characters starts (the look-behind holds
+# the whole class): otherwise every one of the 64 positions before an `@` was a start, each
+# re-scanning the domain.
 ADDRESS_IN_TEXT = re.compile(
-    r"(?<![\w.+-])[\w.!#$%&'*+/=?^`{|}~-]{1,64}@(?:[^\W_](?:[\w-]{0,62}[^\W_])?\.)+"
-    r"[^\W\d_]{2,63}(?![\w-])"
+    r"(?<![\w.!#$%&'*+/=?^`{|}~-])[\w.!#$%&'*+/=?^`{|}~-]{1,64}@"
+    r"(?:[^\W_](?:[\w-]{0,62}[^\W_])?\.)+[^\W\d_]{2,63}(?![\w-])"
 )
 _OBFUSCATED = re.compile(
     r"(?<![\w.+-])([\w.+-]{1,64})\s*(?:\[at\]|\(at\)|\{at\}|\[@\]| @ )\s*([\w-]{1,63})\s*"
