@@ -29,6 +29,7 @@ from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain.extraction import Extractor
 from inboxcrm.domain.policy import TenantPolicy, get_policy
 from inboxcrm.domain.shadow import ShadowFacts, second_opinion, shadow_plan
+from inboxcrm.platform.workpool import IN_PROCESS, Runner, WorkPoolUnavailable
 from inboxcrm.store import audit
 from inboxcrm.store import shadow as shadow_store
 from inboxcrm.store.suppression import SendInFlight, suppress_identity
@@ -39,9 +40,14 @@ if TYPE_CHECKING:
 
 
 class ShadowActivities:
-    def __init__(self, pool: asyncpg.Pool, comparison: Extractor | None = None) -> None:
+    """`runner`: where the second extractor's work on the message runs (the worker's
+    `WorkPool`, under the work budget of docs/architecture.md §7, as extraction's)."""
+
+    def __init__(self, pool: asyncpg.Pool, comparison: Extractor | None = None,
+                 runner: Runner = IN_PROCESS) -> None:
         self._pool = pool
         self._comparison = comparison
+        self._runner = runner
 
     @activity.defn(name="plan_in_shadow")
     async def plan_in_shadow(self, item: ItemRef) -> ShadowPlanResult:
@@ -66,8 +72,14 @@ class ShadowActivities:
         opinion = None
         if self._comparison is not None and event["raw"] is not None:
             # Outside the transaction: a model's answer can take seconds.
-            opinion = await second_opinion(bytes(event["raw"]), policy, str(event["source"]),
-                                           route, self._comparison)
+            try:
+                opinion = await second_opinion(bytes(event["raw"]), policy,
+                                               str(event["source"]), route, self._comparison,
+                                               self._runner)
+            except WorkPoolUnavailable:
+                # this worker cannot run the work now: not the message's doing, a plain retry
+                raise ApplicationError("work pool unavailable", type=ErrorType.TRANSIENT.value,
+                                       next_retry_delay=timedelta(seconds=2)) from None
         extraction: dict[str, Any] = event["extraction"] or {}
         identity: str | None = event["canonical_email"]
         async with self._pool.acquire() as conn, conn.transaction():

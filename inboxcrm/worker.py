@@ -91,7 +91,7 @@ def activity_functions(pool: asyncpg.Pool, crm: CrmClient | Destinations,
     send = SendActivities(pool, destinations, max_retry_after, settings, max_park)
     bookkeeping = BookkeepingActivities(pool, decision_secret)
     review = ReviewActivities(pool)
-    shadow = ShadowActivities(pool, comparison)
+    shadow = ShadowActivities(pool, comparison, runner)
     return [
         extract.extract_message,
         match.match_and_plan,

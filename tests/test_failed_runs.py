@@ -55,6 +55,11 @@ async def test_a_terminated_run_is_failed_in_the_queue_and_replay_takes_it_again
 
     replayed = cli(stack, "replay", workflow_id, "--reviewer", "dana", "--reason", "retry")
     assert replayed.returncode == 0, replayed.stderr
+    # Recorded as who authenticated (the operator's token here), the typed name a label.
+    actor = await env.db.fetchval(
+        "SELECT actor FROM audit_log WHERE workflow_id = $1 AND action = 'replayed'",
+        workflow_id)
+    assert actor == "operator"
     # The new run waits for the same review again; the `failed` entry is answered.
     await env.wait_for(lambda: env.db.fetchval(
         "SELECT state = 'awaiting_review' FROM inbound_events WHERE workflow_id = $1",

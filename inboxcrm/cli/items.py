@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from inboxcrm.cli.common import JsonOpt, ReviewerOpt, err, fail, out, settings_from_env, with_db
+from inboxcrm.domain.review_card import age_text
 from inboxcrm.store import db, items, retention
 from schemas.contract import WORKFLOW_TYPE
 
@@ -45,19 +46,9 @@ def queue(tenant: Annotated[str | None, typer.Option()] = None, as_json: JsonOpt
     for column in ("age", "state", "reason", "owner", "overdue", "workflow_id"):
         table.add_column(column)
     for item in queued:
-        table.add_row(_age(item["age_seconds"]), item["state"], item["reason"], item["owner"],
+        table.add_row(age_text(item["age_seconds"]), item["state"], item["reason"], item["owner"],
                       "yes" if item["overdue"] else "", item["workflow_id"])
     out.print(table)
-
-
-def _age(seconds: int) -> str:
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    if seconds < 172800:
-        return f"{seconds // 3600}h"
-    return f"{seconds // 86400}d"
 
 
 ScopeOpt = Annotated[str, typer.Option("--scope", help="crm | send | all")]
@@ -151,6 +142,7 @@ def replay(workflow_id: str, reviewer: ReviewerOpt,
     from temporalio.common import WorkflowIDReusePolicy
     from temporalio.service import RPCError
 
+    from inboxcrm.operator.reviewer_auth import NotAuthorised, cli_principal
     from inboxcrm.platform import temporal
     from schemas.models import InboundEmailInput
 
@@ -159,8 +151,15 @@ def replay(workflow_id: str, reviewer: ReviewerOpt,
     async def run() -> None:
         conn = await db.connect(settings.database_url)
         try:
+            # As the review commands: the reviewer of INBOXCRM_REVIEWER_TOKEN (their tenants
+            # only), else the operator; `--reviewer` is a label (docs/architecture.md §6).
+            try:
+                principal = await cli_principal(conn, os.environ, settings)
+            except NotAuthorised as exc:
+                fail(str(exc))
+                return
             row = await items.event_of_workflow(conn, workflow_id)
-            if row is None:
+            if row is None or not principal.may_see(row["tenant"]):
                 fail(f"no item with workflow ID {workflow_id!r}")
                 return
             client = await temporal.connect(settings)
@@ -180,7 +179,8 @@ def replay(workflow_id: str, reviewer: ReviewerOpt,
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
             )
             await items.record_replayed(conn, tenant=row["tenant"], event_id=row["event_id"],
-                                        workflow_id=workflow_id, actor=reviewer, reason=reason)
+                                        workflow_id=workflow_id, actor=principal.decider,
+                                        reason=reason, label=reviewer)
         finally:
             await conn.close()
 

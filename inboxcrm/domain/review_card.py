@@ -399,6 +399,17 @@ def _existing(contact: Any) -> planning.ExistingContact:
     return planning.ExistingContact(contact["name"], contact["company"], contact["status"])
 
 
+def age_text(seconds: int) -> str:
+    """How long an item has waited, as the queue shows it (CLI and desk alike)."""
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"
+
+
 def render_text(card: ReviewCard) -> list[str]:
     """The card as plain lines (the CLI adds colour). Marked message lines start with `>>`."""
     out = [f"review card: {card.workflow_id}",

@@ -29,6 +29,7 @@ from inboxcrm.domain.extraction import (
 )
 from inboxcrm.domain.policy import TenantPolicy
 from inboxcrm.platform.config import Settings
+from inboxcrm.platform.workpool import IN_PROCESS, Runner
 
 PLAN_VERSION = 1
 WOULD_COMPLETE = "would_complete"
@@ -154,11 +155,11 @@ def comparison_extractor(settings: Settings) -> Extractor | None:
 
 
 async def second_opinion(raw: bytes, policy: TenantPolicy, source: str, route: str,
-                         extractor: Extractor) -> dict[str, Any]:
+                         extractor: Extractor, runner: Runner = IN_PROCESS) -> dict[str, Any]:
     """The second extractor's route for the same message under the same validation. An
     extractor that cannot answer is reported as such; it never holds the item up."""
     try:
-        outcome = await extract_and_route(raw, policy, extractor, source=source)
+        outcome = await extract_and_route(raw, policy, extractor, source=source, runner=runner)
     except ExtractorError as exc:
         return {"extractor": extractor.name, "route": None, "reasons": [],
                 "differs": False, "unavailable": type(exc).__name__}

@@ -28,7 +28,7 @@ from urllib.parse import parse_qs, quote
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from inboxcrm.domain.review_card import ReviewCard, build_card
+from inboxcrm.domain.review_card import ReviewCard, age_text, build_card
 from inboxcrm.ingress.intake import Ingestor
 from inboxcrm.ingress.reviewer_auth import COOKIE, DeskAuth, Visitor
 from inboxcrm.ingress.web import read_body
@@ -280,16 +280,6 @@ def _rows(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _age(seconds: int) -> str:
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    if seconds < 172800:
-        return f"{seconds // 3600}h"
-    return f"{seconds // 86400}d"
-
-
 def _signed_in(principal: Principal, csrf: str) -> str:
     scope = "all tenants" if principal.tenants is None else ", ".join(sorted(principal.tenants))
     return (f"<p id='who'>Signed in as <b>{escape(principal.decider)}</b> ({escape(scope)}) · "
@@ -309,7 +299,7 @@ def render_queue(principal: Principal, items: list[dict[str, Any]], csrf: str) -
     for item in items:
         link = (f"<a href='{escape(_card_path(item['workflow_id']), quote=True)}'>"
                 f"{escape(item['workflow_id'])}</a>")
-        cells = [escape(_age(item["age_seconds"])), escape(item["tenant"]),
+        cells = [escape(age_text(item["age_seconds"])), escape(item["tenant"]),
                  escape(item["state"]), escape(item["reason"]), escape(item["wait_id"] or ""),
                  escape(item["owner"]), "OVERDUE" if item["overdue"] else "", link]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")

@@ -154,6 +154,9 @@ async def event_of_workflow(conn: asyncpg.Connection[Any],
 
 
 async def record_replayed(conn: asyncpg.Connection[Any], *, tenant: str, event_id: Any,
-                          workflow_id: str, actor: str, reason: str) -> None:
-    await conn.execute(RECORD_REPLAYED, tenant, event_id, workflow_id, actor, {"reason": reason},
+                          workflow_id: str, actor: str, reason: str,
+                          label: str | None = None) -> None:
+    """`actor`: the authenticated decider; `label`: the name they typed (display only)."""
+    await conn.execute(RECORD_REPLAYED, tenant, event_id, workflow_id, actor,
+                       {"reason": reason, "typed_reviewer": label},
                        list(failed_runs.REASONS))

@@ -233,3 +233,16 @@ async def test_the_review_card_shows_a_message_over_budget_without_reading_it(
     assert any("work budget" in value for _, value in card.headers)
     message, auth = view_message(by_name("part_flood").raw, globex, "standard")
     assert message.too_complex == "parts" and auth is not None
+
+
+async def test_shadow_modes_second_opinion_runs_under_the_budget_too(
+        globex: TenantPolicy, tight_pool: WorkPool) -> None:
+    """A shadowed item's second extractor reads the message through the same pool: a
+    pathological message costs a child its time limit, never the worker's loop."""
+    from inboxcrm.domain.extraction.rules import RulesExtractor
+    from inboxcrm.domain.shadow import second_opinion
+
+    opinion = await second_opinion(by_name("end_tag_flood").raw, globex, "standard", "auto",
+                                   RulesExtractor(), tight_pool)
+    assert opinion["route"] == "review" and opinion["reasons"] == ["too_complex"]
+    assert opinion["differs"] is True and tight_pool.stats.killed == 1
