@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from inboxcrm.stack import postgres
-from tests.helpers.stack import ROOT, TEST_WEBHOOK_SECRET
+from tests.helpers.stack import ROOT, TEST_GLOBEX_WEBHOOK_SECRET, TEST_WEBHOOK_SECRET
 from tests.helpers.ui import ARTIFACTS, UI_TIMEOUT_MS
 
 if TYPE_CHECKING:
@@ -80,7 +80,9 @@ def ui_stack(ui_database_url: str) -> Iterator[Stack]:
     # Always our own dev server: it serves the Web UI, with our codec endpoint.
     config = isolated_config(ROOT / ".data" / "ui-stack", ui_database_url,
                              queue_prefix="inboxcrm-ui", ui=True,
-                             extra_env={"INBOXCRM_WEBHOOK_SECRET": TEST_WEBHOOK_SECRET})
+                             extra_env={"INBOXCRM_WEBHOOK_SECRET": TEST_WEBHOOK_SECRET,
+                                        "INBOXCRM_WEBHOOK_SECRET_GLOBEX":
+                                            TEST_GLOBEX_WEBHOOK_SECRET})
     running = Stack(config)
     try:
         running.start_all()
@@ -104,7 +106,9 @@ async def ui_env(ui_stack: Stack, ui_settings: Any) -> AsyncIterator[StackClient
     pool = await inboxcrm_db.create_pool(ui_stack.database_url, max_size=3)
     client = StackClient(Endpoints(ui_stack.relay_url, ui_stack.sandbox_url,
                                    ui_stack.temporal_address,
-                                   ui_stack.env["INBOXCRM_WEBHOOK_SECRET"]), pool, ui_settings)
+                                   ui_stack.env["INBOXCRM_WEBHOOK_SECRET"],
+                                   {"globex": ui_stack.env["INBOXCRM_WEBHOOK_SECRET_GLOBEX"]}),
+                           pool, ui_settings)
     await client.reset_faults()
     try:
         yield client
