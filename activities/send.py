@@ -219,16 +219,29 @@ class SendActivities:
         )
 
 
+# Stored template versions, validated once per worker: a version is named by the hash of its
+# words (`<name>@<version>`), so what is stored under a reference never changes.
+_STORED: dict[tuple[str, str], Template] = {}
+_STORED_MAX = 512
+
+
 async def _planned_template(conn: Conn, row: asyncpg.Record, policy: TenantPolicy
                             ) -> Template:
     """The template version the plan stored (`<name>@<version>`). An intent planned before
     templates were versioned names a bare template: the rule's current template."""
     ref = str(row["template_id"])
     if "@" in ref:
+        key = (str(row["tenant"]), ref)
+        if key in _STORED:
+            return _STORED[key]
         sources = await template_store.stored_version(conn, row["tenant"], ref)
         if sources is None:
             raise TemplateRefused(f"template version {ref} is not stored")
-        return from_sources(sources)
+        template = from_sources(sources)
+        if len(_STORED) >= _STORED_MAX:
+            _STORED.clear()
+        _STORED[key] = template
+        return template
     rule = policy.rule_by_id(row["rule_id"])
     if rule is None:
         raise TemplateRefused(f"rule {row['rule_id']!r} is no longer in the policy")

@@ -30,6 +30,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -255,13 +256,20 @@ def from_sources(sources: Mapping[str, Any]) -> Template:
     return build(name, languages, f"stored:{name}")
 
 
+@lru_cache(maxsize=512)
+def _compiled(source: str, html: bool) -> Any:
+    """A template source compiled once (jinja2 compiles `from_string` on every call; a
+    compiled template renders safely from any coroutine)."""
+    return (_HTML_ENV if html else _TEXT_ENV).from_string(source)
+
+
 def render(template: Template, lang: str, fields: Fields) -> Rendered:
     """Subject, text and HTML of one follow-up in `lang` (one of the template's)."""
     source = template.languages[lang]
     context = fields.as_context()
-    subject = _TEXT_ENV.from_string(source.subject).render(context)
-    text = _TEXT_ENV.from_string(source.text).render(context)
-    html = (_HTML_ENV.from_string(source.html).render(context)
+    subject = _compiled(source.subject, False).render(context)
+    text = _compiled(source.text, False).render(context)
+    html = (_compiled(source.html, True).render(context)
             if source.html is not None else None)
     return Rendered(" ".join(subject.split()), text, html)
 
