@@ -114,7 +114,7 @@ class WorkPool:
             "memory_bytes": memory_limit_mb * 1024 * 1024 if memory_limit_mb else None,
         }, protocol=pickle.HIGHEST_PROTOCOL)
         self._start_timeout = start_timeout
-        self._idle: asyncio.Queue[_Child] = asyncio.Queue()
+        self._idle: asyncio.Queue[_Child | None] = asyncio.Queue()  # None: closed
         self._children: set[_Child] = set()
         self._replacing: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -196,10 +196,11 @@ class WorkPool:
                 await task
         while not self._idle.empty():
             child = self._idle.get_nowait()
-            stdin = child.process.stdin
+            stdin = child.process.stdin if child is not None else None
             if stdin is not None:
                 with contextlib.suppress(Exception):
                     stdin.close()
+        self._idle.put_nowait(None)  # wakes every caller still waiting for a child
         for child in list(self._children):
             with contextlib.suppress(ProcessLookupError, asyncio.TimeoutError):
                 await asyncio.wait_for(child.process.wait(), 2.0)
@@ -215,6 +216,9 @@ class WorkPool:
             if self._closed:
                 raise WorkPoolUnavailable("work pool closed")
             child = await self._idle.get()
+            if child is None:
+                self._idle.put_nowait(None)  # for the next waiter
+                raise WorkPoolUnavailable("work pool closed")
             if child.process.returncode is None:
                 return child
             self._retire(child)

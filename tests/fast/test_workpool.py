@@ -142,5 +142,19 @@ async def test_close_stops_every_child_and_refuses_new_calls() -> None:
         await pool.run(work_jobs.square, 2)
 
 
+async def test_callers_waiting_for_a_child_are_told_when_the_pool_closes() -> None:
+    pool = WorkPool(processes=1, time_limit=5.0)
+    await pool.start()
+    busy = asyncio.create_task(pool.run(work_jobs.spin, 30.0))
+    await asyncio.sleep(0.2)
+    waiting = asyncio.create_task(pool.run(work_jobs.square, 2))  # no free child
+    await asyncio.sleep(0.1)
+    await pool.close()
+    with pytest.raises(WorkPoolUnavailable):
+        await asyncio.wait_for(waiting, 5)
+    with pytest.raises(BudgetExceeded):
+        await busy
+
+
 async def test_in_process_runner_has_the_same_interface() -> None:
     assert await InProcess().run(work_jobs.square, 7) == 49

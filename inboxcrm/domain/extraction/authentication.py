@@ -42,7 +42,7 @@ _FAILURES = frozenset({"fail", "softfail", "permerror", "policy"})
 _DKIM_D = re.compile(r"(?:^|;)\s*d\s*=\s*([A-Za-z0-9.-]+)")
 _SPF_WORD = re.compile(r"^\s*([A-Za-z]+)")
 _ENVELOPE_FROM = re.compile(r"envelope-from\s*=\s*\"?<?([^\s;>\"]+)", re.IGNORECASE)
-_AUTHSERV_ID = re.compile(r"\s*([^\s;]{1,255})")
+_AUTHSERV_ID = re.compile(r"\s*+([^\s;]{1,255})")
 # authres parses ~7 µs per character: only headers that name a trusted authserv-id are
 # parsed, at most this many, each up to its last complete result within this many chars.
 MAX_RESULTS_PARSED = 8

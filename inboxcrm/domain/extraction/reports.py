@@ -82,9 +82,28 @@ class Report(BaseModel):
         return None
 
 
+MAX_HEADER_VALUES = 20
+MAX_VALUE_CHARS = 2000  # of one header value read here (getaddresses is slow per character)
+
+
+def _values(msg: Message, name: str) -> list[str]:
+    """The first MAX_HEADER_VALUES values of a header, each cut at MAX_VALUE_CHARS."""
+    try:
+        values = msg.get_all(name, []) or []
+    except Exception:  # a header object whose parsing fails
+        return []
+    return [str(v)[:MAX_VALUE_CHARS] for v in values[:MAX_HEADER_VALUES]]
+
+
+def _value(msg: Message, name: str, default: str = "") -> str:
+    values = _values(msg, name)
+    return values[0] if values else default
+
+
 def _addresses(values: list[str]) -> list[str]:
     out: list[str] = []
-    for value in values:
+    for value in values[:MAX_HEADER_VALUES]:
+        value = value[:MAX_VALUE_CHARS]
         # "rfc822; someone@example.com" (RFC 3464 address-type prefix)
         text = value.split(";", 1)[1] if ";" in value else value
         for _, address in getaddresses([text.strip()]):
@@ -106,10 +125,10 @@ def _dsn(part: Message) -> Report:
     hard: list[str] = []
     delayed = False
     for block in _blocks(part)[1:]:
-        action = str(block.get("Action", "")).strip().lower()
-        status = str(block.get("Status", "")).strip()
+        action = _value(block, "Action").strip().lower()
+        status = _value(block, "Status").strip()
         if action == "failed" and status.startswith("5"):
-            recipient = block.get("Final-Recipient") or block.get("Original-Recipient")
+            recipient = _value(block, "Final-Recipient") or _value(block, "Original-Recipient")
             hard += [a for a in _addresses([str(recipient or "")]) if a not in hard]
         elif action in ("delayed", "failed", "relayed", "expanded", "delivered"):
             delayed = delayed or action == "delayed"
@@ -124,7 +143,7 @@ def _original_recipients(msg: Message) -> list[str]:
         if ctype in ("message/rfc822", "message/global"):
             inner = _blocks(part)
             if inner:
-                return _addresses([str(v) for v in inner[0].get_all("To", [])])
+                return _addresses(_values(inner[0], "To"))
         if ctype == "text/rfc822-headers":
             raw = bounded_payload(part, MAX_NOTIFICATION_CHARS)
             if raw:
@@ -140,8 +159,8 @@ def _arf(part: Message, msg: Message) -> Report:
     message's To."""
     fields = _blocks(part)
     block = fields[0] if fields else part
-    feedback_type = str(block.get("Feedback-Type", "")).strip().lower() or None
-    recipients = _addresses([str(v) for v in block.get_all("Original-Rcpt-To", [])])
+    feedback_type = _value(block, "Feedback-Type").strip().lower()[:100] or None
+    recipients = _addresses(_values(block, "Original-Rcpt-To"))
     if not recipients:
         recipients = _original_recipients(msg)
     return Report(kind="arf", recipients=recipients, feedback_type=feedback_type)
@@ -149,7 +168,7 @@ def _arf(part: Message, msg: Message) -> Report:
 
 def _from_local(msg: Message) -> str:
     with contextlib.suppress(Exception):
-        pairs = getaddresses([str(v) for v in msg.get_all("From", [])])
+        pairs = getaddresses(_values(msg, "From")[:1])
         if pairs:
             return local_part(pairs[0][1])
     return ""
@@ -161,9 +180,9 @@ def looks_like_bounce(msg: Message) -> bool:
     if DAEMON_LOCAL.match(local) or REPORT_SENDER.match(local):
         return True
     with contextlib.suppress(Exception):
-        if BOUNCE_SUBJECT.match(fold(str(msg.get("Subject", "")))):
+        if BOUNCE_SUBJECT.match(fold(_value(msg, "Subject"))):
             return True
-        return bool(re.fullmatch(r"\s*<\s*>\s*", str(msg.get("Return-Path", "x"))))
+        return bool(re.fullmatch(r"\s*<\s*>\s*", _value(msg, "Return-Path", "x")))
     return False
 
 

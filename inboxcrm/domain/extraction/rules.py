@@ -118,14 +118,16 @@ def _signature_name_and_company(own_text: str) -> tuple[str | None, str | None, 
     company = company_line = None
     for j, line in enumerate(rest):
         if name is None:
-            candidate = re.split(r"\s*[|,\u2022\u00b7]\s*", line)[0].strip()
+            # split on the separator, then strip: `\s*[|,]\s*` scanned every run of spaces
+            # from each of its positions (quadratic in a line of spaces)
+            candidate = re.split(r"[|,\u2022\u00b7]", line)[0].strip()
             if plausible_person_name(candidate):
                 name = candidate
                 continue
             if j == 0:
                 break
         else:
-            for piece in re.split(r"\s*[|\u2022\u00b7]\s*", line):
+            for piece in re.split(r"[|\u2022\u00b7]", line):
                 piece = piece.strip()
                 if "@" in piece or len(piece) > 80:
                     continue
