@@ -7,27 +7,14 @@ trusted boundary (`mx.globex.test`) count as authenticated."""
 
 from __future__ import annotations
 
-import re
 from urllib.parse import quote, urlencode
 
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers.cli import cli
+from tests.helpers.messages import GLOBEX as APPROVALS
 from tests.helpers.messages import no_sender_message
-
-APPROVALS = {"tenant": "globex", "mailbox": "hello@globex.test"}
-_FROM_DOMAIN = re.compile(r"^From:.*@([A-Za-z0-9.-]+)>?\s*$", re.MULTILINE)
-
-
-def to_approvals(raw: str) -> str:
-    """The message as globex's MX hands it over: addressed to globex, with the MX's own
-    `Authentication-Results` (DMARC pass for the From domain) on top."""
-    raw = raw.replace("sales@acme.test", APPROVALS["mailbox"])
-    sender = _FROM_DOMAIN.search(raw)
-    if sender is None:
-        return raw
-    return (f"Authentication-Results: mx.globex.test; dmarc=pass header.from={sender.group(1)}"
-            f"\r\n{raw}")
+from tests.helpers.messages import to_globex as to_approvals
 
 
 async def open_wait(env: StackClient, workflow_id: str) -> str:
