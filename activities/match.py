@@ -18,17 +18,19 @@ from temporalio.exceptions import ApplicationError
 
 from activities.failures import missing_row
 from activities.heartbeat import heartbeating
-from activities.step_attempts import counted_attempt
+from activities.step_attempts import StepAttempt, counted_attempt
 from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain import planning
 from inboxcrm.domain.policy import TenantPolicy, get_policy
 from inboxcrm.store import audit, contacts, events, intents, matches, ramp
-from inboxcrm.store import templates as template_store
 from inboxcrm.store.suppression import SendInFlight, suppress_identity
 from schemas.models import Action, ItemState, PlanInput, PlanResult, operation_key
 
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
+
+# The planning step's name in `step_attempts`.
+PLAN_STEP = "plan"
 
 
 def _value(extraction: dict[str, Any], name: str) -> str | None:
@@ -48,15 +50,16 @@ class MatchActivities:
         item = plan.item
         policy = get_policy(item.tenant)
         try:
-            async with heartbeating(), counted_attempt(self._pool, item, "plan"):
-                return await self._plan(plan, policy)
+            async with heartbeating(), counted_attempt(self._pool, item, PLAN_STEP) as attempt:
+                return await self._plan(plan, policy, attempt)
         except SendInFlight as busy:
             # An opt-out waits for a follow-up already on the wire (see suppression.py).
             raise ApplicationError(
                 "send in flight for this identity", type=ErrorType.TRANSIENT.value,
                 next_retry_delay=timedelta(seconds=min(busy.retry_after, 5.0))) from None
 
-    async def _plan(self, plan: PlanInput, policy: TenantPolicy) -> PlanResult:
+    async def _plan(self, plan: PlanInput, policy: TenantPolicy,
+                    attempt: StepAttempt) -> PlanResult:
         item = plan.item
         async with self._pool.acquire() as conn, conn.transaction():
             event = await conn.fetchrow(events.START_MATCHING, item.event_id, ItemState.MATCHING)
@@ -65,7 +68,8 @@ class MatchActivities:
             extraction: dict[str, Any] = event["extraction"] or {}
             identity: str | None = event["canonical_email"]
             tx = _Planner(conn, plan, policy, extraction, self._crm_max_attempts,
-                          self._send_max_attempts, _ramp_cap(policy, event["live_for_seconds"]))
+                          self._send_max_attempts, _ramp_cap(policy, event["live_for_seconds"]),
+                          attempt)
             if identity is None:
                 return await tx.without_identity()
             if event["route"] == "opt_out":
@@ -79,6 +83,7 @@ class _Planner:
     def __init__(
         self, conn: Conn, plan: PlanInput, policy: TenantPolicy, extraction: dict[str, Any],
         crm_max_attempts: int, send_max_attempts: int, ramp_per_hour: int | None = None,
+        attempt: StepAttempt | None = None,
     ) -> None:
         self.conn = conn
         self.item = plan.item
@@ -89,6 +94,8 @@ class _Planner:
         self.send_max_attempts = send_max_attempts
         # A first live run's hourly cap of automatic follow-ups; None: no ramp now.
         self.ramp_per_hour = ramp_per_hour
+        # The step's attempt count, cleared by the planned follow-up's statement.
+        self.attempt = attempt or StepAttempt()
 
     async def audit(self, action: str, detail: dict[str, Any], contact_id: Any = None) -> None:
         await audit.append(
@@ -245,24 +252,20 @@ class _Planner:
         # the template at this version is stored with the intent (docs/architecture.md §5).
         template = self.policy.template_for(rule)
         version = self.policy.rule_version(rule)
-        await template_store.save_version(self.conn, self.item.tenant, template.ref,
-                                          template.sources())
         intent = await self.conn.fetchrow(
-            intents.CREATE_INTENT, self.item.event_id, self.item.tenant, contact_id, rule.rule_id,
-            version, template.ref, "awaiting_approval" if needs_approval else "queued",
-            needs_approval, approval_reason,
+            intents.PLAN_FOLLOWUP, self.item.event_id, self.item.tenant, contact_id,
+            rule.rule_id, version, template.ref,
+            "awaiting_approval" if needs_approval else "queued", needs_approval,
+            approval_reason, template.sources(), send_key, self.item.workflow_id,
+            Action.SEND.value, self.send_max_attempts,
+            audit.json_safe({"rule_id": rule.rule_id, "rule_version": version,
+                             "template": template.ref}),
+            PLAN_STEP,
         )
         if intent is None:
             raise missing_row("followup_intent")
+        self.attempt.cleared()
         intent_id = str(intent["intent_id"])
-        await self.conn.execute(
-            intents.QUEUE_SEND, send_key, self.item.workflow_id, self.item.event_id,
-            Action.SEND.value, self.send_max_attempts, intent_id, self.item.tenant, contact_id,
-            audit.json_safe({"intent_id": intent_id, "rule_id": rule.rule_id,
-                             "rule_version": version, "template": template.ref,
-                             "needs_approval": intent["needs_approval"],
-                             "approval_reason": intent["approval_reason"]}),
-        )
         result.send_op_key = send_key
         result.intent_id = intent_id
         result.intent_needs_approval = intent["status"] == "awaiting_approval"

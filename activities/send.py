@@ -119,7 +119,7 @@ class SendActivities:
         held: str | None = None
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.fetch(intents.LOCK_CONTACT_OF_INTENT, intent_id)
-            row = await conn.fetchrow(intents.CLAIM_INTENT, intent_id)
+            row = await conn.fetchrow(intents.CLAIM_INTENT, intent_id, item.event_id)
             if row is None:
                 raise missing_row("followup_intent")
             if row["status"] == "sent":
@@ -168,7 +168,7 @@ class SendActivities:
                     raise Deferred("intent_lease_held", float(remaining) + 0.5)
                 # The words before the lease: a follow-up that may not go out as configured
                 # (no opt-out link possible, a template gone) is blocked without one.
-                followup = await self._compose(conn, row, item.event_id)
+                followup = await self._compose(conn, row)
                 await conn.execute(
                     intents.TAKE_LEASE, intent_id, attempt_name, lease, item.tenant, item.event_id,
                     item.workflow_id, {"intent_id": intent_id, "eligible": True, "reason": None,
@@ -189,13 +189,13 @@ class SendActivities:
         self._uncertain.discard(attempt_name)
         return sent.message_id
 
-    async def _compose(self, conn: Conn, row: asyncpg.Record, event_id: str) -> Followup:
+    async def _compose(self, conn: Conn, row: asyncpg.Record) -> Followup:
         """The follow-up of this intent: the planned words, the tenant's sender, the
         message's language. A refusal is permanent (the operation is blocked with it)."""
         try:
             policy = get_policy(row["tenant"])
             template = await _planned_template(conn, row, policy)
-            head = await template_store.message_head(conn, event_id)
+            head = bytes(row["head"]) if row["head"] is not None else None  # None once purged
             return compose(policy, template, to=row["email"], contact_id=row["contact_id"],
                            name=row["name"], company=row["company"],
                            languages=message_languages(head), settings=self._settings)

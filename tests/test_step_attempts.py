@@ -101,3 +101,43 @@ async def test_a_rerun_of_planning_keeps_the_first_runs_decisions(
     # The queued intent itself was cancelled by the opt-out: the send step will say so.
     assert await db.fetchval("SELECT status FROM followup_intents WHERE intent_id = $1::uuid",
                              first.intent_id) == "cancelled"
+
+
+async def test_planning_a_followup_writes_it_whole_and_clears_its_count(
+        env: StackClient, db: asyncpg.Pool) -> None:
+    """The planned follow-up is one statement (`intents.PLAN_FOLLOWUP`): the template version,
+    the intent, the send operation naming it, the audit entry with the intent's fields, and
+    the planning step's attempt count back to zero. A re-run reuses that plan (no second
+    intent, operation, template version or `intent_created`) and leaves the count at zero."""
+    event_id, workflow_id = await stored_event(db, message_from(unique_email("planned")))
+    item = ItemRef(event_id=event_id, workflow_id=workflow_id, tenant="acme")
+    await ActivityEnvironment().run(
+        ExtractActivities(db, RulesExtractor(), 30.0).extract_message, item)
+    planner = MatchActivities(db, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
+
+    for _ in range(2):
+        plan = await ActivityEnvironment().run(planner.match_and_plan, PlanInput(item))
+        assert plan.send_op_key is not None and plan.intent_id is not None
+        assert await db.fetchval("SELECT started FROM step_attempts WHERE workflow_id = $1 "
+                                 "AND step = 'plan'", workflow_id) == 0
+
+    assert await env.count("SELECT count(*) FROM followup_intents WHERE event_id = $1::uuid",
+                           event_id) == 1
+    operation = await db.fetchrow("SELECT action, external_ref, max_attempts FROM operations "
+                                  "WHERE op_key = $1", plan.send_op_key)
+    assert operation is not None
+    assert (operation["action"], operation["external_ref"],
+            operation["max_attempts"]) == ("send", plan.intent_id, SEND_MAX_ATTEMPTS)
+    intent = await db.fetchrow("SELECT tenant, template_id FROM followup_intents "
+                               "WHERE intent_id = $1::uuid", plan.intent_id)
+    assert intent is not None
+    assert await env.count("SELECT count(*) FROM template_versions WHERE tenant = $1 "
+                           "AND template_ref = $2", intent["tenant"], intent["template_id"]) == 1
+    detail = await db.fetchval("SELECT detail FROM audit_log WHERE workflow_id = $1 "
+                               "AND action = 'intent_created'", workflow_id)
+    assert (detail["intent_id"], detail["needs_approval"], detail["template"]) == (
+        plan.intent_id, False, intent["template_id"])
+    assert set(detail) == {"intent_id", "rule_id", "rule_version", "template",
+                           "needs_approval", "approval_reason"}
+    assert await env.count("SELECT count(*) FROM audit_log WHERE workflow_id = $1 "
+                           "AND action = 'followup_plan_reused'", workflow_id) == 1

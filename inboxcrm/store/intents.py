@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from inboxcrm.store.step_attempts import end_step_cte
+
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
 
@@ -22,35 +24,47 @@ SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant = $1 AND canonical_email 
                  AND created_at > now() - make_interval(secs => $5)) AS recent
 """
 
-# The intent, inserted or (a re-run) the one already there. The second branch reads the
-# statement's snapshot: a row a concurrent run committed meanwhile is not in it, which
-# cannot happen while this transaction holds the event row (events.START_MATCHING).
-# $9: why it needs approval beyond the policy (`ramp_limit`), or NULL.
-CREATE_INTENT = """
-WITH inserted AS (
+# The planned follow-up in ONE statement (the planner's last): the template version its words
+# are stored under (written once per tenant and version), the intent, the send operation and
+# its audit entry, and the cleared attempt count of the planning step
+# (activities/step_attempts.py). The intent is inserted or (a re-run) the one already there:
+# that second branch reads the statement's snapshot, and a row a concurrent run committed
+# meanwhile is not in it, which cannot happen while this transaction holds the event row
+# (events.START_MATCHING). $1 event_id, $2 tenant, $3 contact_id, $4 rule_id,
+# $5 rule_version, $6 template ref, $7 status, $8 needs_approval, $9 approval_reason,
+# $10 the template's sources, $11 the send's op key, $12 workflow_id, $13 action,
+# $14 max attempts, $15 the audit detail (the intent's own fields are added here),
+# $16 the planning step's name. $9: why it needs approval beyond the policy (`ramp_limit`),
+# or NULL. Returns the intent (one row).
+PLAN_FOLLOWUP = f"""
+WITH saved AS (
+    INSERT INTO template_versions (tenant, template_ref, sources) VALUES ($2, $6, $10)
+    ON CONFLICT (tenant, template_ref) DO NOTHING
+), inserted AS (
     INSERT INTO followup_intents (event_id, tenant, contact_id, rule_id, rule_version,
                                   template_id, status, needs_approval, approval_reason)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
     ON CONFLICT (event_id, rule_id, rule_version) DO NOTHING
     RETURNING intent_id, status, needs_approval, approval_reason
-)
-SELECT intent_id, status, needs_approval, approval_reason FROM inserted
-UNION ALL
-SELECT intent_id, status, needs_approval, approval_reason FROM followup_intents
-WHERE event_id = $1 AND rule_id = $4 AND rule_version = $5
-  AND NOT EXISTS (SELECT 1 FROM inserted)
-"""
-
-# The send operation and its audit entry: $1 op key, $2 workflow_id, $3 event_id, $4 action,
-# $5 max attempts, $6 intent ID, $7 tenant, $8 contact_id, $9 audit detail.
-QUEUE_SEND = """
-WITH queued AS (
+), intent AS (
+    SELECT intent_id, status, needs_approval, approval_reason FROM inserted
+    UNION ALL
+    SELECT intent_id, status, needs_approval, approval_reason FROM followup_intents
+    WHERE event_id = $1 AND rule_id = $4 AND rule_version = $5
+      AND NOT EXISTS (SELECT 1 FROM inserted)
+), queued AS (
     INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, external_ref)
-    VALUES ($1, $2, $3, $4, $5, $6)
+    SELECT $11, $12, $1, $13, $14, intent_id::text FROM intent
     ON CONFLICT (op_key) DO NOTHING
-)
-INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
-VALUES ($7, $3, $2, $8, 'planner', 'intent_created', $9)
+), audited AS (
+    INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
+    SELECT $2, $1, $12, $3, 'planner', 'intent_created',
+           $15::jsonb || jsonb_build_object('intent_id', intent_id::text,
+                                            'needs_approval', needs_approval,
+                                            'approval_reason', approval_reason)
+    FROM intent
+), {end_step_cte("$12", "$16")}
+SELECT intent_id, status, needs_approval, approval_reason FROM intent
 """
 
 # --- the send step (activities/send.py) ----------------------------------------------------
@@ -62,6 +76,8 @@ WHERE i.intent_id = $1::uuid
 FOR SHARE OF c
 """
 
+# The intent, its contact and eligibility, and the head of the item's message ($2: the
+# language of the follow-up is read from its headers), the intent row-locked.
 CLAIM_INTENT = """
 SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.rule_id, i.lease_owner,
        i.provider_message_id,
@@ -69,7 +85,9 @@ SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.rule_id, i.lease_ow
        c.status AS contact_status, c.email, c.name, c.company, c.tenant, c.canonical_email,
        EXISTS (SELECT 1 FROM suppressions s
                WHERE s.tenant = c.tenant AND s.canonical_email = c.canonical_email)
-           AS suppressed
+           AS suppressed,
+       (SELECT substring(e.raw FROM 1 FOR 65536) FROM inbound_events e
+        WHERE e.event_id = $2::uuid) AS head
 FROM followup_intents i JOIN contacts c ON c.contact_id = i.contact_id
 WHERE i.intent_id = $1::uuid
 FOR UPDATE OF i
