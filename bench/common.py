@@ -286,6 +286,13 @@ def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
     return {name: cpu_seconds(pid, children=name != "bench") for name, pid in pids.items()}
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine's processes used (every core): user and system time.
+    Interrupts and a hypervisor's stolen time belong to no process and are left out."""
+    times = psutil.cpu_times()
+    return float(times.user + times.system + getattr(times, "nice", 0.0))
+
+
 def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     return {name: round(after.get(name, 0.0) - before[name], 2) for name in before}
 

@@ -127,7 +127,8 @@ async def read_statements(db: asyncpg.Pool, items: int, exclude: set[str]) -> di
     for entry in out.values():
         entry["top"] = [{"per_item": round(c / items, 2), "exec_ms_per_item": round(t / items, 3),
                          "query": q[:160]}
-                        for c, t, q in sorted(entry["top"], key=lambda r: -r[0])[:20]]
+                        for c, t, q in sorted(entry["top"], key=lambda r: -r[0])[:TOP_STATEMENTS]
+                        if c / items >= 0.05]
         for key in ("round_trips", "statements", "transaction_control"):
             entry[f"{key}_per_item"] = round(entry.pop(key) / items, 2)
         entry["exec_ms_per_item"] = round(entry.pop("exec_ms") / items, 3)
@@ -135,6 +136,8 @@ async def read_statements(db: asyncpg.Pool, items: int, exclude: set[str]) -> di
 
 
 SANDBOX_DB = "bench_sandbox"
+# Every statement an item runs at least once in twenty, up to this many, by calls.
+TOP_STATEMENTS = 40
 
 
 async def sandbox_database(server_url: str) -> str:

@@ -24,6 +24,9 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = [
         ("machine", f"{m['nproc']} cores, {m['cpu_model']}, {m['ram_gib']} GiB RAM", ""),
         ("load average (start / end)", f"{m['loadavg_start']} / {m.get('loadavg_end')}", ""),
+        ("machine used outside the run",
+         f"{m['other_work_share']:.1%}" if m.get("other_work_share") is not None else "-",
+         "<= 10 %"),
         ("settings", "max_concurrent_activities {max_concurrent_activities}, "
                      "max_concurrent_workflow_tasks {max_concurrent_workflow_tasks}, worker "
                      "processes per side {workers}, posts in flight {post_concurrency}, "
