@@ -84,10 +84,12 @@ def costs_from(result: dict[str, Any], source: str = "") -> Costs:
     product_db, sandbox_db = pg.get("product") or {}, pg.get("sandbox") or {}
     trips = float(product_db.get("round_trips_per_item", 0.0))
     other = float(sandbox_db.get("round_trips_per_item", 0.0))
-    # The bench's PostgreSQL also serves the sandbox (the CRM and mail stand-in): charge the
-    # product its share of the server's CPU by round trips.
-    share = trips / (trips + other) if trips + other else 1.0
-    if other:
+    # Where the bench's PostgreSQL also served the sandbox (the CRM and mail stand-in; runs
+    # before it had a server of its own, `sandbox-postgres`), charge the product its share of
+    # the server's CPU by round trips.
+    shared = "sandbox-postgres" not in cpu
+    share = trips / (trips + other) if shared and trips + other else 1.0
+    if shared and other:
         notes.append(f"PostgreSQL CPU charged to the product by its share of round trips "
                      f"({share:.0%}); the rest served the sandbox (destination stand-in)")
     events = prof["history"].get("by_type_per_item") or {}

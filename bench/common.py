@@ -75,6 +75,7 @@ class Handles:
     worker_metrics_urls: list[str] = field(default_factory=list)
     sandbox_url: str = ""
     statements: bool = False        # pg_stat_statements is available
+    sandbox_db: asyncpg.Pool | None = None  # the sandbox's own server, if it has statements
 
 
 # --- statistics ----------------------------------------------------------------------------

@@ -86,6 +86,12 @@ async def enable_statements(db: asyncpg.Pool) -> bool:
         return False
 
 
+def statement_servers(h: Any) -> list[asyncpg.Pool]:
+    """The servers whose statements the profiled run reads: the product's and, when it has
+    a server of its own, the sandbox's."""
+    return [db for db in ((h.db if h.statements else None), h.sandbox_db) if db is not None]
+
+
 async def track_statements(db: asyncpg.Pool, on: bool) -> None:
     await db.execute(f"ALTER SYSTEM SET pg_stat_statements.track = '{'top' if on else 'none'}'")
     await db.execute("SELECT pg_reload_conf()")

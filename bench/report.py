@@ -143,6 +143,11 @@ def cpu_rows(cpu: dict[str, Any] | None) -> list[tuple[str, str, str]]:
     if cpu.get("ratio_vs_plain_floor") is not None:
         out.append(("CPU per item, product / plain floor", str(cpu["ratio_vs_plain_floor"]),
                     ""))
+    if cpu.get("product_without_stand_in") is not None:
+        out.append(("CPU ms per item, product without the stand-in (sandbox + its PostgreSQL)",
+                    f"{cpu['product_without_stand_in']}: / floor in the product's shape "
+                    f"{cpu.get('own_ratio_vs_same_shape')}, / plain floor "
+                    f"{cpu.get('own_ratio_vs_plain_floor')}", ""))
     return out
 
 

@@ -153,8 +153,9 @@ def exclusive_data_dir() -> Any:
     try:
         from inboxcrm.stack import postgres
 
-        if postgres.is_running(DATA_DIR / "pg"):  # left over by a killed run
-            postgres.stop(DATA_DIR / "pg")
+        for pg_dir in (DATA_DIR / "pg", DATA_DIR / "sandbox-pg"):
+            if postgres.is_running(pg_dir):  # left over by a killed run
+                postgres.stop(pg_dir)
         for entry in DATA_DIR.iterdir():
             if entry.name == ".lock":
                 continue
@@ -223,9 +224,25 @@ def start_bench_processes(stack: Any, workers: int) -> tuple[str, str]:
     return queue, url
 
 
+SANDBOX_PG_DIR = DATA_DIR / "sandbox-pg"
+
+
+def start_sandbox_postgres(profiled: bool) -> str:
+    """A PostgreSQL server of its own for the sandbox (the destination stand-in): its CPU,
+    statements and WAL are then the stand-in's, never charged to the product, whose own
+    server serves only the product (a deployment runs no sandbox). Returns the server URL."""
+    from inboxcrm.stack import postgres
+    from inboxcrm.stack.processes import free_port
+
+    port = free_port()
+    if profiled:
+        profile.prepare_postgres(SANDBOX_PG_DIR, port)
+    return postgres.start(SANDBOX_PG_DIR, port)
+
+
 def move_sandbox(stack: Any, database_url: str) -> None:
-    """Restart the sandbox (the destination stand-in) on a database of its own, so that
-    pg_stat_statements tells its statements from the product's (bench/profile.py)."""
+    """Restart the sandbox (the destination stand-in) on a database of its own, on a server
+    of its own (start_sandbox_postgres)."""
     from inboxcrm.stack.processes import ManagedProcess, http_ok, python
 
     stack.processes["sandbox"].stop()
@@ -236,11 +253,15 @@ def move_sandbox(stack: Any, database_url: str) -> None:
     proc.wait_ready(http_ok(f"{stack.sandbox_url}/healthz"))
 
 
-async def run_phases(stack: Any, opts: Options, result: dict[str, Any]) -> None:
+async def run_phases(stack: Any, opts: Options, result: dict[str, Any],
+                     sandbox_server: str | None) -> None:
     from inboxcrm.store import db as inboxcrm_db
 
-    if opts.profile_n and "throughput" in opts.phases:
-        move_sandbox(stack, await profile.sandbox_database(stack.database_url))
+    sandbox_pool = None
+    if sandbox_server is not None:
+        sandbox_database = await profile.sandbox_database(sandbox_server)
+        move_sandbox(stack, sandbox_database)
+        sandbox_pool = await inboxcrm_db.create_pool(sandbox_server, max_size=2)
     for k in range(1, opts.workers):  # replicas beyond the stack's own worker
         stack.start_worker(k + 1)
     floor_queue, bare_url = start_bench_processes(stack, opts.workers)
@@ -250,8 +271,11 @@ async def run_phases(stack: Any, opts: Options, result: dict[str, Any]) -> None:
     pg_pid = postmaster_pid(DATA_DIR / "pg")
     if pg_pid:
         pids["postgres"] = pg_pid
+    sandbox_pg_pid = postmaster_pid(SANDBOX_PG_DIR) if sandbox_server else None
+    if sandbox_pg_pid:
+        pids["sandbox-postgres"] = sandbox_pg_pid
     pids["bench"] = os.getpid()
-    watch = OtherWork(pg_pid)
+    watch = OtherWork([pid for pid in (pg_pid, sandbox_pg_pid) if pid])
 
     def stop_workers() -> None:
         for name, proc in stack.processes.items():
@@ -272,6 +296,8 @@ async def run_phases(stack: Any, opts: Options, result: dict[str, Any]) -> None:
         worker_metrics_urls=[f"http://{stack.worker_metrics_address(k + 1)}/metrics"
                              for k in range(opts.workers)],
         statements=bool(opts.profile_n) and await profile.enable_statements(pool),
+        sandbox_db=sandbox_pool if sandbox_pool is not None and bool(opts.profile_n)
+        and await profile.enable_statements(sandbox_pool) else None,
     )
     try:
         if "throughput" in opts.phases:
@@ -284,6 +310,8 @@ async def run_phases(stack: Any, opts: Options, result: dict[str, Any]) -> None:
         result["machine"]["other_work_share"] = watch.share()
         await http.aclose()
         await pool.close()
+        if sandbox_pool is not None:
+            await sandbox_pool.close()
 
 
 class OtherWork:
@@ -292,14 +320,14 @@ class OtherWork:
     started, PostgreSQL's daemon and its backends), as a share of all cores' time. The load
     average cannot tell: at the end it is the run's own load."""
 
-    def __init__(self, postgres_pid: int | None) -> None:
-        self.pids = {"bench": os.getpid(), **({"postgres": postgres_pid} if postgres_pid else {})}
+    def __init__(self, postgres_pids: list[int]) -> None:
+        self.pids = [os.getpid(), *postgres_pids]
         self.started = time.monotonic()
         self.machine = machine_busy_seconds()
         self.own = self._own()
 
     def _own(self) -> float:
-        return sum(cpu_seconds(pid) for pid in self.pids.values())
+        return sum(cpu_seconds(pid) for pid in self.pids)
 
     def share(self) -> float:
         own = self._own() - self.own
@@ -385,13 +413,18 @@ def main(argv: list[str] | None = None) -> int:
                     # pg_stat_statements preloaded
                     profile.prepare_postgres(DATA_DIR / "pg", stack.config.pg_port)
                 stack.start_all()
+                sandbox_server = (start_sandbox_postgres(bool(opts.profile_n))
+                                  if "throughput" in opts.phases else None)
                 result["stack_start_seconds"] = round(time.perf_counter() - t0, 1)
-                asyncio.run(run_phases(stack, opts, result))
+                asyncio.run(run_phases(stack, opts, result, sandbox_server))
             except KeyboardInterrupt:
                 log("interrupted; stopping the stack")
                 return 130
             finally:
                 stack.stop()
+                from inboxcrm.stack import postgres
+
+                postgres.stop(SANDBOX_PG_DIR)
     result["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     result["finished_at"] = time.time()
     result["notes"] += error_notes(result)

@@ -414,6 +414,10 @@ def _ratio_by_round(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if pair.get("floor") and pair.get("product")]
 
 
+# The processes that stand in for the destinations (HubSpot, Resend): not the product's.
+STAND_IN_ROLES = frozenset({"sandbox", "sandbox-postgres"})
+
+
 def _group(process: str) -> str:
     """Processes by role: every worker process of either side is `workers`."""
     if process.startswith(("worker", "floor-worker")):
@@ -467,6 +471,16 @@ def cpu_per_item(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if "product" in out and kind in out and out[kind].get("total"):
             out[key] = round(out["product"]["total"] / out[kind]["total"], 3)
     out["target_ratio_vs_same_shape"] = 1.2
+    product = out.get("product")
+    if product and STAND_IN_ROLES & set(product):
+        # What a deployment runs: the product's processes, without the destination stand-in
+        # (the sandbox and its own PostgreSQL server) that plays HubSpot and Resend here.
+        own = product["total"] - sum(product.get(role, 0.0) for role in STAND_IN_ROLES)
+        out["product_without_stand_in"] = round(own, 1)
+        for kind, key in (("floor-same-shape", "own_ratio_vs_same_shape"),
+                          ("floor", "own_ratio_vs_plain_floor")):
+            if kind in out and out[kind].get("total"):
+                out[key] = round(own / out[kind]["total"], 3)
     return out
 
 
@@ -483,8 +497,8 @@ async def profiled_run(h: Handles, client: Client, opts: Options, log: Any
     codec_before = await profile.codec_bytes(h.worker_metrics_urls)
     storage_before = await profile.storage(h.db)
     calls_before = await profile.destination_calls(h.sandbox_url)
-    if h.statements:
-        await profile.track_statements(h.db, True)
+    for db in profile.statement_servers(h):
+        await profile.track_statements(db, True)
     profiler = profile.Profiler(targets)
     profiling = profiler.start()
     run = await run_product(h, opts, opts.repeat, n)
@@ -495,10 +509,10 @@ async def profiled_run(h: Handles, client: Client, opts: Options, log: Any
         h.restart_relay()
         return out
     items = run["settled"] or 1
-    if h.statements:
-        out["postgres"] = await profile.read_statements(
-            h.db, items, exclude={PRODUCT_PROGRESS, PRODUCT_TIMES})
-        await profile.track_statements(h.db, False)
+    for db in profile.statement_servers(h):
+        out.setdefault("postgres", {}).update(await profile.read_statements(
+            db, items, exclude={PRODUCT_PROGRESS, PRODUCT_TIMES}))
+        await profile.track_statements(db, False)
     storage_after = await profile.storage(h.db)
     calls_after = await profile.destination_calls(h.sandbox_url)
     out["storage_bytes_per_item"] = {

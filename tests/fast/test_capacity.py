@@ -52,3 +52,20 @@ def test_the_command_prints_each_rate_and_what_binds(capsys: pytest.CaptureFixtu
     for rate in ("10 emails/s", "100 emails/s", "1000 emails/s"):
         assert rate in out
     assert out.count("binds first") == 3
+
+
+def test_postgres_is_charged_by_share_only_where_the_stand_in_shared_the_server() -> None:
+    """Runs where the sandbox shared the product's PostgreSQL charge the product its share of
+    round trips; runs where the sandbox had a server of its own (`sandbox-postgres`) charge
+    it the whole of its own server."""
+    result = json.loads(capacity.LATEST.read_text())
+    cpu = result["throughput"]["cpu_per_item"]["product"]
+    pg = result["throughput"]["profiled_run"]["postgres"]
+    pg["product"]["round_trips_per_item"], pg["sandbox"] = 30.0, {"round_trips_per_item": 10.0}
+    cpu.pop("sandbox-postgres", None)
+    cpu["postgres"] = 8.0
+    shared = capacity.costs_from(result, "shared")
+    assert shared.postgres_cpu_ms == pytest.approx(6.0)
+    cpu["sandbox-postgres"] = 4.0
+    own = capacity.costs_from(result, "own")
+    assert own.postgres_cpu_ms == pytest.approx(8.0)
