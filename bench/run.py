@@ -429,10 +429,14 @@ def main(argv: list[str] | None = None) -> int:
     result["finished_at"] = time.time()
     result["notes"] += error_notes(result)
     other = result["machine"].get("other_work_share")
-    if m["loadavg_start"][0] > 0.5 * m["nproc"] or (other or 0.0) > OTHER_WORK_LIMIT:
-        result["notes"].append(
-            "the machine was busy with other work (load average at the start above half the "
-            f"cores, or {other or 0.0:.0%} of it used outside the run): preliminary figures")
+    if other is not None and other > OTHER_WORK_LIMIT:
+        result["notes"].append(f"the machine was busy with other work ({other:.0%} of its CPU "
+                               "used outside the run): preliminary figures")
+    elif other is None and m["loadavg_start"][0] > 0.5 * m["nproc"]:
+        # No stack phase measured it: the load average at the start is all there is (it
+        # also remembers whatever ended in the last minutes).
+        result["notes"].append("the machine may have been busy (load average at the start "
+                               "above half the cores): preliminary figures")
     table = report.format_table(report.rows(result))
     print()
     print(table)
