@@ -28,7 +28,8 @@ from activities.step_attempts import counted_attempt
 from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain.extraction import Extractor
 from inboxcrm.domain.policy import TenantPolicy, get_policy
-from inboxcrm.domain.shadow import ShadowFacts, second_opinion, shadow_plan
+from inboxcrm.domain.shadow import ShadowFacts, not_compared, second_opinion, shadow_plan
+from inboxcrm.platform.call_budget import CallBudget
 from inboxcrm.platform.workpool import IN_PROCESS, Runner, WorkPoolUnavailable
 from inboxcrm.store import audit
 from inboxcrm.store import shadow as shadow_store
@@ -41,13 +42,17 @@ if TYPE_CHECKING:
 
 class ShadowActivities:
     """`runner`: where the second extractor's work on the message runs (the worker's
-    `WorkPool`, under the work budget of docs/architecture.md §7, as extraction's)."""
+    `WorkPool`, under the work budget of docs/architecture.md §7, as extraction's).
+    `model_budget`: how many second opinions a second extractor that calls a model may ask
+    for (this step is local: the model queue's rate limit does not see it). Past it an item
+    is compared no further (`unavailable: rate_limited`), never held up."""
 
     def __init__(self, pool: asyncpg.Pool, comparison: Extractor | None = None,
-                 runner: Runner = IN_PROCESS) -> None:
+                 runner: Runner = IN_PROCESS, model_budget: CallBudget | None = None) -> None:
         self._pool = pool
         self._comparison = comparison
         self._runner = runner
+        self._model_budget = model_budget
 
     @activity.defn(name="plan_in_shadow")
     async def plan_in_shadow(self, item: ItemRef) -> ShadowPlanResult:
@@ -70,7 +75,10 @@ class ShadowActivities:
         route = str(event["route"])
         reasons = [str(r) for r in event["route_reasons"] or []]
         opinion = None
-        if self._comparison is not None and event["raw"] is not None:
+        if (self._comparison is not None and event["raw"] is not None
+                and self._model_budget is not None and not self._model_budget.take()):
+            opinion = not_compared(self._comparison, "rate_limited")
+        elif self._comparison is not None and event["raw"] is not None:
             # Outside the transaction: a model's answer can take seconds.
             try:
                 opinion = await second_opinion(bytes(event["raw"]), policy,

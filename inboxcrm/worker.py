@@ -35,9 +35,11 @@ from activities.store_outage import StoreOutageInterceptor
 from inboxcrm.adapters.base import CrmClient, MailClient
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
 from inboxcrm.domain.extraction import Extractor, build_extractor, work_pool
+from inboxcrm.domain.extraction.rules import RulesExtractor
 from inboxcrm.domain.policy import PolicyError, UnknownTenant, get_policy
 from inboxcrm.domain.shadow import comparison_extractor
 from inboxcrm.platform import temporal, tracing
+from inboxcrm.platform.call_budget import CallBudget
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.platform.logs import configure_logging
 from inboxcrm.platform.workpool import IN_PROCESS, Runner
@@ -91,7 +93,12 @@ def activity_functions(pool: asyncpg.Pool, crm: CrmClient | Destinations,
     send = SendActivities(pool, destinations, max_retry_after, settings, max_park)
     bookkeeping = BookkeepingActivities(pool, decision_secret)
     review = ReviewActivities(pool)
-    shadow = ShadowActivities(pool, comparison, runner)
+    # A second extractor that calls a model runs inside the local shadow step, out of the
+    # model queue's sight: it gets this process's share of the same rate instead.
+    model_budget = (CallBudget((settings or get_settings()).model_calls_per_second)
+                    if comparison is not None and not isinstance(comparison, RulesExtractor)
+                    else None)
+    shadow = ShadowActivities(pool, comparison, runner, model_budget)
     return [
         extract.extract_message,
         match.match_and_plan,

@@ -154,6 +154,13 @@ def comparison_extractor(settings: Settings) -> Extractor | None:
         llm_max_schema_retries=settings.llm_max_schema_retries))
 
 
+def not_compared(extractor: Extractor, why: str) -> dict[str, Any]:
+    """The second opinion of an extractor that did not answer (`why`: its error's name, or
+    `rate_limited` when the worker's budget of model calls for comparisons is spent)."""
+    return {"extractor": extractor.name, "route": None, "reasons": [], "differs": False,
+            "unavailable": why}
+
+
 async def second_opinion(raw: bytes, policy: TenantPolicy, source: str, route: str,
                          extractor: Extractor, runner: Runner = IN_PROCESS) -> dict[str, Any]:
     """The second extractor's route for the same message under the same validation. An
@@ -161,8 +168,7 @@ async def second_opinion(raw: bytes, policy: TenantPolicy, source: str, route: s
     try:
         outcome = await extract_and_route(raw, policy, extractor, source=source, runner=runner)
     except ExtractorError as exc:
-        return {"extractor": extractor.name, "route": None, "reasons": [],
-                "differs": False, "unavailable": type(exc).__name__}
+        return not_compared(extractor, type(exc).__name__)
     return {"extractor": outcome.extractor_version, "route": outcome.route,
             "reasons": list(outcome.reasons), "differs": outcome.route != route,
             "unavailable": None}
