@@ -163,16 +163,24 @@ STORAGE = """
 SELECT (SELECT sum(pg_total_relation_size(c.oid))::float8 FROM pg_class c
         JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = 'public' AND c.relkind IN ('r', 'm')) AS table_bytes,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8 AS wal_bytes
+       pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8 AS wal_bytes,
+       (SELECT sum(n_tup_upd)::float8 FROM pg_stat_user_tables
+        WHERE schemaname = 'public') AS row_updates,
+       (SELECT sum(n_tup_hot_upd)::float8 FROM pg_stat_user_tables
+        WHERE schemaname = 'public') AS hot_updates
 """
 
 
 async def storage(db: asyncpg.Pool) -> dict[str, float]:
-    """The product database's tables (with indexes and TOAST) and the cluster's WAL
-    position (every database: the sandbox's writes too)."""
+    """The product database's tables (with indexes and TOAST), the server's WAL position (the
+    sandbox has a server of its own), and row updates, of which HOT (heap-only: no index
+    entry written, the page had room)."""
+    await asyncio.sleep(1.5)  # every backend flushes its statistics at least once a second
     row = await db.fetchrow(STORAGE)
     assert row is not None
-    return {"table_bytes": float(row["table_bytes"] or 0), "wal_bytes": float(row["wal_bytes"])}
+    return {"table_bytes": float(row["table_bytes"] or 0), "wal_bytes": float(row["wal_bytes"]),
+            "row_updates": float(row["row_updates"] or 0),
+            "hot_updates": float(row["hot_updates"] or 0)}
 
 
 async def destination_calls(sandbox_url: str) -> Counter[str]:

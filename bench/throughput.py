@@ -516,7 +516,7 @@ async def profiled_run(h: Handles, client: Client, opts: Options, log: Any
     storage_after = await profile.storage(h.db)
     calls_after = await profile.destination_calls(h.sandbox_url)
     out["storage_bytes_per_item"] = {
-        key: round((storage_after[key] - storage_before[key]) / items) for key in storage_after}
+        key: round((storage_after[key] - storage_before[key]) / items, 1) for key in storage_after}
     out["destination_calls_per_item"] = {
         target: round((calls_after[target] - calls_before.get(target, 0)) / items, 3)
         for target in sorted(calls_after) if calls_after[target] > calls_before.get(target, 0)}
