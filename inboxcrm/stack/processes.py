@@ -31,10 +31,21 @@ def port_in_use(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+# Ports this process handed out: each is bound later, by the process it is for, and until
+# then the kernel may offer it again.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free loopback port that this process has not handed out before."""
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise StackError("no free loopback port")
 
 
 def require_free(name: str, host: str, port: int, env_var: str) -> None:
@@ -155,7 +166,10 @@ def temporal_dev_server_argv(
     """The dev server with our search attributes. WAL + synchronous=normal: ~3× the
     throughput of the defaults, crash-safe for the process; an OS crash may lose the last
     commits (acceptable for a single-machine dev stack; production uses a real cluster)."""
+    # Its HTTP API and metrics ports too: left to it, it picks free ports when it starts,
+    # which may be ports already handed out to a worker or relay that has not bound them yet.
     argv = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port),
+            "--http-port", str(free_port()), "--metrics-port", str(free_port()),
             "--log-level", "warn", "--ui-disable-news-fetch"]
     argv += ["--headless"] if ui_port is None else ["--ui-port", str(ui_port)]
     if db_file is not None:
