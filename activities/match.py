@@ -82,8 +82,8 @@ class _Planner:
 
     def __init__(
         self, conn: Conn, plan: PlanInput, policy: TenantPolicy, extraction: dict[str, Any],
-        crm_max_attempts: int, send_max_attempts: int, ramp_per_hour: int | None = None,
-        attempt: StepAttempt | None = None,
+        crm_max_attempts: int, send_max_attempts: int, ramp_per_hour: int | None,
+        attempt: StepAttempt,
     ) -> None:
         self.conn = conn
         self.item = plan.item
@@ -95,7 +95,7 @@ class _Planner:
         # A first live run's hourly cap of automatic follow-ups; None: no ramp now.
         self.ramp_per_hour = ramp_per_hour
         # The step's attempt count, cleared by the planned follow-up's statement.
-        self.attempt = attempt or StepAttempt()
+        self.attempt = attempt
 
     async def audit(self, action: str, detail: dict[str, Any], contact_id: Any = None) -> None:
         await audit.append(

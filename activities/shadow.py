@@ -74,20 +74,8 @@ class ShadowActivities:
             return ShadowPlanResult(outcome=str(event["shadow_plan"]["outcome"]))
         route = str(event["route"])
         reasons = [str(r) for r in event["route_reasons"] or []]
-        opinion = None
-        if (self._comparison is not None and event["raw"] is not None
-                and self._model_budget is not None and not self._model_budget.take()):
-            opinion = not_compared(self._comparison, "rate_limited")
-        elif self._comparison is not None and event["raw"] is not None:
-            # Outside the transaction: a model's answer can take seconds.
-            try:
-                opinion = await second_opinion(bytes(event["raw"]), policy,
-                                               str(event["source"]), route, self._comparison,
-                                               self._runner)
-            except WorkPoolUnavailable:
-                # this worker cannot run the work now: not the message's doing, a plain retry
-                raise ApplicationError("work pool unavailable", type=ErrorType.TRANSIENT.value,
-                                       next_retry_delay=timedelta(seconds=2)) from None
+        # Outside the transaction: a model's answer can take seconds.
+        opinion = await self._second_opinion(event, policy, route)
         extraction: dict[str, Any] = event["extraction"] or {}
         identity: str | None = event["canonical_email"]
         async with self._pool.acquire() as conn, conn.transaction():
@@ -106,6 +94,22 @@ class ShadowActivities:
             await shadow_store.store_plan(conn, item.event_id, audit.json_safe(plan),
                                           item.tenant, item.workflow_id)
         return ShadowPlanResult(outcome=str(plan["outcome"]))
+
+    async def _second_opinion(self, event: asyncpg.Record, policy: TenantPolicy,
+                              route: str) -> dict[str, Any] | None:
+        """The second extractor's route, if one is configured and the message is still
+        stored; not asked past the model budget."""
+        if self._comparison is None or event["raw"] is None:
+            return None
+        if self._model_budget is not None and not self._model_budget.take():
+            return not_compared(self._comparison, "rate_limited")
+        try:
+            return await second_opinion(bytes(event["raw"]), policy, str(event["source"]),
+                                        route, self._comparison, self._runner)
+        except WorkPoolUnavailable:
+            # this worker cannot run the work now: not the message's doing, a plain retry
+            raise ApplicationError("work pool unavailable", type=ErrorType.TRANSIENT.value,
+                                   next_retry_delay=timedelta(seconds=2)) from None
 
     async def _facts(self, conn: Conn, item: ItemRef, policy: TenantPolicy, route: str,
                      extraction: dict[str, Any], identity: str | None) -> ShadowFacts:

@@ -31,11 +31,10 @@ SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant = $1 AND canonical_email 
 # that second branch reads the statement's snapshot, and a row a concurrent run committed
 # meanwhile is not in it, which cannot happen while this transaction holds the event row
 # (events.START_MATCHING). $1 event_id, $2 tenant, $3 contact_id, $4 rule_id,
-# $5 rule_version, $6 template ref, $7 status, $8 needs_approval, $9 approval_reason,
-# $10 the template's sources, $11 the send's op key, $12 workflow_id, $13 action,
-# $14 max attempts, $15 the audit detail (the intent's own fields are added here),
-# $16 the planning step's name. $9: why it needs approval beyond the policy (`ramp_limit`),
-# or NULL. Returns the intent (one row).
+# $5 rule_version, $6 template ref, $7 status, $8 needs_approval, $9 why it needs approval
+# beyond the policy (`ramp_limit`) or NULL, $10 the template's sources, $11 the send's op
+# key, $12 workflow_id, $13 action, $14 max attempts, $15 the audit detail (the intent's own
+# fields are added here), $16 the planning step's name. Returns the intent (one row).
 PLAN_FOLLOWUP = f"""
 WITH saved AS (
     INSERT INTO template_versions (tenant, template_ref, sources) VALUES ($2, $6, $10)

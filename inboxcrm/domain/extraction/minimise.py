@@ -287,6 +287,16 @@ def _parse_mailboxes(raw_values: list[str]) -> list[Mailbox]:
     return out
 
 
+# MinimisedMessage's address fields and the headers they are read from.
+_ADDRESS_FIELDS = (("from_addrs", "from"), ("reply_to", "reply-to"), ("sender", "sender"),
+                   ("to", "to"), ("cc", "cc"))
+
+
+def _address_fields(raw_headers: dict[str, list[str]]) -> dict[str, list[Mailbox]]:
+    return {field: _parse_mailboxes(raw_headers.get(header, []))
+            for field, header in _ADDRESS_FIELDS}
+
+
 def clean_text(text: str) -> str:
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = _CONTROL.sub("", text)
@@ -750,11 +760,7 @@ def _headers_only(raw: bytes, raw_size: int, limit: str) -> MinimisedMessage:
     return MinimisedMessage(
         headers=headers,
         routing_headers=routing,
-        from_addrs=_parse_mailboxes(raw_headers.get("from", [])),
-        reply_to=_parse_mailboxes(raw_headers.get("reply-to", [])),
-        sender=_parse_mailboxes(raw_headers.get("sender", [])),
-        to=_parse_mailboxes(raw_headers.get("to", [])),
-        cc=_parse_mailboxes(raw_headers.get("cc", [])),
+        **_address_fields(raw_headers),
         auth_headers=_auth_headers(msg),
         spam_headers=_spam_headers(msg),
         from_header_count=from_count,
@@ -831,11 +837,7 @@ def _minimise(raw: bytes, raw_size: int, max_body_chars: int, depth: int) -> Min
     return MinimisedMessage(
         headers=headers,
         routing_headers=routing,
-        from_addrs=_parse_mailboxes(raw_headers.get("from", [])),
-        reply_to=_parse_mailboxes(raw_headers.get("reply-to", [])),
-        sender=_parse_mailboxes(raw_headers.get("sender", [])),
-        to=_parse_mailboxes(raw_headers.get("to", [])),
-        cc=_parse_mailboxes(raw_headers.get("cc", [])),
+        **_address_fields(raw_headers),
         auth_headers=auth_headers,
         spam_headers=_spam_headers(msg),
         from_header_count=from_count,
