@@ -25,6 +25,7 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.counters import count
 from activities.failures import missing_row
 from activities.heartbeat import heartbeating
 from activities.step_attempts import (
@@ -150,9 +151,7 @@ class ExtractActivities:
                 type=ErrorType.PERMANENT.value, non_retryable=True,
             ) from None
         if outcome.reasons[:1] == [TOO_COMPLEX]:
-            activity.metric_meter().create_counter(
-                "inboxcrm_messages_over_budget",
-                description="messages routed to review as too_complex").add(1)
+            count("inboxcrm_messages_over_budget", "messages routed to review as too_complex")
         record: dict[str, Any] = outcome.extraction.model_dump(mode="json")
         detail = {
             "extractor": outcome.extractor,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.counters import count
 from schemas.outcomes import ErrorType
 
 
@@ -26,6 +27,6 @@ def refuse_if_worker_draining(step: str) -> None:
     before anything is claimed or counted; counted as `inboxcrm_steps_handed_over`."""
     if not activity.is_worker_shutdown():
         return
-    activity.metric_meter().create_counter("inboxcrm_steps_handed_over").add(1, {"step": step})
+    count("inboxcrm_steps_handed_over", step=step)
     raise ApplicationError("worker draining", type=ErrorType.WORKER_DRAINING.value,
                            non_retryable=True)

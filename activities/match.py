@@ -16,6 +16,7 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.counters import count
 from activities.failures import missing_row
 from activities.heartbeat import heartbeating
 from activities.step_attempts import StepAttempt, counted_attempt
@@ -242,10 +243,9 @@ class _Planner:
         if not needs_approval and self.ramp_per_hour is not None:
             # Inside this transaction: a plan that rolls back gives its slot back.
             granted = await ramp.take_slot(self.conn, self.item.tenant, self.ramp_per_hour)
-            activity.metric_meter().create_counter(
-                "inboxcrm_ramp_followups",
-                "Automatic follow-ups during a first live run: granted, or held for a "
-                "reviewer (ramp_limit)").add(1, {"outcome": "granted" if granted else "held"})
+            count("inboxcrm_ramp_followups",
+                  "Automatic follow-ups during a first live run: granted, or held for a "
+                  "reviewer (ramp_limit)", outcome="granted" if granted else "held")
             if not granted:
                 needs_approval, approval_reason = True, "ramp_limit"
         # The words are part of the plan: the rule's version derives from its template's, and

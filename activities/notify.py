@@ -20,6 +20,7 @@ import asyncpg
 import httpx
 from temporalio import activity
 
+from activities.counters import count
 from inboxcrm.domain.notices import slack_message, webhook_url
 from inboxcrm.domain.policy import load_policies
 from inboxcrm.store import notices as store
@@ -94,7 +95,5 @@ async def _post(http: httpx.AsyncClient, url: str, payload: dict[str, object]) -
 
 
 def _count(outcome: Posted) -> None:
-    activity.metric_meter().create_counter(
-        "inboxcrm_review_notice_messages",
-        "Review notice messages posted to tenants' webhooks, by outcome").add(
-            1, {"outcome": outcome})
+    count("inboxcrm_review_notice_messages",
+          "Review notice messages posted to tenants' webhooks, by outcome", outcome=outcome)

@@ -38,6 +38,7 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.counters import count
 from activities.failures import refuse_if_worker_draining
 from activities.heartbeat import heartbeating
 from inboxcrm.adapters.base import AdapterError
@@ -375,5 +376,4 @@ def _backoff_seconds() -> float:
 def _count(name: str, action: str, outcome: str) -> None:
     """An app counter on the worker's Prometheus endpoint (Temporal runtime meter).
     Labels are enums only."""
-    activity.metric_meter().create_counter(name).add(
-        1, {"action": action, "outcome": outcome})
+    count(name, action=action, outcome=outcome)

@@ -33,6 +33,7 @@ from temporalio.worker import (
     Interceptor,
 )
 
+from activities.counters import count
 from schemas.outcomes import ErrorType
 
 # The server refused, dropped or never answered the connection (class 08), is shutting
@@ -99,11 +100,9 @@ class _Inbound(ActivityInboundInterceptor):
         except Exception as exc:
             name = activity.info().activity_type
             if is_store_unavailable(exc):
-                activity.metric_meter().create_counter("inboxcrm_store_unavailable").add(
-                    1, {"activity": name})
+                count("inboxcrm_store_unavailable", activity=name)
                 raise store_unavailable() from None
-            activity.metric_meter().create_counter("inboxcrm_step_bugs").add(
-                1, {"activity": name})
+            count("inboxcrm_step_bugs", activity=name)
             activity.logger.error("unexpected error in %s: %s", name, type(exc).__name__)
             raise step_bug(exc) from exc
 

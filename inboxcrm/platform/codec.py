@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from google.protobuf.message import DecodeError
 from temporalio.api.common.v1 import Payload
 from temporalio.api.failure.v1 import Failure
-from temporalio.common import MetricMeter
+from temporalio.common import MetricCounter, MetricMeter
 from temporalio.converter import (
     DataConverter,
     DefaultFailureConverterWithEncodedAttributes,
@@ -216,20 +216,26 @@ class EncryptionCodec(PayloadCodec):
         super().__init__()
         self.keyring = keyring
         self._ciphers = {key_id: AESGCM(key) for key_id, key in keyring.keys.items()}
-        self._bytes = meter.create_counter(
-            "inboxcrm_codec_bytes", "Payload bytes sealed (encode) and opened (decode) by the "
-            "codec", "By") if meter is not None else None
+        # Bound once per direction: attributes given on every `add` cost more than the add.
+        self._sealed: MetricCounter | None = None
+        self._opened: MetricCounter | None = None
+        if meter is not None:
+            counter = meter.create_counter(
+                "inboxcrm_codec_bytes", "Payload bytes sealed (encode) and opened (decode) by "
+                "the codec", "By")
+            self._sealed = counter.with_additional_attributes({"direction": "encode"})
+            self._opened = counter.with_additional_attributes({"direction": "decode"})
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
         sealed = [self.encrypt(p) for p in payloads]
-        if self._bytes is not None and sealed:
-            self._bytes.add(sum(len(p.data) for p in sealed), {"direction": "encode"})
+        if self._sealed is not None and sealed:
+            self._sealed.add(sum(len(p.data) for p in sealed))
         return sealed
 
     async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
-        if self._bytes is not None and payloads:
-            self._bytes.add(sum(len(p.data) for p in payloads if p.metadata.get("encoding")
-                                == ENCODING), {"direction": "decode"})
+        if self._opened is not None and payloads:
+            self._opened.add(sum(len(p.data) for p in payloads
+                                 if p.metadata.get("encoding") == ENCODING))
         return [self.decrypt(p) for p in payloads]
 
     def encrypt(self, payload: Payload) -> Payload:

@@ -9,6 +9,7 @@ import base64
 import hashlib
 import hmac
 import json
+import shutil
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +20,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from inboxcrm.domain import policy as policy_module
 from inboxcrm.domain.policy import PolicyError, load_policies, tenants_accepting
 from inboxcrm.ingress.app import create_app
 from inboxcrm.ingress.form import (
@@ -134,6 +136,22 @@ def test_demo_policies_bind_the_shared_credentials() -> None:
     assert tenants_accepting("standard") == {"acme", "rehearsal"}
     assert tenants_accepting("postmark") == {"acme", "rehearsal"}
     assert tenants_accepting("mailgun") == {"acme", "rehearsal"}
+
+
+def test_a_revoked_shared_credential_is_refused_within_the_recheck_window(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The relay reads the bindings from the re-checked policies, not from disk per request:
+    a revocation holds once RECHECK_SECONDS have passed."""
+    shutil.copytree(ROOT / "policies", tmp_path, dirs_exist_ok=True)
+    monkeypatch.setenv("INBOXCRM_POLICY_DIR", str(tmp_path))
+    assert "acme" in tenants_accepting("standard")
+    policy = json.loads((tmp_path / "acme.json").read_text())
+    policy["inbound_credentials"] = ["postmark"]
+    (tmp_path / "acme.json").write_text(json.dumps(policy))
+    later = time.monotonic() + policy_module.RECHECK_SECONDS + 0.1
+    monkeypatch.setattr(policy_module.time, "monotonic", lambda: later)
+    assert "acme" not in tenants_accepting("standard")
+    assert "acme" in tenants_accepting("postmark")
 
 
 def test_policy_rejects_an_unknown_credential_name(tmp_path: Path) -> None:
