@@ -8,7 +8,6 @@ first (read-after-write consistent, not the lagging search index).
 from __future__ import annotations
 
 import email.parser
-import email.utils
 import uuid
 from datetime import datetime, timedelta
 
@@ -20,6 +19,7 @@ from activities.outbox import MAX_PARK_SECONDS, Attempt, OutboxRunner, Recorded
 from inboxcrm.adapters.base import AdapterError, ContactFields, CrmClient
 from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
+from inboxcrm.domain.extraction.minimise import date_written
 from inboxcrm.store import contacts, ledger
 from schemas.models import Action, ItemState, OperationInput, OperationResult
 
@@ -82,7 +82,7 @@ class CrmActivities:
                 "inboxcrm.")
         return await self._crm(attempt.op.item.tenant).log_note(
             note_key(attempt.op.op_key), row["crm_record_id"], text,
-            message_date(row["head"], row["received_at"]))
+            note_time(row["written_at"], row["head"], row["received_at"]))
 
     def _record_note(self, attempt: Attempt, note_id: str, reconciled: bool) -> Recorded:
         return Recorded(
@@ -132,18 +132,15 @@ def _contact_id(attempt: Attempt) -> str:
     return ref
 
 
-def message_date(head: bytes | None, received_at: datetime) -> datetime:
-    """When the email was written: its Date header, else (missing, unparsable, without a
-    time zone, purged, or implausibly far ahead) when we received it."""
+def note_time(written_at: datetime | None, head: bytes | None,
+              received_at: datetime) -> datetime:
+    """When the email was written: its Date header as extraction stored it (or, for an item
+    extracted before migration 041, as read from the `head` of the message), else (missing,
+    unparsable, without a time zone, purged, or implausibly far ahead) when we received it."""
     if head:
-        value = email.parser.BytesHeaderParser().parsebytes(head).get("Date")
-        try:
-            written = email.utils.parsedate_to_datetime(str(value)) if value else None
-        except (TypeError, ValueError):
-            written = None
-        if written is not None and written.tzinfo is not None and (
-                written <= received_at + MAX_DATE_AHEAD):
-            return written
+        written_at = date_written(email.parser.BytesHeaderParser().parsebytes(head).get("Date"))
+    if written_at is not None and written_at <= received_at + MAX_DATE_AHEAD:
+        return written_at
     return received_at
 
 

@@ -173,7 +173,7 @@ class ExtractActivities:
         }
         args = (events.STORE_EXTRACTION, item.event_id, record, outcome.route, outcome.reasons,
                 outcome.canonical_email, item.tenant, item.workflow_id, audit.json_safe(detail),
-                STEP)
+                STEP, outcome.written_at, outcome.languages)
         if outcome.suppression_candidates:
             async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(*args)

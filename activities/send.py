@@ -33,7 +33,7 @@ from inboxcrm.domain.templates import (
     Template,
     TemplateRefused,
     from_sources,
-    message_languages,
+    reply_languages,
 )
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.store import audit, intents, ledger
@@ -195,10 +195,11 @@ class SendActivities:
         try:
             policy = get_policy(row["tenant"])
             template = await _planned_template(conn, row, policy)
-            head = bytes(row["head"]) if row["head"] is not None else None  # None once purged
+            head = bytes(row["head"]) if row["head"] is not None else None
             return compose(policy, template, to=row["email"], contact_id=row["contact_id"],
                            name=row["name"], company=row["company"],
-                           languages=message_languages(head), settings=self._settings)
+                           languages=reply_languages(row["languages"], head),
+                           settings=self._settings)
         except FollowupRefused as refused:
             activity.logger.error("follow-up refused: %s", refused)
             reason = refused.reason

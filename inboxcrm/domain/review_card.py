@@ -37,7 +37,7 @@ from inboxcrm.domain.policy import (
     UnknownTenant,
     get_policy,
 )
-from inboxcrm.domain.templates import Template, TemplateRefused, from_sources, message_languages
+from inboxcrm.domain.templates import Template, TemplateRefused, from_sources, reply_languages
 from inboxcrm.platform.config import get_settings
 from inboxcrm.platform.workpool import IN_PROCESS, BudgetExceeded, Runner, WorkFailed
 from inboxcrm.store import intents, review
@@ -286,7 +286,8 @@ async def _dry_run(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str,
 async def _followup(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str, Any],
                     policy: TenantPolicy, contact: Any) -> None:
     planned = await review.event_intent(conn, row["event_id"])
-    languages = message_languages(bytes(row["raw"][:64 * 1024]) if row["raw"] else None)
+    languages = reply_languages(row["languages"],
+                                bytes(row["raw"][:64 * 1024]) if row["raw"] else None)
     if planned is not None:
         ref = str(planned["template_id"])
         words, refused = await _words(

@@ -280,8 +280,8 @@ def first_name(name: str | None) -> str:
 
 
 def message_languages(head: bytes | str | None) -> list[str]:
-    """The languages the inbound message names: `Content-Language`, then `Accept-Language`
-    (quality order), as lower-case tags. [] when it names none (or was purged)."""
+    """The languages the inbound message names, read from its head (`languages_named`).
+    [] when it names none (or was purged)."""
     if not head:
         return []
     parser = email.parser.BytesHeaderParser(policy=email.policy.compat32)
@@ -290,13 +290,20 @@ def message_languages(head: bytes | str | None) -> list[str]:
         headers = parser.parsebytes(raw)
     except (ValueError, TypeError):
         return []
+    return languages_named(headers.get("Content-Language"), headers.get("Accept-Language"))
+
+
+def languages_named(content_language: object, accept_language: object) -> list[str]:
+    """The languages a message names: `Content-Language`, then `Accept-Language` (quality
+    order), as lower-case tags; [] when it names none. Extraction stores them (in its work
+    pool, under the work budget), so the send never parses the message again."""
     wanted: list[str] = []
-    for tag in str(headers.get("Content-Language") or "").split(","):
+    for tag in str(content_language or "").split(","):
         tag = tag.strip().lower()
         if _LANG.match(tag):
             wanted.append(tag)
     ranked: list[tuple[float, int, str]] = []
-    for index, item in enumerate(str(headers.get("Accept-Language") or "").split(",")[:20]):
+    for index, item in enumerate(str(accept_language or "").split(",")[:20]):
         tag, _, params = item.strip().lower().partition(";")
         quality = 1.0
         if params.strip().startswith("q="):
@@ -308,3 +315,9 @@ def message_languages(head: bytes | str | None) -> list[str]:
             ranked.append((-quality, index, tag))
     wanted += [tag for _, _, tag in sorted(ranked)]
     return wanted
+
+
+def reply_languages(stored: list[str] | None, head: bytes | None) -> list[str]:
+    """The languages to answer in: as extraction stored them, else (an item extracted
+    before migration 041 stored them) read from the head of its message."""
+    return list(stored) if stored is not None else message_languages(head)

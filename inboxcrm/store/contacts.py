@@ -30,10 +30,12 @@ LOAD_CONTACT = """
 SELECT contact_id, email, name, company FROM contacts WHERE contact_id = $1::uuid
 """
 
-# `head`: the start of the stored message, for its Date header (NULL once purged).
+# `written_at`: the message's Date as extraction stored it (migration 041). `head`, the start
+# of the stored message, only for an item extracted before that (NULL once purged).
 LOAD_NOTE_CONTEXT = """
 SELECT c.crm_record_id, e.source, e.received_at, e.route, e.extraction ->> 'intent' AS intent,
-       e.delivery_id, substring(e.raw FROM 1 FOR 65536) AS head
+       e.delivery_id, e.written_at,
+       CASE WHEN e.languages IS NULL THEN substring(e.raw FROM 1 FOR 65536) END AS head
 FROM inbound_events e JOIN contacts c ON c.contact_id = e.contact_id
 WHERE e.event_id = $1::uuid
 """

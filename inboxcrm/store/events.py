@@ -102,7 +102,7 @@ STORE_EXTRACTION = f"""
 WITH stored AS (
     UPDATE inbound_events
     SET extraction = $2, route = $3, route_reasons = $4, canonical_email = $5,
-        updated_at = now()
+        written_at = $10, languages = $11, updated_at = now()
     WHERE event_id = $1
 ), {end_step_cte("$7", "$9")}
 INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)

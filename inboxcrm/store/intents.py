@@ -75,8 +75,9 @@ WHERE i.intent_id = $1::uuid
 FOR SHARE OF c
 """
 
-# The intent, its contact and eligibility, and the head of the item's message ($2: the
-# language of the follow-up is read from its headers), the intent row-locked.
+# The intent, its contact and eligibility, and the languages the item's message names ($2;
+# as extraction stored them, migration 041, or for an item extracted before that the head
+# of the message, to read them from), the intent row-locked.
 CLAIM_INTENT = """
 SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.rule_id, i.lease_owner,
        i.provider_message_id,
@@ -85,9 +86,10 @@ SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.rule_id, i.lease_ow
        EXISTS (SELECT 1 FROM suppressions s
                WHERE s.tenant = c.tenant AND s.canonical_email = c.canonical_email)
            AS suppressed,
-       (SELECT substring(e.raw FROM 1 FOR 65536) FROM inbound_events e
-        WHERE e.event_id = $2::uuid) AS head
+       e.languages,
+       CASE WHEN e.languages IS NULL THEN substring(e.raw FROM 1 FOR 65536) END AS head
 FROM followup_intents i JOIN contacts c ON c.contact_id = i.contact_id
+LEFT JOIN inbound_events e ON e.event_id = $2::uuid
 WHERE i.intent_id = $1::uuid
 FOR UPDATE OF i
 """

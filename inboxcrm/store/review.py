@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 REVIEW_ITEM = """
 SELECT e.event_id, e.workflow_id, e.tenant, e.source, e.mailbox, e.state, e.reason, e.route,
-       e.route_reasons, e.extraction, e.canonical_email, e.raw, e.contact_id,
+       e.route_reasons, e.extraction, e.canonical_email, e.raw, e.contact_id, e.languages,
        t.reason AS wait_reason, t.owner, t.status AS task_status, t.first_seen, t.wait_id,
        t.allowed, t.needs_sender, t.escalate_at, t.escalated_at, t.destination_ref
 FROM inbound_events e

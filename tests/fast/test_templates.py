@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from inboxcrm.domain.extraction import extract_with_rules
 from inboxcrm.domain.followup import FollowupRefused, compose
 from inboxcrm.domain.policy import PolicyError, TenantPolicy, load_policies
 from inboxcrm.domain.templates import Fields as TemplateFields
@@ -24,6 +25,7 @@ from inboxcrm.domain.templates import (
     from_sources,
     message_languages,
     render,
+    reply_languages,
 )
 from inboxcrm.platform.config import Settings
 
@@ -212,6 +214,15 @@ def test_html_is_escaped_and_text_is_not() -> None:
 ])
 def test_the_message_names_its_languages(head: bytes | None, wanted: list[str]) -> None:
     assert message_languages(head) == wanted
+    # Extraction stores the same (migration 041): the send reads them, not the message.
+    raw = b"From: Jane <jane@example.org>\r\nTo: sales@example.com\r\n" + (head or b"\r\n")
+    policy = TenantPolicy(tenant="langs", mailboxes=["sales@example.com"],
+                          domains=["example.com"])
+    stored = extract_with_rules(raw, len(raw), policy, "standard").languages
+    assert stored == wanted
+    assert reply_languages(stored, None) == wanted
+    assert reply_languages(None, raw) == wanted  # an item extracted before 041
+    assert reply_languages([], raw) == []        # stored: the message names none
 
 
 def test_the_language_falls_back_to_the_tenant_default() -> None:

@@ -10,12 +10,14 @@ and routing are deterministic code in `route.py`; identity follows the tenant po
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from inboxcrm.domain.policy import PolicyError, TenantPolicy, UnknownTenant, get_policy
+from inboxcrm.domain.templates import languages_named
 from inboxcrm.platform.config import Settings
 from inboxcrm.platform.workpool import IN_PROCESS, BudgetExceeded, Runner, WorkFailed, WorkPool
 from schemas.extraction import Extraction
@@ -30,7 +32,7 @@ from .base import (
     ExtractorUnavailable,
 )
 from .limits import MAX_RAW_BYTES
-from .minimise import MinimisedMessage, minimise
+from .minimise import MinimisedMessage, date_written, minimise
 from .route import TOO_COMPLEX, Decision, ignore_reasons, validate_and_route
 from .rules import RULES_VERSION, RulesExtractor, extract_rules
 
@@ -71,6 +73,10 @@ class ExtractionOutcome(BaseModel):
     # a hard bounce or complaint about earlier mail: {"reason": "bounced"|"complaint",
     # "recipients": [...]}; the caller suppresses them if that mail was ours
     suppression_candidates: dict[str, Any] | None = None
+    # minimise.REPLY_HEADERS, read once here: when the message was written (its Date, for
+    # the CRM note) and the languages it names (for the follow-up)
+    written_at: datetime | None = None
+    languages: list[str] = []
 
     def section10_json(self) -> dict[str, Any]:
         """The `inboxcrm extract --json` document of docs/architecture.md §10 (its four
@@ -133,6 +139,9 @@ def finish(prepared: Prepared, extraction: Extraction, extra_reasons: list[str],
         extractor_version=extractor[1],
         authentication=auth.as_json(),
         suppression_candidates=_suppression_candidates(message, route),
+        written_at=date_written(message.routing_headers.get("Date")),
+        languages=languages_named(message.routing_headers.get("Content-Language"),
+                                  message.routing_headers.get("Accept-Language")),
     )
 
 

@@ -17,9 +17,10 @@ import contextlib
 import re
 import unicodedata
 from collections import Counter
+from datetime import datetime
 from email import policy as email_policy
 from email.message import Message
-from email.utils import getaddresses
+from email.utils import getaddresses, parsedate_to_datetime
 from html.parser import HTMLParser
 
 from pydantic import BaseModel, ConfigDict
@@ -54,7 +55,12 @@ MODEL_HEADERS = (
     "List-Id",
     "Content-Type",
 )
-# Headers only the deterministic router looks at (never shown to the model).
+# When the message was written (the CRM note's time) and the languages it names (the
+# follow-up's): read here, in the work pool under the work budget, and stored with the
+# extraction, so no later step parses the message again.
+REPLY_HEADERS = ("Date", "Content-Language", "Accept-Language")
+# Headers only deterministic code looks at (never shown to the model): the router's, and
+# REPLY_HEADERS.
 ROUTING_HEADERS = (
     "Return-Path",
     "X-Autoreply",
@@ -87,7 +93,7 @@ ROUTING_HEADERS = (
     "X-Report-Abuse",
     "X-Mailgun-Tag",
     "Cc",
-)
+) + REPLY_HEADERS
 # Trace headers the sender authentication reads (every occurrence, in order: the topmost
 # is the one the receiving boundary added last).
 AUTH_HEADERS = (
@@ -232,6 +238,16 @@ def _decode_encoded_word(match: re.Match[str]) -> str:
     except (binascii.Error, ValueError):
         return match.group(0)
     return decode_bytes(data, charset)
+
+
+def date_written(value: object) -> datetime | None:
+    """A `Date` header as an aware datetime; None when it is missing, unparsable or has no
+    time zone (whether it is plausible is the reader's question)."""
+    try:
+        written = parsedate_to_datetime(str(value)) if value else None
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    return written if written is not None and written.tzinfo is not None else None
 
 
 def decode_header_value(raw: object, limit: int = MAX_HEADER_CHARS) -> str:
