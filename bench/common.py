@@ -261,6 +261,33 @@ def rss_bytes(pid: int) -> int:
         return 0
 
 
+# Loops of the speed probe: about 30 ms of CPU on the benchmark machine.
+PROBE_LOOPS = 1_000_000
+
+
+def speed_probe(loops: int = PROBE_LOOPS, tries: int = 3) -> float:
+    """CPU ms this machine takes for a fixed pure-Python loop, the best of `tries`. Taken
+    before every measured run: a VM's host drifts (a third within half an hour on the
+    benchmark VM) without any steal time showing inside it, and CPU per item drifts with it.
+    Runs whose probes differ by more than the change being measured cannot tell it apart."""
+    best = float("inf")
+    for _ in range(tries):
+        started = time.process_time()
+        total = 0
+        for i in range(loops):
+            total += i
+        best = min(best, time.process_time() - started)
+    return round(best * 1000, 2)
+
+
+def speed_spread(probes: Sequence[float]) -> dict[str, Any]:
+    """The probes of one benchmark: slowest over fastest, less one (0.1: 10 % slower)."""
+    if not probes:
+        return {"probes": 0, "min_ms": None, "max_ms": None, "spread": None}
+    return {"probes": len(probes), "min_ms": min(probes), "max_ms": max(probes),
+            "spread": round(max(probes) / min(probes) - 1, 3) if min(probes) > 0 else None}
+
+
 def cpu_seconds(pid: int, children: bool = True) -> float:
     """User + system CPU seconds of a process plus (by default) its live descendants."""
     total = 0.0

@@ -74,6 +74,11 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
                         f"{same['ratio']} ({tp['product_per_second']} / {same['per_second']} "
                         f"per s; {same['activities']} activities + {same['local_activities']} "
                         "local, no-op): the cost of the real work", ""))
+        speed = tp.get("machine_speed") or {}
+        if speed.get("probes"):
+            out.append(("machine speed over the runs (fixed loop, CPU ms)",
+                        f"{speed['min_ms']} to {speed['max_ms']} ms over {speed['probes']} "
+                        f"probes: spread {speed['spread']:.0%}", "<= 10 %"))
         out += cpu_rows(tp.get("cpu_per_item"))
         out += profile_rows(tp.get("profiled_run"))
     pk = result.get("parked")

@@ -373,6 +373,9 @@ def compile_bytecode() -> None:
 # The share of the machine that processes outside the run may use before its figures are
 # called preliminary.
 OTHER_WORK_LIMIT = 0.1
+# How much the machine's own speed (`common.speed_probe`) may change between the runs before
+# the report says the run cannot measure a change of that size.
+SPEED_SPREAD_LIMIT = 0.1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -432,7 +435,13 @@ def main(argv: list[str] | None = None) -> int:
     if other is not None and other > OTHER_WORK_LIMIT:
         result["notes"].append(f"the machine was busy with other work ({other:.0%} of its CPU "
                                "used outside the run): preliminary figures")
-    elif other is None and m["loadavg_start"][0] > 0.5 * m["nproc"]:
+    speed = (result.get("throughput") or {}).get("machine_speed") or {}
+    if speed.get("spread") is not None and speed["spread"] > SPEED_SPREAD_LIMIT:
+        result["notes"].append(
+            f"the machine's own speed changed by {speed['spread']:.0%} between runs (a fixed "
+            "loop, `machine_speed`): a ratio across rounds, or a change smaller than that, is "
+            "not measured by this run")
+    if other is None and m["loadavg_start"][0] > 0.5 * m["nproc"]:
         # No stack phase measured it: the load average at the start is all there is (it
         # also remembers whatever ended in the last minutes).
         result["notes"].append("the machine may have been busy (load average at the start "

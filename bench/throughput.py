@@ -38,6 +38,8 @@ from bench.common import (
     person_name,
     run_bounded,
     sign,
+    speed_probe,
+    speed_spread,
     summary_ms,
 )
 from bench.floor_workflow import WORKFLOW_NAME, FloorInput
@@ -293,7 +295,9 @@ async def floor_runs(h: Handles, client: Client, opts: Options, round_no: int,
                      runs: list[dict[str, Any]], log: Any) -> int:
     """One round's floor (and floor in the product's shape); returns the closed count."""
     log(f"throughput round {round_no + 1}/{opts.repeat}: floor, {opts.n} workflows")
+    probe = speed_probe()
     floor = await run_floor(h, client, opts, round_no, opts.n, shape, closed)
+    floor["speed_probe_ms"] = probe
     closed += opts.n
     floor["steps_per_item"] = await steps_of(client, floor.get("sample_workflow_id"))
     log(f"  floor: {floor['per_second']}/s over {floor['elapsed_seconds']}s")
@@ -301,8 +305,10 @@ async def floor_runs(h: Handles, client: Client, opts: Options, round_no: int,
     if own is not None:
         log(f"throughput round {round_no + 1}/{opts.repeat}: floor in the product's "
             f"shape ({own[0]} activities + {own[1]} local), {opts.n} workflows")
+        probe = speed_probe()
         same = await run_floor(h, client, opts, round_no, opts.n, own, closed,
                                "floor-same-shape")
+        same["speed_probe_ms"] = probe
         closed += opts.n
         same["steps_per_item"] = await steps_of(client, same.get("sample_workflow_id"))
         log(f"  floor in the product's shape: {same['per_second']}/s over "
@@ -356,7 +362,9 @@ async def run_phase(h: Handles, opts: Options, log: Any) -> dict[str, Any]:
                                           log)
                 continue
             log(f"throughput round {round_no + 1}/{opts.repeat}: product, {opts.n} emails")
+            probe = speed_probe()
             product = await run_product(h, opts, round_no, opts.n)
+            product["speed_probe_ms"] = probe
             runs.append(product)
             if product.get("error"):
                 log(f"  product: {product['error']}; restarting the relay")
@@ -397,6 +405,8 @@ async def run_phase(h: Handles, opts: Options, log: Any) -> dict[str, Any]:
             else None},
         "target_ratio": 1.0,
         "cpu_per_item": cpu_per_item(runs),
+        "machine_speed": speed_spread([r["speed_probe_ms"] for r in runs
+                                       if r.get("speed_probe_ms") is not None]),
         "profiled_run": profiled,
     }
 
