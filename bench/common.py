@@ -265,6 +265,18 @@ def rss_bytes(pid: int) -> int:
 PROBE_LOOPS = 1_000_000
 
 
+def quiet_machine(below: float = 0.15, window: float = 0.5, limit: float = 20.0) -> float:
+    """Wait until the machine's CPU is busy less than `below` over `window` seconds (at most
+    `limit` seconds): the last run's trailing work (the Temporal server's timers and
+    visibility tasks, autovacuum) then neither slows the probe nor is charged to the next
+    run. Returns the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        if psutil.cpu_percent(interval=window) / 100 < below:
+            break
+    return round(time.monotonic() - started, 1)
+
+
 def speed_probe(loops: int = PROBE_LOOPS, tries: int = 3) -> float:
     """CPU ms this machine takes for a fixed pure-Python loop, the best of `tries`. Taken
     before every measured run: a VM's host drifts (a third within half an hour on the

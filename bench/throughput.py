@@ -36,6 +36,7 @@ from bench.common import (
     cpu_snapshot,
     inquiry,
     person_name,
+    quiet_machine,
     run_bounded,
     sign,
     speed_probe,
@@ -295,9 +296,10 @@ async def floor_runs(h: Handles, client: Client, opts: Options, round_no: int,
                      runs: list[dict[str, Any]], log: Any) -> int:
     """One round's floor (and floor in the product's shape); returns the closed count."""
     log(f"throughput round {round_no + 1}/{opts.repeat}: floor, {opts.n} workflows")
+    waited = await asyncio.to_thread(quiet_machine)
     probe = speed_probe()
     floor = await run_floor(h, client, opts, round_no, opts.n, shape, closed)
-    floor["speed_probe_ms"] = probe
+    floor["speed_probe_ms"], floor["quiet_wait_s"] = probe, waited
     closed += opts.n
     floor["steps_per_item"] = await steps_of(client, floor.get("sample_workflow_id"))
     log(f"  floor: {floor['per_second']}/s over {floor['elapsed_seconds']}s")
@@ -305,10 +307,11 @@ async def floor_runs(h: Handles, client: Client, opts: Options, round_no: int,
     if own is not None:
         log(f"throughput round {round_no + 1}/{opts.repeat}: floor in the product's "
             f"shape ({own[0]} activities + {own[1]} local), {opts.n} workflows")
+        waited = await asyncio.to_thread(quiet_machine)
         probe = speed_probe()
         same = await run_floor(h, client, opts, round_no, opts.n, own, closed,
                                "floor-same-shape")
-        same["speed_probe_ms"] = probe
+        same["speed_probe_ms"], same["quiet_wait_s"] = probe, waited
         closed += opts.n
         same["steps_per_item"] = await steps_of(client, same.get("sample_workflow_id"))
         log(f"  floor in the product's shape: {same['per_second']}/s over "
@@ -362,9 +365,10 @@ async def run_phase(h: Handles, opts: Options, log: Any) -> dict[str, Any]:
                                           log)
                 continue
             log(f"throughput round {round_no + 1}/{opts.repeat}: product, {opts.n} emails")
+            waited = await asyncio.to_thread(quiet_machine)
             probe = speed_probe()
             product = await run_product(h, opts, round_no, opts.n)
-            product["speed_probe_ms"] = probe
+            product["speed_probe_ms"], product["quiet_wait_s"] = probe, waited
             runs.append(product)
             if product.get("error"):
                 log(f"  product: {product['error']}; restarting the relay")
