@@ -154,7 +154,7 @@ class OutboxRunner:
                 conn, op.op_key, tenant=item.tenant, pause_scope=self.pause_scope,
                 event_id=item.event_id, running_state=running_state)
         if claim.paused:
-            _count("inboxcrm_operations_parked", self.action, "paused")
+            count("inboxcrm_operations_parked", action=self.action, outcome="paused")
             return OperationResult(
                 status="parked", reason="paused",
                 retry_at=claim.parked_until.isoformat() if claim.parked_until else None)
@@ -204,11 +204,12 @@ class OutboxRunner:
             classified = park_long_retry_after(exc.classified,
                                                max_retry_after=self.max_retry_after,
                                                max_park=self.max_park)
-            _count("inboxcrm_operation_failures", self.action, classified.category.value)
+            count("inboxcrm_operation_failures", action=self.action,
+                  outcome=classified.category.value)
             if classified.park_until is not None:
                 if not await self._park(attempt, classified, on_failure):
                     return await self._settled(op)
-                _count("inboxcrm_operations_parked", self.action, "provider_limit")
+                count("inboxcrm_operations_parked", action=self.action, outcome="provider_limit")
                 return OperationResult(status="parked", reason=classified.reason,
                                        retry_at=classified.park_until.isoformat())
             error = with_jittered_delay(to_application_error(classified,
@@ -262,8 +263,8 @@ class OutboxRunner:
                 contact_id=entry.contact_id))
         if not owned:
             raise Fenced()
-        _count("inboxcrm_operations_completed", self.action,
-               "reconciled" if reconciled else "sent")
+        count("inboxcrm_operations_completed", action=self.action,
+              outcome="reconciled" if reconciled else "sent")
 
     async def _park(self, attempt: Attempt, classified: Classified,
                     on_failure: Callable[[Any, Attempt, Classified], Awaitable[None]] | None,
@@ -322,7 +323,7 @@ class OutboxRunner:
     async def _settled(self, op: OperationInput) -> OperationResult:
         """A fenced-off attempt reports the row as it is now: settled by another attempt, or
         still owned by one (then the next attempt of this step reconciles first)."""
-        _count("inboxcrm_operation_attempts_fenced", self.action, "fenced")
+        count("inboxcrm_operation_attempts_fenced", action=self.action, outcome="fenced")
         async with self.pool.acquire() as conn:
             status, destination_id = await ledger.current_status(conn, op.op_key)
         if status == "completed":
@@ -371,9 +372,3 @@ def _backoff_seconds() -> float:
             else:
                 maximum = initial * 100
     return float(min(initial * coefficient ** (attempt - 1), maximum))
-
-
-def _count(name: str, action: str, outcome: str) -> None:
-    """An app counter on the worker's Prometheus endpoint (Temporal runtime meter).
-    Labels are enums only."""
-    count(name, action=action, outcome=outcome)

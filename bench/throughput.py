@@ -18,6 +18,7 @@ import json
 import random
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
@@ -291,15 +292,22 @@ def _local_activity_type(event: Any) -> str | None:
 PLAIN_FLOOR = (4, 0)
 
 
+async def on_quiet_machine(run: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    """One measured run, started once the machine is quiet, with the machine's speed just
+    before it (`common.quiet_machine`, `common.speed_probe`; bench/README.md)."""
+    waited = await asyncio.to_thread(quiet_machine)
+    probe = speed_probe()
+    result = await run
+    result["speed_probe_ms"], result["quiet_wait_s"] = probe, waited
+    return result
+
+
 async def floor_runs(h: Handles, client: Client, opts: Options, round_no: int,
                      shape: tuple[int, int], own: tuple[int, int] | None, closed: int,
                      runs: list[dict[str, Any]], log: Any) -> int:
     """One round's floor (and floor in the product's shape); returns the closed count."""
     log(f"throughput round {round_no + 1}/{opts.repeat}: floor, {opts.n} workflows")
-    waited = await asyncio.to_thread(quiet_machine)
-    probe = speed_probe()
-    floor = await run_floor(h, client, opts, round_no, opts.n, shape, closed)
-    floor["speed_probe_ms"], floor["quiet_wait_s"] = probe, waited
+    floor = await on_quiet_machine(run_floor(h, client, opts, round_no, opts.n, shape, closed))
     closed += opts.n
     floor["steps_per_item"] = await steps_of(client, floor.get("sample_workflow_id"))
     log(f"  floor: {floor['per_second']}/s over {floor['elapsed_seconds']}s")
@@ -307,11 +315,8 @@ async def floor_runs(h: Handles, client: Client, opts: Options, round_no: int,
     if own is not None:
         log(f"throughput round {round_no + 1}/{opts.repeat}: floor in the product's "
             f"shape ({own[0]} activities + {own[1]} local), {opts.n} workflows")
-        waited = await asyncio.to_thread(quiet_machine)
-        probe = speed_probe()
-        same = await run_floor(h, client, opts, round_no, opts.n, own, closed,
-                               "floor-same-shape")
-        same["speed_probe_ms"], same["quiet_wait_s"] = probe, waited
+        same = await on_quiet_machine(run_floor(h, client, opts, round_no, opts.n, own, closed,
+                                                "floor-same-shape"))
         closed += opts.n
         same["steps_per_item"] = await steps_of(client, same.get("sample_workflow_id"))
         log(f"  floor in the product's shape: {same['per_second']}/s over "
@@ -365,10 +370,7 @@ async def run_phase(h: Handles, opts: Options, log: Any) -> dict[str, Any]:
                                           log)
                 continue
             log(f"throughput round {round_no + 1}/{opts.repeat}: product, {opts.n} emails")
-            waited = await asyncio.to_thread(quiet_machine)
-            probe = speed_probe()
-            product = await run_product(h, opts, round_no, opts.n)
-            product["speed_probe_ms"], product["quiet_wait_s"] = probe, waited
+            product = await on_quiet_machine(run_product(h, opts, round_no, opts.n))
             runs.append(product)
             if product.get("error"):
                 log(f"  product: {product['error']}; restarting the relay")

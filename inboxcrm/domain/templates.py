@@ -318,6 +318,6 @@ def languages_named(content_language: object, accept_language: object) -> list[s
 
 
 def reply_languages(stored: list[str] | None, head: bytes | None) -> list[str]:
-    """The languages to answer in: as extraction stored them, else (an item extracted
-    before migration 041 stored them) read from the head of its message."""
+    """The languages to answer in: as extraction stored them, else (for an item extracted
+    before migration 041) as read from the head of its message."""
     return list(stored) if stored is not None else message_languages(head)

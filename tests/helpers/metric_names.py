@@ -38,8 +38,7 @@ def relay_metric_names() -> set[str]:
 
 def worker_app_metric_names() -> set[str]:
     """Names the worker's own code creates on the Temporal runtime's meter (counters:
-    `activities.counters.count("…", …)`, `workflow.metric_meter().create_counter("…")`,
-    and the outbox's `_count("…", …)`)."""
+    `activities.counters.count("…", …)` and `workflow.metric_meter().create_counter("…")`)."""
     names = set()
     for folder in ("activities", "workflows", "inboxcrm"):
         for path in (ROOT / folder).rglob("*.py"):
@@ -49,7 +48,7 @@ def worker_app_metric_names() -> set[str]:
                 first = node.args[0]
                 callee = ast.unparse(node.func)
                 if isinstance(first, ast.Constant) and isinstance(first.value, str) and (
-                        callee.endswith(".create_counter") or callee in ("_count", "count")):
+                        callee.endswith(".create_counter") or callee == "count"):
                     names.add(first.value)
     return names
 
