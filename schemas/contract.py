@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from temporalio.common import SearchAttributeKey
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+
+from schemas.models import ItemState
 
 WORKFLOW_TYPE = "InboundEmailWorkflow"
 DEFAULT_TASK_QUEUE = "inboxcrm"
@@ -47,6 +49,15 @@ SA_OVERDUE = SearchAttributeKey.for_bool("ReviewOverdue")
 SEARCH_ATTRIBUTES: tuple[SearchAttributeKey[str] | SearchAttributeKey[bool], ...] = (
     SA_STATE, SA_REVIEW_REASON, SA_REVIEW_OWNER, SA_TENANT, SA_NEEDS_REVIEW, SA_OVERDUE,
 )
+
+
+def start_search_attributes(tenant: str) -> TypedSearchAttributes:
+    """The search attributes an item's workflow is started with: its tenant and its first
+    state. A run started with them does not upsert them itself (one history event and one
+    visibility write fewer per item); a run started without them, by an older relay, still
+    does (docs/architecture.md §3)."""
+    return TypedSearchAttributes([SearchAttributePair(SA_TENANT, tenant),
+                                  SearchAttributePair(SA_STATE, ItemState.EXTRACTING.value)])
 
 # The scheduled drift check (docs/architecture.md §4, "destination truth"): a Temporal Schedule
 # starts this workflow on the worker's task queue (`INBOXCRM_TASK_QUEUE`, default

@@ -190,8 +190,17 @@ class InboundEmailWorkflow:
         return self.status()
 
     async def _process(self) -> None:
-        self._show(ItemState.EXTRACTING, extra=[SA_TENANT.value_set(self.item.tenant)],
-                   publish=True)
+        # A run started with its tenant and first state (`start_search_attributes`) already
+        # shows them; one started without them (an older relay) upserts them. The start
+        # event decides, so a replay decides the same.
+        given = workflow.info().typed_search_attributes
+        if (given.get(SA_TENANT) == self.item.tenant
+                and given.get(SA_STATE) == ItemState.EXTRACTING.value):
+            self._shown_state = ItemState.EXTRACTING.value
+            self._show(ItemState.EXTRACTING, publish=True)
+        else:
+            self._show(ItemState.EXTRACTING, extra=[SA_TENANT.value_set(self.item.tenant)],
+                       publish=True)
         extraction = await self._step(
             ExtractActivities.extract_message, self.item, EXTRACT_TIMEOUT, EXTRACT_RETRY,
             summary="extract")

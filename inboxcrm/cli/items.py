@@ -15,7 +15,7 @@ from rich.table import Table
 from inboxcrm.cli.common import JsonOpt, ReviewerOpt, err, fail, out, settings_from_env, with_db
 from inboxcrm.domain.review_card import age_text
 from inboxcrm.store import db, items, retention
-from schemas.contract import WORKFLOW_TYPE
+from schemas.contract import WORKFLOW_TYPE, start_search_attributes
 
 
 def status(workflow_id: str) -> None:
@@ -176,6 +176,7 @@ def replay(workflow_id: str, reviewer: ReviewerOpt,
                 WORKFLOW_TYPE,
                 InboundEmailInput(event_id=str(row["event_id"]), tenant=row["tenant"]),
                 id=workflow_id, task_queue=settings.task_queue,
+                search_attributes=start_search_attributes(row["tenant"]),
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
             )
             await items.record_replayed(conn, tenant=row["tenant"], event_id=row["event_id"],

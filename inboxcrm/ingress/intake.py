@@ -28,7 +28,7 @@ from temporalio.service import RPCError
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
 from inboxcrm.store import audit, events
-from schemas.contract import WORKFLOW_TYPE
+from schemas.contract import WORKFLOW_TYPE, start_search_attributes
 from schemas.models import InboundEmailInput, inbound_workflow_id
 
 log = logging.getLogger("inboxcrm.ingress")
@@ -133,6 +133,7 @@ class Ingestor:
                 # The UI's workflow page: tenant, source and mailbox (the tenant's own
                 # address, never personal data); the review card says the rest.
                 static_summary=static_summary(workflow_id),
+                search_attributes=start_search_attributes(tenant),
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 rpc_timeout=START_RPC_TIMEOUT,

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import (
     Client,
@@ -28,13 +29,21 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowUpdateFailedError,
 )
+from temporalio.common import TypedSearchAttributes
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.store_outage import StoreOutageInterceptor
 from inboxcrm.platform.temporal import SEARCH_ATTRIBUTES as SEARCH_ATTRIBUTE_TYPES
-from schemas.contract import QUERY_STATUS, SEARCH_ATTRIBUTES, Decision
+from schemas.contract import (
+    QUERY_STATUS,
+    SA_STATE,
+    SA_TENANT,
+    SEARCH_ATTRIBUTES,
+    Decision,
+    start_search_attributes,
+)
 from schemas.models import (
     AuditEntry,
     CorrectionInput,
@@ -234,10 +243,13 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
 
 async def run(env: WorkflowEnvironment, scenario: Scenario,
               drive: Callable[[WorkflowHandle[Any, Any]], Any] | None = None,
-              summaries: list[str] | None = None) -> dict[str, Any]:
+              summaries: list[str] | None = None,
+              started: list[WorkflowHandle[Any, Any]] | None = None,
+              search_attributes: TypedSearchAttributes | None = None) -> dict[str, Any]:
     """Start one item on a worker of its own task queue, let `drive` act as a person, and
     return the workflow's result as the JSON a client sees (`summaries`: filled with the
-    steps' summaries from the history)."""
+    steps' summaries from the history; `started`: gets the handle; `search_attributes`: the
+    start's, as the relay sets them)."""
     queue = f"branches-{uuid.uuid4().hex[:8]}"
     client: Client = env.client
     if scenario.model_queue is not None:
@@ -249,7 +261,10 @@ async def run(env: WorkflowEnvironment, scenario: Scenario,
                       interceptors=[StoreOutageInterceptor()]), models:
         handle = await client.start_workflow(
             InboundEmailWorkflow.run, InboundEmailInput(event_id="e-1", tenant="acme"),
-            id=f"inbound/acme/test/{uuid.uuid4().hex}", task_queue=queue)
+            id=f"inbound/acme/test/{uuid.uuid4().hex}", task_queue=queue,
+            search_attributes=search_attributes)
+        if started is not None:
+            started.append(handle)
         if drive is not None:
             await drive(handle)
         result = await handle.result()
@@ -285,6 +300,36 @@ async def test_auto_item_runs_every_step_once(env: WorkflowEnvironment) -> None:
     assert +scenario.calls == Counter(extract=1, plan=1, **{"crm-upsert": 1, "crm-note": 1},
                                       send=1)
     assert scenario.states == ["completed"]
+
+
+async def own_upserts(handle: WorkflowHandle[Any, Any]) -> list[set[str]]:
+    """The search attributes each of the run's own upserts set (the patches'
+    `TemporalChangeVersion` upserts left out)."""
+    upserts = []
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:
+            names = set(event.upsert_workflow_search_attributes_event_attributes
+                        .search_attributes.indexed_fields) - {"TemporalChangeVersion"}
+            if names:
+                upserts.append(names)
+    return upserts
+
+
+@pytest.mark.parametrize("from_start", [True, False], ids=["relay", "older-relay"])
+async def test_a_happy_item_started_with_its_search_attributes_upserts_only_its_end(
+        env: WorkflowEnvironment, from_start: bool) -> None:
+    """The relay starts an item with its tenant and first state; the run then upserts only
+    its final state. A run started without them (an older relay) upserts them itself, so
+    both end with the same search attributes."""
+    started: list[WorkflowHandle[Any, Any]] = []
+    result = await run(env, Scenario(), started=started,
+                       search_attributes=start_search_attributes("acme") if from_start else None)
+    assert result["state"] == "completed"
+    upserts = await own_upserts(started[0])
+    at_end = {SA_STATE.name}
+    assert upserts == ([at_end] if from_start else [{SA_TENANT.name, SA_STATE.name}, at_end])
+    shown = (await started[0].describe()).typed_search_attributes
+    assert (shown.get(SA_TENANT), shown.get(SA_STATE)) == ("acme", "completed")
 
 
 async def test_ignored_item_writes_and_sends_nothing(env: WorkflowEnvironment) -> None:
