@@ -131,6 +131,18 @@ __all__ = ["CRM_MAX_ATTEMPTS", "SEND_MAX_ATTEMPTS", "InboundEmailWorkflow"]
 # Patch: the state search attribute is upserted at the start, at long waits and at the end,
 # not at every step (`InboundEmailWorkflow._show`).
 SEARCH_ATTRIBUTES_AT_WAITS = "search-attributes-at-waits"
+# Patch that stands for every patch above it (docs/architecture.md §5, "Workflow versions"):
+# a run that records it takes the new branch of each without recording their markers (each
+# marker also upserts `TemporalChangeVersion`: a history event and a visibility write). A
+# history without it (written before) asks each patch as it always did.
+PATCHES_OF_0_2 = "patches-of-0.2"
+# The patches it stands for. A patch added after it is asked with `workflow.patched` itself:
+# a run that recorded PATCHES_OF_0_2 may have run code without the later patch.
+FOLDED_INTO_0_2 = frozenset({
+    "crm-note", "pause-poll-backoff", "local-steps", WAIT_IDS, "pause-wake", "drain-handover",
+    "store-outage-waits", SEARCH_ATTRIBUTES_AT_WAITS, "bookkeeping-store-only",
+    "model-call-activity", "shadow-mode", DECIDER_FROM_AUTH,
+})
 
 # A step keeps its activity's signature: `fn(self, arg) -> result` in, `result` out.
 Owner = TypeVar("Owner")
@@ -162,6 +174,7 @@ class InboundEmailWorkflow:
         # published only where an item may stay for long (see `_show`).
         self._shown_state: str | None = None
         self._published_at_waits = False
+        self._patches_of_0_2: bool | None = None  # asked once, first thing in `run`
         self._shown_review = False
         # Durable-for-days: the plan being carried out (handed to a continuation), a pending
         # wake-up from `inboxcrm resume`, and how long the next store wait is.
@@ -176,8 +189,9 @@ class InboundEmailWorkflow:
                              tenant=params.tenant)
         self._status = ItemStatus(workflow_id=self._item.workflow_id,
                                   event_id=params.event_id, tenant=params.tenant)
+        self._has_patches_of_0_2()
         # Histories written before this change upserted every state change.
-        self._published_at_waits = workflow.patched(SEARCH_ATTRIBUTES_AT_WAITS)
+        self._published_at_waits = self._patched(SEARCH_ATTRIBUTES_AT_WAITS)
         try:
             if params.carried is None:
                 await self._process()
@@ -204,7 +218,7 @@ class InboundEmailWorkflow:
         extraction = await self._step(
             ExtractActivities.extract_message, self.item, EXTRACT_TIMEOUT, EXTRACT_RETRY,
             summary="extract")
-        if extraction.model_queue and workflow.patched("model-call-activity"):
+        if extraction.model_queue and self._patched("model-call-activity"):
             # The LLM extractor: the model call is a regular activity on its own, rate-limited
             # task queue (docs/architecture.md §5). Only new runs with it ever get here.
             extraction = await self._step(
@@ -217,7 +231,7 @@ class InboundEmailWorkflow:
             self._card_url = (f"{extraction.review_base_url}/review/"
                               f"{quote(self.item.workflow_id, safe='')}")
         # Added while workflows were running; only items of a tenant in shadow mode take it.
-        if extraction.shadow and workflow.patched("shadow-mode"):
+        if extraction.shadow and self._patched("shadow-mode"):
             await self._shadow()
             return
         if extraction.route == "ignore":
@@ -267,7 +281,7 @@ class InboundEmailWorkflow:
         if plan.note_op_key:
             # Retired (docs/architecture.md §5, "Workflow versions"): every released version
             # logs the note; the call goes in the release after this one.
-            workflow.deprecate_patch("crm-note")
+            self._deprecated("crm-note")
             await self._operation(CrmActivities.log_email_on_contact, plan.note_op_key,
                                   ItemState.CRM_PENDING, CRM_RETRY)
         if plan.send_op_key is None or plan.intent_id is None:
@@ -349,14 +363,14 @@ class InboundEmailWorkflow:
             if result.status == "parked":
                 self._show(state, "paused", publish=True)
                 # Woken by `inboxcrm resume` (a signal); the timer is only the fallback.
-                if workflow.patched("pause-wake"):
+                if self._patched("pause-wake"):
                     self._continue_if_long()
                     await self._sleep_unless_woken(_park_wait(pause_poll, result.retry_at))
                     pause_poll = min(pause_poll * 2, PAUSE_FALLBACK_MAX)
                     continue
                 await workflow.sleep(pause_poll)
                 # Retired: every released version backs off (docs/architecture.md §5).
-                workflow.deprecate_patch("pause-poll-backoff")
+                self._deprecated("pause-poll-backoff")
                 pause_poll = min(pause_poll * 2, PAUSE_POLL_MAX)
                 continue
             self._status.operations[action].status = result.status
@@ -373,7 +387,7 @@ class InboundEmailWorkflow:
         """The step's worker is shutting down and did not start it
         (`activities/failures.py`): a short timer ends this workflow task, so the draining
         worker can exit, and the next worker runs the step."""
-        if not (is_worker_draining(err) and workflow.patched("drain-handover")):
+        if not (is_worker_draining(err) and self._patched("drain-handover")):
             return False
         await workflow.sleep(DRAIN_HANDOVER)
         return True
@@ -381,7 +395,7 @@ class InboundEmailWorkflow:
     def _store_outage(self, err: FailureError) -> bool:
         """A failure that waiting fixes (docs/architecture.md §4). Histories written before
         this existed sent every failure to a person."""
-        return is_store_outage(err) and workflow.patched("store-outage-waits")
+        return is_store_outage(err) and self._patched("store-outage-waits")
 
     async def _wait_for_store(self) -> None:
         """Capped backoff while the store is unreachable: visible in the query
@@ -431,7 +445,7 @@ class InboundEmailWorkflow:
             state, reason = ItemState.BLOCKED, "retries_exhausted"
         allowed = set(RECOVERY_ACTIONS) if op_key else RECOVERY_ACTIONS - {"resolve"}
         waiting = Waiting("recovery", reason, allowed, op_key)
-        if op_key and workflow.patched(WAIT_IDS):
+        if op_key and self._patched(WAIT_IDS):
             # The ledger's attempts and error label, for the current details.
             view = await self._bookkeeping(ReviewActivities.describe_operation,
                                            OperationInput(self.item, op_key))
@@ -474,7 +488,7 @@ class InboundEmailWorkflow:
 
         The escalation time is fixed here: holds and refused decisions do not move it.
         Workflows that opened their waits before wait IDs existed keep the old timing."""
-        bound = workflow.patched(WAIT_IDS)
+        bound = self._patched(WAIT_IDS)
         if bound:
             # A task boundary before the wait opens: decisions sent meanwhile (a double
             # click, buffered while local steps ran in one workflow task) arrive now, while
@@ -546,7 +560,7 @@ class InboundEmailWorkflow:
             "note": decision.note if decision else None, "waiting_for": waiting.reason}
         if bound:
             detail |= {"wait_id": waiting.wait_id, "via": request.via}
-        if bound and workflow.patched(DECIDER_FROM_AUTH):
+        if bound and self._patched(DECIDER_FROM_AUTH):
             # Who decided comes from authentication (docs/architecture.md §6): the activity
             # verifies the desk's or the CLI's proof, else records the identity Temporal
             # recorded for the request; the typed name stays a label.
@@ -777,12 +791,33 @@ class InboundEmailWorkflow:
             return await workflow.execute_activity_method(
                 fn, arg, task_queue=task_queue, start_to_close_timeout=timeout,
                 retry_policy=retry, heartbeat_timeout=HEARTBEAT_TIMEOUT, summary=summary)
-        if workflow.patched("local-steps"):
+        if self._patched("local-steps"):
             return await workflow.execute_local_activity_method(
                 fn, arg, start_to_close_timeout=timeout, retry_policy=retry, summary=summary)
         return await workflow.execute_activity_method(
             fn, arg, start_to_close_timeout=timeout, retry_policy=retry,
             heartbeat_timeout=HEARTBEAT_TIMEOUT, summary=summary)
+
+    def _has_patches_of_0_2(self) -> bool:
+        """Whether this run recorded PATCHES_OF_0_2 (a new run records it, first thing)."""
+        if self._patches_of_0_2 is None:
+            self._patches_of_0_2 = workflow.patched(PATCHES_OF_0_2)
+        return self._patches_of_0_2
+
+    def _patched(self, patch_id: str) -> bool:
+        """`workflow.patched` for a patch of FOLDED_INTO_0_2: true without a marker of its
+        own in a run that recorded PATCHES_OF_0_2, asked as before in a history without it.
+        """
+        if patch_id not in FOLDED_INTO_0_2:
+            raise ValueError(f"{patch_id} is not folded into {PATCHES_OF_0_2}")
+        return self._has_patches_of_0_2() or workflow.patched(patch_id)
+
+    def _deprecated(self, patch_id: str) -> None:
+        """`workflow.deprecate_patch`, which a run with PATCHES_OF_0_2 does not need."""
+        if patch_id not in FOLDED_INTO_0_2:
+            raise ValueError(f"{patch_id} is not folded into {PATCHES_OF_0_2}")
+        if not self._has_patches_of_0_2():
+            workflow.deprecate_patch(patch_id)
 
     async def _bookkeeping(self, fn: Step[Owner, Arg, Result], arg: Arg) -> Result:
         """State mirror, audit, review tasks. Past a few quick attempts against an
@@ -796,9 +831,9 @@ class InboundEmailWorkflow:
                     fn, arg, start_to_close_timeout=BOOKKEEPING_TIMEOUT,
                     retry_policy=BOOKKEEPING_RETRY)
             except STEP_FAILURES as err:
-                if not workflow.patched("store-outage-waits"):
+                if not self._patched("store-outage-waits"):
                     raise
-                if not is_store_outage(err) and workflow.patched("bookkeeping-store-only"):
+                if not is_store_outage(err) and self._patched("bookkeeping-store-only"):
                     raise
                 await self._wait_for_store()
                 continue

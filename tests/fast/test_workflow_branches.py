@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import uuid
 from collections import Counter
@@ -68,6 +69,8 @@ from schemas.models import (
     StateChange,
 )
 from schemas.outcomes import ErrorType
+from workflows import inbound_email
+from workflows.decisions import DECIDER_FROM_AUTH, WAIT_IDS
 from workflows.inbound_email import InboundEmailWorkflow
 
 TEST_SERVER = Path(sys.executable).with_name("temporal-test-server")
@@ -330,6 +333,61 @@ async def test_a_happy_item_started_with_its_search_attributes_upserts_only_its_
     assert upserts == ([at_end] if from_start else [{SA_TENANT.name, SA_STATE.name}, at_end])
     shown = (await started[0].describe()).typed_search_attributes
     assert (shown.get(SA_TENANT), shown.get(SA_STATE)) == ("acme", "completed")
+
+
+async def patch_markers(handle: WorkflowHandle[Any, Any]) -> tuple[list[str], int]:
+    """The patch IDs the run recorded, in order, and how many `TemporalChangeVersion`
+    upserts came with them."""
+    ids: list[str] = []
+    versions = 0
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            marker = event.marker_recorded_event_attributes
+            if marker.marker_name == "core_patch":
+                ids.append(json.loads(marker.details["patch-data"].payloads[0].data)["id"])
+        elif event.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:
+            fields = event.upsert_workflow_search_attributes_event_attributes \
+                .search_attributes.indexed_fields
+            versions += "TemporalChangeVersion" in fields
+    return ids, versions
+
+
+async def test_a_new_run_records_one_marker_for_every_patch_of_the_release(
+        env: WorkflowEnvironment) -> None:
+    """A run takes the new branch of every patch folded into `patches-of-0.2` with that one
+    marker: through a person's review, a CRM note and a send it records no other (each
+    would be a marker and a `TemporalChangeVersion` upsert)."""
+    scenario = Scenario(route="review", reasons=["prompt_injection"])
+    started: list[WorkflowHandle[Any, Any]] = []
+
+    async def approve(handle: WorkflowHandle[Any, Any]) -> None:
+        await wait_for_state(handle, "awaiting_review")
+        await decide(handle, Decision.APPROVE)
+
+    result = await run(env, scenario, approve, started=started)
+    assert (result["state"], result["reason"]) == ("completed", "followup_sent")
+    assert result["operations"]["crm-note"] == "completed"
+    assert scenario.decisions and scenario.decisions[0].decider is not None
+    assert await patch_markers(started[0]) == (["patches-of-0.2"], 1)
+
+
+def test_every_patch_asked_through_the_release_patch_is_folded_into_it() -> None:
+    """`_patched` refuses a patch ID that is not in FOLDED_INTO_0_2 (a run that recorded
+    the release patch may have run code without a later patch); every ID the workflow asks
+    it for is in the set, so no run meets that refusal."""
+    source = Path(inbound_email.__file__).read_text()
+    asked = set(re.findall(r"self\._(?:patched|deprecated)\(\s*\"([^\"]+)\"", source))
+    named = {"WAIT_IDS": WAIT_IDS, "DECIDER_FROM_AUTH": DECIDER_FROM_AUTH,
+             "SEARCH_ATTRIBUTES_AT_WAITS": inbound_email.SEARCH_ATTRIBUTES_AT_WAITS}
+    asked |= {named[name] for name in
+              re.findall(r"self\._(?:patched|deprecated)\(([A-Z_0-9]+)\)", source)
+              if name != "PATCHES_OF_0_2"}
+    assert asked and asked <= inbound_email.FOLDED_INTO_0_2
+    # Outside the helpers, no patch of the release is asked of the SDK directly.
+    body = source.split("@workflow.defn")[1]
+    helpers = body.index("def _has_patches_of_0_2"), body.index("async def _bookkeeping")
+    assert "workflow.patched(" not in body[:helpers[0]] + body[helpers[1]:]
+    assert "workflow.deprecate_patch(" not in body[:helpers[0]] + body[helpers[1]:]
 
 
 async def test_ignored_item_writes_and_sends_nothing(env: WorkflowEnvironment) -> None:
