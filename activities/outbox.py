@@ -188,7 +188,8 @@ class OutboxRunner:
                 if found is not None:
                     await self._succeed(attempt, found, True, record_success)
                     return OperationResult(status="completed", destination_id=found,
-                                           reconciled=True)
+                                           reconciled=True,
+                                           item_completed=self._also_record.completes_item)
             outcome = await perform(attempt)
         except Fenced:
             return await self._settled(op)
@@ -243,7 +244,8 @@ class OutboxRunner:
             await self._succeed(attempt, outcome, False, record_success)
         except Fenced:
             return await self._settled(op)
-        return OperationResult(status="completed", destination_id=outcome)
+        return OperationResult(status="completed", destination_id=outcome,
+                               item_completed=self._also_record.completes_item)
 
     async def _succeed(
         self, attempt: Attempt, destination_id: str, reconciled: bool,

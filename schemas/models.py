@@ -179,6 +179,10 @@ class OperationResult:
     # Parked by a destination's limit (not an operator's pause): when it ends (ISO 8601), so
     # the workflow checks again then, not only on its backing-off fallback.
     retry_at: str | None = None
+    # This attempt's success also recorded the item's end (`completed / followup_sent`: the
+    # sent follow-up, `ledger.AlsoRecord.INTENT_SENT_ITEM_COMPLETED`): the workflow does not
+    # record it again. False for a result found already completed.
+    item_completed: bool = False
 
 
 @dataclass

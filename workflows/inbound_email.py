@@ -306,6 +306,13 @@ class InboundEmailWorkflow:
         if sent.status == "cancelled":
             await self._enter(ItemState.SUPPRESSED, sent.reason)
             return
+        if sent.item_completed:
+            # The send's own statement recorded the item's end (state, review tasks, audit):
+            # only the search attributes are left to show it. A result the send found
+            # already completed (a retry, a person's resolve) did not: it is recorded here.
+            self._show(ItemState.COMPLETED, "followup_sent", self._leave_review_updates(),
+                       publish=True)
+            return
         await self._enter(ItemState.COMPLETED, "followup_sent")
 
     async def _plan(self, approved_by: str | None) -> PlanResult:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from inboxcrm.store.audit import json_safe
+from schemas.models import ItemState
 from schemas.outcomes import Classified
 
 if TYPE_CHECKING:
@@ -117,33 +118,67 @@ RETURNING true
 class AlsoRecord(enum.Enum):
     """What an action records of its own with a completed operation, in the same statement
     (`complete_attempt`): the destination's ID onto the row the operation's external
-    reference names."""
+    reference names, and for the follow-up, the item's end."""
 
     NOTHING = "nothing"
     CRM_RECORD_ON_CONTACT = "crm_record_on_contact"  # the CRM record ID onto our contact
-    INTENT_SENT = "intent_sent"                      # the follow-up intent becomes `sent`
+    # The intent becomes `sent` and the item `completed / followup_sent`, as the workflow's
+    # `record_item_state` would record it (state, open review tasks resolved, audit entry):
+    # a sent follow-up is where every item that sends one ends, so the workflow need not
+    # run a step to say so (docs/architecture.md §3).
+    INTENT_SENT_ITEM_COMPLETED = "intent_sent_item_completed"
+
+    @property
+    def completes_item(self) -> bool:
+        return self is AlsoRecord.INTENT_SENT_ITEM_COMPLETED
 
 
-# The mirrors, in the success statement's parameters: $2 the destination ID, $11 the
-# operation's external reference. Each applies only with the completed row.
-_MIRRORS = {
-    AlsoRecord.CRM_RECORD_ON_CONTACT: """
-UPDATE contacts SET crm_record_id = $2, updated_at = now()
-WHERE contact_id = $11::uuid AND EXISTS (SELECT 1 FROM completed)
-""",
-    AlsoRecord.INTENT_SENT: """
+_INTENT_SENT = """
 UPDATE followup_intents
 SET status = 'sent', provider_message_id = $2, sent_at = now(), lease_owner = NULL,
     lease_until = NULL
 WHERE intent_id = $11::uuid AND EXISTS (SELECT 1 FROM completed)
+"""
+
+# The item's end, written as `review_tasks.SETTLE_STATE` writes it ($4 tenant, $5 event_id,
+# $6 workflow_id). The state and reason are the schema's own names, not input.
+_ITEM_COMPLETED = (
+    f"""
+UPDATE inbound_events
+SET state = '{ItemState.COMPLETED.value}', reason = 'followup_sent', updated_at = now()
+WHERE event_id = $5 AND EXISTS (SELECT 1 FROM completed)
 """,
+    f"""
+UPDATE review_tasks
+SET status = 'resolved', resolved_at = now(), resolution = '{ItemState.COMPLETED.value}'
+WHERE workflow_id = $6 AND status = 'open' AND EXISTS (SELECT 1 FROM completed)
+""",
+    f"""
+INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
+SELECT $4, $5, $6, NULL, 'workflow', 'state_changed',
+       jsonb_build_object('state', '{ItemState.COMPLETED.value}', 'reason', 'followup_sent',
+                          'review_reason', NULL, 'owner', NULL)
+WHERE EXISTS (SELECT 1 FROM completed)
+""",
+)
+
+# The mirrors, in the success statement's parameters: $2 the destination ID, $11 the
+# operation's external reference. Each applies only with the completed row.
+_MIRRORS: dict[AlsoRecord, tuple[str, ...]] = {
+    AlsoRecord.CRM_RECORD_ON_CONTACT: ("""
+UPDATE contacts SET crm_record_id = $2, updated_at = now()
+WHERE contact_id = $11::uuid AND EXISTS (SELECT 1 FROM completed)
+""",),
+    AlsoRecord.INTENT_SENT_ITEM_COMPLETED: (_INTENT_SENT, *_ITEM_COMPLETED),
 }
 
 
 def _success_statement(also: AlsoRecord) -> str:
+    # The success's own audit entry is the main statement; PostgreSQL runs the WITH
+    # statements it does not read once it is done, so the mirrors' entry comes after it
+    # (tests/test_item_completed_by_send.py reads the order).
     ctes = [f"completed AS ({_COMPLETE_CLAIMED.strip()})"]
-    if also in _MIRRORS:
-        ctes.append(f"mirrored AS ({_MIRRORS[also].strip()})")
+    ctes += [f"mirrored_{n} AS ({sql.strip()})" for n, sql in enumerate(_MIRRORS.get(also, ()))]
     return f"WITH {', '.join(ctes)}\n{_INSERT_SUCCESS_AUDIT.strip()}\n"
 
 

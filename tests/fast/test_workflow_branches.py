@@ -39,6 +39,7 @@ from activities.store_outage import StoreOutageInterceptor
 from inboxcrm.platform.temporal import SEARCH_ATTRIBUTES as SEARCH_ATTRIBUTE_TYPES
 from schemas.contract import (
     QUERY_STATUS,
+    SA_NEEDS_REVIEW,
     SA_STATE,
     SA_TENANT,
     SEARCH_ATTRIBUTES,
@@ -101,6 +102,9 @@ class Scenario:
     # activity; each call's (task queue, local?) is recorded.
     model_queue: str | None = None
     model_calls: list[tuple[str, bool]] = field(default_factory=list)
+    # The send's success also recorded the item's end (as the real one does; False: as a
+    # send found already completed answers).
+    send_completes_item: bool = False
 
     def activities(self) -> list[Callable[..., Any]]:
         @activity.defn(name="extract_message")
@@ -140,7 +144,8 @@ class Scenario:
         @activity.defn(name="submit_followup_email")
         async def submit_followup_email(op: OperationInput) -> OperationResult:
             self.calls["send"] += 1
-            return OperationResult(status="completed", destination_id="msg-1")
+            return OperationResult(status="completed", destination_id="msg-1",
+                                   item_completed=self.send_completes_item)
 
         @activity.defn(name="record_item_state")
         async def record_item_state(change: StateChange) -> None:
@@ -388,6 +393,26 @@ def test_every_patch_asked_through_the_release_patch_is_folded_into_it() -> None
     helpers = body.index("def _has_patches_of_0_2"), body.index("async def _bookkeeping")
     assert "workflow.patched(" not in body[:helpers[0]] + body[helpers[1]:]
     assert "workflow.deprecate_patch(" not in body[:helpers[0]] + body[helpers[1]:]
+
+
+async def test_a_send_that_recorded_the_items_end_is_not_followed_by_a_state_step(
+        env: WorkflowEnvironment) -> None:
+    """The send's success statement recorded `completed / followup_sent`: the run records
+    no state of its own after it, and still clears the review marks a person's review left
+    (the item ends completed in its result and its search attributes)."""
+    scenario = Scenario(route="review", reasons=["prompt_injection"], send_completes_item=True)
+    started: list[WorkflowHandle[Any, Any]] = []
+
+    async def approve(handle: WorkflowHandle[Any, Any]) -> None:
+        await wait_for_state(handle, "awaiting_review")
+        await decide(handle, Decision.APPROVE)
+
+    result = await run(env, scenario, approve, started=started)
+    assert (result["state"], result["reason"]) == ("completed", "followup_sent")
+    assert scenario.calls["send"] == 1
+    assert scenario.states == ["awaiting_review"]  # the review, recorded; the end, by the send
+    shown = (await started[0].describe()).typed_search_attributes
+    assert (shown.get(SA_STATE), shown.get(SA_NEEDS_REVIEW)) == ("completed", False)
 
 
 async def test_ignored_item_writes_and_sends_nothing(env: WorkflowEnvironment) -> None:
