@@ -340,6 +340,19 @@ async def test_a_happy_item_started_with_its_search_attributes_upserts_only_its_
     assert (shown.get(SA_TENANT), shown.get(SA_STATE)) == ("acme", "completed")
 
 
+async def run_approved(env: WorkflowEnvironment, scenario: Scenario
+                       ) -> tuple[dict[str, Any], WorkflowHandle[Any, Any]]:
+    """Run an item that waits for review; a person approves it at once."""
+    started: list[WorkflowHandle[Any, Any]] = []
+
+    async def approve(handle: WorkflowHandle[Any, Any]) -> None:
+        await wait_for_state(handle, "awaiting_review")
+        await decide(handle, Decision.APPROVE)
+
+    result = await run(env, scenario, approve, started=started)
+    return result, started[0]
+
+
 async def patch_markers(handle: WorkflowHandle[Any, Any]) -> tuple[list[str], int]:
     """The patch IDs the run recorded, in order, and how many `TemporalChangeVersion`
     upserts came with them."""
@@ -363,17 +376,11 @@ async def test_a_new_run_records_one_marker_for_every_patch_of_the_release(
     marker: through a person's review, a CRM note and a send it records no other (each
     would be a marker and a `TemporalChangeVersion` upsert)."""
     scenario = Scenario(route="review", reasons=["prompt_injection"])
-    started: list[WorkflowHandle[Any, Any]] = []
-
-    async def approve(handle: WorkflowHandle[Any, Any]) -> None:
-        await wait_for_state(handle, "awaiting_review")
-        await decide(handle, Decision.APPROVE)
-
-    result = await run(env, scenario, approve, started=started)
+    result, handle = await run_approved(env, scenario)
     assert (result["state"], result["reason"]) == ("completed", "followup_sent")
     assert result["operations"]["crm-note"] == "completed"
     assert scenario.decisions and scenario.decisions[0].decider is not None
-    assert await patch_markers(started[0]) == (["patches-of-0.2"], 1)
+    assert await patch_markers(handle) == (["patches-of-0.2"], 1)
 
 
 def test_every_patch_asked_through_the_release_patch_is_folded_into_it() -> None:
@@ -401,17 +408,11 @@ async def test_a_send_that_recorded_the_items_end_is_not_followed_by_a_state_ste
     no state of its own after it, and still clears the review marks a person's review left
     (the item ends completed in its result and its search attributes)."""
     scenario = Scenario(route="review", reasons=["prompt_injection"], send_completes_item=True)
-    started: list[WorkflowHandle[Any, Any]] = []
-
-    async def approve(handle: WorkflowHandle[Any, Any]) -> None:
-        await wait_for_state(handle, "awaiting_review")
-        await decide(handle, Decision.APPROVE)
-
-    result = await run(env, scenario, approve, started=started)
+    result, handle = await run_approved(env, scenario)
     assert (result["state"], result["reason"]) == ("completed", "followup_sent")
     assert scenario.calls["send"] == 1
     assert scenario.states == ["awaiting_review"]  # the review, recorded; the end, by the send
-    shown = (await started[0].describe()).typed_search_attributes
+    shown = (await handle.describe()).typed_search_attributes
     assert (shown.get(SA_STATE), shown.get(SA_NEEDS_REVIEW)) == ("completed", False)
 
 
