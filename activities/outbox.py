@@ -189,7 +189,7 @@ class OutboxRunner:
                     await self._succeed(attempt, found, True, record_success)
                     return OperationResult(status="completed", destination_id=found,
                                            reconciled=True,
-                                           item_completed=self._also_record.completes_item)
+                                           end_recorded=op.ends_item is not None)
             outcome = await perform(attempt)
         except Fenced:
             return await self._settled(op)
@@ -245,14 +245,15 @@ class OutboxRunner:
         except Fenced:
             return await self._settled(op)
         return OperationResult(status="completed", destination_id=outcome,
-                               item_completed=self._also_record.completes_item)
+                               end_recorded=op.ends_item is not None)
 
     async def _succeed(
         self, attempt: Attempt, destination_id: str, reconciled: bool,
         record_success: Callable[[Attempt, str, bool], Recorded],
     ) -> None:
-        """Record the success with its mirror and audit entry, if this attempt still owns
-        the row (raises Fenced otherwise: nothing is written)."""
+        """Record the success with its mirror and audit entry (and the item's end, when the
+        workflow gave one), if this attempt still owns the row (raises Fenced otherwise:
+        nothing is written)."""
         item = attempt.op.item
         entry = record_success(attempt, destination_id, reconciled)
         owned = await ledger.complete_attempt(
@@ -262,7 +263,8 @@ class OutboxRunner:
             entry=ledger.SuccessEntry(
                 tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=entry.actor, action=entry.action, detail=entry.detail,
-                contact_id=entry.contact_id))
+                contact_id=entry.contact_id),
+            ends_item=attempt.op.ends_item)
         if not owned:
             raise Fenced()
         count("inboxcrm_operations_completed", action=self.action,

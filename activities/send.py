@@ -63,7 +63,7 @@ class SendActivities:
         self._settings = settings or get_settings()
         self._runner = OutboxRunner(pool, action=Action.SEND.value, pause_scope="send",
                                     max_retry_after=max_retry_after, max_park=max_park,
-                                    also_record=ledger.AlsoRecord.INTENT_SENT_ITEM_COMPLETED)
+                                    also_record=ledger.AlsoRecord.INTENT_SENT)
         # Attempts that repeat an unconfirmed one: their lease is kept on any failure.
         self._uncertain: set[str] = set()
 
@@ -210,8 +210,7 @@ class SendActivities:
 
     def _record(self, attempt: Attempt, message_id: str, reconciled: bool,
                 mail: MailClient) -> Recorded:
-        """The intent becomes `sent` and the item `completed` with this entry
-        (`AlsoRecord.INTENT_SENT_ITEM_COMPLETED`)."""
+        """The intent becomes `sent` (`AlsoRecord.INTENT_SENT`) with this entry."""
         return Recorded(
             actor="send", action="followup_sent",
             detail={"op_key": attempt.op.op_key, "intent_id": _intent_id(attempt),

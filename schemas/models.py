@@ -165,9 +165,21 @@ class InboundEmailInput:
 
 
 @dataclass
+class ItemEnd:
+    """The state the workflow has decided an item ends in once an operation completes (its
+    last step): the operation's success statement records it too, as `record_item_state`
+    would (docs/architecture.md §3)."""
+
+    state: str
+    reason: str | None = None
+
+
+@dataclass
 class OperationInput:
     item: ItemRef
     op_key: str
+    # The item's end, when this is its last step (None: the workflow records what follows).
+    ends_item: ItemEnd | None = None
 
 
 @dataclass
@@ -179,10 +191,10 @@ class OperationResult:
     # Parked by a destination's limit (not an operator's pause): when it ends (ISO 8601), so
     # the workflow checks again then, not only on its backing-off fallback.
     retry_at: str | None = None
-    # This attempt's success also recorded the item's end (`completed / followup_sent`: the
-    # sent follow-up, `ledger.AlsoRecord.INTENT_SENT_ITEM_COMPLETED`): the workflow does not
-    # record it again. False for a result found already completed.
-    item_completed: bool = False
+    # This attempt's success also recorded the item's end it was given
+    # (`OperationInput.ends_item`): the workflow does not record it again. False for a
+    # result found already completed (a retry after a crash, a person's `resolve`).
+    end_recorded: bool = False
 
 
 @dataclass

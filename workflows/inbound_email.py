@@ -61,6 +61,7 @@ with workflow.unsafe.imports_passed_through():
         InboundEmailInput,
         IntentApproval,
         IntentDecline,
+        ItemEnd,
         ItemRef,
         ItemState,
         ItemStatus,
@@ -276,18 +277,23 @@ class InboundEmailWorkflow:
     async def _carry_out(self, plan: PlanResult) -> None:
         self._plan_result = plan
         assert plan.crm_op_key is not None
-        await self._operation(CrmActivities.upsert_contact_in_crm, plan.crm_op_key,
-                              ItemState.CRM_PENDING, CRM_RETRY)
+        # The item's last step records the item's end with its own success (§3 of
+        # docs/architecture.md): the CRM's last step when no follow-up is planned, else the
+        # send.
+        end = None if plan.send_op_key and plan.intent_id else _end_without_followup(plan)
+        last = await self._operation(CrmActivities.upsert_contact_in_crm, plan.crm_op_key,
+                                     ItemState.CRM_PENDING, CRM_RETRY,
+                                     ends=None if plan.note_op_key else end)
         if plan.note_op_key:
             # Retired (docs/architecture.md §5, "Workflow versions"): every released version
             # logs the note; the call goes in the release after this one.
             self._deprecated("crm-note")
-            await self._operation(CrmActivities.log_email_on_contact, plan.note_op_key,
-                                  ItemState.CRM_PENDING, CRM_RETRY)
-        if plan.send_op_key is None or plan.intent_id is None:
-            final = ItemState.SUPPRESSED if plan.reason == "suppressed" else ItemState.COMPLETED
-            await self._enter(final, plan.reason or "no_followup")
+            last = await self._operation(CrmActivities.log_email_on_contact, plan.note_op_key,
+                                         ItemState.CRM_PENDING, CRM_RETRY, ends=end)
+        if end is not None:
+            await self._ended(end, last)
             return
+        assert plan.send_op_key is not None and plan.intent_id is not None
         if not self._send_followup:
             await self._decline_followup(plan, self._approved_by or "reviewer")
             return
@@ -301,19 +307,23 @@ class InboundEmailWorkflow:
             await self._bookkeeping(ReviewActivities.approve_followup_intent,
                                     IntentApproval(self.item, plan.intent_id, approval.reviewer))
             plan.intent_needs_approval = False  # a continuation must not ask again
+        sent_end = ItemEnd(ItemState.COMPLETED.value, "followup_sent")
         sent = await self._operation(SendActivities.submit_followup_email, plan.send_op_key,
-                                     ItemState.SEND_PENDING, SEND_RETRY)
+                                     ItemState.SEND_PENDING, SEND_RETRY, ends=sent_end)
         if sent.status == "cancelled":
             await self._enter(ItemState.SUPPRESSED, sent.reason)
             return
-        if sent.item_completed:
-            # The send's own statement recorded the item's end (state, review tasks, audit):
-            # only the search attributes are left to show it. A result the send found
-            # already completed (a retry, a person's resolve) did not: it is recorded here.
-            self._show(ItemState.COMPLETED, "followup_sent", self._leave_review_updates(),
+        await self._ended(sent_end, sent)
+
+    async def _ended(self, end: ItemEnd, last: OperationResult) -> None:
+        """The item's end: recorded by its last step's own success, so only the search
+        attributes are left to show it; or, for a result the step found already completed
+        (a retry, a person's resolve), recorded here."""
+        if last.end_recorded:
+            self._show(ItemState(end.state), end.reason, self._leave_review_updates(),
                        publish=True)
             return
-        await self._enter(ItemState.COMPLETED, "followup_sent")
+        await self._enter(ItemState(end.state), end.reason)
 
     async def _plan(self, approved_by: str | None) -> PlanResult:
         self._show(ItemState.MATCHING)
@@ -343,11 +353,13 @@ class InboundEmailWorkflow:
                 await self._recover(err, op_key=None)
 
     async def _operation(self, fn: Step[Owner, OperationInput, OperationResult], op_key: str,
-                         state: ItemState, retry: RetryPolicy) -> OperationResult:
+                         state: ItemState, retry: RetryPolicy,
+                         ends: ItemEnd | None = None) -> OperationResult:
         """An outbox operation: parks while paused, waits for a person when it cannot be
-        completed or confirmed, and never runs again once completed."""
+        completed or confirmed, and never runs again once completed. `ends`: the item's end,
+        when this is its last step (recorded with the step's success)."""
         action = op_key.rsplit(":", 1)[-1]
-        op = OperationInput(self.item, op_key)
+        op = OperationInput(self.item, op_key, ends_item=ends)
         pause_poll = PAUSE_POLL
         while True:
             self._show(state)
@@ -846,6 +858,13 @@ class InboundEmailWorkflow:
                 continue
             self._store_wait = STORE_WAIT_FIRST  # the store answers again
             return result
+
+
+def _end_without_followup(plan: PlanResult) -> ItemEnd:
+    """Where an item with no follow-up to send ends."""
+    if plan.reason == "suppressed":
+        return ItemEnd(ItemState.SUPPRESSED.value, plan.reason)
+    return ItemEnd(ItemState.COMPLETED.value, plan.reason or "no_followup")
 
 
 def _jittered(wait: timedelta) -> timedelta:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from inboxcrm.store.audit import json_safe
-from schemas.models import ItemState
+from schemas.models import ItemEnd
 from schemas.outcomes import Classified
 
 if TYPE_CHECKING:
@@ -118,77 +118,76 @@ RETURNING true
 class AlsoRecord(enum.Enum):
     """What an action records of its own with a completed operation, in the same statement
     (`complete_attempt`): the destination's ID onto the row the operation's external
-    reference names, and for the follow-up, the item's end."""
+    reference names."""
 
     NOTHING = "nothing"
     CRM_RECORD_ON_CONTACT = "crm_record_on_contact"  # the CRM record ID onto our contact
-    # The intent becomes `sent` and the item `completed / followup_sent`, as the workflow's
-    # `record_item_state` would record it (state, open review tasks resolved, audit entry):
-    # a sent follow-up is where every item that sends one ends, so the workflow need not
-    # run a step to say so (docs/architecture.md §3).
-    INTENT_SENT_ITEM_COMPLETED = "intent_sent_item_completed"
-
-    @property
-    def completes_item(self) -> bool:
-        return self is AlsoRecord.INTENT_SENT_ITEM_COMPLETED
+    INTENT_SENT = "intent_sent"                      # the follow-up intent becomes `sent`
 
 
-_INTENT_SENT = """
+# The mirrors, in the success statement's parameters: $2 the destination ID, $11 the
+# operation's external reference. Each applies only with the completed row.
+_MIRRORS = {
+    AlsoRecord.CRM_RECORD_ON_CONTACT: """
+UPDATE contacts SET crm_record_id = $2, updated_at = now()
+WHERE contact_id = $11::uuid AND EXISTS (SELECT 1 FROM completed)
+""",
+    AlsoRecord.INTENT_SENT: """
 UPDATE followup_intents
 SET status = 'sent', provider_message_id = $2, sent_at = now(), lease_owner = NULL,
     lease_until = NULL
 WHERE intent_id = $11::uuid AND EXISTS (SELECT 1 FROM completed)
-"""
+""",
+}
 
-# The item's end, written as `review_tasks.SETTLE_STATE` writes it ($4 tenant, $5 event_id,
-# $6 workflow_id). The state and reason are the schema's own names, not input.
-_ITEM_COMPLETED = (
-    f"""
-UPDATE inbound_events
-SET state = '{ItemState.COMPLETED.value}', reason = 'followup_sent', updated_at = now()
+# The item's end the workflow decided, when the operation is its last step
+# (`OperationInput.ends_item`), written as `review_tasks.SETTLE_STATE` writes it: the state,
+# open review tasks resolved, the `state_changed` audit entry. $4 tenant, $5 event_id,
+# $6 workflow_id; {state} and {reason} the end's two parameters.
+_ITEM_END = (
+    """
+UPDATE inbound_events SET state = {state}, reason = {reason}, updated_at = now()
 WHERE event_id = $5 AND EXISTS (SELECT 1 FROM completed)
 """,
-    f"""
-UPDATE review_tasks
-SET status = 'resolved', resolved_at = now(), resolution = '{ItemState.COMPLETED.value}'
+    """
+UPDATE review_tasks SET status = 'resolved', resolved_at = now(), resolution = {state}
 WHERE workflow_id = $6 AND status = 'open' AND EXISTS (SELECT 1 FROM completed)
 """,
-    f"""
+    """
 INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
 SELECT $4, $5, $6, NULL, 'workflow', 'state_changed',
-       jsonb_build_object('state', '{ItemState.COMPLETED.value}', 'reason', 'followup_sent',
-                          'review_reason', NULL, 'owner', NULL)
+       jsonb_build_object('state', {state}, 'reason', {reason}, 'review_reason', NULL,
+                          'owner', NULL)
 WHERE EXISTS (SELECT 1 FROM completed)
 """,
 )
 
-# The mirrors, in the success statement's parameters: $2 the destination ID, $11 the
-# operation's external reference. Each applies only with the completed row.
-_MIRRORS: dict[AlsoRecord, tuple[str, ...]] = {
-    AlsoRecord.CRM_RECORD_ON_CONTACT: ("""
-UPDATE contacts SET crm_record_id = $2, updated_at = now()
-WHERE contact_id = $11::uuid AND EXISTS (SELECT 1 FROM completed)
-""",),
-    AlsoRecord.INTENT_SENT_ITEM_COMPLETED: (_INTENT_SENT, *_ITEM_COMPLETED),
-}
 
-
-def _success_statement(also: AlsoRecord) -> str:
+def _success_statement(also: AlsoRecord, ends_item: bool) -> str:
     # The success's own audit entry is the main statement; PostgreSQL runs the WITH
-    # statements it does not read once it is done, so the mirrors' entry comes after it
-    # (tests/test_item_completed_by_send.py reads the order).
-    ctes = [f"completed AS ({_COMPLETE_CLAIMED.strip()})"]
-    ctes += [f"mirrored_{n} AS ({sql.strip()})" for n, sql in enumerate(_MIRRORS.get(also, ()))]
+    # statements it does not read once it is done, so the end's entry comes after it
+    # (tests/test_item_end_with_last_step.py reads the order).
+    parts = [_COMPLETE_CLAIMED]
+    if also in _MIRRORS:
+        parts.append(_MIRRORS[also])
+    if ends_item:
+        first = 12 if also in _MIRRORS else 11
+        parts += [sql.format(state=f"${first}::text", reason=f"${first + 1}::text")
+                  for sql in _ITEM_END]
+    names = ["completed"] + [f"also_{n}" for n in range(1, len(parts))]
+    ctes = [f"{name} AS ({sql.strip()})" for name, sql in zip(names, parts, strict=True)]
     return f"WITH {', '.join(ctes)}\n{_INSERT_SUCCESS_AUDIT.strip()}\n"
 
 
-# Complete the operation, record what the action also records and write the audit entry in
-# ONE statement: a single atomic write, no transaction round trips.
+# Complete the operation, record what the action also records (and the item's end, when the
+# operation is its last step) and write the audit entry in ONE statement: a single atomic
+# write, no transaction round trips.
 # $1 op_key, $2 destination_id, $3 the claim token, then the audit entry: $4 tenant,
 # $5 event_id, $6 workflow_id, $7 contact_id, $8 actor, $9 action, $10 detail; with a
-# mirror, $11 the operation's external reference. Returns one row (true) when the token
-# still owned the row, none when it was fenced off.
-SUCCESS_STATEMENTS = {also: _success_statement(also) for also in AlsoRecord}
+# mirror, $11 the operation's external reference; then with an end, its state and reason.
+# Returns one row (true) when the token still owned the row, none when it was fenced off.
+SUCCESS_STATEMENTS = {(also, ends): _success_statement(also, ends)
+                      for also in AlsoRecord for ends in (False, True)}
 
 
 @dataclass(frozen=True)
@@ -206,14 +205,18 @@ class SuccessEntry:
 
 async def complete_attempt(conn: Conn | asyncpg.Pool, op_key: str, *, token: int,
                            destination_id: str, external_ref: str | None,
-                           also: AlsoRecord, entry: SuccessEntry) -> bool:
-    """Record an attempt's success (`SUCCESS_STATEMENTS`), if the claim `token` still owns
-    the row. False: fenced off, nothing was written."""
-    mirror_args: list[Any] = [external_ref] if also in _MIRRORS else []
+                           also: AlsoRecord, entry: SuccessEntry,
+                           ends_item: ItemEnd | None = None) -> bool:
+    """Record an attempt's success (`SUCCESS_STATEMENTS`), with the item's end when the
+    operation is its last step, if the claim `token` still owns the row. False: fenced
+    off, nothing was written."""
+    extra: list[Any] = [external_ref] if also in _MIRRORS else []
+    if ends_item is not None:
+        extra += [ends_item.state, ends_item.reason]
     owned = await conn.fetchval(
-        SUCCESS_STATEMENTS[also], op_key, destination_id, token, entry.tenant, entry.event_id,
-        entry.workflow_id, entry.contact_id, entry.actor, entry.action,
-        json_safe(entry.detail), *mirror_args)
+        SUCCESS_STATEMENTS[also, ends_item is not None], op_key, destination_id, token,
+        entry.tenant, entry.event_id, entry.workflow_id, entry.contact_id, entry.actor,
+        entry.action, json_safe(entry.detail), *extra)
     return bool(owned)
 
 

@@ -57,6 +57,7 @@ from schemas.models import (
     InboundEmailInput,
     IntentApproval,
     IntentDecline,
+    ItemEnd,
     ItemRef,
     ItemStatus,
     OperationInput,
@@ -102,9 +103,17 @@ class Scenario:
     # activity; each call's (task queue, local?) is recorded.
     model_queue: str | None = None
     model_calls: list[tuple[str, bool]] = field(default_factory=list)
-    # The send's success also recorded the item's end (as the real one does; False: as a
-    # send found already completed answers).
-    send_completes_item: bool = False
+    # The last step's success also recorded the item's end it was given (as the real steps
+    # do; False: as a step found already completed answers), and what each step was given.
+    last_step_records_end: bool = False
+    ends: dict[str, ItemEnd | None] = field(default_factory=dict)
+
+    def completed(self, op: OperationInput, action: str, destination_id: str
+                  ) -> OperationResult:
+        self.ends[action] = op.ends_item
+        return OperationResult(status="completed", destination_id=destination_id,
+                               end_recorded=self.last_step_records_end
+                               and op.ends_item is not None)
 
     def activities(self) -> list[Callable[..., Any]]:
         @activity.defn(name="extract_message")
@@ -134,18 +143,17 @@ class Scenario:
                                            retry_at=self.crm_parked_until.isoformat())
             if self.crm_failures:
                 raise self.crm_failures.pop(0)
-            return OperationResult(status="completed", destination_id="crm-1")
+            return self.completed(op, "crm-upsert", "crm-1")
 
         @activity.defn(name="log_email_on_contact")
         async def log_email_on_contact(op: OperationInput) -> OperationResult:
             self.calls["crm-note"] += 1
-            return OperationResult(status="completed", destination_id="note-1")
+            return self.completed(op, "crm-note", "note-1")
 
         @activity.defn(name="submit_followup_email")
         async def submit_followup_email(op: OperationInput) -> OperationResult:
             self.calls["send"] += 1
-            return OperationResult(status="completed", destination_id="msg-1",
-                                   item_completed=self.send_completes_item)
+            return self.completed(op, "send", "msg-1")
 
         @activity.defn(name="record_item_state")
         async def record_item_state(change: StateChange) -> None:
@@ -404,16 +412,35 @@ def test_every_patch_asked_through_the_release_patch_is_folded_into_it() -> None
 
 async def test_a_send_that_recorded_the_items_end_is_not_followed_by_a_state_step(
         env: WorkflowEnvironment) -> None:
-    """The send's success statement recorded `completed / followup_sent`: the run records
-    no state of its own after it, and still clears the review marks a person's review left
-    (the item ends completed in its result and its search attributes)."""
-    scenario = Scenario(route="review", reasons=["prompt_injection"], send_completes_item=True)
+    """The send is given the item's end (`completed / followup_sent`) and its success
+    recorded it: the run records no state of its own after it, and still clears the review
+    marks a person's review left (the item ends completed in its result and its search
+    attributes). The CRM steps before it end nothing."""
+    scenario = Scenario(route="review", reasons=["prompt_injection"], last_step_records_end=True)
     result, handle = await run_approved(env, scenario)
     assert (result["state"], result["reason"]) == ("completed", "followup_sent")
-    assert scenario.calls["send"] == 1
+    assert scenario.ends == {"crm-upsert": None, "crm-note": None,
+                             "send": ItemEnd("completed", "followup_sent")}
     assert scenario.states == ["awaiting_review"]  # the review, recorded; the end, by the send
     shown = (await handle.describe()).typed_search_attributes
     assert (shown.get(SA_STATE), shown.get(SA_NEEDS_REVIEW)) == ("completed", False)
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "found-completed"])
+@pytest.mark.parametrize(("reason", "state"), [("quiet_period", "completed"),
+                                               ("suppressed", "suppressed")])
+async def test_without_a_follow_up_the_crm_note_carries_the_items_end(
+        env: WorkflowEnvironment, reason: str, state: str, recorded: bool) -> None:
+    """No follow-up planned: the CRM note is the last step and is given the end the plan
+    implies. Recorded by it, the run records nothing after it; found already completed, the
+    run records the end itself."""
+    scenario = Scenario(plan=planned(send_op_key=None, intent_id=None, reason=reason),
+                        last_step_records_end=recorded)
+    result = await run(env, scenario)
+    assert (result["state"], result["reason"]) == (state, reason)
+    assert scenario.ends == {"crm-upsert": None, "crm-note": ItemEnd(state, reason)}
+    assert scenario.calls["send"] == 0
+    assert scenario.states == ([] if recorded else [state])
 
 
 async def test_ignored_item_writes_and_sends_nothing(env: WorkflowEnvironment) -> None:

@@ -1,7 +1,8 @@
-"""The sent follow-up records the item's end in its own success statement
-(`ledger.AlsoRecord.INTENT_SENT_ITEM_COMPLETED`): the state, the open review tasks and the
-audit entry `record_item_state` used to write, so a happy item runs five steps, not six.
-Counted in PostgreSQL, at the mail destination and in the run's history."""
+"""An item's last step records the item's end with its own success
+(`OperationInput.ends_item`, written in the step's success statement): the state, the open
+review tasks and the audit entry `record_item_state` used to write after it. A happy item
+runs five steps, not six; one without a follow-up, four. Counted in PostgreSQL, at the mail
+destination and in the run's history."""
 
 from __future__ import annotations
 
@@ -77,3 +78,22 @@ async def test_a_reviewed_item_has_its_review_task_resolved_by_the_send(
     assert sum(1 for r in audit if r["action"] == "state_changed"
                and r["state"] == "completed") == 1
     assert "record_item_state" in await _local_steps(env, workflow_id)  # the review's own
+
+
+async def test_an_item_without_a_follow_up_ends_with_its_crm_note(env: StackClient) -> None:
+    """A second email from the same person within the quiet period: no follow-up is
+    planned, so the CRM note is the last step and records the end."""
+    email = unique_email("quietend")
+    first = await env.deliver(message_from(email))
+    await env.wait_state(first, "completed")
+    second = await env.deliver(message_from(email, subject="One more question"))
+    assert await env.wait_state(second, "completed") == ("completed", "quiet_period")
+    await _wait_closed(env, second)
+
+    assert len(await env.emails_to(email)) == 1
+    audit = await env.db.fetch(AUDIT_OF, second)
+    ends = [r for r in audit if r["action"] == "state_changed" and r["state"] == "completed"]
+    assert [(r["actor"], r["reason"]) for r in ends] == [("workflow", "quiet_period")], audit
+    steps = await _local_steps(env, second)
+    assert "record_item_state" not in steps and "submit_followup_email" not in steps
+    assert steps["log_email_on_contact"] == 1 and sum(steps.values()) == 4, steps
