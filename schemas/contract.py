@@ -59,6 +59,7 @@ def start_search_attributes(tenant: str) -> TypedSearchAttributes:
     return TypedSearchAttributes([SearchAttributePair(SA_TENANT, tenant),
                                   SearchAttributePair(SA_STATE, ItemState.EXTRACTING.value)])
 
+
 # The scheduled drift check (docs/architecture.md §4, "destination truth"): a Temporal Schedule
 # starts this workflow on the worker's task queue (`INBOXCRM_TASK_QUEUE`, default
 # DEFAULT_TASK_QUEUE), so each deployment's schedule reaches its own workers.
