@@ -209,13 +209,12 @@ class InboundEmailWorkflow:
         # shows them; one started without them (an older relay) upserts them. The start
         # event decides, so a replay decides the same.
         given = workflow.info().typed_search_attributes
-        if (given.get(SA_TENANT) == self.item.tenant
-                and given.get(SA_STATE) == ItemState.EXTRACTING.value):
+        started_with = (given.get(SA_TENANT) == self.item.tenant
+                        and given.get(SA_STATE) == ItemState.EXTRACTING.value)
+        if started_with:
             self._shown_state = ItemState.EXTRACTING.value
-            self._show(ItemState.EXTRACTING, publish=True)
-        else:
-            self._show(ItemState.EXTRACTING, extra=[SA_TENANT.value_set(self.item.tenant)],
-                       publish=True)
+        self._show(ItemState.EXTRACTING, publish=True,
+                   extra=None if started_with else [SA_TENANT.value_set(self.item.tenant)])
         extraction = await self._step(
             ExtractActivities.extract_message, self.item, EXTRACT_TIMEOUT, EXTRACT_RETRY,
             summary="extract")
@@ -827,16 +826,19 @@ class InboundEmailWorkflow:
         """`workflow.patched` for a patch of FOLDED_INTO_0_2: true without a marker of its
         own in a run that recorded PATCHES_OF_0_2, asked as before in a history without it.
         """
-        if patch_id not in FOLDED_INTO_0_2:
-            raise ValueError(f"{patch_id} is not folded into {PATCHES_OF_0_2}")
-        return self._has_patches_of_0_2() or workflow.patched(patch_id)
+        return self._folded(patch_id) or workflow.patched(patch_id)
 
     def _deprecated(self, patch_id: str) -> None:
         """`workflow.deprecate_patch`, which a run with PATCHES_OF_0_2 does not need."""
+        if not self._folded(patch_id):
+            workflow.deprecate_patch(patch_id)
+
+    def _folded(self, patch_id: str) -> bool:
+        """Whether PATCHES_OF_0_2 answers for `patch_id` in this run (refuses a patch that
+        is not folded into it)."""
         if patch_id not in FOLDED_INTO_0_2:
             raise ValueError(f"{patch_id} is not folded into {PATCHES_OF_0_2}")
-        if not self._has_patches_of_0_2():
-            workflow.deprecate_patch(patch_id)
+        return self._has_patches_of_0_2()
 
     async def _bookkeeping(self, fn: Step[Owner, Arg, Result], arg: Arg) -> Result:
         """State mirror, audit, review tasks. Past a few quick attempts against an

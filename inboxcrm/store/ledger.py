@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from inboxcrm.store.audit import json_safe
+from inboxcrm.store.review_tasks import settle_parts
 from schemas.models import ItemEnd
 from schemas.outcomes import Classified
 
@@ -141,26 +142,15 @@ WHERE intent_id = $11::uuid AND EXISTS (SELECT 1 FROM completed)
 }
 
 # The item's end the workflow decided, when the operation is its last step
-# (`OperationInput.ends_item`), written as `review_tasks.SETTLE_STATE` writes it: the state,
-# open review tasks resolved, the `state_changed` audit entry. $4 tenant, $5 event_id,
-# $6 workflow_id; {state} and {reason} the end's two parameters.
-_ITEM_END = (
-    """
-UPDATE inbound_events SET state = {state}, reason = {reason}, updated_at = now()
-WHERE event_id = $5 AND EXISTS (SELECT 1 FROM completed)
-""",
-    """
-UPDATE review_tasks SET status = 'resolved', resolved_at = now(), resolution = {state}
-WHERE workflow_id = $6 AND status = 'open' AND EXISTS (SELECT 1 FROM completed)
-""",
-    """
-INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
-SELECT $4, $5, $6, NULL, 'workflow', 'state_changed',
-       jsonb_build_object('state', {state}, 'reason', {reason}, 'review_reason', NULL,
-                          'owner', NULL)
-WHERE EXISTS (SELECT 1 FROM completed)
-""",
-)
+# (`OperationInput.ends_item`), written as settling a state writes it
+# (`review_tasks.settle_parts`), only with the completed row: $4 tenant, $5 event_id,
+# $6 workflow_id, then the end's state and reason.
+def _item_end(state: str, reason: str) -> tuple[str, str, str]:
+    return settle_parts(
+        event_id="$5", workflow_id="$6", tenant="$4", state=state, reason=reason,
+        detail=f"jsonb_build_object('state', {state}, 'reason', {reason}, "
+               f"'review_reason', NULL, 'owner', NULL)",
+        guard="EXISTS (SELECT 1 FROM completed)")
 
 
 def _success_statement(also: AlsoRecord, ends_item: bool) -> str:
@@ -172,8 +162,7 @@ def _success_statement(also: AlsoRecord, ends_item: bool) -> str:
         parts.append(_MIRRORS[also])
     if ends_item:
         first = 12 if also in _MIRRORS else 11
-        parts += [sql.format(state=f"${first}::text", reason=f"${first + 1}::text")
-                  for sql in _ITEM_END]
+        parts += _item_end(f"${first}::text", f"${first + 1}::text")
     names = ["completed"] + [f"also_{n}" for n in range(1, len(parts))]
     ctes = [f"{name} AS ({sql.strip()})" for name, sql in zip(names, parts, strict=True)]
     return f"WITH {', '.join(ctes)}\n{_INSERT_SUCCESS_AUDIT.strip()}\n"

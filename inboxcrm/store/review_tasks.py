@@ -30,19 +30,29 @@ UPDATE review_tasks SET status = 'resolved', resolved_at = now(), resolution = $
 WHERE workflow_id = $1 AND status = 'open'
 """
 
-# The common case (a state that is neither a review nor `rejected`) in one round trip:
-# the state, the closing of any open review task, and the audit entry, atomically.
-# $1 event_id, $2 state, $3 reason, $4 workflow_id, $5 tenant, $6 audit detail.
-SETTLE_STATE = """
-WITH state AS (
-    UPDATE inbound_events SET state = $2, reason = $3, updated_at = now() WHERE event_id = $1
-), closed AS (
-    UPDATE review_tasks SET status = 'resolved', resolved_at = now(), resolution = $2
-    WHERE workflow_id = $4 AND status = 'open'
-)
-INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
-VALUES ($5, $1, $4, NULL, 'workflow', 'state_changed', $6)
-"""
+def settle_parts(*, event_id: str, workflow_id: str, tenant: str, state: str, reason: str,
+                 detail: str, guard: str | None = None) -> tuple[str, str, str]:
+    """What settling an item in a state (neither a review nor `rejected`) writes: the state,
+    the closing of any open review task, and the `state_changed` audit entry, as three
+    statements to run as one. The arguments are SQL expressions (parameter references);
+    `guard`, a condition each one also needs (the ledger's: "the operation completed")."""
+    also = f" AND {guard}" if guard else ""
+    return (
+        f"UPDATE inbound_events SET state = {state}, reason = {reason}, updated_at = now() "
+        f"WHERE event_id = {event_id}{also}",
+        f"UPDATE review_tasks SET status = 'resolved', resolved_at = now(), "
+        f"resolution = {state} WHERE workflow_id = {workflow_id} AND status = 'open'{also}",
+        f"INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, "
+        f"detail) SELECT {tenant}, {event_id}, {workflow_id}, NULL, 'workflow', "
+        f"'state_changed', {detail}" + (f" WHERE {guard}" if guard else ""),
+    )
+
+
+# The common case in one round trip, atomically: $1 event_id, $2 state, $3 reason,
+# $4 workflow_id, $5 tenant, $6 audit detail.
+_STATE, _CLOSED, _AUDIT = settle_parts(event_id="$1", state="$2", reason="$3",
+                                       workflow_id="$4", tenant="$5", detail="$6")
+SETTLE_STATE = f"WITH state AS ({_STATE}), closed AS ({_CLOSED})\n{_AUDIT}\n"
 
 RECORD_RESOLVER = """
 UPDATE review_tasks SET resolved_by = $2 WHERE workflow_id = $1 AND status = 'open'
