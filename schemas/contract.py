@@ -53,9 +53,9 @@ SEARCH_ATTRIBUTES: tuple[SearchAttributeKey[str] | SearchAttributeKey[bool], ...
 
 def start_search_attributes(tenant: str) -> TypedSearchAttributes:
     """The search attributes an item's workflow is started with: its tenant and its first
-    state. A run started with them does not upsert them itself (one history event and one
-    visibility write fewer per item); a run started without them, by an older relay, still
-    does (docs/architecture.md §3)."""
+    state. A run of this release started with them does not upsert them itself (one history
+    event and one visibility write fewer per item); a run started without them, by an older
+    relay, or run by an earlier build, still does (docs/architecture.md §3)."""
     return TypedSearchAttributes([SearchAttributePair(SA_TENANT, tenant),
                                   SearchAttributePair(SA_STATE, ItemState.EXTRACTING.value)])
 

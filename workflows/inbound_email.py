@@ -206,10 +206,12 @@ class InboundEmailWorkflow:
 
     async def _process(self) -> None:
         # A run started with its tenant and first state (`start_search_attributes`) already
-        # shows them; one started without them (an older relay) upserts them. The start
-        # event decides, so a replay decides the same.
+        # shows them; one started without them (an older relay) upserts them. The start event
+        # alone does not decide: a build before PATCHES_OF_0_2 upserted them even when a newer
+        # relay had given them, and its history must replay (docs/architecture.md §3).
         given = workflow.info().typed_search_attributes
-        started_with = (given.get(SA_TENANT) == self.item.tenant
+        started_with = (self._has_patches_of_0_2()
+                        and given.get(SA_TENANT) == self.item.tenant
                         and given.get(SA_STATE) == ItemState.EXTRACTING.value)
         if started_with:
             self._shown_state = ItemState.EXTRACTING.value

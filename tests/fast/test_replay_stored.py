@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 from temporalio.client import WorkflowHistory
+from temporalio.converter import encode_search_attributes
 from temporalio.worker import Replayer
 
 from inboxcrm.platform.codec import data_converter
 from inboxcrm.platform.config import Settings
+from schemas.contract import start_search_attributes
 from tests.helpers.histories import HISTORIES, HISTORY_KEYS
 from workflows.inbound_email import InboundEmailWorkflow
 
@@ -42,6 +44,31 @@ async def test_stored_histories_replay(path: Path) -> None:
     settings = Settings(codec_keys_file=str(HISTORY_KEYS))
     document = _load(path)
     history = WorkflowHistory.from_json(document["workflow_id"], document["history"])
+    replayer = Replayer(workflows=[InboundEmailWorkflow],
+                        data_converter=data_converter(settings))
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
+    assert result.replay_failure is None
+
+
+def _started_without_search_attributes() -> list[Path]:
+    return [p for p in _stored()
+            if "searchAttributes" not in _load(p)["history"]["events"][0][
+                "workflowExecutionStartedEventAttributes"]]
+
+
+@pytest.mark.parametrize("path", _started_without_search_attributes(), ids=lambda p: p.stem)
+async def test_an_older_builds_run_of_an_item_started_by_todays_relay_replays(
+        path: Path) -> None:
+    """During a rolling upgrade the relay may start an item with its search attributes
+    (`start_search_attributes`) that a worker of an earlier build then runs: that build
+    upserted them anyway. Today's code must replay such a history, so the start event alone
+    cannot decide whether the run upserts them."""
+    settings = Settings(codec_keys_file=str(HISTORY_KEYS))
+    document = _load(path)
+    history = WorkflowHistory.from_json(document["workflow_id"], document["history"])
+    started = history.events[0].workflow_execution_started_event_attributes
+    tenant = document["workflow_id"].split("/")[1]
+    encode_search_attributes(start_search_attributes(tenant), started.search_attributes)
     replayer = Replayer(workflows=[InboundEmailWorkflow],
                         data_converter=data_converter(settings))
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
