@@ -20,6 +20,7 @@ from inboxcrm.store import audit, events, intents, ledger, review_tasks
 from schemas.contract import Decision
 from schemas.models import (
     REVIEW_STATES,
+    TERMINAL_STATES,
     AuditEntry,
     DecisionIdentity,
     DecisionRecord,
@@ -45,9 +46,10 @@ class BookkeepingActivities:
         detail = {"state": change.state, "reason": change.reason,
                   "review_reason": change.review_reason, "owner": change.review_owner}
         if change.state not in REVIEW_STATES and change.state != ItemState.REJECTED:
-            await self._pool.execute(review_tasks.SETTLE_STATE, item.event_id, change.state,
-                                     change.reason, item.workflow_id, item.tenant,
-                                     audit.json_safe(detail))
+            settle = (review_tasks.SETTLE_END if change.state in TERMINAL_STATES
+                      else review_tasks.SETTLE_STATE)
+            await self._pool.execute(settle, item.event_id, change.state, change.reason,
+                                     item.workflow_id, item.tenant, audit.json_safe(detail))
             return
         async with self._pool.acquire() as conn, conn.transaction():
             await events.set_state(conn, item.event_id, change.state, change.reason)

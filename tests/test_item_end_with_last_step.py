@@ -7,10 +7,16 @@ destination and in the run's history."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import pytest
 from temporalio.api.enums.v1 import EventType
 
+from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers.messages import no_sender_message
 
@@ -97,3 +103,57 @@ async def test_an_item_without_a_follow_up_ends_with_its_crm_note(env: StackClie
     steps = await _local_steps(env, second)
     assert "record_item_state" not in steps and "submit_followup_email" not in steps
     assert steps["log_email_on_contact"] == 1 and sum(steps.values()) == 4, steps
+
+
+@contextmanager
+def _temporal_frozen(stack: Stack) -> Iterator[None]:
+    """SIGSTOP the stack's Temporal server: a worker's report of a finished workflow task
+    cannot reach it, while the worker's local steps and their database writes go on."""
+    proc = stack.processes["temporal"].proc
+    assert proc is not None
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
+@pytest.mark.slow
+async def test_a_worker_killed_after_the_send_recorded_the_end_leaves_one_end(
+        env: StackClient, stack: Stack) -> None:
+    """The send commits its success and the item's end, then the worker dies before the
+    server hears of it (kill -9, with the Temporal server stopped in that window). The next
+    worker runs the item again from its start: every step finds its work done and the end
+    is recorded again, but the audit trail says `completed` once, as it happened."""
+    if "temporal" not in stack.processes:
+        pytest.skip("needs the stack's own Temporal server (TEMPORAL_ADDRESS is set)")
+    email = unique_email("endafterkill")
+    await env.sandbox_config(hang_seconds=4)  # the provider answers 4 s after it accepted
+    await env.inject("mail.send", "timeout_after_commit")
+    workflow_id = await env.deliver(message_from(email))
+    await env.wait_for(lambda: env.emails_to(email), what="the provider accepted the email")
+
+    async def end_recorded() -> bool:
+        audit = await env.db.fetch(AUDIT_OF, workflow_id)
+        return any(r["action"] == "state_changed" and r["state"] == "completed" for r in audit)
+
+    with _temporal_frozen(stack):
+        await env.wait_for(end_recorded, what="the send recorded the item's end")
+        stack.processes["worker"].kill()
+    stack.start_worker()
+
+    assert await env.wait_state(workflow_id, "completed", timeout=90) == (
+        "completed", "followup_sent")
+    await _wait_closed(env, workflow_id)
+    client = await env.temporal()
+    lost = [event async for event in client.get_workflow_handle(workflow_id)
+            .fetch_history_events()
+            if event.event_type in (EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT,
+                                    EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED)]
+    assert lost, "the killed worker's workflow task reached the server: no fault injected"
+    assert len(await env.emails_to(email)) == 1
+    assert len(await env.crm_records_for(email)) == 1
+    audit = await env.db.fetch(AUDIT_OF, workflow_id)
+    ends = [r for r in audit if r["action"] == "state_changed" and r["state"] == "completed"]
+    assert len(ends) == 1, audit
+    assert sum(1 for r in audit if r["action"] == "followup_sent") == 1, audit

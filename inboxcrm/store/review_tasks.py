@@ -31,12 +31,19 @@ WHERE workflow_id = $1 AND status = 'open'
 """
 
 def settle_parts(*, event_id: str, workflow_id: str, tenant: str, state: str, reason: str,
-                 detail: str, guard: str | None = None) -> tuple[str, str, str]:
+                 detail: str, guard: str | None = None, once: bool = False
+                 ) -> tuple[str, str, str]:
     """What settling an item in a state (neither a review nor `rejected`) writes: the state,
     the closing of any open review task, and the `state_changed` audit entry, as three
     statements to run as one. The arguments are SQL expressions (parameter references);
-    `guard`, a condition each one also needs (the ledger's: "the operation completed")."""
+    `guard`, a condition each one also needs (the ledger's: "the operation completed");
+    `once`: the audit entry only if the item has none for this state yet (an end)."""
     also = f" AND {guard}" if guard else ""
+    audit_if = [guard] if guard else []
+    if once:
+        audit_if.append(
+            f"NOT EXISTS (SELECT 1 FROM audit_log AS a WHERE a.workflow_id = {workflow_id} "
+            f"AND a.action = 'state_changed' AND a.detail ->> 'state' = {state})")
     return (
         f"UPDATE inbound_events SET state = {state}, reason = {reason}, updated_at = now() "
         f"WHERE event_id = {event_id}{also}",
@@ -44,15 +51,24 @@ def settle_parts(*, event_id: str, workflow_id: str, tenant: str, state: str, re
         f"resolution = {state} WHERE workflow_id = {workflow_id} AND status = 'open'{also}",
         f"INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, "
         f"detail) SELECT {tenant}, {event_id}, {workflow_id}, NULL, 'workflow', "
-        f"'state_changed', {detail}" + (f" WHERE {guard}" if guard else ""),
+        f"'state_changed', {detail}"
+        + (f" WHERE {' AND '.join(audit_if)}" if audit_if else ""),
     )
+
+
+def _settle(once: bool) -> str:
+    state, closed, audit = settle_parts(event_id="$1", state="$2", reason="$3",
+                                        workflow_id="$4", tenant="$5", detail="$6", once=once)
+    return f"WITH state AS ({state}), closed AS ({closed})\n{audit}\n"
 
 
 # The common case in one round trip, atomically: $1 event_id, $2 state, $3 reason,
 # $4 workflow_id, $5 tenant, $6 audit detail.
-_STATE, _CLOSED, _AUDIT = settle_parts(event_id="$1", state="$2", reason="$3",
-                                       workflow_id="$4", tenant="$5", detail="$6")
-SETTLE_STATE = f"WITH state AS ({_STATE}), closed AS ({_CLOSED})\n{_AUDIT}\n"
+SETTLE_STATE = _settle(once=False)
+# The same for an end (a terminal state), whose audit entry is written once: a run that
+# records the end again (the next worker re-running an item whose last step had already
+# recorded it when its worker died) restores the state but does not tell the story twice.
+SETTLE_END = _settle(once=True)
 
 RECORD_RESOLVER = """
 UPDATE review_tasks SET resolved_by = $2 WHERE workflow_id = $1 AND status = 'open'
