@@ -7,7 +7,6 @@ destination and in the run's history."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 from collections import Counter
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 from inboxcrm.stack.stack import Stack
+from inboxcrm.verify.chaos import signal_all
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers.messages import no_sender_message
 
@@ -111,11 +111,11 @@ def _temporal_frozen(stack: Stack) -> Iterator[None]:
     cannot reach it, while the worker's local steps and their database writes go on."""
     proc = stack.processes["temporal"].proc
     assert proc is not None
-    os.kill(proc.pid, signal.SIGSTOP)
+    signal_all([proc.pid], signal.SIGSTOP)
     try:
         yield
     finally:
-        os.kill(proc.pid, signal.SIGCONT)
+        signal_all([proc.pid], signal.SIGCONT)
 
 
 @pytest.mark.slow
