@@ -77,3 +77,61 @@ async def poller_pids(stack: Stack, expected: set[str], timeout: float = 30.0) -
         seen = {poller.identity.split("@", 1)[0] for poller in answer.pollers}
         await asyncio.sleep(0.5)
     return seen
+
+
+def test_a_further_worker_started_from_stack_env_alone_sends_the_follow_up(
+        stack: Stack, database_url: str, tmp_path: Path) -> None:
+    """An operator adds a worker to a running `make up` with `.data/stack.env` and nothing
+    else; it is the only worker of its stack here, so the follow-up is its work. Round
+    three's file lacked the unsubscribe secret: that worker refused every follow-up."""
+    from inboxcrm.verify.probe import unique_email
+
+    config = isolated_config(tmp_path, database_url, queue_prefix="inboxcrm-further",
+                             temporal_address=stack.temporal_address)
+    own = Stack(config)
+    further: subprocess.Popen[bytes] | None = None
+    try:
+        own.start_infrastructure()
+        env_file = own.write_stack_env()
+        values = stack_env_values(env_file)
+        assert values["INBOXCRM_UNSUBSCRIBE_SECRET"] == own.env["INBOXCRM_UNSUBSCRIBE_SECRET"]
+        bare = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")}
+        with open(tmp_path / "further-worker.log", "wb") as log:
+            further = subprocess.Popen([sys.executable, "-m", "inboxcrm.worker"],
+                                       env={**bare, **values}, stdout=log,
+                                       stderr=subprocess.STDOUT)
+        own.start_relay()
+        email = unique_email("further")
+        cli_env = {**bare, "INBOXCRM_STACK_ENV": str(env_file)}
+        sent = subprocess.run([sys.executable, "-m", "inboxcrm.cli", "send-test", "--from",
+                               f"Fur Ther <{email}>"], env=cli_env, capture_output=True,
+                              text=True, timeout=60, check=True)
+        workflow_id = sent.stdout.split('"workflow_id": "', 1)[1].split('"', 1)[0]
+        state = ""
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and state != "completed":
+            answer = subprocess.run([sys.executable, "-m", "inboxcrm.cli", "status",
+                                     workflow_id], env=cli_env, capture_output=True,
+                                    text=True, timeout=60, check=False)
+            state = answer.stdout.split('"state": "', 1)[-1].split('"', 1)[0]
+            time.sleep(0.5)
+        assert state == "completed", (tmp_path / "further-worker.log").read_text()[-2000:]
+        emails = httpx.get(f"{own.sandbox_url}/_sandbox/state", timeout=10).json()["emails"]
+        assert [e["to"] for e in emails if email in e["to"]] == [[email]]
+    finally:
+        if further is not None:
+            further.terminate()
+            further.wait(30)
+        own.stop()
+
+
+def stack_env_values(path: Path) -> dict[str, str]:
+    """`.data/stack.env` as a shell would read it (`set -a; . .data/stack.env`)."""
+    import shlex
+
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.startswith("#"):
+            values[key] = shlex.split(value)[0] if value else ""
+    return values

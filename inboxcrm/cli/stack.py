@@ -7,12 +7,15 @@ import asyncio
 import os
 import signal
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from inboxcrm.cli.common import err, fail, out
 from inboxcrm.platform.config import get_settings
+
+if TYPE_CHECKING:
+    from inboxcrm.stack.stack import Stack
 
 
 def up() -> None:
@@ -70,16 +73,40 @@ def up() -> None:
               f"{stack.temporal_ui_url or '(your Temporal UI)'}\n\nCtrl-C stops everything; "
               "data stays under .data/ for the next `make up`.")
     try:
-        while True:
-            time.sleep(1)
-            for name, proc in stack.processes.items():
-                if not proc.alive():
-                    err.print(f"[red]{name} exited[/red]; see {proc.log_path}:\n{proc.tail(800)}")
-                    raise KeyboardInterrupt
+        supervise(stack)
     except KeyboardInterrupt:
         out.print("stopping…")
     finally:
         stack.stop()
+
+
+def supervise(stack: Stack) -> None:
+    """Until Ctrl-C: a process of the stack that dies is said and started again (the others
+    carry on meanwhile, as a deployment's replicas do); one that keeps dying stops the
+    stack with its log, rather than restarting forever."""
+    from inboxcrm.stack.processes import StackError
+    from inboxcrm.stack.stack import RestartBudget
+
+    budget = RestartBudget()
+    while True:
+        time.sleep(1)
+        for name, proc in list(stack.processes.items()):
+            if proc.alive():
+                continue
+            code = proc.proc.returncode if proc.proc is not None else None
+            if not budget.allow(name, time.monotonic()):
+                err.print(f"[red]{name} exited (code {code}) {budget.limit} times in "
+                          f"{budget.window_seconds / 60:.0f} minutes[/red]; stopping the stack. "
+                          f"See {proc.log_path}:\n{proc.tail(800)}")
+                raise KeyboardInterrupt
+            err.print(f"[yellow]{name} exited (code {code})[/yellow]; restarting it "
+                      f"(see {proc.log_path})")
+            try:
+                again = stack.restart(name)
+            except StackError as exc:
+                err.print(f"[red]{name} could not be restarted[/red]: {exc}")
+                raise KeyboardInterrupt from None
+            out.print(f"{name} restarted (pid {again.pid})")
 
 
 def hubspot_setup(

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from inboxcrm.platform.config import Settings
 from inboxcrm.stack import postgres
+from inboxcrm.stack.ports import PortConflict, PortPlan, plan_ports
 from inboxcrm.stack.processes import (
     ROOT,
     ManagedProcess,
@@ -64,8 +65,8 @@ class StackConfig:
     temporal_db_file: bool = True            # file-backed under data_dir (False: in memory)
     sandbox_port: int = 8090
     relay_port: int = 8080
-    relay_metrics_port: int = 9465             # the relay's internal metrics listener
-    worker_metrics_port: int = 9464            # the first worker's; worker k gets this + k - 1
+    relay_metrics_port: int = 9465           # the relay's internal metrics listener
+    worker_metrics_port: int = 9464          # the first worker's; the others: ports.plan_ports
     workers: int = 1                         # worker processes (`inboxcrm up`: one per core)
     database_url: str | None = None          # external PostgreSQL
     temporal_address: str | None = None      # external Temporal
@@ -81,6 +82,7 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
     started_postgres: bool = False
+    _ready: dict[str, Callable[[], bool]] = field(default_factory=dict)
 
     @property
     def log_dir(self) -> Path:
@@ -105,8 +107,32 @@ class Stack:
             return ""
         return f"http://127.0.0.1:{self.config.temporal_ui_port}"
 
+    def port_plan(self, workers: int | None = None) -> PortPlan:
+        """Every listener the stack starts, none on another's port (ports.py). `workers`:
+        plan for that many (a further worker started beside the configured ones)."""
+        cfg = self.config
+        own_temporal = not cfg.temporal_address
+        return plan_ports(
+            [("INBOXCRM_PG_PORT", None if cfg.database_url else cfg.pg_port),
+             ("INBOXCRM_TEMPORAL_PORT", cfg.temporal_port if own_temporal else None),
+             ("INBOXCRM_TEMPORAL_UI_PORT", cfg.temporal_ui_port if own_temporal else None),
+             ("INBOXCRM_SANDBOX_PORT", cfg.sandbox_port),
+             ("INBOXCRM_RELAY_PORT", cfg.relay_port),
+             ("INBOXCRM_RELAY_METRICS_PORT", cfg.relay_metrics_port)],
+            first_worker_port=cfg.worker_metrics_port,
+            workers=max(cfg.workers, workers or 0))
+
+    def check_ports(self) -> None:
+        """A collision between two of the stack's own settings, said as exactly that
+        before anything starts."""
+        try:
+            self.port_plan()
+        except PortConflict as exc:
+            raise StackError(str(exc)) from None
+
     def start_infrastructure(self) -> None:
         """PostgreSQL, Temporal and the sandbox; then migrations and the environment."""
+        self.check_ports()
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         if cfg.database_url:
@@ -154,10 +180,13 @@ class Stack:
         return [first, *others]
 
     def worker_metrics_address(self, index: int) -> str:
-        return f"127.0.0.1:{self.config.worker_metrics_port + index - 1}"
+        return f"127.0.0.1:{self.port_plan(index).workers[index - 1]}"
 
     def _spawn_worker(self, index: int) -> ManagedProcess:
-        env = dict(self.env, INBOXCRM_WORKER_METRICS_ADDRESS=self.worker_metrics_address(index))
+        address = self.worker_metrics_address(index)
+        require_free(f"{worker_name(index)} metrics", "127.0.0.1",
+                     int(address.rpartition(":")[2]), "INBOXCRM_WORKER_METRICS_PORT")
+        env = dict(self.env, INBOXCRM_WORKER_METRICS_ADDRESS=address)
         return self._start(worker_name(index), python("inboxcrm.worker"), None, env=env)
 
     def start_relay(self) -> ManagedProcess:
@@ -194,13 +223,26 @@ class Stack:
         if self.started_postgres:
             postgres.stop(self.config.data_dir / "pg")
 
-    def _start(self, name: str, argv: list[str], ready: object,
+    def _start(self, name: str, argv: list[str], ready: Callable[[], bool] | None,
                env: os._Environ[str] | dict[str, str] | None = None) -> ManagedProcess:
         proc = ManagedProcess(name, argv, dict(env if env is not None else self.env),
                               self.log_dir).start()
         self.processes[name] = proc
         if callable(ready):
+            self._ready[name] = ready
             proc.wait_ready(ready)
+        return proc
+
+    def restart(self, name: str) -> ManagedProcess:
+        """Start one of the stack's processes again, as it was first started, after it
+        died: `inboxcrm up` outlives a worker's (or the relay's) death, as a deployment
+        does (its supervisor restarts the pod)."""
+        if name == "worker" or name.startswith("worker-"):
+            return self.start_worker(int(name.removeprefix("worker-")) if "-" in name else 1)
+        proc = self.processes[name]
+        proc.start()
+        if name in self._ready:
+            proc.wait_ready(self._ready[name])
         return proc
 
     def _app_env(self) -> dict[str, str]:
@@ -253,7 +295,20 @@ class Stack:
             return Settings()
 
     def stack_env(self) -> dict[str, str]:
-        """What `.data/stack.env` holds (docs/architecture.md §10)."""
+        """What `.data/stack.env` holds (docs/architecture.md §10): what a client of the
+        stack needs first, then every other setting its processes run with, so that a
+        further worker or relay started from this file alone (`set -a; . .data/stack.env`)
+        runs as the stack's own do (round three's file lacked the unsubscribe secret, and
+        a worker started from it refused every follow-up)."""
+        first = self._client_env()
+        further_worker = self.worker_metrics_address(self.config.workers + 1)
+        rest = {key: value for key, value in sorted(self.env.items())
+                if key.startswith("INBOXCRM_") and key not in first}
+        # A further worker on this host takes the next port of the plan, not worker 1's.
+        rest["INBOXCRM_WORKER_METRICS_ADDRESS"] = further_worker
+        return {**first, **rest}
+
+    def _client_env(self) -> dict[str, str]:
         return {
             "DATABASE_URL": self.database_url,
             "TEMPORAL_ADDRESS": self.temporal_address,
@@ -273,7 +328,7 @@ class Stack:
             "INBOXCRM_ENV": "local",
             "INBOXCRM_POLICY_DIR": self.env["INBOXCRM_POLICY_DIR"],
             "RELAY_METRICS_URL": self.relay_metrics_url,
-            "WORKER_METRICS_URL": f"http://{self.env['INBOXCRM_WORKER_METRICS_ADDRESS']}/metrics",
+            "WORKER_METRICS_URL": f"http://{self.worker_metrics_address(1)}/metrics",
             # One endpoint per worker process (the first is WORKER_METRICS_URL).
             "WORKER_METRICS_URLS": ",".join(
                 f"http://{self.worker_metrics_address(index)}/metrics"
@@ -286,6 +341,25 @@ class Stack:
         path.write_text("\n".join(lines) + "\n")
         path.chmod(0o600)
         return path
+
+
+@dataclass
+class RestartBudget:
+    """How often `inboxcrm up` restarts one process before it calls it a crash loop and
+    stops the stack (a process that dies at every start would otherwise hide its error
+    behind endless restarts)."""
+
+    limit: int = 3
+    window_seconds: float = 300.0
+    _restarts: dict[str, list[float]] = field(default_factory=dict)
+
+    def allow(self, name: str, now: float) -> bool:
+        recent = [t for t in self._restarts.get(name, []) if now - t < self.window_seconds]
+        if len(recent) >= self.limit:
+            self._restarts[name] = recent
+            return False
+        self._restarts[name] = [*recent, now]
+        return True
 
 
 def webhook_secret(data_dir: Path) -> str:
