@@ -1,7 +1,8 @@
 """The CI-size chaos run (`make chaos` runs the same driver with ≥1,000 events on a stack of
 its own): ≥100 deliveries with redeliveries and same-identity collisions, ≥10% of
-destination calls faulted, ≥3 worker kill -9s, one relay restart, operator resolution
-through the CLI, then the settled invariant check — which must find nothing."""
+destination calls faulted, ≥3 kill -9s spread over two worker processes, one relay
+restart, operator resolution through the CLI, then the settled invariant check — which
+must find nothing."""
 
 from __future__ import annotations
 
@@ -14,14 +15,17 @@ from inboxcrm.verify.probe import StackClient
 
 @pytest.mark.slow
 async def test_chaos_ci_size(stack: Stack, env: StackClient) -> None:
-    config = ChaosConfig(events=100, seed=7, kills=3, relay_restarts=1, rate=8.0,
+    config = ChaosConfig(events=100, seed=7, kills=3, workers=2, relay_restarts=1, rate=8.0,
                          scope_to_run=True,  # the session's store is shared with other tests
                          # a killed worker's activities wait out their start-to-close timeout
                          # (extraction: up to 120 s) before they are retried
                          settle_timeout=150, resolve_rounds=6, deadline=235)
     try:
         result = await run_chaos(stack, config, log=print)
-    finally:  # leave the session's worker and relay running whatever happened
+    finally:  # leave the session's one worker and its relay running whatever happened
+        second = stack.processes.pop("worker-2", None)
+        if second is not None:
+            second.stop()
         if not stack.processes["worker"].alive():
             stack.start_worker()
         if not stack.processes["relay"].alive():
@@ -41,6 +45,7 @@ async def test_chaos_ci_size(stack: Stack, env: StackClient) -> None:
         "rate_limit", "server_error", "invalid_field", "unauthorized",
         "timeout_before_commit", "timeout_after_commit"}
     assert stats.kills >= 3 and stats.relay_restarts == 1
+    assert set(stats.kills_by_worker) == {"worker", "worker-2"}, stats.kills_by_worker
     assert stats.review_left == 0, "review queue not drained"
     assert stats.cli_failures == 0, stats.notes
     assert stack.processes["worker"].alive() and stack.processes["relay"].alive()

@@ -240,6 +240,8 @@ def chaos(
     events: Annotated[int, typer.Option(min=1, help="Distinct deliveries.")] = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the event mix and of the faults.")] = 1,
     kills: Annotated[int, typer.Option(min=0, help="Worker kill -9s.")] = 3,
+    workers: Annotated[int, typer.Option(
+        min=1, help="Worker processes; the kills are spread over them.")] = 2,
     concurrency: Annotated[int, typer.Option(min=1, help="Posts in flight at once.")] = 20,
     rate: Annotated[float, typer.Option(help="Deliveries started per second.")] = 10.0,
     data_dir: Annotated[Path, typer.Option(help="The stack's own data directory.")] = Path(
@@ -257,7 +259,8 @@ def chaos(
     from inboxcrm.stack.processes import StackError
     from inboxcrm.verify.chaos import ChaosConfig, run_on_fresh_stack, summary_rows
 
-    config = ChaosConfig(events=events, seed=seed, kills=kills, concurrency=concurrency,
+    config = ChaosConfig(events=events, seed=seed, kills=kills, workers=workers,
+                         concurrency=concurrency,
                          rate=rate, deadline=max(1800.0, events * 3.0) + freeze * 2,
                          freeze_seconds=freeze)
     try:

@@ -391,7 +391,7 @@ ISOLATED_ENV = {
 
 def isolated_config(data_dir: Path, database_url: str, *, queue_prefix: str,
                     ui: bool = False, temporal_address: str | None = None,
-                    extra_env: dict[str, str] | None = None) -> StackConfig:
+                    extra_env: dict[str, str] | None = None, workers: int = 1) -> StackConfig:
     """A stack on free loopback ports with its own task queue and the short timeouts above:
     the test suite, the UI tests and the chaos driver each run one beside anything else."""
     import uuid
@@ -411,4 +411,5 @@ def isolated_config(data_dir: Path, database_url: str, *, queue_prefix: str,
         temporal_address=None if ui else temporal_address,
         task_queue=f"{queue_prefix}-{uuid.uuid4().hex[:6]}",
         extra_env={**ISOLATED_ENV, **(extra_env or {})},
+        workers=workers,
     )

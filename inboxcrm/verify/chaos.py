@@ -44,7 +44,7 @@ import asyncpg
 import httpx
 
 from inboxcrm.stack import postgres
-from inboxcrm.stack.stack import Stack
+from inboxcrm.stack.stack import Stack, worker_name
 from inboxcrm.store import chaos_runs
 from inboxcrm.verify import check
 from inboxcrm.verify.probe import Endpoints, StackClient, message_from
@@ -81,6 +81,7 @@ class ChaosConfig:
     auto_reply_ratio: float = 0.02
     fault_ratio: float = 0.18         # share of destination calls to fault while injecting
     kills: int = 3
+    workers: int = 2                  # worker processes, the kills spread over all of them
     relay_restarts: int = 1
     min_fault_share: float = 0.10     # a run below this did not test enough (exit 2)
     settle_timeout: float = 150.0     # waiting for nothing in flight, each time
@@ -119,6 +120,7 @@ class ChaosStats:
     faults_injected: Counter[str] = field(default_factory=Counter)
     fault_outcomes: Counter[str] = field(default_factory=Counter)
     kills: int = 0
+    kills_by_worker: Counter[str] = field(default_factory=Counter)
     relay_restarts: int = 0
     store_frozen_s: float = 0.0
     in_flight_at_freeze: int = 0
@@ -153,6 +155,10 @@ class ChaosResult:
             missing.append(f"fault share {s.fault_share:.1%} < {c.min_fault_share:.0%}")
         if s.kills < c.kills:
             missing.append(f"worker kills {s.kills} < {c.kills}")
+        spread = min(c.workers, c.kills)
+        if len(s.kills_by_worker) < spread:
+            missing.append(f"kills reached {len(s.kills_by_worker)} of {spread} worker "
+                           f"processes")
         if s.relay_restarts < c.relay_restarts:
             missing.append(f"relay restarts {s.relay_restarts} < {c.relay_restarts}")
         if s.posts_given_up:
@@ -297,8 +303,9 @@ class ChaosRun:
         stats.auto_replies = kinds["auto_reply"]
         self.log(f"run {stats.run_id}: {stats.deliveries} deliveries, {stats.posts} posts "
                  f"({stats.redeliveries} redeliveries), {stats.collisions} collisions, "
-                 f"{stats.opt_outs} opt-outs; {config.kills} worker kills, "
-                 f"{config.relay_restarts} relay restart(s)")
+                 f"{stats.opt_outs} opt-outs; {config.kills} kills over {config.workers} "
+                 f"worker processes, {config.relay_restarts} relay restart(s)")
+        await self._start_workers()
 
         if config.freeze_seconds:
             await self._operator("pause", "--tenant", "acme", "--scope", "send")
@@ -499,19 +506,36 @@ class ChaosRun:
         still pouring in (so some of them fail and are redelivered)."""
         await asyncio.gather(self._kill_workers(window), self._restart_relay(posting))
 
+    def _worker_names(self) -> list[str]:
+        return [worker_name(index) for index in range(1, self.config.workers + 1)]
+
+    async def _start_workers(self) -> None:
+        """The run's worker processes: the stack's own and as many more as the config asks
+        for, side by side on the one task queue (the design's crash tests with parallel
+        workers: a kill lands on one while the other carries on)."""
+        for index, name in enumerate(self._worker_names(), start=1):
+            proc = self.stack.processes.get(name)
+            if proc is None or not proc.alive():
+                await asyncio.to_thread(self.stack.start_worker, index)
+
     async def _kill_workers(self, window: float) -> None:
         slots = self.config.kills + 1
+        # Each worker is killed in turn, in a random order: at random, yet spread over all.
+        names = self._worker_names()
+        victims = [names[n % len(names)] for n in range(self.config.kills)]
+        self.rng.shuffle(victims)
         start = time.monotonic()
-        for n in range(1, slots):
+        for n, name in enumerate(victims, start=1):
             at = window * (n + self.rng.uniform(-0.3, 0.3)) / slots
             await asyncio.sleep(max(0.0, start + at - time.monotonic()))
-            worker = self.stack.processes["worker"]
-            self.log(f"  t+{time.monotonic() - self.started:.0f}s kill -9 worker "
+            worker = self.stack.processes[name]
+            self.log(f"  t+{time.monotonic() - self.started:.0f}s kill -9 {name} "
                      f"(pid {worker.pid})")
             await asyncio.to_thread(worker.kill)
             self.stats.kills += 1
+            self.stats.kills_by_worker[name] += 1
             await asyncio.sleep(self.rng.uniform(0.2, 2.0))
-            await asyncio.to_thread(self.stack.start_worker)
+            await asyncio.to_thread(self.stack.restart, name)
 
     async def _restart_relay(self, posting: float) -> None:
         start = time.monotonic()
@@ -526,8 +550,7 @@ class ChaosRun:
             start = time.monotonic()
 
     async def _ensure_running(self) -> None:
-        if not self.stack.processes["worker"].alive():
-            await asyncio.to_thread(self.stack.start_worker)
+        await self._start_workers()
         if not self.stack.processes["relay"].alive():
             await asyncio.to_thread(self.stack.start_relay)
 
@@ -695,11 +718,12 @@ async def run_chaos(stack: Stack, config: ChaosConfig, log: Log | None = None) -
 
 
 # --- a fresh stack of its own (`make chaos`) ---------------------------------------------
-def fresh_stack_config(data_dir: Path, database_url: str) -> Any:
+def fresh_stack_config(data_dir: Path, database_url: str, workers: int = 1) -> Any:
     from inboxcrm.stack.stack import isolated_config
 
     return isolated_config(data_dir, database_url, queue_prefix="inboxcrm-chaos",
-                           temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None)
+                           temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None,
+                           workers=workers)
 
 
 async def _create_database(server_url: str) -> str:
@@ -747,7 +771,7 @@ def run_on_fresh_stack(config: ChaosConfig, data_dir: Path, log: Log,
         server_url = postgres.start(pg_dir, free_port())
         config.store_dir = str(pg_dir)
     database_url = asyncio.run(_create_database(server_url))
-    stack = Stack(fresh_stack_config(data_dir, database_url))
+    stack = Stack(fresh_stack_config(data_dir, database_url, config.workers))
     result: ChaosResult | None = None
     try:
         log(f"starting a fresh stack under {data_dir} (logs in {stack.log_dir})")
@@ -783,7 +807,8 @@ def summary_rows(result: ChaosResult) -> list[tuple[str, str]]:
         ("fault modes seen", _counts(Counter(k.split("/")[1] for k in s.fault_outcomes
                                              for _ in range(s.fault_outcomes[k])))),
         ("faults injected (target/mode)", str(sum(s.faults_injected.values()))),
-        ("worker kill -9 / restarts", f"{s.kills} / {s.kills}"),
+        ("worker kill -9 / restarts", f"{s.kills} / {s.kills} "
+                                      f"({_counts(s.kills_by_worker)})"),
         ("relay restarts", str(s.relay_restarts)),
         ("long faults: store frozen (s) / items in flight",
          f"{s.store_frozen_s} / {s.in_flight_at_freeze}"
