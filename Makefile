@@ -11,7 +11,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,local]'
 	touch $(STAMP)
 
 ## up: the whole stack on the embedded defaults (Ctrl-C stops it; data stays in .data/)
@@ -42,10 +42,16 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 ## dist: the release artifacts, a wheel and an sdist under dist/ (`python -m build`), version from
-## the git tag (setuptools-scm; pyproject.toml [tool.setuptools_scm]); CI builds them after the tests
+## the git tag (setuptools-scm; pyproject.toml [tool.setuptools_scm]), and dist/sbom.cdx.json, the
+## CycloneDX bill of materials of what installing the wheel brings (the wheel installed, without
+## extras, into a venv of its own); CI builds them after the tests
 dist: $(STAMP)
-	rm -rf dist
+	rm -rf dist .data/dist-venv
 	$(BIN)/python -m build --outdir dist .
+	$(PY) -m venv .data/dist-venv
+	.data/dist-venv/bin/python -m pip install --quiet -c constraints.txt dist/inboxcrm-*.whl
+	$(BIN)/cyclonedx-py environment --pyproject pyproject.toml --output-reproducible \
+		--of JSON -o dist/sbom.cdx.json .data/dist-venv/bin/python
 	$(BIN)/python -m tests.helpers.dist_check dist
 
 clean-data:
@@ -65,7 +71,7 @@ chaos: $(STAMP)
 UI_STAMP := $(VENV)/.installed-ui
 
 $(UI_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,ui]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,local,ui]'
 	touch $(UI_STAMP)
 
 test-ui: $(UI_STAMP)
@@ -76,7 +82,7 @@ test-ui: $(UI_STAMP)
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,local,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

