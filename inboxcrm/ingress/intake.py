@@ -1,6 +1,7 @@
-"""Intake shared by every inbound source: the ledger insert with its workflow start (the
-`Ingestor`), the sweeper that heals a failed start, and the answers of section 10 of
-`docs/architecture.md`.
+"""Intake shared by every inbound source: the delivery a source hands over (`Delivery`), the
+one ingest path every push route and every pull source calls (`Intake.ingest`), the ledger
+insert with its workflow start under it (the `Ingestor`), the sweeper that heals a failed
+start, and the answers of section 10 of `docs/architecture.md`.
 
 Two guards with two lifetimes: the `inbound_events` unique key answers redeliveries for as
 long as the row exists (months after Temporal forgot the workflow); the workflow ID
@@ -14,8 +15,9 @@ import asyncio
 import hashlib
 import logging
 import re
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 import asyncpg
 from fastapi import Request
@@ -25,6 +27,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from inboxcrm.ingress.metrics import RelayMetrics
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
 from inboxcrm.store import audit, events
@@ -45,11 +48,18 @@ class BadRequest(Exception):
 
 @dataclass(frozen=True)
 class Delivery:
+    """What a source hands to the ingest path, push route or mailbox watcher alike: the
+    tenant (decided from authenticated data only), the source's name (schemas.sources), the
+    tenant's mailbox, the delivery ID (immutable: the same message always gets the same one,
+    so a redelivery is answered `duplicate`), the raw RFC 5322 bytes, and when the source
+    received it (a watcher: the mailbox's arrival time; a push route: now)."""
+
     tenant: str
     source: str
     mailbox: str
     delivery_id: str
     raw: bytes
+    received_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     @property
     def workflow_id(self) -> str:
@@ -58,9 +68,15 @@ class Delivery:
 
 @dataclass(frozen=True)
 class IngestResult:
-    status: str          # accepted | duplicate | unavailable
+    status: str          # accepted | duplicate | unavailable | ledger_unavailable
     workflow_id: str
     state: str
+
+    @property
+    def stored(self) -> bool:
+        """The delivery is in the ledger (its workflow runs, or the sweeper starts it): a
+        mailbox watcher may move its cursor past it; otherwise it must offer it again."""
+        return self.status != "ledger_unavailable"
 
 
 class TemporalHandle:
@@ -170,6 +186,41 @@ def static_summary(workflow_id: str) -> str:
     return "inbound email"
 
 
+class Ledger(Protocol):
+    """What the ingest path needs of the store: the `Ingestor` (a fake in a fast test)."""
+
+    pool: asyncpg.Pool
+
+    async def ingest(self, delivery: Delivery) -> IngestResult: ...
+
+
+@dataclass(frozen=True)
+class Intake:
+    """The one ingest path: every push route and every pull source hands its deliveries to
+    `ingest`, which stores and starts them and counts the outcome by source (no other
+    labels)."""
+
+    ledger: Ledger
+    metrics: RelayMetrics
+
+    async def ingest(self, delivery: Delivery) -> IngestResult:
+        try:
+            result = await self.ledger.ingest(delivery)
+        except (TimeoutError, asyncpg.PostgresError, OSError):
+            log.warning("ledger unavailable")
+            result = IngestResult("ledger_unavailable", delivery.workflow_id, "")
+        self.metrics.deliveries.labels(delivery.source, result.status).inc()
+        return result
+
+    def count_auth_failure(self, source: str) -> None:
+        """Every source feeds the same signature-failure metric (and its spike alert)."""
+        self.metrics.signature_failures.labels(source).inc()
+
+    def count_forbidden(self, source: str) -> None:
+        """Authenticated, but not for the delivery's tenant (a 403)."""
+        self.metrics.deliveries.labels(source, "forbidden").inc()
+
+
 class Unauthenticated(Exception):
     """Answered 401; the message is logged, never returned."""
 
@@ -179,6 +230,8 @@ class TooLarge(Exception):
 
 
 def answer(result: IngestResult) -> JSONResponse:
+    if result.status == "ledger_unavailable":
+        return error_response(503, "ledger unavailable; retry later")
     if result.status == "unavailable":
         return JSONResponse(
             {"status": "error", "message": "stored; Temporal is unavailable, the workflow will "
@@ -194,17 +247,11 @@ def error_response(status_code: int, message: str) -> JSONResponse:
 
 
 async def ingest_response(request: Request, delivery: Delivery) -> JSONResponse:
-    """Ledger + start for any source; counts the outcome by source (no other labels)."""
-    ingestor: Ingestor = request.app.state.ingestor
-    counter = request.app.state.metrics.deliveries
-    try:
-        result = await ingestor.ingest(delivery)
-    except (TimeoutError, asyncpg.PostgresError, OSError):
-        log.warning("ledger unavailable")
-        counter.labels(delivery.source, "ledger_unavailable").inc()
-        return error_response(503, "ledger unavailable; retry later")
-    counter.labels(delivery.source, result.status).inc()
-    return answer(result)
+    """`Intake.ingest` answered as section 10 says; kept for callers holding a request."""
+    from inboxcrm.ingress.deps import get_ingestor, get_intake, get_metrics
+
+    intake = get_intake(get_ingestor(request), get_metrics(request))
+    return answer(await intake.ingest(delivery))
 
 
 async def sweep_forever(ingestor: Ingestor, settings: Settings) -> None:
