@@ -263,15 +263,3 @@ async def sweep_forever(ingestor: Ingestor, settings: Settings) -> None:
                 log.info("sweeper started %d stored event(s)", started)
         except Exception:  # noqa: BLE001 - the sweeper must outlive any single failure
             log.exception("sweeper pass failed")
-
-
-def count_auth_failure(request: Request, source: str) -> None:
-    """Every source feeds the same signature-failure metric (and its spike alert)."""
-    request.app.state.metrics.signature_failures.labels(source).inc()
-
-
-def forbidden_response(request: Request, source: str, message: str) -> JSONResponse:
-    """403: authenticated, but the credential is not bound to the delivery's tenant."""
-    request.app.state.metrics.deliveries.labels(source, "forbidden").inc()
-    log.info("%s delivery refused: %s", source, message)
-    return error_response(403, message)
