@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Final, Literal, get_args
 
 # Push sources: a provider POSTs each delivery to `/v1/inbound/<name>` (docs/architecture.md
-# §10). A pull source (a mailbox watcher) gets its name here too when it is added.
+# §10). Pull sources (mailbox watchers, `PullSource` of inboxcrm/ingress/sources/base.py)
+# get a Literal of their own beside this one: they are not credentials a policy lists.
 SourceName = Literal["standard", "postmark", "mailgun"]
 SOURCE_NAMES: Final[tuple[SourceName, ...]] = get_args(SourceName)
