@@ -29,11 +29,10 @@ def push_sources(settings: Settings) -> list[PushSource[Any, Any]]:
     return [source_class(name)(settings) for name in SOURCE_NAMES]
 
 
-def sources_router(settings: Settings,
-                   sources: list[PushSource[Any, Any]] | None = None) -> APIRouter:
+def sources_router(settings: Settings) -> APIRouter:
     """`POST` at each path of each push source."""
     router = APIRouter()
-    for source in push_sources(settings) if sources is None else sources:
+    for source in push_sources(settings):
         for path in source.paths:
             router.add_api_route(path, source.endpoint, methods=["POST"],
                                  name=f"inbound_{source.name}")
