@@ -20,7 +20,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 import asyncpg
-from fastapi import Request
 from fastapi.responses import JSONResponse
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
@@ -244,14 +243,6 @@ def answer(result: IngestResult) -> JSONResponse:
 
 def error_response(status_code: int, message: str) -> JSONResponse:
     return JSONResponse({"status": "error", "message": message}, status_code=status_code)
-
-
-async def ingest_response(request: Request, delivery: Delivery) -> JSONResponse:
-    """`Intake.ingest` answered as section 10 says; kept for callers holding a request."""
-    from inboxcrm.ingress.deps import get_ingestor, get_intake, get_metrics
-
-    intake = get_intake(get_ingestor(request), get_metrics(request))
-    return answer(await intake.ingest(delivery))
 
 
 async def sweep_forever(ingestor: Ingestor, settings: Settings) -> None:
