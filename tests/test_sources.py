@@ -19,14 +19,14 @@ import httpx
 import pytest
 
 from inboxcrm.ingress.intake import BadRequest, Unauthenticated
-from inboxcrm.ingress.mailgun import (
+from inboxcrm.ingress.sources.mailgun import (
     mailgun_delivery_id,
     mailgun_signature,
     parse_form,
     parse_mailgun,
     verify_mailgun,
 )
-from inboxcrm.ingress.postmark import basic_auth_ok, parse_postmark
+from inboxcrm.ingress.sources.postmark import basic_auth_ok, parse_postmark
 from inboxcrm.ingress.tenancy import Binding, Forbidden
 from inboxcrm.stack.credentials import generated_credentials
 from inboxcrm.stack.stack import Stack

@@ -20,6 +20,7 @@ from inboxcrm.domain.extraction import (
     extract_offline,
     summary,
 )
+from schemas.sources import SOURCE_NAMES
 
 
 def extract(
@@ -27,7 +28,7 @@ def extract(
     tenant: Annotated[str, typer.Option(help="Tenant whose policy applies.")] = "acme",
     as_json: JsonOpt = False,
     source: Annotated[str, typer.Option(
-        help="The inbound source the message came through (standard, postmark, mailgun, "
+        help=f"The inbound source the message came through ({', '.join(SOURCE_NAMES)}, "
              "smtp): which provider verdicts on the sender are trusted.")] = "standard",
 ) -> None:
     """Offline extraction + validation + routing. Writes nothing."""

@@ -31,6 +31,7 @@ from pydantic import (
 
 from inboxcrm.domain.templates import Template, TemplateRefused, load_templates, rule_version
 from schemas.destinations import TenantDestinations
+from schemas.sources import SourceName
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY_SUFFIXES = (".json", ".toml")
@@ -123,8 +124,9 @@ class Sender(_Strict):
 SenderAuthentication = Literal["required", "prefer", "off"]
 # The shared inbound credentials a tenant may accept (docs/architecture.md §7): the Standard
 # Webhooks secret INBOXCRM_WEBHOOK_SECRET, the Postmark basic-auth pair, the Mailgun signing
-# key. A tenant's own INBOXCRM_WEBHOOK_SECRET_<TENANT> needs no entry: it names its tenant.
-InboundCredential = Literal["standard", "postmark", "mailgun"]
+# key; one per source of schemas.sources. A tenant's own INBOXCRM_WEBHOOK_SECRET_<TENANT>
+# needs no entry: it names its tenant.
+InboundCredential = SourceName
 Mode = Literal["live", "shadow"]
 _ENV_NAME = r"^[A-Z_][A-Z0-9_]{0,127}$"
 

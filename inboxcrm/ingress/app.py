@@ -1,5 +1,6 @@
-"""The relay's HTTP app: one router per inbound source, plus health, the codec endpoint,
-one-click unsubscribe and the review card, assembled here (no route module imports another).
+"""The relay's HTTP app: the inbound sources (`inboxcrm.ingress.sources`), plus health, the
+codec endpoint, one-click unsubscribe and the review card, assembled here (no route module
+imports another; shared dependencies come from `inboxcrm.ingress.deps`).
 Metrics are not on this (public) port: the lifespan starts their internal listener
 (`inboxcrm.ingress.metrics`)."""
 
@@ -17,11 +18,9 @@ from inboxcrm.domain.extraction import work_pool
 from inboxcrm.ingress.codec import codec_router
 from inboxcrm.ingress.failed_runs import FailedRuns, check_forever
 from inboxcrm.ingress.intake import Ingestor, TemporalHandle, sweep_forever
-from inboxcrm.ingress.mailgun import mailgun_router
 from inboxcrm.ingress.metrics import RelayMetrics
-from inboxcrm.ingress.postmark import postmark_router
 from inboxcrm.ingress.review import review_router
-from inboxcrm.ingress.standard import standard_router
+from inboxcrm.ingress.sources import sources_router
 from inboxcrm.ingress.unsubscribe import unsubscribe_router
 from inboxcrm.platform import tracing
 from inboxcrm.platform.config import Settings
@@ -70,9 +69,7 @@ def create_app(settings: Settings) -> FastAPI:
         from inboxcrm.ingress.request_spans import RequestSpans
 
         app.add_middleware(RequestSpans)  # each request the root of its item's trace
-    app.include_router(standard_router(settings))  # POST /v1/inbound/standard
-    app.include_router(postmark_router(settings))  # POST /v1/inbound/postmark
-    app.include_router(mailgun_router(settings))  # POST /v1/inbound/mailgun[/mime]
+    app.include_router(sources_router(settings))  # POST /v1/inbound/<source> (schemas.sources)
     app.include_router(codec_router(settings))  # POST /codec/encode, /codec/decode
     app.include_router(unsubscribe_router(settings))  # POST /v1/unsubscribe/{token}
     app.include_router(review_router(settings))  # GET /review/ (queue), GET|POST /review/{id}

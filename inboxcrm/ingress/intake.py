@@ -1,6 +1,7 @@
-"""Intake shared by every inbound source: the ledger insert with its workflow start (the
-`Ingestor`), the sweeper that heals a failed start, and the answers of section 10 of
-`docs/architecture.md`.
+"""Intake shared by every inbound source: the delivery a source hands over (`Delivery`), the
+one ingest path every push route and every pull source calls (`Intake.ingest`), the ledger
+insert with its workflow start under it (the `Ingestor`), the sweeper that heals a failed
+start, and the answers of section 10 of `docs/architecture.md`.
 
 Two guards with two lifetimes: the `inbound_events` unique key answers redeliveries for as
 long as the row exists (months after Temporal forgot the workflow); the workflow ID
@@ -14,17 +15,18 @@ import asyncio
 import hashlib
 import logging
 import re
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 import asyncpg
-from fastapi import Request
 from fastapi.responses import JSONResponse
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from inboxcrm.ingress.metrics import RelayMetrics
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
 from inboxcrm.store import audit, events
@@ -45,11 +47,18 @@ class BadRequest(Exception):
 
 @dataclass(frozen=True)
 class Delivery:
+    """What a source hands to the ingest path, push route or mailbox watcher alike: the
+    tenant (decided from authenticated data only), the source's name (schemas.sources), the
+    tenant's mailbox, the delivery ID (immutable: the same message always gets the same one,
+    so a redelivery is answered `duplicate`), the raw RFC 5322 bytes, and when the source
+    received it (a watcher: the mailbox's arrival time; a push route: now)."""
+
     tenant: str
     source: str
     mailbox: str
     delivery_id: str
     raw: bytes
+    received_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     @property
     def workflow_id(self) -> str:
@@ -58,9 +67,15 @@ class Delivery:
 
 @dataclass(frozen=True)
 class IngestResult:
-    status: str          # accepted | duplicate | unavailable
+    status: str          # accepted | duplicate | unavailable | ledger_unavailable
     workflow_id: str
     state: str
+
+    @property
+    def stored(self) -> bool:
+        """The delivery is in the ledger (its workflow runs, or the sweeper starts it): a
+        mailbox watcher may move its cursor past it; otherwise it must offer it again."""
+        return self.status != "ledger_unavailable"
 
 
 class TemporalHandle:
@@ -170,6 +185,41 @@ def static_summary(workflow_id: str) -> str:
     return "inbound email"
 
 
+class Ledger(Protocol):
+    """What the ingest path needs of the store: the `Ingestor` (a fake in a fast test)."""
+
+    pool: asyncpg.Pool
+
+    async def ingest(self, delivery: Delivery) -> IngestResult: ...
+
+
+@dataclass(frozen=True)
+class Intake:
+    """The one ingest path: every push route and every pull source hands its deliveries to
+    `ingest`, which stores and starts them and counts the outcome by source (no other
+    labels)."""
+
+    ledger: Ledger
+    metrics: RelayMetrics
+
+    async def ingest(self, delivery: Delivery) -> IngestResult:
+        try:
+            result = await self.ledger.ingest(delivery)
+        except (TimeoutError, asyncpg.PostgresError, OSError):
+            log.warning("ledger unavailable")
+            result = IngestResult("ledger_unavailable", delivery.workflow_id, "")
+        self.metrics.deliveries.labels(delivery.source, result.status).inc()
+        return result
+
+    def count_auth_failure(self, source: str) -> None:
+        """Every source feeds the same signature-failure metric (and its spike alert)."""
+        self.metrics.signature_failures.labels(source).inc()
+
+    def count_forbidden(self, source: str) -> None:
+        """Authenticated, but not for the delivery's tenant (a 403)."""
+        self.metrics.deliveries.labels(source, "forbidden").inc()
+
+
 class Unauthenticated(Exception):
     """Answered 401; the message is logged, never returned."""
 
@@ -179,6 +229,8 @@ class TooLarge(Exception):
 
 
 def answer(result: IngestResult) -> JSONResponse:
+    if result.status == "ledger_unavailable":
+        return error_response(503, "ledger unavailable; retry later")
     if result.status == "unavailable":
         return JSONResponse(
             {"status": "error", "message": "stored; Temporal is unavailable, the workflow will "
@@ -193,20 +245,6 @@ def error_response(status_code: int, message: str) -> JSONResponse:
     return JSONResponse({"status": "error", "message": message}, status_code=status_code)
 
 
-async def ingest_response(request: Request, delivery: Delivery) -> JSONResponse:
-    """Ledger + start for any source; counts the outcome by source (no other labels)."""
-    ingestor: Ingestor = request.app.state.ingestor
-    counter = request.app.state.metrics.deliveries
-    try:
-        result = await ingestor.ingest(delivery)
-    except (TimeoutError, asyncpg.PostgresError, OSError):
-        log.warning("ledger unavailable")
-        counter.labels(delivery.source, "ledger_unavailable").inc()
-        return error_response(503, "ledger unavailable; retry later")
-    counter.labels(delivery.source, result.status).inc()
-    return answer(result)
-
-
 async def sweep_forever(ingestor: Ingestor, settings: Settings) -> None:
     while True:
         await asyncio.sleep(settings.sweeper_interval_seconds)
@@ -216,15 +254,3 @@ async def sweep_forever(ingestor: Ingestor, settings: Settings) -> None:
                 log.info("sweeper started %d stored event(s)", started)
         except Exception:  # noqa: BLE001 - the sweeper must outlive any single failure
             log.exception("sweeper pass failed")
-
-
-def count_auth_failure(request: Request, source: str) -> None:
-    """Every source feeds the same signature-failure metric (and its spike alert)."""
-    request.app.state.metrics.signature_failures.labels(source).inc()
-
-
-def forbidden_response(request: Request, source: str, message: str) -> JSONResponse:
-    """403: authenticated, but the credential is not bound to the delivery's tenant."""
-    request.app.state.metrics.deliveries.labels(source, "forbidden").inc()
-    log.info("%s delivery refused: %s", source, message)
-    return error_response(403, message)

@@ -29,11 +29,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from inboxcrm.domain.review_card import ReviewCard, age_text, build_card
+from inboxcrm.ingress.deps import IngestorDep, WorkDep
 from inboxcrm.ingress.intake import Ingestor
 from inboxcrm.ingress.reviewer_auth import COOKIE, DeskAuth, Visitor
 from inboxcrm.ingress.web import read_body
 from inboxcrm.platform.config import Settings
 from inboxcrm.platform.reviewer_identity import PATH_DESK, Principal, sign_decision
+from inboxcrm.platform.workpool import Runner
 from inboxcrm.store import reviewers as reviewer_store
 from schemas.contract import Decision
 
@@ -107,8 +109,7 @@ def review_router(settings: Settings) -> APIRouter:
     auth = DeskAuth(settings)
     secure_cookie = settings.public_relay_base_url.startswith("https://")
 
-    async def who(request: Request) -> Visitor | None:
-        ingestor: Ingestor = request.app.state.ingestor
+    async def who(request: Request, ingestor: Ingestor) -> Visitor | None:
         async with ingestor.pool.acquire() as conn:
             return await auth.visitor(request, conn)
 
@@ -117,7 +118,7 @@ def review_router(settings: Settings) -> APIRouter:
         return _login_form(_safe_next(request.query_params.get("next")))
 
     @router.post("/review/login", response_model=None)
-    async def login(request: Request) -> Response:
+    async def login(request: Request, ingestor: IngestorDep) -> Response:
         if auth.cross_site(request):
             return _page("refused", "<p>Cross-site sign-in refused.</p>", 403)
         body = await read_body(request, MAX_LOGIN_BYTES)
@@ -125,7 +126,6 @@ def review_router(settings: Settings) -> APIRouter:
             return _login_form("/review/", "request too large", 413)
         form = parse_qs(body.decode("utf-8", "replace"))
         next_path = _safe_next(_field(form, "next"))
-        ingestor: Ingestor = request.app.state.ingestor
         async with ingestor.pool.acquire() as conn:
             principal = await auth.from_token(conn, _field(form, "token"))
         session = auth.issue_session(principal) if principal is not None else None
@@ -149,21 +149,23 @@ def review_router(settings: Settings) -> APIRouter:
         return response
 
     @router.get("/review/{workflow_id:path}", response_model=None)
-    async def review_page(workflow_id: str, request: Request) -> Response:
-        visitor = await who(request)
+    async def review_page(workflow_id: str, request: Request, ingestor: IngestorDep,
+                          work: WorkDep) -> Response:
+        visitor = await who(request, ingestor)
         if visitor is None:
             target = _card_path(workflow_id) if workflow_id else "/review/"
             return _login_form(target, "sign in to the review desk", 401)
         if not workflow_id:
-            return await _queue(request, visitor)
-        return await _card(request, visitor, workflow_id)
+            return await _queue(request, ingestor, visitor)
+        return await _card(request, ingestor, work, visitor, workflow_id)
 
     @router.post("/review/{workflow_id:path}", response_model=None)
-    async def decide(workflow_id: str, request: Request) -> Response:
+    async def decide(workflow_id: str, request: Request, ingestor: IngestorDep,
+                     work: WorkDep) -> Response:
         if auth.cross_site(request):
             return _page("refused", "<p>Cross-site request refused: decide from the desk's "
                          "own page.</p>", 403)
-        visitor = await who(request)
+        visitor = await who(request, ingestor)
         if visitor is None:
             return _login_form(_card_path(workflow_id), "sign in to decide", 401)
         body = await read_body(request, MAX_FORM_BYTES)
@@ -173,17 +175,16 @@ def review_router(settings: Settings) -> APIRouter:
         if not auth.csrf_ok(visitor, _field(form, "csrf")):
             return _page("refused", "<p>The form is stale or did not come from this desk: "
                          "reload the card and decide again.</p>", 403)
-        ingestor: Ingestor = request.app.state.ingestor
         async with ingestor.pool.acquire() as conn:
             tenant = await reviewer_store.item_tenant(conn, workflow_id)
         if not visitor.principal.may_see(tenant):
             return _not_found()
-        accepted, answer = await _send_decision(request, visitor.principal, workflow_id, form)
-        return await _card(request, visitor, workflow_id, answer=(accepted, answer),
+        accepted, answer = await _send_decision(ingestor, visitor.principal, workflow_id, form)
+        return await _card(request, ingestor, work, visitor, workflow_id,
+                           answer=(accepted, answer),
                            status=200 if accepted else 409)
 
-    async def _queue(request: Request, visitor: Visitor) -> Response:
-        ingestor: Ingestor = request.app.state.ingestor
+    async def _queue(request: Request, ingestor: Ingestor, visitor: Visitor) -> Response:
         tenants = visitor.principal.tenants
         async with ingestor.pool.acquire() as conn:
             items = await reviewer_store.review_queue(
@@ -194,11 +195,11 @@ def review_router(settings: Settings) -> APIRouter:
         return _page("review queue", render_queue(visitor.principal, items,
                                                   auth.csrf_token(visitor)))
 
-    async def _card(request: Request, visitor: Visitor, workflow_id: str, *,
-                    answer: tuple[bool, str] | None = None, status: int = 200) -> Response:
-        ingestor: Ingestor = request.app.state.ingestor
+    async def _card(request: Request, ingestor: Ingestor, work: Runner, visitor: Visitor,
+                    workflow_id: str, *, answer: tuple[bool, str] | None = None,
+                    status: int = 200) -> Response:
         async with ingestor.pool.acquire() as conn:
-            card = await build_card(conn, workflow_id, request.app.state.work)
+            card = await build_card(conn, workflow_id, work)
         if card is None or not visitor.principal.may_see(card.tenant):
             return _not_found()
         if "application/json" in request.headers.get("accept", ""):
@@ -210,7 +211,7 @@ def review_router(settings: Settings) -> APIRouter:
                           enabled=auth.decision_secret is not None)
         return _page(f"review {card.workflow_id}", render_html(card, forms, answer), status)
 
-    async def _send_decision(request: Request, principal: Principal, workflow_id: str,
+    async def _send_decision(ingestor: Ingestor, principal: Principal, workflow_id: str,
                              form: dict[str, list[str]]) -> tuple[bool, str]:
         """The decision as the workflow's own Update; its answer, or its refusal."""
         import asyncio
@@ -236,7 +237,6 @@ def review_router(settings: Settings) -> APIRouter:
             decider=principal.decider, path=PATH_DESK,
             proof=sign_decision(secret, principal.decider, PATH_DESK, workflow_id, wait_id,
                                 action))
-        ingestor: Ingestor = request.app.state.ingestor
         try:
             client = await ingestor.temporal.get()
             handle = client.get_workflow_handle(workflow_id)

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from inboxcrm.domain.unsubscribe_links import read_token
+from inboxcrm.ingress.deps import PoolDep
 from inboxcrm.ingress.web import read_body
 from inboxcrm.platform.config import Settings
 from inboxcrm.store import audit, contacts
@@ -91,14 +92,13 @@ def unsubscribe_router(settings: Settings) -> APIRouter:
                             status_code=404)
 
     @router.post("/v1/unsubscribe/{token}")
-    async def unsubscribe(token: str, request: Request) -> JSONResponse:
+    async def unsubscribe(token: str, request: Request, pool: PoolDep) -> JSONResponse:
         ref = read_token(secret, token) if secret else None  # the link is the credential
         if ref is None:
             return _not_found()
         if await read_body(request, MAX_BODY_BYTES) is None:
             return JSONResponse({"status": "error", "message": "body too large"},
                                 status_code=413)
-        pool: asyncpg.Pool = request.app.state.ingestor.pool
         try:
             outcome = await record_unsubscribe(pool, *ref)
         except (TimeoutError, asyncpg.PostgresError, OSError, SendInFlight):

@@ -12,6 +12,7 @@ from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.contract import DEFAULT_TASK_QUEUE
+from schemas.sources import SOURCE_NAMES, SourceName
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (or install) root
 # Per-tenant Standard Webhooks secrets: INBOXCRM_WEBHOOK_SECRET_<TENANT> (tenant upper-cased,
@@ -20,6 +21,17 @@ TENANT_SECRET_PREFIX = "INBOXCRM_WEBHOOK_SECRET_"
 # Below this many bytes a credential refuses to start outside the local stack (INBOXCRM_ENV):
 # 32 characters of base64 or hex are 192 / 128 bits, past any online guessing.
 MIN_SECRET_BYTES = 32
+# Each inbound source's key material: the Settings fields holding it (a `whsec_` secret is
+# read without its prefix). One entry per name of schemas.sources (a missing one fails every
+# start); the per-tenant Standard Webhooks secrets are added to "standard" in
+# `inbound_secrets`.
+SOURCE_SECRETS: dict[SourceName, tuple[str, ...]] = {
+    "standard": ("webhook_secret",),
+    "postmark": ("postmark_password",),
+    "mailgun": ("mailgun_signing_key",),
+}
+# Credentials that are not an inbound source's, held to the same length rule.
+OTHER_SECRETS = ("unsubscribe_secret", "review_token", "codec_token")
 
 
 class InsecureSetting(RuntimeError):
@@ -246,20 +258,25 @@ class Settings(BaseSettings):
         """The credentials this deployment accepts or signs with, by variable name, as their
         key material (a `whsec_` secret without its prefix). Unset ones are left out."""
         out: dict[str, str] = {}
-        if self.webhook_secret:
-            out["INBOXCRM_WEBHOOK_SECRET"] = self.webhook_secret.removeprefix("whsec_")
-        for tenant, secret in self.webhook_tenant_secrets.items():
-            out[TENANT_SECRET_PREFIX + tenant_env_suffix(tenant)] = secret.removeprefix("whsec_")
-        optional: tuple[tuple[str, SecretStr | None], ...] = (
-            ("INBOXCRM_POSTMARK_PASSWORD", self.postmark_password),
-            ("INBOXCRM_MAILGUN_SIGNING_KEY", self.mailgun_signing_key),
-            ("INBOXCRM_UNSUBSCRIBE_SECRET", self.unsubscribe_secret),
-            ("INBOXCRM_REVIEW_TOKEN", self.review_token),
-            ("INBOXCRM_CODEC_TOKEN", self.codec_token))
-        for name, value in optional:
-            if value is not None and value.get_secret_value():
-                out[name] = value.get_secret_value()
+        for source in SOURCE_NAMES:
+            for name in SOURCE_SECRETS[source]:
+                out.update(self._secret(name))
+            if source == "standard":
+                for tenant, secret in self.webhook_tenant_secrets.items():
+                    out[TENANT_SECRET_PREFIX + tenant_env_suffix(tenant)] = \
+                        secret.removeprefix("whsec_")
+        for name in OTHER_SECRETS:
+            out.update(self._secret(name))
         return out
+
+    def _secret(self, field: str) -> dict[str, str]:
+        """{variable: key material} of one credential field, or {} when it is unset."""
+        value = getattr(self, field)
+        if isinstance(value, SecretStr):
+            text = value.get_secret_value()
+        else:  # the Standard Webhooks secret: `whsec_<base64>`
+            text = (value or "").removeprefix("whsec_")
+        return {f"INBOXCRM_{field.upper()}": text} if text else {}
 
     @property
     def crm_base_url(self) -> str:

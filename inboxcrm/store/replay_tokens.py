@@ -1,5 +1,5 @@
 """The `webhook_replay_tokens` table: a signed inbound request's token is accepted once
-(Mailgun's replay protection, inboxcrm/ingress/mailgun.py)."""
+(Mailgun's replay protection, inboxcrm/ingress/sources/mailgun.py)."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from pydantic import SecretStr
 from inboxcrm.domain import policy as policy_module
 from inboxcrm.domain.policy import PolicyError, load_policies, tenants_accepting
 from inboxcrm.ingress.app import create_app
+from inboxcrm.ingress.deps import get_ingestor
 from inboxcrm.ingress.form import (
     FormLimits,
     FormTooLarge,
@@ -34,7 +35,7 @@ from inboxcrm.ingress.form import (
 from inboxcrm.ingress.intake import BadRequest
 from inboxcrm.ingress.metrics import RelayMetrics
 from inboxcrm.ingress.review import MAX_LOGIN_BYTES
-from inboxcrm.ingress.standard import (
+from inboxcrm.ingress.sources.standard import (
     configured_keys,
     matching_keys,
     signature_headers,
@@ -363,9 +364,22 @@ def twenty_megabytes() -> Iterator[bytes]:
         yield b"t" * 65536
 
 
+class NoLedger:
+    """The ledger of an app whose lifespan has not run: these requests are refused before
+    they reach it, and reaching it fails the test."""
+
+    @property
+    def pool(self) -> Any:
+        raise AssertionError("the request reached the ledger")
+
+    async def ingest(self, delivery: Any) -> Any:
+        raise AssertionError("the request reached the ledger")
+
+
 def relay(**values: Any) -> Any:
     app = create_app(Settings(env="local", **values))
     app.state.metrics = RelayMetrics()  # what the lifespan sets; the routes count into it
+    app.dependency_overrides[get_ingestor] = NoLedger
     return app
 
 

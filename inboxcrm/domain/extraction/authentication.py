@@ -27,11 +27,13 @@ from typing import Any, Literal
 import authres
 
 from inboxcrm.domain.policy import TenantPolicy
+from schemas.sources import SourceName
 
 from .minimise import MinimisedMessage
 
 Verdict = Literal["pass", "fail", "none"]
-Source = Literal["standard", "postmark", "mailgun", "smtp"]
+# The inbound sources (schemas.sources) and a message read straight from an MX.
+Source = SourceName | Literal["smtp"]
 
 AUTH_REASONS = frozenset({
     "sender_auth_failed", "sender_auth_misaligned", "sender_auth_untrusted",

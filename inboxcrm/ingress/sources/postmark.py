@@ -1,6 +1,7 @@
 """Postmark source: `POST /v1/inbound/postmark` (inbound JSON webhook, HTTP basic auth).
 
-Authenticates before anything is stored (constant-time compare; 401 otherwise), rebuilds the
+Authenticates from the headers before a byte of the body is read (the route of
+`sources.base`) and before anything is stored (constant-time compare; 401 otherwise), rebuilds the
 raw message (`RawEmail` as posted when "include raw email content" is on, else from the
 parsed payload, see `mime`), and names the delivery by the payload's `MessageID`
 (Postmark's ID for the inbound message; a retried POST carries the same one)."""
@@ -10,23 +11,10 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import json
 import logging
 from typing import Any, Final
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
-
-from inboxcrm.ingress.intake import (
-    DELIVERY_ID,
-    BadRequest,
-    Delivery,
-    TooLarge,
-    count_auth_failure,
-    error_response,
-    forbidden_response,
-    ingest_response,
-)
+from inboxcrm.ingress.intake import DELIVERY_ID, BadRequest, Delivery, TooLarge
 from inboxcrm.ingress.mime import (
     BODY_HEADERS,
     CONTENT_ID,
@@ -38,8 +26,8 @@ from inboxcrm.ingress.mime import (
     first_header,
     format_address,
 )
-from inboxcrm.ingress.tenancy import Binding, Forbidden, resolve_recipient, warn_unbound
-from inboxcrm.ingress.web import read_body
+from inboxcrm.ingress.sources.base import BodySource, Headers, Proof, json_body
+from inboxcrm.ingress.tenancy import Binding, resolve_recipient, warn_unbound
 from inboxcrm.platform.config import Settings
 
 log = logging.getLogger("inboxcrm.ingress.postmark")
@@ -213,41 +201,35 @@ def parse_postmark(payload: Any, binding: Binding, max_raw_bytes: int) -> Delive
     return Delivery(tenant, POSTMARK, mailbox, message_id, raw)
 
 
-def postmark_router(settings: Settings) -> APIRouter:
+class PostmarkSource(BodySource[Binding]):
     """POST /v1/inbound/postmark."""
-    router = APIRouter()
-    postmark_password = (settings.postmark_password.get_secret_value()
+
+    name = POSTMARK
+    refusal = "invalid or missing credentials"
+    challenge = 'Basic realm="inboxcrm postmark"'
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.user = settings.postmark_user
+        self.password = (settings.postmark_password.get_secret_value()
                          if settings.postmark_password else None)
-    if not settings.postmark_user or not postmark_password:
-        log.warning("postmark source disabled: INBOXCRM_POSTMARK_USER/PASSWORD not set "
-                    "(every request is a 401)")
-    else:
-        warn_unbound(log, lambda: Binding.shared(POSTMARK))
+        if not self.user or not self.password:
+            log.warning("postmark source disabled: INBOXCRM_POSTMARK_USER/PASSWORD not set "
+                        "(every request is a 401)")
+        else:
+            warn_unbound(log, lambda: Binding.shared(POSTMARK))
 
-    @router.post("/v1/inbound/postmark")
-    async def inbound_postmark(request: Request) -> JSONResponse:
-        if not basic_auth_ok(request.headers.get("authorization"), settings.postmark_user,
-                             postmark_password):
-            count_auth_failure(request, "postmark")
-            response = error_response(401, "invalid or missing credentials")
-            response.headers["WWW-Authenticate"] = 'Basic realm="inboxcrm postmark"'
-            return response
-        body = await read_body(request, settings.max_body_bytes)
-        if body is None:
-            return error_response(413, f"body exceeds {settings.max_body_bytes} bytes")
-        try:
-            payload = json.loads(body)
-        except (ValueError, RecursionError):  # nesting past the parser's depth is malformed
-            return error_response(422, "body is not valid JSON")
-        try:
-            delivery = parse_postmark(payload, Binding.shared(POSTMARK),
-                                      settings.max_body_bytes)
-        except BadRequest as exc:
-            return error_response(422, str(exc))
-        except TooLarge as exc:
-            return error_response(413, str(exc))
-        except Forbidden as exc:
-            return forbidden_response(request, POSTMARK, str(exc))
-        return await ingest_response(request, delivery)
+    def presented(self, headers: Headers) -> Binding | None:
+        if not basic_auth_ok(headers.get("authorization"), self.user, self.password):
+            return None
+        return Binding.shared(POSTMARK)
 
-    return router
+    async def verify(self, presented: Binding, body: bytes) -> Proof:
+        return Proof((presented,))  # basic auth: authenticated by the headers alone
+
+    def parse(self, body: bytes, proof: Proof) -> Delivery:
+        [binding] = proof.bindings
+        return parse_postmark(json_body(body), binding, self.max_body_bytes)
+
+
+SOURCE = PostmarkSource

@@ -46,24 +46,21 @@ What counts as authenticated (the tenant)
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from email import policy as email_policy
 from email.parser import BytesHeaderParser
 from typing import Final
-
-import asyncpg
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
 from inboxcrm.ingress.form import (
     Form,
     FormLimits,
     FormTooLarge,
+    RawForm,
     parse_form_bytes,
     read_form,
 )
@@ -71,13 +68,8 @@ from inboxcrm.ingress.intake import (
     DELIVERY_ID,
     BadRequest,
     Delivery,
-    Ingestor,
     TooLarge,
     Unauthenticated,
-    count_auth_failure,
-    error_response,
-    forbidden_response,
-    ingest_response,
 )
 from inboxcrm.ingress.mime import (
     BODY_HEADERS,
@@ -93,9 +85,9 @@ from inboxcrm.ingress.mime import (
     first_header,
     header_addresses,
 )
-from inboxcrm.ingress.tenancy import Binding, Forbidden, resolve_recipient, warn_unbound
+from inboxcrm.ingress.sources.base import Headers, OnceToken, Proof, PushSource
+from inboxcrm.ingress.tenancy import Binding, resolve_recipient, warn_unbound
 from inboxcrm.platform.config import Settings
-from inboxcrm.store import replay_tokens
 
 log = logging.getLogger("inboxcrm.ingress.mailgun")
 
@@ -245,75 +237,57 @@ def mailgun_form_limits(settings: Settings) -> FormLimits:
     return FormLimits(total_bytes=settings.max_body_bytes, max_fields=MAX_FORM_PARTS)
 
 
-def mailgun_router(settings: Settings) -> APIRouter:
+class MailgunSource(PushSource[str, RawForm]):
     """POST /v1/inbound/mailgun and /v1/inbound/mailgun/mime."""
-    router = APIRouter()
-    mailgun_key = (settings.mailgun_signing_key.get_secret_value()
-                   if settings.mailgun_signing_key else None)
-    if not mailgun_key:
-        log.warning("mailgun source disabled: INBOXCRM_MAILGUN_SIGNING_KEY not set "
-                    "(every request is a 401)")
-    else:
-        warn_unbound(log, lambda: Binding.shared(MAILGUN))
-    limits = mailgun_form_limits(settings)
 
-    def unauthenticated(request: Request, reason: str) -> JSONResponse:
-        log.info("mailgun request rejected: %s", reason)
-        count_auth_failure(request, MAILGUN)
-        return error_response(401, "invalid, stale or missing Mailgun signature")
+    name = MAILGUN
+    refusal = "invalid, stale or missing Mailgun signature"
 
-    @router.post("/v1/inbound/mailgun")
-    @router.post("/v1/inbound/mailgun/mime")
-    async def inbound_mailgun(request: Request) -> JSONResponse:
-        if not mailgun_key:
-            return unauthenticated(request, "source not configured")  # body never read
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.signing_key = (settings.mailgun_signing_key.get_secret_value()
+                            if settings.mailgun_signing_key else None)
+        self.tolerance_seconds = settings.mailgun_tolerance_seconds
+        self.limits = mailgun_form_limits(settings)
+        if not self.signing_key:
+            log.warning("mailgun source disabled: INBOXCRM_MAILGUN_SIGNING_KEY not set "
+                        "(every request is a 401)")
+        else:
+            warn_unbound(log, lambda: Binding.shared(MAILGUN))
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return ("/v1/inbound/mailgun", "/v1/inbound/mailgun/mime")
+
+    def presented(self, headers: Headers) -> str | None:
+        """The signature travels in the form: only whether a key is configured is known
+        before the body is read."""
+        return self.signing_key
+
+    async def read(self, headers: Headers, chunks: AsyncIterator[bytes]) -> RawForm:
         try:
-            raw_form = await read_form(request.headers.get("content-type"),
-                                       request.headers.get("content-length"),
-                                       request.stream(), limits)
-            # Authentication first: only the three signature fields are looked at.
-            signature_fields = {name: value for name, value in raw_form.pairs
-                                if name in SIGNATURE_FIELDS}
-            for part in raw_form.parts:
-                if part.name in SIGNATURE_FIELDS and part.filename is None \
-                        and len(part.data) <= 256:
-                    signature_fields.setdefault(part.name, part.data.decode("ascii", "replace"))
+            return await read_form(headers.get("content-type"), headers.get("content-length"),
+                                   chunks, self.limits)
         except FormTooLarge as exc:
-            return error_response(413, str(exc))
-        except BadRequest as exc:
-            return error_response(422, str(exc))
-        try:
-            token, signed_at = verify_mailgun(signature_fields, mailgun_key,
-                                              settings.mailgun_tolerance_seconds)
-        except Unauthenticated as exc:
-            return unauthenticated(request, str(exc))
-        try:
-            delivery = parse_mailgun(raw_form.to_form(), Binding.shared(MAILGUN),
-                                     settings.max_body_bytes)
-        except (BadRequest, RecursionError) as exc:
-            message = str(exc) if isinstance(exc, BadRequest) else "form is nested too deeply"
-            return error_response(422, message)
-        except TooLarge as exc:
-            return error_response(413, str(exc))
-        except Forbidden as exc:
-            return forbidden_response(request, MAILGUN, str(exc))
-        ingestor: Ingestor = request.app.state.ingestor
-        keep = 2 * settings.mailgun_tolerance_seconds + 60
-        try:
-            fresh = await replay_tokens.consume_token(ingestor.pool, MAILGUN, token,
-                                                      signed_at, keep)
-        except (TimeoutError, asyncpg.PostgresError, OSError):
-            return error_response(503, "ledger unavailable; retry later")
-        if not fresh:
-            log.info("mailgun request rejected: token replayed")
-            count_auth_failure(request, MAILGUN)
-            return error_response(
-                401, "invalid, stale or missing Mailgun signature (token replayed)")
-        response = await ingest_response(request, delivery)
-        if response.status_code == 503:
-            # Not (or not fully) processed: let the very same POST be retried.
-            with contextlib.suppress(TimeoutError, asyncpg.PostgresError, OSError):
-                await replay_tokens.release_token(ingestor.pool, MAILGUN, token)
-        return response
+            raise TooLarge(str(exc)) from None
 
-    return router
+    async def verify(self, presented: str, body: RawForm) -> Proof:
+        # Authentication first: only the three signature fields are looked at.
+        fields = {name: value for name, value in body.pairs if name in SIGNATURE_FIELDS}
+        for part in body.parts:
+            if part.name in SIGNATURE_FIELDS and part.filename is None \
+                    and len(part.data) <= 256:
+                fields.setdefault(part.name, part.data.decode("ascii", "replace"))
+        token, signed_at = verify_mailgun(fields, presented, self.tolerance_seconds)
+        keep = 2 * self.tolerance_seconds + 60
+        return Proof((Binding.shared(MAILGUN),), OnceToken(token, signed_at, keep))
+
+    def parse(self, body: RawForm, proof: Proof) -> Delivery:
+        [binding] = proof.bindings
+        try:
+            return parse_mailgun(body.to_form(), binding, self.max_body_bytes)
+        except RecursionError:
+            raise BadRequest("form is nested too deeply") from None
+
+
+SOURCE = MailgunSource

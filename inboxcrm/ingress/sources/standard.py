@@ -1,12 +1,12 @@
 """Standard Webhooks source: `POST /v1/inbound/standard` (HMAC-signed JSON body naming the
 tenant, mailbox, delivery ID and the raw message; section 10 of `docs/architecture.md`).
 
-Order of work, cheapest refusal first: no secret configured → 401 without reading the body;
-missing or stale signature headers → 401 without reading the body; the body read with a
-running cap (413); the HMAC over `id.timestamp.body` checked against every configured secret
-(the shared `INBOXCRM_WEBHOOK_SECRET` and each tenant's `INBOXCRM_WEBHOOK_SECRET_<TENANT>`);
-only then is the JSON parsed, and its tenant must be one a matching secret is bound to (403
-otherwise)."""
+Order of work, cheapest refusal first (the route of `sources.base`): no secret configured →
+401 without reading the body; missing or stale signature headers → 401 without reading the
+body; the body read with a running cap (413); the HMAC over `id.timestamp.body` checked
+against every configured secret (the shared `INBOXCRM_WEBHOOK_SECRET` and each tenant's
+`INBOXCRM_WEBHOOK_SECRET_<TENANT>`); only then is the JSON parsed, and its tenant must be one
+a matching secret is bound to (403 otherwise)."""
 
 from __future__ import annotations
 
@@ -15,27 +15,15 @@ import base64
 import binascii
 import hashlib
 import hmac
-import json
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Final
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
-
 from inboxcrm.domain.policy import UnknownTenant, get_policy
-from inboxcrm.ingress.intake import (
-    DELIVERY_ID,
-    BadRequest,
-    Delivery,
-    count_auth_failure,
-    error_response,
-    forbidden_response,
-    ingest_response,
-)
-from inboxcrm.ingress.tenancy import Binding, Forbidden, check_tenant, warn_unbound
-from inboxcrm.ingress.web import read_body
+from inboxcrm.ingress.intake import DELIVERY_ID, BadRequest, Delivery, Unauthenticated
+from inboxcrm.ingress.sources.base import BodySource, Headers, Proof, json_body
+from inboxcrm.ingress.tenancy import Binding, warn_unbound
 from inboxcrm.platform.config import Settings
 
 log = logging.getLogger("inboxcrm.ingress.standard")
@@ -155,46 +143,36 @@ def matching_keys(keys: list[StandardKey], signed: SignatureHeaders,
     return out
 
 
-def standard_router(settings: Settings) -> APIRouter:
+class StandardSource(BodySource[SignatureHeaders]):
     """POST /v1/inbound/standard."""
-    router = APIRouter()
-    keys = configured_keys(settings)
-    if not keys:
-        log.warning("standard source disabled: neither INBOXCRM_WEBHOOK_SECRET nor any "
-                    "INBOXCRM_WEBHOOK_SECRET_<TENANT> is set (every request is a 401)")
-    for key in keys:
-        warn_unbound(log, key.binding)
 
-    def unauthenticated(request: Request) -> JSONResponse:
-        count_auth_failure(request, STANDARD)
-        return error_response(401, "invalid or missing webhook signature")
+    name = STANDARD
+    refusal = "invalid or missing webhook signature"
 
-    @router.post("/v1/inbound/standard")
-    async def inbound_standard(request: Request) -> JSONResponse:
-        signed = signature_headers(request.headers, settings.webhook_tolerance_seconds)
-        if not keys or signed is None:
-            return unauthenticated(request)  # the body is never read
-        body = await read_body(request, settings.max_body_bytes)
-        if body is None:
-            return error_response(413, f"body exceeds {settings.max_body_bytes} bytes")
-        if len(body) * len(keys) > THREAD_HASH_BYTES:
-            matched = await asyncio.to_thread(matching_keys, keys, signed, body)
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.keys = configured_keys(settings)
+        self.tolerance_seconds = settings.webhook_tolerance_seconds
+        if not self.keys:
+            log.warning("standard source disabled: neither INBOXCRM_WEBHOOK_SECRET nor any "
+                        "INBOXCRM_WEBHOOK_SECRET_<TENANT> is set (every request is a 401)")
+        for key in self.keys:
+            warn_unbound(log, key.binding)
+
+    def presented(self, headers: Headers) -> SignatureHeaders | None:
+        return signature_headers(headers, self.tolerance_seconds) if self.keys else None
+
+    async def verify(self, presented: SignatureHeaders, body: bytes) -> Proof:
+        if len(body) * len(self.keys) > THREAD_HASH_BYTES:
+            matched = await asyncio.to_thread(matching_keys, self.keys, presented, body)
         else:
-            matched = matching_keys(keys, signed, body)
+            matched = matching_keys(self.keys, presented, body)
         if not matched:
-            return unauthenticated(request)
-        try:
-            parsed = json.loads(body)
-        except (ValueError, RecursionError):  # nesting past the parser's depth is malformed
-            return error_response(422, "body is not valid JSON")
-        try:
-            delivery = parse_standard_body(parsed, settings.max_body_bytes)
-        except BadRequest as exc:
-            return error_response(422, str(exc))
-        try:
-            check_tenant([key.binding() for key in matched], delivery.tenant)
-        except Forbidden as exc:
-            return forbidden_response(request, STANDARD, str(exc))
-        return await ingest_response(request, delivery)
+            raise Unauthenticated("signature mismatch")
+        return Proof(tuple(key.binding() for key in matched))
 
-    return router
+    def parse(self, body: bytes, proof: Proof) -> Delivery:
+        return parse_standard_body(json_body(body), self.max_body_bytes)
+
+
+SOURCE = StandardSource
