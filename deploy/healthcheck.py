@@ -23,7 +23,7 @@ TIMEOUT = 3.0
 def relay() -> bool:
     port = os.environ.get("INBOXCRM_RELAY_PORT", "8080")
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=TIMEOUT) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=TIMEOUT) as r:
             return bool(r.status == 200)
     except (urllib.error.URLError, OSError):
         return False

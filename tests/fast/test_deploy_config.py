@@ -276,7 +276,9 @@ def test_deployments_reference_config_and_secrets() -> None:
 def test_probes() -> None:
     deployments = {d["metadata"]["name"]: d for d in by_kind("Deployment")}
     relay = containers(deployments["inboxcrm-relay"])[0]
-    assert relay["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    # Gated on PostgreSQL only (tests/test_relay_readiness.py: ready while Temporal is down).
+    assert relay["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert relay["startupProbe"]["httpGet"]["path"] == "/readyz"
     assert relay["livenessProbe"]  # process-level: no restart storm on a database outage
     assert "httpGet" not in relay["livenessProbe"]
     worker = containers(deployments["inboxcrm-worker"])[0]
