@@ -38,6 +38,7 @@ from tests.helpers.deploy_files import (
     ROOT,
     app_containers,
     compose_services,
+    container_env,
     env_example,
     filled_env,
     interpolate,
@@ -409,19 +410,6 @@ def test_compose_worker_metrics_port() -> None:
     assert address.split(":")[0] in ("0.0.0.0", "[::]"), "metrics unreachable from outside"
     assert str(port_of(address)) in re.findall(
         r"^EXPOSE (.*)$", (ROOT / "Dockerfile").read_text(), re.M)[0].split()
-
-
-def container_env(container: Mapping[str, Any], rendering: str) -> dict[str, str]:
-    """What the container's environment holds: its ConfigMaps (envFrom), then its env; a
-    Secret's keys are not known here."""
-    maps = {d["metadata"]["name"]: d.get("data") or {} for d in k8s_documents(rendering)
-            if d["kind"] == "ConfigMap"}
-    env: dict[str, str] = {}
-    for source in container.get("envFrom", []):
-        if "configMapRef" in source:
-            env |= {k: str(v) for k, v in maps[source["configMapRef"]["name"]].items()}
-    return env | {e["name"]: str(e.get("value", "<from a reference>"))
-                  for e in container.get("env", [])}
 
 
 def metrics_ports(env: Mapping[str, str]) -> set[int]:
