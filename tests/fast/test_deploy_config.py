@@ -46,6 +46,8 @@ COMPOSE_ONLY = {
     # The Temporal UI's single sign-on (its own OIDC client).
     "TEMPORAL_AUTH_ENABLED", "TEMPORAL_AUTH_CLIENT_ID", "TEMPORAL_AUTH_CLIENT_SECRET",
     "TEMPORAL_AUTH_SCOPES",
+    # The UI's codec endpoint, and the port of the codec proxy for a UI without SSO.
+    "TEMPORAL_UI_CODEC_ENDPOINT", "INBOXCRM_CODEC_PROXY_PORT",
 }
 # Environment variables the application reads outside Settings.
 KNOWN_APP_VARIABLES = {"INBOXCRM_POLICY_DIR"}
