@@ -45,7 +45,7 @@ COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 # No tenant policies in the image (the repository's are demo tenants, one of them with
 # sender authentication off): mount yours at /app/policies (INBOXCRM_POLICY_DIR).
-COPY deploy/bootstrap.py deploy/healthcheck.py ./deploy/
+COPY deploy/bootstrap.py deploy/healthcheck.py deploy/codec_proxy.py ./deploy/
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -88,4 +88,21 @@ def create_app(settings: Settings) -> FastAPI:
         return JSONResponse({"ok": ok, "database": database, "temporal": temporal_ok},
                             status_code=200 if ok else 503)
 
+    @app.get("/readyz")
+    async def readyz(request: Request) -> JSONResponse:
+        """Readiness of the probes: PostgreSQL only, which storing a delivery needs. A relay
+        keeps storing deliveries while Temporal is down (the sweeper starts them later), so
+        a Temporal outage must neither restart relays nor take them out of the Service."""
+        pool = request.app.state.ingestor.pool
+
+        async def ping() -> bool:
+            async with pool.acquire() as conn:
+                return bool(await db.ping(conn))
+
+        database = False
+        with contextlib.suppress(Exception):
+            database = await asyncio.wait_for(ping(), 3)
+        return JSONResponse({"ok": database, "database": database},
+                            status_code=200 if database else 503)
+
     return app

@@ -1,5 +1,8 @@
 """The alert rules are unit-tested by promtool (`deploy/alerts.test.yml`), every alert has a
-case there and a runbook line in the README, so an alert cannot be added untested."""
+case there and a runbook line in the README, so an alert cannot be added untested. And the
+rules cannot go quiet when what they watch dies: every scrape job has a target-down rule,
+every relay gauge is read once per installation, the code-bug and notice counters and the
+gauges' own age are watched."""
 
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.helpers.deploy_files import KUBECTL, OVERLAYS, k8s_documents
+from tests.helpers.metric_names import expression_metrics, relay_metric_names
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "alerts.yml"
@@ -78,3 +84,67 @@ def test_promtool_checks_and_unit_tests_the_rules() -> None:
         result = subprocess.run(argv, capture_output=True, text=True, timeout=120,
                                 check=False, cwd=ROOT)
         assert result.returncode == 0, f"{' '.join(argv[1:])}:\n{result.stdout}{result.stderr}"
+
+
+def _exprs() -> dict[str, str]:
+    return {rule["alert"]: " ".join(str(rule["expr"]).split()) for rule in _alerts()}
+
+
+def scrape_jobs(overlay: str) -> set[str]:
+    """The `job` label of the series the overlay's ServiceMonitors scrape: the Service's
+    `jobLabel` label, or the Service's name (Prometheus Operator's rule)."""
+    docs = k8s_documents(f"overlays/{overlay}")
+    services = [d for d in docs if d["kind"] == "Service"]
+    jobs = set()
+    for monitor in (d for d in docs if d["kind"] == "ServiceMonitor"):
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        for service in services:
+            labels = service["metadata"].get("labels", {})
+            if selector.items() <= labels.items() and any(
+                    p.get("name") == e["port"] for e in monitor["spec"]["endpoints"]
+                    for p in service["spec"]["ports"]):
+                job_label = monitor["spec"].get("jobLabel")
+                jobs.add(labels[job_label] if job_label else service["metadata"]["name"])
+    return jobs
+
+
+@pytest.mark.skipif(not KUBECTL, reason="kubectl (kustomize) is not installed")
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_scrape_job_has_a_rule_that_fires_when_it_is_gone(overlay: str) -> None:
+    """With every relay dead or unscraped, the gauges vanish and every rule on them resolves;
+    `absent(up{job=...} == 1)` is the one that fires then. It names the jobs the
+    ServiceMonitors really create."""
+    jobs = scrape_jobs(overlay)
+    assert len(jobs) == 2, jobs
+    exprs = _exprs().values()
+    for job in jobs:
+        assert f'absent(up{{job="{job}"}} == 1)' in exprs, f"nothing fires when {job} is gone"
+    named = {job for expr in exprs for job in re.findall(r'\bup\{job=~?"([^"]+)"', expr)}
+    assert {j for name in named for j in name.split("|")} == jobs
+
+
+def test_relay_gauges_alert_once_per_installation() -> None:
+    """Every relay replica exports the same store gauges: a rule on one of them aggregates the
+    replicas away, or it fires once per replica (deploy/alerts.test.yml feeds two)."""
+    from inboxcrm.ingress.metrics import DELIVERIES, SIGNATURE_FAILURES
+
+    counters = {f"{name}{suffix}" for name in (DELIVERIES, SIGNATURE_FAILURES)
+                for suffix in ("_total", "_created")}
+    gauges = relay_metric_names() - counters
+    checked = 0
+    for name, expr in _exprs().items():
+        used = expression_metrics(expr) & gauges
+        if not used or name == "InboxcrmStoreGaugesStale":  # per relay: whose refresh died
+            continue
+        checked += 1
+        for metric in used:
+            assert re.search(rf"(max|min) without \(instance, pod\) \((\w+\()?{metric}\b",
+                             expr), f"{name}: {metric} fires once per relay replica"
+    assert checked >= 10
+
+
+def test_the_watch_signals_have_rules() -> None:
+    """Exported and watched by nothing, a signal is a log line nobody reads."""
+    used = {metric for expr in _exprs().values() for metric in expression_metrics(expr)}
+    assert {"inboxcrm_step_bugs_total", "inboxcrm_review_notice_messages_total",
+            "inboxcrm_store_gauges_read_timestamp_seconds", "up"} <= used

@@ -46,6 +46,8 @@ COMPOSE_ONLY = {
     # The Temporal UI's single sign-on (its own OIDC client).
     "TEMPORAL_AUTH_ENABLED", "TEMPORAL_AUTH_CLIENT_ID", "TEMPORAL_AUTH_CLIENT_SECRET",
     "TEMPORAL_AUTH_SCOPES",
+    # The UI's codec endpoint, and the port of the codec proxy for a UI without SSO.
+    "TEMPORAL_UI_CODEC_ENDPOINT", "INBOXCRM_CODEC_PROXY_PORT",
 }
 # Environment variables the application reads outside Settings.
 KNOWN_APP_VARIABLES = {"INBOXCRM_POLICY_DIR"}
@@ -276,7 +278,9 @@ def test_deployments_reference_config_and_secrets() -> None:
 def test_probes() -> None:
     deployments = {d["metadata"]["name"]: d for d in by_kind("Deployment")}
     relay = containers(deployments["inboxcrm-relay"])[0]
-    assert relay["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    # Gated on PostgreSQL only (tests/test_relay_readiness.py: ready while Temporal is down).
+    assert relay["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert relay["startupProbe"]["httpGet"]["path"] == "/readyz"
     assert relay["livenessProbe"]  # process-level: no restart storm on a database outage
     assert "httpGet" not in relay["livenessProbe"]
     worker = containers(deployments["inboxcrm-worker"])[0]
@@ -452,7 +456,10 @@ def test_keda_alternative_parses() -> None:
     assert scaled["kind"] == "ScaledObject"
     assert scaled["spec"]["scaleTargetRef"]["name"] == "inboxcrm-worker"
     assert scaled["spec"]["triggers"][0]["type"] == "temporal"
-    assert scaled["spec"]["triggers"][0]["metadata"]["taskQueue"] == "inboxcrm"
+    # Where to ask is the overlay's (tests/fast/test_deploy_paths.py renders each overlay
+    # with the component): the component itself points nowhere real.
+    where = scaled["spec"]["triggers"][0]["metadata"]
+    assert {where[k] for k in ("namespace", "taskQueue")} == {"set-by-the-overlay"}
 
 
 # --- the image ----------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from tests.helpers.deploy_files import (
     ROOT,
     app_containers,
     compose_services,
+    container_env,
     env_example,
     filled_env,
     interpolate,
@@ -371,10 +372,17 @@ def codec_endpoints() -> Iterator[tuple[str, str]]:
 
 def test_the_ui_codec_endpoint_is_the_relays_codec_path() -> None:
     """The Temporal UI posts to `{endpoint}/encode` and `{endpoint}/decode`; both must be
-    routes of the relay, under the relay's public URL."""
+    routes of the relay, under the relay's public URL, or of the Compose codec proxy
+    (deploy/codec_proxy.py, which forwards the same paths to the relay) at its published
+    port."""
     found = list(codec_endpoints())
     assert found, "no Temporal UI is given a codec endpoint"
     public = compose_env("relay")["INBOXCRM_PUBLIC_RELAY_URL"]
+    proxy = compose_services()["codec-proxy"]
+    [published] = [interpolate(p, filled_env()) for p in proxy["ports"]]
+    proxy_url = "http://" + published.rpartition(":")[0]
+    relay_arg = proxy["command"][proxy["command"].index("--relay") + 1]
+    assert relay_arg == f"http://relay:{relay_port(compose_env('relay'))}"
     for where, endpoint in found:
         path = urlsplit(endpoint).path
         for verb in ("encode", "decode"):
@@ -382,7 +390,7 @@ def test_the_ui_codec_endpoint_is_the_relays_codec_path() -> None:
                 f"{where}: TEMPORAL_CODEC_ENDPOINT={endpoint!r}: the relay does not serve "
                 f"POST {path}/{verb}")
         if where.startswith("compose"):
-            assert endpoint.startswith(public.rstrip("/")), where
+            assert endpoint.startswith((public.rstrip("/"), proxy_url)), where
 
 
 def relay_port(env: Mapping[str, str]) -> int:
@@ -409,19 +417,6 @@ def test_compose_worker_metrics_port() -> None:
     assert address.split(":")[0] in ("0.0.0.0", "[::]"), "metrics unreachable from outside"
     assert str(port_of(address)) in re.findall(
         r"^EXPOSE (.*)$", (ROOT / "Dockerfile").read_text(), re.M)[0].split()
-
-
-def container_env(container: Mapping[str, Any], rendering: str) -> dict[str, str]:
-    """What the container's environment holds: its ConfigMaps (envFrom), then its env; a
-    Secret's keys are not known here."""
-    maps = {d["metadata"]["name"]: d.get("data") or {} for d in k8s_documents(rendering)
-            if d["kind"] == "ConfigMap"}
-    env: dict[str, str] = {}
-    for source in container.get("envFrom", []):
-        if "configMapRef" in source:
-            env |= {k: str(v) for k, v in maps[source["configMapRef"]["name"]].items()}
-    return env | {e["name"]: str(e.get("value", "<from a reference>"))
-                  for e in container.get("env", [])}
 
 
 def metrics_ports(env: Mapping[str, str]) -> set[int]:

@@ -105,6 +105,7 @@ def filled_env() -> dict[str, str]:
         if operator and "?" in operator and not env.get(name):
             env[name] = f"test-{name.lower()}-value"
     env["INBOXCRM_WEBHOOK_SECRET"] = "whsec_dGVzdC1zZWNyZXQtZm9yLWRlcGxveS1jb25maWctdGVzdHM="
+    env["INBOXCRM_MAIL_FROM"] = "Sales <sales@operator.example>"
     return env
 
 
@@ -141,6 +142,19 @@ def renderings() -> list[Any]:
 
     no_kubectl = pytest.mark.skipif(not KUBECTL, reason="kubectl (kustomize) is not installed")
     return ["base", *(pytest.param(f"overlays/{name}", marks=no_kubectl) for name in OVERLAYS)]
+
+
+def container_env(container: Mapping[str, Any], rendering: str = "base") -> dict[str, str]:
+    """What the container's environment holds: its ConfigMaps (envFrom), then its env; a
+    Secret's keys are not known here."""
+    maps = {d["metadata"]["name"]: d.get("data") or {} for d in k8s_documents(rendering)
+            if d["kind"] == "ConfigMap"}
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        if "configMapRef" in source:
+            env |= {k: str(v) for k, v in maps[source["configMapRef"]["name"]].items()}
+    return env | {e["name"]: str(e.get("value", "<from a reference>"))
+                  for e in container.get("env", [])}
 
 
 def app_containers(rendering: str = "base") -> Iterator[tuple[str, dict[str, Any]]]:
