@@ -186,18 +186,18 @@ def test_the_pause_timing_the_documents_give_is_the_workflows() -> None:
 
 
 def test_what_the_documents_say_about_heartbeats_is_true() -> None:
-    """Steps are local activities (no heartbeats); the regular activities of workflows
-    started before `local-steps` heartbeat every INTERVAL_SECONDS."""
+    """Steps are local activities (no heartbeats); the one regular activity, the model call
+    on its own task queue, heartbeats every INTERVAL_SECONDS."""
     import inspect
 
     from activities import heartbeat
     from workflows.inbound_email import InboundEmailWorkflow
 
     step = inspect.getsource(InboundEmailWorkflow._activity)
-    assert 'if self._patched("local-steps"):' in step
-    local = step.index('if self._patched("local-steps"):')
-    assert local < step.index("execute_local_activity_method") < step.rindex(
-        "execute_activity_method(")
+    regular = step.index("if task_queue is not None:")
+    assert regular < step.index("execute_activity_method(") < step.index(
+        "execute_local_activity_method")
+    assert step.count("execute_activity_method(") == 1
     assert "is_local" in inspect.getsource(heartbeat.heartbeating)
     claims = 0
     for name, text in _documents().items():
