@@ -169,7 +169,7 @@ class Scenario:
             # The real one verifies the proof (tests/fast/test_reviewer_identity.py); here a
             # claimed decider stands for a verified one, anything else for Temporal's.
             self.decisions.append(record)
-            self.audit.append(f"signal_{record.action}:{record.detail.get('accepted')}")
+            self.audit.append(f"{record.via}_{record.action}:{record.detail.get('accepted')}")
             if record.proof:
                 return DecisionIdentity(record.decider, record.path, authenticated=True)
             return DecisionIdentity("temporal:no identity", f"temporal-ui {record.via}")
