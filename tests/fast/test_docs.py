@@ -262,14 +262,10 @@ def test_the_patch_table_names_every_patch_of_the_workflow() -> None:
 
     source = (ROOT / "workflows" / "inbound_email.py").read_text()
     # A patch ID given by a named constant counts under its value.
-    # The patches folded into `patches-of-0.2` are asked through `self._patched` and
-    # `self._deprecated`, which count as their sites.
-    source = re.sub(r"(workflow\.patched|workflow\.deprecate_patch|self\._patched"
-                    r"|self\._deprecated)\(([A-Z_0-9]+)\)",
+    source = re.sub(r"(workflow\.patched|workflow\.deprecate_patch)\(([A-Z_0-9]+)\)",
                     lambda m: f'{m[1]}("{getattr(module, m[2])}")', source)
-    patched = re.findall(r'(?:workflow\.|self\._)patched\("([^"]+)"\)', source)
-    deprecated = set(re.findall(r'(?:workflow\.deprecate_patch|self\._deprecated)'
-                                r'\("([^"]+)"\)', source))
+    patched = re.findall(r'workflow\.patched\("([^"]+)"\)', source)
+    deprecated = set(re.findall(r'workflow\.deprecate_patch\("([^"]+)"\)', source))
     rows = {m[0]: m[1] for m in re.findall(r"^\| `([a-z0-9.-]+)`[^|]*\| (\d+) ",
                                             section_text(5), re.M)}
     assert set(rows) == set(patched) | deprecated, rows
