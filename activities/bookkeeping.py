@@ -31,6 +31,8 @@ from schemas.models import (
 
 log = logging.getLogger("inboxcrm.activities.bookkeeping")
 DECISION_NAMES = frozenset(d.value for d in Decision)
+# A reviewer's decision in the audit log: `<via>_<action>`, via a signal or an update.
+DECISION_AUDIT = ("signal_", "update_")
 
 
 
@@ -77,7 +79,7 @@ class BookkeepingActivities:
     async def record_audit(self, entry: AuditEntry) -> None:
         item = entry.item
         async with self._pool.acquire() as conn:
-            if entry.action.startswith("signal_") and entry.detail.get("accepted"):
+            if entry.action.startswith(DECISION_AUDIT) and entry.detail.get("accepted"):
                 await conn.execute(review_tasks.RECORD_RESOLVER, item.workflow_id, entry.actor)
             await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
@@ -105,7 +107,9 @@ class BookkeepingActivities:
                        "update_id": record.update_id, "signal_seq": record.signal_seq,
                        "proof": "invalid" if record.proof else None}
         detail |= {"path": who.path, "decider": who.decider, "authenticated": who.authenticated}
-        await self.record_audit(AuditEntry(item, who.decider, f"signal_{record.action}",
+        # Audited under how it arrived: `update_approve` for an update (the desk, the CLI, the
+        # UI's "Send an Update"), `signal_approve` for a signal.
+        await self.record_audit(AuditEntry(item, who.decider, f"{record.via}_{record.action}",
                                            detail))
         return who
 

@@ -138,12 +138,19 @@ class OperationStatus:
 
 
 @dataclass
-class CarriedState:
-    """What a run hands to its continuation (continue-as-new) once the item is planned: the
-    plan, who owns its reviews, and the operations as last seen. Everything else is in the
-    store (the ledger tells which operations are done)."""
+class WorkflowState:
+    """An item's workflow state that outlives a run: all of it is handed whole to the
+    continuation (continue-as-new), so no field is copied by hand and none is forgotten.
+    What stays per run (the open wait, queued decisions, what the search attributes show,
+    the store-wait backoff) is rebuilt by each run; everything else is in the store (the
+    ledger tells which operations are done).
 
-    plan: PlanResult
+    Every field has a default: a continuation started with the earlier `CarriedState` (the
+    fields up to `card_url`, under the same names) decodes into this class, the rest as
+    defaults."""
+
+    # The plan being carried out (None until the item is planned; a continuation has one).
+    plan: PlanResult | None = None
     owner: str = "sales-ops"
     escalation_hours: float = 24.0
     operations: dict[str, OperationStatus] = field(default_factory=dict)
@@ -154,14 +161,20 @@ class CarriedState:
     send_followup: bool = True
     wait_seq: int = 0
     card_url: str = ""
+    # Whether the sender's identity is known (an approval must name it otherwise).
+    identity_known: bool = True
+    # The ledger attempt the next call of each operation makes, and its budget: the
+    # `summary` the UI shows on the step ("crm-upsert attempt 7/12").
+    next_attempt: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
 class InboundEmailInput:
     event_id: str
     tenant: str
-    # Set only by continue-as-new: the continuation resumes after planning.
-    carried: CarriedState | None = None
+    # Set only by continue-as-new: the workflow state, and the continuation resumes after
+    # planning. (The name stays: continuations started with it are open.)
+    carried: WorkflowState | None = None
 
 
 @dataclass

@@ -72,6 +72,13 @@ async def test_hold_keeps_the_item_owned_then_reject_ends_it(
 
     assert cli(stack, "review", "reject", workflow_id, "--reviewer", "dana").returncode == 0
     assert (await env.wait_state(workflow_id, "rejected"))[0] == "rejected"
+    # The CLI decides by update: audited as such (a signal's are `signal_*`, above), and
+    # the accepted one names who resolved the review task.
+    decisions = [(a, d["accepted"], d["via"]) for a, d in await audit_actions(env, workflow_id)
+                 if a.startswith(("signal_", "update_"))]
+    assert decisions == [("update_hold", True, "update"), ("update_reject", True, "update")]
+    task = await env.db.fetchrow("SELECT * FROM review_tasks WHERE workflow_id = $1", workflow_id)
+    assert task["resolved_by"] == "operator"
     queue = json.loads(cli(stack, "queue", "--json").stdout)
     assert workflow_id not in [item["workflow_id"] for item in queue]
     assert await env.count("SELECT count(*) FROM followup_intents i JOIN inbound_events e "

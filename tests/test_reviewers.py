@@ -71,7 +71,7 @@ class Desk:
 async def decisions(env: StackClient, workflow_id: str) -> list[dict[str, Any]]:
     rows = await env.db.fetch(
         "SELECT actor, action, detail FROM audit_log WHERE workflow_id = $1 "
-        "AND action LIKE 'signal_%' ORDER BY audit_id", workflow_id)
+        "AND action ~ '^(signal|update)_' ORDER BY audit_id", workflow_id)
     return [{"actor": r["actor"], "action": r["action"], **r["detail"]} for r in rows]
 
 

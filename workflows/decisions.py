@@ -249,12 +249,6 @@ def update_description(action: str) -> str:
             "an accepted decision answers with the item's new state.")
 
 
-# `workflow.patched` ID of wait IDs, bound decisions and the fixed escalation time.
-WAIT_IDS = "review-wait-ids"
-# `workflow.patched` ID of decisions attributed from authentication: `record_decision`
-# (verifies the desk's or the CLI's proof, else looks up Temporal's identity of the request)
-# instead of `record_audit`, and the verified decider instead of the typed name downstream.
-DECIDER_FROM_AUTH = "decider-from-authentication"
 # Reasons after which an approval must name the sender (the planner has no identity).
 NEEDS_SENDER = frozenset({"missing_sender", "no_identity", "candidates"})
 # The timer that ends the workflow task before a wait opens (see `_wait_for_person`).

@@ -52,8 +52,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from schemas.models import (
         REVIEW_STATES,
-        AuditEntry,
-        CarriedState,
         CorrectionInput,
         DecisionBody,
         DecisionRecord,
@@ -75,21 +73,19 @@ with workflow.unsafe.imports_passed_through():
         RetryGrant,
         ReviewDecision,
         StateChange,
+        WorkflowState,
     )
     from schemas.outcomes import ErrorType
     from workflows.decisions import (
-        DECIDER_FROM_AUTH,
         NEEDS_SENDER,
         RECOVERY_ACTIONS,
         REVIEW_ACTIONS,
         WAIT_BARRIER,
-        WAIT_IDS,
         Refusal,
         Rejected,
         Request,
         Waiting,
         WaitKind,
-        check_action,
         details,
         first,
         parse_decision,
@@ -113,7 +109,6 @@ with workflow.unsafe.imports_passed_through():
         PARK_END_SPREAD,
         PAUSE_FALLBACK_MAX,
         PAUSE_POLL,
-        PAUSE_POLL_MAX,
         PLAN_RETRY,
         PLAN_TIMEOUT,
         SEND_MAX_ATTEMPTS,
@@ -129,21 +124,11 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = ["CRM_MAX_ATTEMPTS", "SEND_MAX_ATTEMPTS", "InboundEmailWorkflow"]
 
-# Patch: the state search attribute is upserted at the start, at long waits and at the end,
-# not at every step (`InboundEmailWorkflow._show`).
-SEARCH_ATTRIBUTES_AT_WAITS = "search-attributes-at-waits"
-# Patch that stands for every patch above it (docs/architecture.md §5, "Workflow versions"):
-# a run that records it takes the new branch of each without recording their markers (each
-# marker also upserts `TemporalChangeVersion`: a history event and a visibility write). A
-# history without it (written before) asks each patch as it always did.
+# The release's one patch marker (docs/architecture.md §5, "Workflow versions"): it stood for
+# the twelve patches of 0.2, whose old branches are retired. A run records it first thing;
+# every history this code replays carries it. Deprecated: its marker is what a run of 0.2
+# has, the call goes once no run without a deprecated marker is open.
 PATCHES_OF_0_2 = "patches-of-0.2"
-# The patches it stands for. A patch added after it is asked with `workflow.patched` itself:
-# a run that recorded PATCHES_OF_0_2 may have run code without the later patch.
-FOLDED_INTO_0_2 = frozenset({
-    "crm-note", "pause-poll-backoff", "local-steps", WAIT_IDS, "pause-wake", "drain-handover",
-    "store-outage-waits", SEARCH_ATTRIBUTES_AT_WAITS, "bookkeeping-store-only",
-    "model-call-activity", "shadow-mode", DECIDER_FROM_AUTH,
-})
 
 # A step keeps its activity's signature: `fn(self, arg) -> result` in, `result` out.
 Owner = TypeVar("Owner")
@@ -155,31 +140,22 @@ Step = Callable[[Owner, Arg], Awaitable[Result]]
 @workflow.defn(name=WORKFLOW_TYPE)
 class InboundEmailWorkflow:
     def __init__(self) -> None:
-        self._status = ItemStatus(workflow_id="")
+        # The item's state that outlives a run, handed whole to a continuation
+        # (`_continue_if_long`): the plan, the operations, the people-in-the-loop state.
+        self._state = WorkflowState()
+        # The rest is this run's own.
+        self._status = ItemStatus(workflow_id="")   # state and reason (the query's)
         self._item: ItemRef | None = None
         self._requests: list[Request] = []
         self._decision_signals = 0          # ordinal of each decision signal in this run
         self._waiting: Waiting | None = None
-        self._wait_seq = 0                  # wait IDs: deterministic, one per opened wait
-        self._owner = "sales-ops"
-        self._escalation_hours = 24.0
-        self._identity_known = True
-        self._card_url = ""
-        self._send_followup = True          # False once a reviewer approved without it
-        self._approved_by: str | None = None
-        # The ledger attempt the next call of each operation makes, and its budget: the
-        # `summary` the UI shows on the step ("crm-upsert attempt 7/12").
-        self._next_attempt: dict[str, tuple[int, int]] = {}
         # What the search attributes already say: upsert only changes (each upsert is a
-        # history event and a visibility write). With `published_at_waits`, the state is
-        # published only where an item may stay for long (see `_show`).
+        # history event and a visibility write), and the state only where an item may stay
+        # for long (see `_show`).
         self._shown_state: str | None = None
-        self._published_at_waits = False
-        self._patches_of_0_2: bool | None = None  # asked once, first thing in `run`
         self._shown_review = False
-        # Durable-for-days: the plan being carried out (handed to a continuation), a pending
-        # wake-up from `inboxcrm resume`, and how long the next store wait is.
-        self._plan_result: PlanResult | None = None
+        # Durable-for-days: a pending wake-up from `inboxcrm resume`, and how long the next
+        # store wait is.
         self._woken = False
         self._store_wait = STORE_WAIT_FIRST
 
@@ -190,9 +166,7 @@ class InboundEmailWorkflow:
                              tenant=params.tenant)
         self._status = ItemStatus(workflow_id=self._item.workflow_id,
                                   event_id=params.event_id, tenant=params.tenant)
-        self._has_patches_of_0_2()
-        # Histories written before this change upserted every state change.
-        self._published_at_waits = self._patched(SEARCH_ATTRIBUTES_AT_WAITS)
+        workflow.deprecate_patch(PATCHES_OF_0_2)
         try:
             if params.carried is None:
                 await self._process()
@@ -206,12 +180,11 @@ class InboundEmailWorkflow:
 
     async def _process(self) -> None:
         # A run started with its tenant and first state (`start_search_attributes`) already
-        # shows them; one started without them (an older relay) upserts them. The start event
-        # alone does not decide: a build before PATCHES_OF_0_2 upserted them even when a newer
-        # relay had given them, and its history must replay (docs/architecture.md §3).
+        # shows them; one started without them (an older relay) upserts them. (Builds before
+        # PATCHES_OF_0_2 upserted them anyway; their runs are retired, docs/architecture.md
+        # §5.)
         given = workflow.info().typed_search_attributes
-        started_with = (self._has_patches_of_0_2()
-                        and given.get(SA_TENANT) == self.item.tenant
+        started_with = (given.get(SA_TENANT) == self.item.tenant
                         and given.get(SA_STATE) == ItemState.EXTRACTING.value)
         if started_with:
             self._shown_state = ItemState.EXTRACTING.value
@@ -220,20 +193,20 @@ class InboundEmailWorkflow:
         extraction = await self._step(
             ExtractActivities.extract_message, self.item, EXTRACT_TIMEOUT, EXTRACT_RETRY,
             summary="extract")
-        if extraction.model_queue and self._patched("model-call-activity"):
+        if extraction.model_queue:
             # The LLM extractor: the model call is a regular activity on its own, rate-limited
-            # task queue (docs/architecture.md §5). Only new runs with it ever get here.
+            # task queue (docs/architecture.md §5).
             extraction = await self._step(
                 ExtractActivities.extract_with_model, self.item, EXTRACT_TIMEOUT,
                 EXTRACT_RETRY, summary="extract with model", task_queue=extraction.model_queue)
-        self._owner = extraction.review_owner
-        self._escalation_hours = extraction.escalation_hours
-        self._identity_known = extraction.identity_known
+        self._state.owner = extraction.review_owner
+        self._state.escalation_hours = extraction.escalation_hours
+        self._state.identity_known = extraction.identity_known
         if extraction.review_base_url:
-            self._card_url = (f"{extraction.review_base_url}/review/"
-                              f"{quote(self.item.workflow_id, safe='')}")
-        # Added while workflows were running; only items of a tenant in shadow mode take it.
-        if extraction.shadow and self._patched("shadow-mode"):
+            self._state.card_url = (f"{extraction.review_base_url}/review/"
+                                    f"{quote(self.item.workflow_id, safe='')}")
+        # Only items of a tenant in shadow mode take it.
+        if extraction.shadow:
             await self._shadow()
             return
         if extraction.route == "ignore":
@@ -248,7 +221,7 @@ class InboundEmailWorkflow:
         while plan.outcome == "review":
             approved_by = (await self._review(plan.reason or "match_review")).reviewer
             plan = await self._plan(approved_by)
-        self._approved_by = approved_by
+        self._state.approved_by = approved_by
         if plan.outcome == "opted_out":
             await self._enter(ItemState.SUPPRESSED, plan.reason)
             return
@@ -263,20 +236,16 @@ class InboundEmailWorkflow:
             summary="shadow-plan")
         await self._enter(ItemState.SHADOWED, planned.outcome)
 
-    async def _resume_carried(self, carried: CarriedState) -> None:
-        """A continuation (continue-as-new) picks up after planning: completed operations
-        answer from the ledger at once, the rest run as they would have."""
-        self._owner = carried.owner
-        self._escalation_hours = carried.escalation_hours
-        self._status.operations = dict(carried.operations)
-        self._approved_by = carried.approved_by
-        self._send_followup = carried.send_followup
-        self._wait_seq = carried.wait_seq
-        self._card_url = carried.card_url
+    async def _resume_carried(self, carried: WorkflowState) -> None:
+        """A continuation (continue-as-new) takes the state whole and picks up after
+        planning: completed operations answer from the ledger at once, the rest run as they
+        would have."""
+        self._state = carried
+        assert carried.plan is not None
         await self._carry_out(carried.plan)
 
     async def _carry_out(self, plan: PlanResult) -> None:
-        self._plan_result = plan
+        self._state.plan = plan
         assert plan.crm_op_key is not None
         # The item's last step records the item's end with its own success (§3 of
         # docs/architecture.md): the CRM's last step when no follow-up is planned, else the
@@ -286,17 +255,14 @@ class InboundEmailWorkflow:
                                      ItemState.CRM_PENDING, CRM_RETRY,
                                      ends=None if plan.note_op_key else end)
         if plan.note_op_key:
-            # Retired (docs/architecture.md §5, "Workflow versions"): every released version
-            # logs the note; the call goes in the release after this one.
-            self._deprecated("crm-note")
             last = await self._operation(CrmActivities.log_email_on_contact, plan.note_op_key,
                                          ItemState.CRM_PENDING, CRM_RETRY, ends=end)
         if end is not None:
             await self._ended(end, last)
             return
         assert plan.send_op_key is not None and plan.intent_id is not None
-        if not self._send_followup:
-            await self._decline_followup(plan, self._approved_by or "reviewer")
+        if not self._state.send_followup:
+            await self._decline_followup(plan, self._state.approved_by or "reviewer")
             return
         if plan.intent_needs_approval:
             # `ramp_limit`: a first live run's hourly cap held it (docs/architecture.md §6).
@@ -334,7 +300,7 @@ class InboundEmailWorkflow:
         for action, key in (("crm-upsert", plan.crm_op_key), ("crm-note", plan.note_op_key),
                             ("send", plan.send_op_key)):
             if key:
-                self._status.operations.setdefault(action, OperationStatus(op_key=key))
+                self._state.operations.setdefault(action, OperationStatus(op_key=key))
         return plan
 
     async def _step(self, fn: Step[Owner, Arg, Result], arg: Arg, timeout: timedelta,
@@ -348,7 +314,7 @@ class InboundEmailWorkflow:
             except STEP_FAILURES as err:
                 if await self._handed_over(err):
                     continue
-                if self._store_outage(err):
+                if is_store_outage(err):
                     await self._wait_for_store()
                     continue
                 await self._recover(err, op_key=None)
@@ -365,36 +331,30 @@ class InboundEmailWorkflow:
         while True:
             self._show(state)
             try:
-                attempt, budget = self._next_attempt.get(action, (1, _budget(op_key)))
+                attempt, budget = self._state.next_attempt.get(action, (1, _budget(op_key)))
                 result = await self._activity(fn, op, OPERATION_TIMEOUT, retry,
                                               summary=f"{action} attempt {attempt}/{budget}")
             except STEP_FAILURES as err:
                 if await self._handed_over(err):
                     continue
-                if self._store_outage(err):
+                if is_store_outage(err):
                     await self._wait_for_store()
                     self._continue_if_long()
                     continue
-                self._status.operations[action].status = "failed"
+                self._state.operations[action].status = "failed"
                 if await self._recover(err, op_key=op_key) == "resolved":
-                    self._status.operations[action].status = "completed"
+                    self._state.operations[action].status = "completed"
                     return OperationResult(status="completed", reason="resolved_by_reviewer")
                 continue
             if result.status == "parked":
                 self._show(state, "paused", publish=True)
                 # Woken by `inboxcrm resume` (a signal); the timer is only the fallback.
-                if self._patched("pause-wake"):
-                    self._continue_if_long()
-                    await self._sleep_unless_woken(_park_wait(pause_poll, result.retry_at))
-                    pause_poll = min(pause_poll * 2, PAUSE_FALLBACK_MAX)
-                    continue
-                await workflow.sleep(pause_poll)
-                # Retired: every released version backs off (docs/architecture.md §5).
-                self._deprecated("pause-poll-backoff")
-                pause_poll = min(pause_poll * 2, PAUSE_POLL_MAX)
+                self._continue_if_long()
+                await self._sleep_unless_woken(_park_wait(pause_poll, result.retry_at))
+                pause_poll = min(pause_poll * 2, PAUSE_FALLBACK_MAX)
                 continue
-            self._status.operations[action].status = result.status
-            self._status.operations[action].destination_id = result.destination_id
+            self._state.operations[action].status = result.status
+            self._state.operations[action].destination_id = result.destination_id
             return result
 
     # --- long waits: pauses, store outages, continue-as-new ------------------------------
@@ -407,15 +367,10 @@ class InboundEmailWorkflow:
         """The step's worker is shutting down and did not start it
         (`activities/failures.py`): a short timer ends this workflow task, so the draining
         worker can exit, and the next worker runs the step."""
-        if not (is_worker_draining(err) and self._patched("drain-handover")):
+        if not is_worker_draining(err):
             return False
         await workflow.sleep(DRAIN_HANDOVER)
         return True
-
-    def _store_outage(self, err: FailureError) -> bool:
-        """A failure that waiting fixes (docs/architecture.md §4). Histories written before
-        this existed sent every failure to a person."""
-        return is_store_outage(err) and self._patched("store-outage-waits")
 
     async def _wait_for_store(self) -> None:
         """Capped backoff while the store is unreachable: visible in the query
@@ -438,19 +393,14 @@ class InboundEmailWorkflow:
         Not while a reviewer's decision is still unread or an update is being answered
         (either would be lost)."""
         info = workflow.info()
-        if (self._plan_result is None or self._requests
+        if (self._state.plan is None or self._requests
                 or not workflow.all_handlers_finished()):
             return
         if (info.get_current_history_length() < HISTORY_LIMIT
                 and not info.is_continue_as_new_suggested()):
             return
         workflow.continue_as_new(InboundEmailInput(
-            self.item.event_id, self.item.tenant, carried=CarriedState(
-                plan=self._plan_result, owner=self._owner,
-                escalation_hours=self._escalation_hours,
-                operations=dict(self._status.operations), approved_by=self._approved_by,
-                send_followup=self._send_followup, wait_seq=self._wait_seq,
-                card_url=self._card_url)))
+            self.item.event_id, self.item.tenant, carried=self._state))
 
     # --- people in the loop --------------------------------------------------------------
     async def _recover(self, err: FailureError, op_key: str | None) -> str:
@@ -465,15 +415,15 @@ class InboundEmailWorkflow:
             state, reason = ItemState.BLOCKED, "retries_exhausted"
         allowed = set(RECOVERY_ACTIONS) if op_key else RECOVERY_ACTIONS - {"resolve"}
         waiting = Waiting("recovery", reason, allowed, op_key)
-        if op_key and self._patched(WAIT_IDS):
+        if op_key:
             # The ledger's attempts and error label, for the current details.
             view = await self._bookkeeping(ReviewActivities.describe_operation,
                                            OperationInput(self.item, op_key))
             waiting.attempts = f"{view.attempts}/{view.max_attempts}"
             waiting.error = view.last_error
             action = op_key.rsplit(":", 1)[-1]
-            self._next_attempt[action] = (view.attempts + 1,
-                                          view.attempts + _budget(op_key))
+            self._state.next_attempt[action] = (view.attempts + 1,
+                                                view.attempts + _budget(op_key))
         decision = await self._wait_for_person(waiting, state)
         if decision.action == "resolve":
             assert op_key is not None
@@ -491,46 +441,37 @@ class InboundEmailWorkflow:
         """Wait for approve/reject; apply corrected fields. Returns the approval."""
         waiting = Waiting(kind, reason, set(REVIEW_ACTIONS), intent_id=intent_id,
                           needs_sender=kind == "review" and (
-                              not self._identity_known or reason in NEEDS_SENDER))
+                              not self._state.identity_known or reason in NEEDS_SENDER))
         decision = await self._wait_for_person(waiting, ItemState.AWAITING_REVIEW)
         if decision.corrections:
             refused = await self._bookkeeping(ReviewActivities.apply_review_corrections,
                                               CorrectionInput(self.item, decision.reviewer,
                                                               dict(decision.corrections)))
             if "sender_email" in decision.corrections and "sender_email" not in refused:
-                self._identity_known = True
+                self._state.identity_known = True
         if not decision.send_followup:
-            self._send_followup = False
+            self._state.send_followup = False
         return decision
 
     async def _wait_for_person(self, waiting: Waiting, state: ItemState) -> ReviewDecision:
         """Open a wait (a new wait ID) and return the first decision that answers it.
 
-        The escalation time is fixed here: holds and refused decisions do not move it.
-        Workflows that opened their waits before wait IDs existed keep the old timing."""
-        bound = self._patched(WAIT_IDS)
-        if bound:
-            # A task boundary before the wait opens: decisions sent meanwhile (a double
-            # click, buffered while local steps ran in one workflow task) arrive now, while
-            # no wait is open, and are stale; none can answer a wait nobody has seen yet.
-            await workflow.sleep(WAIT_BARRIER)
-        self._wait_seq += 1
+        The escalation time is fixed here: holds and refused decisions do not move it."""
+        # A task boundary before the wait opens: decisions sent meanwhile (a double click,
+        # buffered while local steps ran in one workflow task) arrive now, while no wait is
+        # open, and are stale; none can answer a wait nobody has seen yet.
+        await workflow.sleep(WAIT_BARRIER)
+        self._state.wait_seq += 1
         now = workflow.now()
-        escalate_at = now + timedelta(hours=self._escalation_hours)
-        waiting.seq, waiting.since = self._wait_seq, now.isoformat()
-        waiting.escalate_at, waiting.card_url = escalate_at.isoformat(), self._card_url
-        if not bound:
-            waiting.needs_sender = False
+        escalate_at = now + timedelta(hours=self._state.escalation_hours)
+        waiting.seq, waiting.since = self._state.wait_seq, now.isoformat()
+        waiting.escalate_at, waiting.card_url = escalate_at.isoformat(), self._state.card_url
         self._waiting = waiting
         workflow.set_current_details(details(waiting, state))
         await self._enter(state, waiting.reason, review=True)
         escalated = False
         while True:
-            if not bound:
-                timeout: timedelta | None = timedelta(
-                    days=3650 if escalated else self._escalation_hours * 24) / 24
-            else:
-                timeout = None if escalated else escalate_at - workflow.now()
+            timeout = None if escalated else escalate_at - workflow.now()
             if timeout is not None and timeout <= timedelta(0):
                 await self._escalate(waiting.reason)
                 escalated = True
@@ -542,7 +483,7 @@ class InboundEmailWorkflow:
                 escalated = True
                 continue
             request = self._requests.pop(0)
-            decision = await self._take_decision(request, waiting, bound)
+            decision = await self._take_decision(request, waiting)
             if decision is None:
                 continue
             # An update answers once the decision shows in the state (it resumes when this
@@ -557,48 +498,38 @@ class InboundEmailWorkflow:
             self._leave_review()
             return decision
 
-    async def _take_decision(self, request: Request, waiting: Waiting, bound: bool
+    async def _take_decision(self, request: Request, waiting: Waiting
                              ) -> ReviewDecision | None:
         """Check a request against the open wait; record it either way. A request that
         arrived while no wait was open, or for an earlier wait, is stale. Invalid bodies
         never crash."""
         decision, _ = parse_decision(request.action, request.body)
-        if bound and request.wait_seq != waiting.seq:
-            problem: Refusal | None = Refusal("stale", "refused: this decision arrived for "
-                                              "an earlier wait (or none); the open wait is "
-                                              f"{waiting.wait_id} ({waiting.reason})")
-        elif bound:
+        problem: Refusal | None
+        if request.wait_seq != waiting.seq:
+            problem = Refusal("stale", "refused: this decision arrived for an earlier wait "
+                              f"(or none); the open wait is {waiting.wait_id} "
+                              f"({waiting.reason})")
+        else:
             problem = refusal(waiting, request.action, request.body, self._status.state,
                               require_wait_id=request.via == "update")
-        elif decision is None:
-            problem = refusal(waiting, request.action, request.body, self._status.state,
-                              require_wait_id=False)
-        else:
-            problem = check_action(waiting, decision)
         detail: dict[str, str | int | bool | None] = {
             "accepted": problem is None, "ignored_reason": problem.code if problem else None,
-            "note": decision.note if decision else None, "waiting_for": waiting.reason}
-        if bound:
-            detail |= {"wait_id": waiting.wait_id, "via": request.via}
-        if bound and self._patched(DECIDER_FROM_AUTH):
-            # Who decided comes from authentication (docs/architecture.md §6): the activity
-            # verifies the desk's or the CLI's proof, else records the identity Temporal
-            # recorded for the request; the typed name stays a label.
-            identity = await self._bookkeeping(
-                BookkeepingActivities.record_decision, DecisionRecord(
-                    self.item, request.action, request.via, workflow.info().run_id,
-                    typed_reviewer=decision.reviewer if decision else "",
-                    decider=decision.decider if decision else "",
-                    path=decision.path if decision else "",
-                    proof=decision.proof if decision else "", wait_id=waiting.wait_id,
-                    signal_seq=request.signal_seq, update_id=request.update_id,
-                    detail=detail))
-            if decision is not None:
-                decision.reviewer = identity.decider
-        else:
-            await self._bookkeeping(BookkeepingActivities.record_audit, AuditEntry(
-                self.item, decision.reviewer if decision and decision.reviewer else "unknown",
-                f"signal_{request.action}", detail))
+            "note": decision.note if decision else None, "waiting_for": waiting.reason,
+            "wait_id": waiting.wait_id, "via": request.via}
+        # Who decided comes from authentication (docs/architecture.md §6): the activity
+        # verifies the desk's or the CLI's proof, else records the identity Temporal
+        # recorded for the request; the typed name stays a label.
+        identity = await self._bookkeeping(
+            BookkeepingActivities.record_decision, DecisionRecord(
+                self.item, request.action, request.via, workflow.info().run_id,
+                typed_reviewer=decision.reviewer if decision else "",
+                decider=decision.decider if decision else "",
+                path=decision.path if decision else "",
+                proof=decision.proof if decision else "", wait_id=waiting.wait_id,
+                signal_seq=request.signal_seq, update_id=request.update_id,
+                detail=detail))
+        if decision is not None:
+            decision.reviewer = identity.decider
         if problem is not None:
             request.outcome, request.message = problem.code, problem.message
             return None
@@ -717,8 +648,8 @@ class InboundEmailWorkflow:
         waiting = self._waiting
         return dataclasses.replace(
             self._status, workflow_id=workflow.info().workflow_id,
-            review=None if waiting is None else OpenReview(
-                reason=waiting.reason, owner=self._owner, since=waiting.since,
+            operations=dict(self._state.operations), review=None if waiting is None else OpenReview(
+                reason=waiting.reason, owner=self._state.owner, since=waiting.since,
                 allowed=sorted(waiting.allowed), op_key=waiting.op_key,
                 wait_id=waiting.wait_id, escalate_at=waiting.escalate_at,
                 needs_sender=waiting.needs_sender, intent_id=waiting.intent_id,
@@ -740,13 +671,11 @@ class InboundEmailWorkflow:
         item passes five states in one workflow task, seconds apart. So the search
         attributes get the state at the start, at every wait that may last (a person, a
         pause, the store) and at the end (`publish`); the steps between show in the
-        `status` query and in `inbound_events.state`. Histories from before
-        `SEARCH_ATTRIBUTES_AT_WAITS` upserted every change."""
+        `status` query and in `inbound_events.state`."""
         self._status.state = state.value
         self._status.reason = reason
         updates = list(extra or [])
-        if (self._shown_state != state.value
-                and (publish or not self._published_at_waits)):
+        if self._shown_state != state.value and publish:
             updates.append(SA_STATE.value_set(state.value))
             self._shown_state = state.value
         if updates:
@@ -764,7 +693,7 @@ class InboundEmailWorkflow:
         if state in REVIEW_STATES:
             updates = [SA_NEEDS_REVIEW.value_set(True),
                        SA_REVIEW_REASON.value_set(reason or state.value),
-                       SA_REVIEW_OWNER.value_set(self._owner)]
+                       SA_REVIEW_OWNER.value_set(self._state.owner)]
             self._shown_review = True
         else:
             updates = self._leave_review_updates()
@@ -773,9 +702,9 @@ class InboundEmailWorkflow:
         await self._bookkeeping(BookkeepingActivities.record_item_state, StateChange(
             self.item, state.value, reason,
             review_reason=reason if review else None,
-            review_owner=self._owner if review else None,
+            review_owner=self._state.owner if review else None,
             destination_ref=waiting.op_key if waiting else None,
-            escalation_hours=self._escalation_hours,
+            escalation_hours=self._state.escalation_hours,
             wait_id=waiting.wait_id if waiting and review else None,
             allowed=sorted(waiting.allowed) if waiting and review else None,
             escalate_at=waiting.escalate_at if waiting and review else None,
@@ -803,60 +732,28 @@ class InboundEmailWorkflow:
         operation ledger (claim, reconcile-before-retry, record-before-success) and the other
         steps are idempotent transactions. What it saves is a server round trip and a
         workflow task per step. A worker killed mid-step is noticed after the workflow task
-        timeout (10 s) and another worker re-runs the step from the ledger's state.
-        Workflows started before this change keep scheduling regular activities. A step
+        timeout (10 s) and another worker re-runs the step from the ledger's state. A step
         given a `task_queue` (the model call) is always a regular activity there, with
         heartbeats: a dead worker is noticed after HEARTBEAT_TIMEOUT."""
         if task_queue is not None:
             return await workflow.execute_activity_method(
                 fn, arg, task_queue=task_queue, start_to_close_timeout=timeout,
                 retry_policy=retry, heartbeat_timeout=HEARTBEAT_TIMEOUT, summary=summary)
-        if self._patched("local-steps"):
-            return await workflow.execute_local_activity_method(
-                fn, arg, start_to_close_timeout=timeout, retry_policy=retry, summary=summary)
-        return await workflow.execute_activity_method(
-            fn, arg, start_to_close_timeout=timeout, retry_policy=retry,
-            heartbeat_timeout=HEARTBEAT_TIMEOUT, summary=summary)
-
-    def _has_patches_of_0_2(self) -> bool:
-        """Whether this run recorded PATCHES_OF_0_2 (a new run records it, first thing)."""
-        if self._patches_of_0_2 is None:
-            self._patches_of_0_2 = workflow.patched(PATCHES_OF_0_2)
-        return self._patches_of_0_2
-
-    def _patched(self, patch_id: str) -> bool:
-        """`workflow.patched` for a patch of FOLDED_INTO_0_2: true without a marker of its
-        own in a run that recorded PATCHES_OF_0_2, asked as before in a history without it.
-        """
-        return self._folded(patch_id) or workflow.patched(patch_id)
-
-    def _deprecated(self, patch_id: str) -> None:
-        """`workflow.deprecate_patch`, which a run with PATCHES_OF_0_2 does not need."""
-        if not self._folded(patch_id):
-            workflow.deprecate_patch(patch_id)
-
-    def _folded(self, patch_id: str) -> bool:
-        """Whether PATCHES_OF_0_2 answers for `patch_id` in this run (refuses a patch that
-        is not folded into it)."""
-        if patch_id not in FOLDED_INTO_0_2:
-            raise ValueError(f"{patch_id} is not folded into {PATCHES_OF_0_2}")
-        return self._has_patches_of_0_2()
+        return await workflow.execute_local_activity_method(
+            fn, arg, start_to_close_timeout=timeout, retry_policy=retry, summary=summary)
 
     async def _bookkeeping(self, fn: Step[Owner, Arg, Result], arg: Arg) -> Result:
         """State mirror, audit, review tasks. Past a few quick attempts against an
         unreachable store the item waits for the store (capped backoff) for as long as it
         takes. Any other failure is a bug no wait can fix: the run fails, and shows as
-        `failed` in the queue (docs/architecture.md §3). Runs from before that waited on
-        every failure."""
+        `failed` in the queue (docs/architecture.md §3)."""
         while True:
             try:
                 result = await workflow.execute_local_activity_method(
                     fn, arg, start_to_close_timeout=BOOKKEEPING_TIMEOUT,
                     retry_policy=BOOKKEEPING_RETRY)
             except STEP_FAILURES as err:
-                if not self._patched("store-outage-waits"):
-                    raise
-                if not is_store_outage(err) and self._patched("bookkeeping-store-only"):
+                if not is_store_outage(err):
                     raise
                 await self._wait_for_store()
                 continue

@@ -70,12 +70,10 @@ BOOKKEEPING_TIMEOUT = timedelta(seconds=10)
 # timeout. Local activities cannot heartbeat; the workflow task timeout covers them.
 HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 # While a tenant's CRM or send switch is paused, the step is re-checked: first after
-# PAUSE_POLL, then backing off to PAUSE_POLL_MAX so a long pause cannot bloat the history
-# (a day costs ~1.5k timers, not 17k).
+# PAUSE_POLL, then backing off. Since `inboxcrm resume` wakes parked items with a signal, the
+# re-check is only the fallback for a missed signal: it backs off to an hour (~24 checks a
+# day), so a long pause cannot bloat the history.
 PAUSE_POLL = timedelta(seconds=5)
-PAUSE_POLL_MAX = timedelta(seconds=60)
-# Since `inboxcrm resume` wakes parked items with a signal, the re-check is only the fallback
-# for a missed signal: it backs off to an hour (~24 checks a day).
 PAUSE_FALLBACK_MAX = timedelta(hours=1)
 # The workflow's own backoff waits (pause re-checks, store waits) are shortened by up to this
 # share at random (`workflow.random()`, deterministic on replay): items that began waiting

@@ -51,7 +51,7 @@ def _action_of(d: Detail) -> str:
 
 def _signal(action: str) -> Callable[[Detail], str]:
     def describe(d: Detail) -> str:
-        verb = action.removeprefix("signal_")
+        verb = action.split("_", 1)[1]
         # Decisions attributed from authentication say how they came (desk, cli, the
         # Temporal UI's signal or update) and whether the decider was proven.
         via = ""
@@ -122,7 +122,7 @@ SENTENCES: dict[str, Callable[[Detail], str]] = {
 
 
 def sentence(action: str, detail: Detail) -> str:
-    if action.startswith("signal_"):
+    if action.startswith(("signal_", "update_")):  # a decision, by how it arrived
         return _signal(action)(detail)
     describe = SENTENCES.get(action)
     if describe is None:

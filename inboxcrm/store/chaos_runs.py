@@ -43,11 +43,12 @@ OPERATION_REFS = """
 SELECT op_key, action, external_ref FROM operations WHERE op_key = ANY($1::text[])
 """
 
-# Moved since its mark, or its signal refused (an audit entry `signal_*` not accepted).
+# Moved since its mark, or a decision refused (an audit entry `signal_*` or `update_*`
+# not accepted).
 MOVED_SINCE = """
 SELECT e.workflow_id, e.updated_at > m.mark AS moved,
        EXISTS (SELECT 1 FROM audit_log a WHERE a.workflow_id = e.workflow_id
-               AND a.action LIKE 'signal_%' AND a.at > m.mark
+               AND a.action ~ '^(signal|update)_' AND a.at > m.mark
                AND (a.detail ->> 'accepted') = 'false') AS refused
 FROM inbound_events e JOIN unnest($1::text[], $2::timestamptz[])
   AS m(workflow_id, mark) ON m.workflow_id = e.workflow_id

@@ -167,8 +167,9 @@ def _seconds(words: str) -> float:
 
 
 def test_the_pause_timing_the_documents_give_is_the_workflows() -> None:
-    """"re-check(s) after 5 s, backing off to an hour" and the 0.1.0 "5 s → 60 s" poll."""
-    from workflows.step_options import PAUSE_FALLBACK_MAX, PAUSE_POLL, PAUSE_POLL_MAX
+    """"re-check(s) after 5 s, backing off to an hour"; 0.1.0's "5 s → 60 s" poll is
+    retired with its runs."""
+    from workflows.step_options import PAUSE_FALLBACK_MAX, PAUSE_POLL
 
     found = 0
     for name, text in _documents().items():
@@ -178,26 +179,24 @@ def test_the_pause_timing_the_documents_give_is_the_workflows() -> None:
             assert (_seconds(first), _seconds(cap)) == (
                 PAUSE_POLL.total_seconds(), PAUSE_FALLBACK_MAX.total_seconds()), name
             found += 1
-        for first, cap in re.findall(r"(\d+) s → (\d+) s poll", flat):
-            assert (float(first), float(cap)) == (PAUSE_POLL.total_seconds(),
-                                                  PAUSE_POLL_MAX.total_seconds()), name
+        assert not re.findall(r"(\d+) s → (\d+) s poll", flat), name
         assert "backing off to 60 s" not in flat, name
     assert found >= 2
 
 
 def test_what_the_documents_say_about_heartbeats_is_true() -> None:
-    """Steps are local activities (no heartbeats); the regular activities of workflows
-    started before `local-steps` heartbeat every INTERVAL_SECONDS."""
+    """Steps are local activities (no heartbeats); the one regular activity, the model call
+    on its own task queue, heartbeats every INTERVAL_SECONDS."""
     import inspect
 
     from activities import heartbeat
     from workflows.inbound_email import InboundEmailWorkflow
 
     step = inspect.getsource(InboundEmailWorkflow._activity)
-    assert 'if self._patched("local-steps"):' in step
-    local = step.index('if self._patched("local-steps"):')
-    assert local < step.index("execute_local_activity_method") < step.rindex(
-        "execute_activity_method(")
+    regular = step.index("if task_queue is not None:")
+    assert regular < step.index("execute_activity_method(") < step.index(
+        "execute_local_activity_method")
+    assert step.count("execute_activity_method(") == 1
     assert "is_local" in inspect.getsource(heartbeat.heartbeating)
     claims = 0
     for name, text in _documents().items():
@@ -263,14 +262,10 @@ def test_the_patch_table_names_every_patch_of_the_workflow() -> None:
 
     source = (ROOT / "workflows" / "inbound_email.py").read_text()
     # A patch ID given by a named constant counts under its value.
-    # The patches folded into `patches-of-0.2` are asked through `self._patched` and
-    # `self._deprecated`, which count as their sites.
-    source = re.sub(r"(workflow\.patched|workflow\.deprecate_patch|self\._patched"
-                    r"|self\._deprecated)\(([A-Z_0-9]+)\)",
+    source = re.sub(r"(workflow\.patched|workflow\.deprecate_patch)\(([A-Z_0-9]+)\)",
                     lambda m: f'{m[1]}("{getattr(module, m[2])}")', source)
-    patched = re.findall(r'(?:workflow\.|self\._)patched\("([^"]+)"\)', source)
-    deprecated = set(re.findall(r'(?:workflow\.deprecate_patch|self\._deprecated)'
-                                r'\("([^"]+)"\)', source))
+    patched = re.findall(r'workflow\.patched\("([^"]+)"\)', source)
+    deprecated = set(re.findall(r'workflow\.deprecate_patch\("([^"]+)"\)', source))
     rows = {m[0]: m[1] for m in re.findall(r"^\| `([a-z0-9.-]+)`[^|]*\| (\d+) ",
                                             section_text(5), re.M)}
     assert set(rows) == set(patched) | deprecated, rows

@@ -9,19 +9,21 @@ them (synthetic data only)."""
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.client import WorkflowHistory
-from temporalio.converter import encode_search_attributes
 from temporalio.worker import Replayer
+from temporalio.workflow import NondeterminismError
 
 from inboxcrm.platform.codec import data_converter
 from inboxcrm.platform.config import Settings
-from schemas.contract import start_search_attributes
 from tests.helpers.histories import HISTORIES, HISTORY_KEYS
+from workflows import inbound_email
 from workflows.inbound_email import InboundEmailWorkflow
 
 
@@ -35,7 +37,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def test_there_are_stored_histories() -> None:
-    assert len(_stored()) >= 10
+    assert len(_stored()) >= 8
 
 
 @pytest.mark.parametrize("path", _stored(), ids=lambda p: p.stem)
@@ -50,26 +52,49 @@ async def test_stored_histories_replay(path: Path) -> None:
     assert result.replay_failure is None
 
 
-def _started_without_search_attributes() -> list[Path]:
-    return [p for p in _stored()
-            if "searchAttributes" not in _load(p)["history"]["events"][0][
-                "workflowExecutionStartedEventAttributes"]]
+def _patch_ids(document: dict[str, Any]) -> list[str]:
+    """The patch markers a stored history recorded, in order."""
+    ids = []
+    for event in document["history"]["events"]:
+        marker = event.get("markerRecordedEventAttributes")
+        if marker and marker["markerName"] == "core_patch":
+            data = marker["details"]["patch-data"]["payloads"][0]["data"]
+            ids.append(json.loads(base64.b64decode(data))["id"])
+    return ids
 
 
-@pytest.mark.parametrize("path", _started_without_search_attributes(), ids=lambda p: p.stem)
-async def test_an_older_builds_run_of_an_item_started_by_todays_relay_replays(
+def _asked_patches() -> set[str]:
+    """The patch IDs the workflow asks of the SDK (`patched` or `deprecate_patch`)."""
+    source = Path(inbound_email.__file__).read_text()
+    asked = set()
+    for name in re.findall(r"workflow\.(?:patched|deprecate_patch)\(([^)]*)\)", source):
+        asked.add(name.strip("\"") if name.startswith("\"") else getattr(inbound_email, name))
+    return asked
+
+
+@pytest.mark.parametrize("path", _stored(), ids=lambda p: p.stem)
+def test_every_stored_history_is_of_a_run_that_recorded_the_release_marker(
         path: Path) -> None:
-    """During a rolling upgrade the relay may start an item with its search attributes
-    (`start_search_attributes`) that a worker of an earlier build then runs: that build
-    upserted them anyway. Today's code must replay such a history, so the start event alone
-    cannot decide whether the run upserts them."""
+    """The retirement boundary (docs/architecture.md §5): runs that did not record
+    `patches-of-0.2`, first thing, took branches this code no longer has."""
+    assert _patch_ids(_load(path))[:1] == [inbound_email.PATCHES_OF_0_2]
+
+
+def test_every_patch_the_workflow_asks_is_replayed_by_a_stored_history() -> None:
+    """No patch branch without a stored history that replays it, and no stored history
+    with a marker the workflow no longer asks (it would not replay)."""
+    recorded = {patch for path in _stored() for patch in _patch_ids(_load(path))}
+    assert _asked_patches() == recorded
+
+
+async def test_a_retired_run_fails_its_replay_instead_of_running_on() -> None:
+    """A run of 0.1.0 (`tests/histories/retired/`) meets this code as a nondeterminism
+    error: its workflow task fails and is retried, the run stays open and is never taken
+    down another branch. That is why an operator drains such runs before upgrading."""
     settings = Settings(codec_keys_file=str(HISTORY_KEYS))
-    document = _load(path)
+    document = _load(HISTORIES / "retired" / "v3-happy.json")
     history = WorkflowHistory.from_json(document["workflow_id"], document["history"])
-    started = history.events[0].workflow_execution_started_event_attributes
-    tenant = document["workflow_id"].split("/")[1]
-    encode_search_attributes(start_search_attributes(tenant), started.search_attributes)
     replayer = Replayer(workflows=[InboundEmailWorkflow],
                         data_converter=data_converter(settings))
-    result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
-    assert result.replay_failure is None
+    with pytest.raises(NondeterminismError):
+        await replayer.replay_workflow(history, raise_on_replay_failure=True)

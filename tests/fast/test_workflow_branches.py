@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import sys
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -71,8 +70,7 @@ from schemas.models import (
     StateChange,
 )
 from schemas.outcomes import ErrorType
-from workflows import inbound_email
-from workflows.decisions import DECIDER_FROM_AUTH, WAIT_IDS
+from workflows import step_options
 from workflows.inbound_email import InboundEmailWorkflow
 
 TEST_SERVER = Path(sys.executable).with_name("temporal-test-server")
@@ -171,7 +169,7 @@ class Scenario:
             # The real one verifies the proof (tests/fast/test_reviewer_identity.py); here a
             # claimed decider stands for a verified one, anything else for Temporal's.
             self.decisions.append(record)
-            self.audit.append(f"signal_{record.action}:{record.detail.get('accepted')}")
+            self.audit.append(f"{record.via}_{record.action}:{record.detail.get('accepted')}")
             if record.proof:
                 return DecisionIdentity(record.decider, record.path, authenticated=True)
             return DecisionIdentity("temporal:no identity", f"temporal-ui {record.via}")
@@ -261,11 +259,12 @@ async def run(env: WorkflowEnvironment, scenario: Scenario,
               drive: Callable[[WorkflowHandle[Any, Any]], Any] | None = None,
               summaries: list[str] | None = None,
               started: list[WorkflowHandle[Any, Any]] | None = None,
-              search_attributes: TypedSearchAttributes | None = None) -> dict[str, Any]:
+              search_attributes: TypedSearchAttributes | None = None,
+              params: Any = None) -> dict[str, Any]:
     """Start one item on a worker of its own task queue, let `drive` act as a person, and
     return the workflow's result as the JSON a client sees (`summaries`: filled with the
     steps' summaries from the history; `started`: gets the handle; `search_attributes`: the
-    start's, as the relay sets them)."""
+    start's, as the relay sets them; `params`: the input, if not a new item's)."""
     queue = f"branches-{uuid.uuid4().hex[:8]}"
     client: Client = env.client
     if scenario.model_queue is not None:
@@ -276,7 +275,8 @@ async def run(env: WorkflowEnvironment, scenario: Scenario,
                       activities=scenario.activities(),
                       interceptors=[StoreOutageInterceptor()]), models:
         handle = await client.start_workflow(
-            InboundEmailWorkflow.run, InboundEmailInput(event_id="e-1", tenant="acme"),
+            InboundEmailWorkflow.run,
+            params or InboundEmailInput(event_id="e-1", tenant="acme"),
             id=f"inbound/acme/test/{uuid.uuid4().hex}", task_queue=queue,
             search_attributes=search_attributes)
         if started is not None:
@@ -389,25 +389,6 @@ async def test_a_new_run_records_one_marker_for_every_patch_of_the_release(
     assert result["operations"]["crm-note"] == "completed"
     assert scenario.decisions and scenario.decisions[0].decider is not None
     assert await patch_markers(handle) == (["patches-of-0.2"], 1)
-
-
-def test_every_patch_asked_through_the_release_patch_is_folded_into_it() -> None:
-    """`_patched` refuses a patch ID that is not in FOLDED_INTO_0_2 (a run that recorded
-    the release patch may have run code without a later patch); every ID the workflow asks
-    it for is in the set, so no run meets that refusal."""
-    source = Path(inbound_email.__file__).read_text()
-    asked = set(re.findall(r"self\._(?:patched|deprecated)\(\s*\"([^\"]+)\"", source))
-    named = {"WAIT_IDS": WAIT_IDS, "DECIDER_FROM_AUTH": DECIDER_FROM_AUTH,
-             "SEARCH_ATTRIBUTES_AT_WAITS": inbound_email.SEARCH_ATTRIBUTES_AT_WAITS}
-    asked |= {named[name] for name in
-              re.findall(r"self\._(?:patched|deprecated)\(([A-Z_0-9]+)\)", source)
-              if name != "PATCHES_OF_0_2"}
-    assert asked and asked <= inbound_email.FOLDED_INTO_0_2
-    # Outside the helpers, no patch of the release is asked of the SDK directly.
-    body = source.split("@workflow.defn")[1]
-    helpers = body.index("def _has_patches_of_0_2"), body.index("async def _bookkeeping")
-    assert "workflow.patched(" not in body[:helpers[0]] + body[helpers[1]:]
-    assert "workflow.deprecate_patch(" not in body[:helpers[0]] + body[helpers[1]:]
 
 
 async def test_a_send_that_recorded_the_items_end_is_not_followed_by_a_state_step(
@@ -729,3 +710,79 @@ async def test_with_the_rules_extractor_nothing_runs_on_the_model_queue(
     scenario = Scenario()
     result = await run(env, scenario)
     assert result["state"] == "completed" and scenario.model_calls == []
+
+
+async def test_a_continuation_started_with_the_earlier_carried_state_resumes(
+        env: WorkflowEnvironment) -> None:
+    """A run that continued as new before the state was one dataclass handed its
+    continuation the eight fields of `CarriedState` (JSON under these names, as open runs
+    hold them today): it starts on this code, resumes after planning without extracting or
+    planning again, and its next wait follows the carried wait counter and owner."""
+    scenario = Scenario(plan=planned(intent_needs_approval=True))
+    carried = {"plan": asdict(scenario.plan), "owner": "desk-2", "escalation_hours": 1.0,
+               "operations": {action: {"op_key": f"wf:{action}", "status": "pending",
+                                       "destination_id": None}
+                              for action in ("crm-upsert", "crm-note", "send")},
+               "approved_by": "reviewer:dana", "send_followup": True, "wait_seq": 3,
+               "card_url": "https://desk.example/review/x"}
+
+    async def approve(handle: WorkflowHandle[Any, Any]) -> None:
+        status = await wait_for_state(handle, "awaiting_review")
+        assert status["review"]["wait_id"] == "w4-followup"
+        assert status["review"]["owner"] == "desk-2"
+        await decide(handle, Decision.APPROVE)
+
+    result = await run(env, scenario, approve,
+                       params={"event_id": "e-1", "tenant": "acme", "carried": carried})
+    assert (result["state"], result["reason"]) == ("completed", "followup_sent")
+    assert result["operations"] == {"crm-upsert": "completed", "crm-note": "completed",
+                                    "send": "completed"}
+    assert scenario.calls["extract"] == 0 and scenario.calls["plan"] == 0
+    assert scenario.calls["intent_approved"] == 1 and scenario.calls["send"] == 1
+
+
+async def test_a_parked_item_continues_as_new_with_its_whole_state(
+        env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reviewed, planned, then parked past the history limit: the run continues as new with
+    the workflow state whole (`WorkflowState`), so the continuation's follow-up wait is the
+    item's second wait, and nothing before it runs again."""
+    monkeypatch.setattr(step_options, "HISTORY_LIMIT", 60)
+    start = await env.get_current_time()
+    scenario = Scenario(route="review", reasons=["prompt_injection"],
+                        plan=planned(intent_needs_approval=True),
+                        crm_parked_until=start + timedelta(hours=6),
+                        clock=env.get_current_time)
+    started: list[WorkflowHandle[Any, Any]] = []
+    followup: list[dict[str, Any]] = []
+
+    async def approve_both(handle: WorkflowHandle[Any, Any]) -> None:
+        await wait_for_state(handle, "awaiting_review")
+        await decide(handle, Decision.APPROVE)
+        await env.sleep(timedelta(hours=7))  # parked for six (the test server skips them)
+        for _ in range(400):
+            status: dict[str, Any] = await handle.query(QUERY_STATUS)
+            if status["review"] is not None and status["review"]["wait_id"].endswith(
+                    "-followup"):
+                break
+            await asyncio.sleep(0.05)
+        followup.append(status["review"])
+        await decide(handle, Decision.APPROVE)
+
+    result = await run(env, scenario, approve_both, started=started)
+    assert (result["state"], result["reason"]) == ("completed", "followup_sent")
+    handle = started[0]
+    assert (await handle.describe()).run_id != handle.first_execution_run_id  # continued
+    assert followup[0]["wait_id"] == "w2-followup"
+    assert scenario.calls["extract"] == 1 and scenario.calls["plan"] == 1
+    carried = None
+    first = env.client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
+    async for event in first.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            attrs = event.workflow_execution_continued_as_new_event_attributes
+            [carried] = await env.client.data_converter.decode(
+                attrs.input.payloads, [InboundEmailInput])
+    assert isinstance(carried, InboundEmailInput) and carried.carried is not None
+    state = carried.carried
+    assert (state.plan, state.wait_seq, state.approved_by) == (
+        scenario.plan, 1, "temporal:no identity")
+    assert state.operations["crm-upsert"].op_key == "wf:crm-upsert"

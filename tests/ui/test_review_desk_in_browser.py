@@ -96,7 +96,7 @@ async def test_a_reviewer_decides_on_the_desk_and_forgery_is_refused(
         await page.screenshot(path=ARTIFACTS / "desk-2-forged-refused.png", full_page=True)
     assert (await ui_env.state(workflow_id))[0] == "awaiting_review"
     assert await ui_env.count("SELECT count(*) FROM audit_log WHERE workflow_id = $1 AND "
-                              "action LIKE 'signal_%'", workflow_id) == 0
+                              "action ~ '^(signal|update)_'", workflow_id) == 0
 
     # The decision on the card's form: answered by the workflow, attributed to the reviewer.
     # A second tab keeps the card as it was, for a second (stale) decision below.
@@ -117,7 +117,7 @@ async def test_a_reviewer_decides_on_the_desk_and_forgery_is_refused(
     assert len(await ui_env.emails_to(email)) == 1
     decided = await ui_env.db.fetchrow(
         "SELECT actor, detail FROM audit_log WHERE workflow_id = $1 AND action = "
-        "'signal_approve'", workflow_id)
+        "'update_approve'", workflow_id)
     assert decided["actor"] == f"reviewer:{name}"
     assert (decided["detail"]["path"], decided["detail"]["authenticated"],
             decided["detail"]["typed_reviewer"]) == ("desk", True, "mallory")

@@ -282,7 +282,7 @@ async def test_the_desk_card_refused_update_then_approval(
     # update ID that finds its WorkflowExecutionUpdateAccepted event, never as "ui-test".
     decided = await ui_env.db.fetchrow(
         "SELECT actor, detail FROM audit_log WHERE workflow_id = $1 AND action = "
-        "'signal_approve' AND (detail->>'accepted')::boolean", workflow_id)
+        "'update_approve' AND (detail->>'accepted')::boolean", workflow_id)
     assert decided["actor"].startswith("temporal:")
     assert decided["detail"]["path"] == "temporal-ui update"
     assert decided["detail"]["typed_reviewer"] == "ui-test" and decided["detail"]["update_id"]
