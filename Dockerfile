@@ -29,12 +29,12 @@ COPY sandbox ./sandbox
 COPY workflows ./workflows
 # The build context has no .git: the version is given, as the release tag without its "v"
 # (docker build --build-arg VERSION=0.2.0 …; deploy/README.md "Building the image").
-ARG VERSION=0.2.0.dev0
+ARG VERSION=0.3.0.dev0
 RUN SETUPTOOLS_SCM_PRETEND_VERSION="$VERSION" pip install --no-deps . \
  && python -c "import inboxcrm.worker, inboxcrm.ingress.main"
 
 FROM ${PYTHON_IMAGE}
-ARG VERSION=0.2.0.dev0
+ARG VERSION=0.3.0.dev0
 LABEL org.opencontainers.image.title="inboxcrm" \
       org.opencontainers.image.version="$VERSION" \
       org.opencontainers.image.licenses="Apache-2.0"
