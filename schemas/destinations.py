@@ -163,6 +163,24 @@ class ProviderDestination(SettingsBlock):
         return result
 
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by value through its kind: a process that has loaded the provider's
+        module gets the provider's model back; one that never loaded the adapters (a
+        work-pool child, handed a tenant's policy to extract a message with) gets the kind
+        with the provider's name only, instead of importing every adapter inside a budgeted
+        call."""
+        kind = next(base for base in type(self).__mro__ if "_catalogue" in base.__dict__)
+        return (_unpickle, (kind, self.model_dump()))
+
+
+def _unpickle(kind: type[ProviderDestination], data: dict[str, Any]) -> ProviderDestination:
+    model = kind.__dict__["_catalogue"].get(data.get("provider"))  # no loader runs here
+    if model is not None:
+        block: ProviderDestination = model.model_validate(data)
+        return block
+    return kind.model_construct(provider=str(data.get("provider")))
+
+
 def _catalogue_of(model: type[ProviderDestination]) -> dict[str, type[ProviderDestination]]:
     for base in model.__mro__:
         if "_catalogue" in base.__dict__:

@@ -21,10 +21,11 @@ name: it is spelled nowhere else.
 The modules are found by discovery (`load_providers` imports every module of this package),
 not listed: a list is one more file a new provider must touch and one that can forget it;
 importing the infrastructure modules alongside costs nothing, the worker imports them anyway.
-`inboxcrm/__init__.py` calls `load_providers()`, so every process that loads a policy
-(relay, worker, CLI) knows the same providers. Modelled on pluggable services chosen by
-configuration: an interface (`CrmClient` / `MailClient` in `base.py`), implementations that
-build themselves, a registry keyed by the configured name.
+`inboxcrm/__init__.py` installs `load_providers` as the catalogue's loader, so every process
+that validates a policy (relay, worker, CLI) knows the same providers, and one that never
+does (a work-pool child) never imports the adapters. The shape is an interface (`CrmClient`
+/ `MailClient` in `base.py`), implementations that build themselves, and a registry keyed by
+the configured name.
 """
 
 from __future__ import annotations

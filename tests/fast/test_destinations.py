@@ -6,7 +6,10 @@ tests/test_tenant_destinations.py."""
 
 from __future__ import annotations
 
+import pickle
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, get_args
 
@@ -26,6 +29,7 @@ from schemas.destinations import (
     SecretRef,
     TenantDestinations,
 )
+from tests.helpers.stack import ROOT
 
 
 def _settings() -> Settings:
@@ -216,3 +220,21 @@ def test_a_name_is_registered_once() -> None:
         CrmDestination.register("salesforce", hubspot)
     with pytest.raises(TypeError, match="is not a mail provider's destination"):
         MailDestination.register("hubspot", hubspot)
+
+
+def test_a_policy_pickled_to_a_work_pool_child_imports_no_adapter() -> None:
+    """A tenant's policy goes to the work-pool child with every message it extracts; the
+    child must not import the adapters inside that budgeted call to unpickle its block. The
+    worker's own process, which has them, gets the provider's model back."""
+    spec = TenantDestinations.model_validate({
+        "crm": {"provider": "salesforce", "url": "https://x.my.salesforce.com",
+                "token": {"env": "T"}},
+        "mail": {"provider": "smtp", "smtp_host": "smtp.x"}})
+    blob = pickle.dumps(spec)
+    assert pickle.loads(blob) == spec
+    child = subprocess.run(
+        [sys.executable, "-c", "import pickle, sys; spec = pickle.loads(sys.stdin.buffer.read());"
+         "print(type(spec.crm).__name__, spec.crm.provider, spec.mail.provider,"
+         " 'inboxcrm.adapters' in sys.modules)"],
+        input=blob, capture_output=True, timeout=60, check=True, cwd=ROOT)
+    assert child.stdout.decode().split() == ["CrmDestination", "salesforce", "smtp", "False"]
