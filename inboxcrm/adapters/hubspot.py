@@ -17,15 +17,29 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
 import httpx
+from pydantic import field_validator, model_validator
 
 from inboxcrm.adapters.base import AdapterError, ContactFields, CrmRecord, CrmRecordView
 from inboxcrm.adapters.errors import Category, Classified, classify_response
 from inboxcrm.adapters.http import json_field, send_request
+from inboxcrm.adapters.registry import (
+    ConfigurationError,
+    CrmProvider,
+    Secrets,
+    register,
+    secret_value,
+)
 from inboxcrm.adapters.transport import new_client
+from schemas.destinations import CrmDestination, SecretRef, field_name
+
+if TYPE_CHECKING:
+    from inboxcrm.platform.config import Settings
+
+HUBSPOT_API = "https://api.hubapi.com"
 
 NOTE_ID_PROPERTY = "inboxcrm_note_id"
 _EXISTING_ID = re.compile(r"Existing ID:\s*(\d+)")
@@ -165,3 +179,67 @@ class HubSpotCrm:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+# --- the providers: HubSpot, and the sandbox that speaks HubSpot's API ------------------------
+class HubSpotDestination(CrmDestination):
+    """A tenant's HubSpot portal (`destinations.crm` with `"provider": "hubspot"`)."""
+
+    token_required: ClassVar[bool] = True
+    url: str | None = None             # API base URL (default: the public API)
+    token: SecretRef | None = None     # the private app token
+    id_property: str | None = None     # our unique contact property (default: the global one)
+
+    @field_validator("id_property")
+    @classmethod
+    def _field_name(cls, value: str | None) -> str | None:
+        return field_name(value)
+
+    @model_validator(mode="after")
+    def _complete(self) -> HubSpotDestination:
+        if self.token_required and self.token is None:
+            raise ValueError(f"a {self.provider} destination needs its token")
+        return self
+
+
+class SandboxCrmDestination(HubSpotDestination):
+    """An account on the HubSpot-compatible sandbox (default: the global sandbox URL); the
+    token is its API key, where it has one."""
+
+    token_required: ClassVar[bool] = False
+
+
+@register
+class HubSpotProvider(CrmProvider[HubSpotDestination]):
+    name = HubSpotCrm.name
+    destination = HubSpotDestination
+    sandbox = ("sandbox/crm.py", "sandbox/notes.py")
+    conformance = "tests/conformance/test_hubspot.py"
+    default_url: ClassVar[str | None] = HUBSPOT_API
+
+    def _url(self, settings: Settings) -> str:
+        return self.default_url or settings.sandbox_url
+
+    def from_settings(self, settings: Settings) -> HubSpotCrm:
+        token = secret_value(settings.crm_token)
+        if self.destination.token_required and not token:
+            raise ConfigurationError(f"INBOXCRM_CRM_TOKEN is required for the {self.name} "
+                                     "provider")
+        return HubSpotCrm(settings.crm_url or self._url(settings), token,
+                          settings.crm_id_property, settings.http_timeout_seconds)
+
+    def from_destination(self, spec: HubSpotDestination, settings: Settings,
+                         secrets: Secrets) -> HubSpotCrm:
+        return HubSpotCrm(spec.url or self._url(settings), secrets.optional(spec.token, "token"),
+                          spec.id_property or settings.crm_id_property,
+                          settings.http_timeout_seconds)
+
+
+@register
+class SandboxCrmProvider(HubSpotProvider):
+    """`sandbox`: the HubSpot adapter against the sandbox (INBOXCRM_SANDBOX_URL, or
+    INBOXCRM_CRM_URL when set); the local stack's and the tests' CRM."""
+
+    name = "sandbox"
+    destination = SandboxCrmDestination
+    default_url = None

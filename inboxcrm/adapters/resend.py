@@ -13,14 +13,29 @@ documents, keeping the intent's lease (an opt-out waits for it).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, ClassVar
 from urllib.parse import quote
 
 import httpx
+from pydantic import model_validator
 
 from inboxcrm.adapters.base import AdapterError, OutgoingEmail, SentEmail, SentRecord
 from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.http import json_field, send_request
+from inboxcrm.adapters.registry import (
+    ConfigurationError,
+    MailProvider,
+    Secrets,
+    register,
+    secret_value,
+)
 from inboxcrm.adapters.transport import new_client
+from schemas.destinations import MailDestination, SecretRef
+
+if TYPE_CHECKING:
+    from inboxcrm.platform.config import Settings
+
+RESEND_API = "https://api.resend.com"
 
 KEY_WINDOW_SECONDS = 24 * 3600.0  # Resend keeps an idempotency key 24 h after first use
 
@@ -74,3 +89,61 @@ class ResendMail:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+# --- the providers: Resend, and the sandbox that speaks Resend's API --------------------------
+class ResendDestination(MailDestination):
+    """A tenant's Resend account (`destinations.mail` with `"provider": "resend"`). Its From
+    is the policy's `sender.from`, given per message; INBOXCRM_MAIL_FROM stays the
+    fallback."""
+
+    token_required: ClassVar[bool] = True
+    url: str | None = None           # API base URL (default: the public API)
+    token: SecretRef | None = None   # the API key
+
+    @model_validator(mode="after")
+    def _complete(self) -> ResendDestination:
+        if self.token_required and self.token is None:
+            raise ValueError(f"a {self.provider} destination needs its token")
+        return self
+
+
+class SandboxMailDestination(ResendDestination):
+    """An account on the Resend-compatible sandbox (default: the global sandbox URL)."""
+
+    token_required: ClassVar[bool] = False
+
+
+@register
+class ResendProvider(MailProvider[ResendDestination]):
+    name = ResendMail.name
+    destination = ResendDestination
+    sandbox = ("sandbox/mail.py",)
+    conformance = "tests/conformance/test_resend.py"
+    default_url: ClassVar[str | None] = RESEND_API
+
+    def _url(self, settings: Settings) -> str:
+        return self.default_url or settings.sandbox_url
+
+    def from_settings(self, settings: Settings) -> ResendMail:
+        token = secret_value(settings.mail_token)
+        if self.destination.token_required and not token:
+            raise ConfigurationError(f"INBOXCRM_MAIL_TOKEN is required for the {self.name} "
+                                     "provider")
+        return ResendMail(settings.mail_url or self._url(settings), token, settings.mail_from,
+                          settings.http_timeout_seconds)
+
+    def from_destination(self, spec: ResendDestination, settings: Settings,
+                         secrets: Secrets) -> ResendMail:
+        return ResendMail(spec.url or self._url(settings), secrets.optional(spec.token, "token"),
+                          settings.mail_from, settings.http_timeout_seconds)
+
+
+@register
+class SandboxMailProvider(ResendProvider):
+    """`sandbox`: the Resend adapter against the sandbox (INBOXCRM_SANDBOX_URL, or
+    INBOXCRM_MAIL_URL when set)."""
+
+    name = "sandbox"
+    destination = SandboxMailDestination
+    default_url = None

@@ -35,15 +35,27 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
 import httpx
+from pydantic import field_validator, model_validator
 
 from inboxcrm.adapters.base import AdapterError, ContactFields, CrmRecord, CrmRecordView
 from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.http import send_request
+from inboxcrm.adapters.registry import (
+    ConfigurationError,
+    CrmProvider,
+    Secrets,
+    register,
+    secret_value,
+)
 from inboxcrm.adapters.transport import new_client
+from schemas.destinations import CrmDestination, SecretRef, SettingsBlock, field_name
+
+if TYPE_CHECKING:
+    from inboxcrm.platform.config import Settings
 
 LAST_NAME_PLACEHOLDER = "[unknown]"
 NOTE_SUBJECT = "Inbound email (inboxcrm)"
@@ -307,3 +319,101 @@ def _record_id(response: httpx.Response) -> str | None:
     location = response.headers.get("location", "").rstrip("/")
     tail = location.rpartition("/")[2]
     return tail or None
+
+
+# --- the provider ----------------------------------------------------------------------------
+class SalesforceOAuth(SettingsBlock):
+    """The OAuth 2.0 client credentials flow of a Salesforce connected app: the adapter
+    fetches its own access token and renews it when Salesforce answers INVALID_SESSION_ID."""
+
+    flow: Literal["client_credentials"] = "client_credentials"
+    client_id: str | SecretRef  # the connected app's consumer key: not a secret by itself
+    client_secret: SecretRef
+    # Default: `{instance url}/services/oauth2/token` (the org's My Domain, where Salesforce
+    # requires the client credentials flow to be called).
+    token_url: str | None = None
+
+
+class SalesforceDestination(CrmDestination):
+    """A tenant's Salesforce org (`destinations.crm` with `"provider": "salesforce"`); unset
+    fields: the global `INBOXCRM_SALESFORCE_*` settings."""
+
+    url: str | None = None           # the instance (My Domain) URL: required
+    token: SecretRef | None = None   # a fixed access token (no renewal; prefer `oauth`)
+    oauth: SalesforceOAuth | None = None
+    external_id_field: str | None = None
+    company_field: str | None = None
+    note_external_id_field: str | None = None
+    api_version: str | None = None
+
+    @field_validator("external_id_field", "note_external_id_field")
+    @classmethod
+    def _field_name(cls, value: str | None) -> str | None:
+        return field_name(value)
+
+    @model_validator(mode="after")
+    def _complete(self) -> SalesforceDestination:
+        if not self.url:
+            raise ValueError("a salesforce destination needs its instance url")
+        if self.oauth is None and self.token is None:
+            raise ValueError("a salesforce destination needs oauth (or a token)")
+        return self
+
+
+@register
+class SalesforceProvider(CrmProvider[SalesforceDestination]):
+    name = SalesforceCrm.name
+    destination = SalesforceDestination
+    sandbox = ("sandbox/salesforce.py",)
+    conformance = "tests/conformance/test_salesforce.py"
+
+    def from_settings(self, settings: Settings) -> SalesforceCrm:
+        url = settings.salesforce_instance_url
+        if not url:
+            raise ConfigurationError(
+                "INBOXCRM_SALESFORCE_INSTANCE_URL is required for the salesforce provider")
+        client_id = settings.salesforce_client_id
+        client_secret = secret_value(settings.salesforce_client_secret)
+        if bool(client_id) != bool(client_secret):
+            raise ConfigurationError("INBOXCRM_SALESFORCE_CLIENT_ID and "
+                                     "INBOXCRM_SALESFORCE_CLIENT_SECRET go together")
+        oauth = (settings.salesforce_token_url, client_id, client_secret) \
+            if client_id and client_secret else None
+        return self._build(url, secret_value(settings.salesforce_token), oauth, settings)
+
+    def from_destination(self, spec: SalesforceDestination, settings: Settings,
+                         secrets: Secrets) -> SalesforceCrm:
+        assert spec.url is not None  # the destination requires it
+        oauth = None
+        if spec.oauth is not None:
+            client_id = (spec.oauth.client_id if isinstance(spec.oauth.client_id, str)
+                         else secrets.get(spec.oauth.client_id, "oauth.client_id"))
+            oauth = (spec.oauth.token_url, client_id,
+                     secrets.get(spec.oauth.client_secret, "oauth.client_secret"))
+        return self._build(
+            spec.url, secrets.optional(spec.token, "token"), oauth, settings,
+            external_id_field=spec.external_id_field, company_field=spec.company_field,
+            note_external_id_field=spec.note_external_id_field, api_version=spec.api_version)
+
+    @staticmethod
+    def _build(url: str, token: str | None, oauth: tuple[str | None, str, str] | None,
+               settings: Settings, *, external_id_field: str | None = None,
+               company_field: str | None = None, note_external_id_field: str | None = None,
+               api_version: str | None = None) -> SalesforceCrm:
+        """The one construction of the adapter: unset fields are the global settings'."""
+        timeout = settings.http_timeout_seconds
+        credentials = None
+        if oauth is not None:
+            token_url, client_id, client_secret = oauth
+            credentials = ClientCredentials(
+                token_url or f"{url.rstrip('/')}/services/oauth2/token", client_id,
+                client_secret, timeout)
+        return SalesforceCrm(
+            url, token,
+            external_id_field=external_id_field or settings.salesforce_external_id_field,
+            company_field=(company_field if company_field is not None
+                           else settings.salesforce_company_field),
+            note_external_id_field=(note_external_id_field
+                                    or settings.salesforce_note_external_id_field),
+            api_version=api_version or settings.salesforce_api_version, timeout=timeout,
+            oauth=credentials)

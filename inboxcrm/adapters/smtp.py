@@ -33,7 +33,9 @@ import smtplib
 import ssl
 import time
 from email.message import EmailMessage
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, model_validator
 
 from inboxcrm.adapters.base import (
     AdapterError,
@@ -43,7 +45,18 @@ from inboxcrm.adapters.base import (
     Unverifiable,
 )
 from inboxcrm.adapters.errors import Category, Classified, classify_exception
+from inboxcrm.adapters.registry import (
+    ConfigurationError,
+    MailProvider,
+    Secrets,
+    register,
+    secret_value,
+)
 from inboxcrm.platform import tracing
+from schemas.destinations import MailDestination, SecretRef
+
+if TYPE_CHECKING:
+    from inboxcrm.platform.config import Settings
 
 Security = Literal["starttls", "ssl", "none"]
 SECURITY_MODES: tuple[Security, ...] = ("starttls", "ssl", "none")
@@ -212,3 +225,48 @@ def _fit_data_into(client: smtplib.SMTP, deliver_by: float | None, timeout: floa
     if wait < MIN_WAIT_SECONDS:
         raise AdapterError(Classified(Category.TRANSIENT, "smtp_lease_too_short"))
     client.sock.settimeout(wait)
+
+
+# --- the provider ----------------------------------------------------------------------------
+class SmtpDestination(MailDestination):
+    """A tenant's own SMTP submission server (`destinations.mail` with
+    `"provider": "smtp"`)."""
+
+    smtp_host: str | None = None
+    smtp_port: int = Field(587, ge=1, le=65535)
+    smtp_tls: Security = "starttls"
+    smtp_username: str | None = None
+    smtp_password: SecretRef | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> SmtpDestination:
+        if not self.smtp_host:
+            raise ValueError("an smtp destination needs smtp_host")
+        return self
+
+
+@register
+class SmtpProvider(MailProvider[SmtpDestination]):
+    name = SmtpMail.name
+    destination = SmtpDestination
+    no_sandbox_reason = ("the sandbox speaks HTTP only; the adapter's tests run it against "
+                         "a real local SMTP server (aiosmtpd) in tests/test_adapters.py")
+    no_conformance_reason = ("SMTP is a protocol (RFC 5321), not a service with an SDK to "
+                             "conform to: aiosmtpd, a real server, is the counterpart")
+
+    def from_settings(self, settings: Settings) -> SmtpMail:
+        if not settings.smtp_host:
+            raise ConfigurationError("INBOXCRM_SMTP_HOST is required for the smtp provider")
+        return SmtpMail(
+            settings.smtp_host, settings.smtp_port, sender=settings.mail_from,
+            security=settings.smtp_tls, username=settings.smtp_username,
+            password=secret_value(settings.smtp_password),
+            timeout=settings.smtp_timeout_seconds)
+
+    def from_destination(self, spec: SmtpDestination, settings: Settings,
+                         secrets: Secrets) -> SmtpMail:
+        assert spec.smtp_host is not None  # the destination requires it
+        return SmtpMail(spec.smtp_host, spec.smtp_port, sender=settings.mail_from,
+                        security=spec.smtp_tls, username=spec.smtp_username,
+                        password=secrets.optional(spec.smtp_password, "smtp_password"),
+                        timeout=settings.smtp_timeout_seconds)

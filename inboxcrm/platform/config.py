@@ -148,10 +148,12 @@ class Settings(BaseSettings):
     # up to max_park_seconds; a delay longer than that blocks the item for a person.
     max_retry_after_seconds: float = 300.0
     max_park_seconds: float = 86_400.0
-    # Which adapters the worker builds (inboxcrm/adapters/factory.py). `sandbox` is the
-    # HubSpot/Resend-compatible sandbox at sandbox_url (or crm_url / mail_url).
-    crm_provider: Literal["sandbox", "hubspot", "salesforce"] = "sandbox"
-    mail_provider: Literal["sandbox", "resend", "smtp"] = "sandbox"
+    # Which adapters the worker builds: a provider of the registry
+    # (inboxcrm/adapters/registry.py; an unknown name stops the worker at start, naming the
+    # known ones). `sandbox` is the HubSpot/Resend-compatible sandbox at sandbox_url (or
+    # crm_url / mail_url).
+    crm_provider: str = "sandbox"
+    mail_provider: str = "sandbox"
     # Salesforce (inboxcrm/adapters/salesforce.py): upsert by External ID on Contact.
     salesforce_instance_url: str | None = None  # e.g. https://acme.my.salesforce.com
     salesforce_token: SecretStr | None = None   # a fixed access token (Bearer; not renewed)
