@@ -29,9 +29,12 @@ INSERT INTO ramp_hours (tenant, hour_start, held) VALUES ($1, date_trunc('hour',
 ON CONFLICT (tenant, hour_start) DO UPDATE SET held = ramp_hours.held + 1
 """
 
+# Hours that granted or held something (the planner's facts lock an hour's row, creating it
+# at 0 when it is the hour's first question: matches.PLAN_FACTS).
 RAMP_HOURS = """
 SELECT hour_start, granted, held FROM ramp_hours
 WHERE tenant = $1 AND hour_start >= date_trunc('hour', $2::timestamptz)
+  AND (granted > 0 OR held > 0)
 ORDER BY hour_start
 """
 
