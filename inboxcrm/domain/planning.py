@@ -57,7 +57,7 @@ class FollowupFacts:
 
 @dataclass(frozen=True)
 class EarlierPlan:
-    """What an earlier run of this event's plan wrote (`matches.EARLIER_PLAN`): a local
+    """What an earlier run of this event's plan wrote (`matches.PLAN_FACTS`): a local
     activity's result dies with a killed worker, so a plan can run again."""
 
     decision: str | None = None          # its match by address, if it got that far

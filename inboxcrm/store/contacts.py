@@ -18,8 +18,6 @@ ON CONFLICT (tenant, canonical_email) DO UPDATE SET updated_at = now()
 RETURNING contact_id, name, company, status, (xmax = 0) AS inserted
 """
 
-FIND_CONTACT = "SELECT contact_id FROM contacts WHERE tenant = $1 AND canonical_email = $2"
-
 FIND_NAME_CANDIDATES = """
 SELECT contact_id FROM contacts
 WHERE tenant = $1 AND lower(name) = lower($2)
@@ -98,3 +96,9 @@ async def record_resolved_crm_id(conn: Conn, *, op_key: str, crm_record_id: str)
 
 async def count_by_address(conn: Conn | asyncpg.Pool, *, email: str) -> int:
     return int(await conn.fetchval(COUNT_BY_ADDRESS, email))
+
+
+async def lock_contact(conn: Conn, *, tenant: str, contact_id: Any) -> asyncpg.Record | None:
+    """One-click unsubscribe's contact, row-locked (LOCK_CONTACT)."""
+    row: asyncpg.Record | None = await conn.fetchrow(LOCK_CONTACT, tenant, contact_id)
+    return row

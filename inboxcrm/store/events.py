@@ -186,3 +186,34 @@ async def state_of_workflow(conn: Conn | asyncpg.Pool, *, workflow_id: str
                             ) -> asyncpg.Record | None:
     row: asyncpg.Record | None = await conn.fetchrow(STATE_OF_WORKFLOW, workflow_id)
     return row
+
+
+# --- intake (the relay): for inboxcrm/ingress/intake.py to call in place of the constants
+async def insert_event(conn: Conn, *, tenant: str, source: str, mailbox: str,
+                       delivery_id: str, workflow_id: str, raw: bytes, content_sha256: str,
+                       size_bytes: int, actor: str) -> asyncpg.Record | None:
+    """The new event with its `received` audit entry, or the existing one (INSERT_EVENT)."""
+    row: asyncpg.Record | None = await conn.fetchrow(
+        INSERT_EVENT, tenant, source, mailbox, delivery_id, workflow_id, raw, content_sha256,
+        size_bytes, actor)
+    return row
+
+
+async def find_event(conn: Conn, *, tenant: str, source: str, mailbox: str,
+                     delivery_id: str) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(FIND_EVENT, tenant, source, mailbox,
+                                                     delivery_id)
+    return row
+
+
+async def mark_started(conn: Conn, *, event_id: str) -> None:
+    await conn.execute(MARK_STARTED, event_id)
+
+
+async def count_start_failure(conn: Conn, *, event_id: str) -> None:
+    await conn.execute(COUNT_START_FAILURE, event_id)
+
+
+async def unstarted_events(conn: Conn, *, min_age_seconds: float, limit: int
+                           ) -> list[asyncpg.Record]:
+    return list(await conn.fetch(UNSTARTED_EVENTS, min_age_seconds, limit))

@@ -13,18 +13,6 @@ from inboxcrm.store.intents import blockers_sql
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
 
-# What an earlier run of this event's plan decided, if one ran (a local activity's result
-# dies with a killed worker, so a plan can run again after its follow-up went on the wire):
-# its match to this contact by address, and the follow-up it created.
-EARLIER_PLAN = """
-SELECT m.decision, i.intent_id, i.status AS intent_status, i.approval_reason
-FROM (SELECT 1) AS one
-LEFT JOIN match_decisions m
-       ON m.event_id = $1 AND m.contact_id = $2 AND m.rule = 'exact_canonical_email'
-LEFT JOIN LATERAL (SELECT intent_id, status, approval_reason FROM followup_intents
-                   WHERE event_id = $1 ORDER BY created_at LIMIT 1) i ON true
-"""
-
 # $1 event_id, $2 tenant, $3 decision, $4 rule, $5 contact_id, $6 candidates.
 RECORD_MATCH_DECISION = """
 INSERT INTO match_decisions (event_id, tenant, decision, rule, contact_id, candidates)
@@ -52,7 +40,9 @@ ON CONFLICT (op_key) DO NOTHING
 
 # Everything the planner reads for an identity whose contact row this transaction holds
 # (contacts.UPSERT_CONTACT took its lock; events.START_MATCHING holds the event's), in one
-# statement: what an earlier run of this plan wrote (EARLIER_PLAN), what stops a follow-up
+# statement: what an earlier run of this plan wrote (a local activity's result dies with a
+# killed worker, so a plan can run again after its follow-up went on the wire: its match to
+# this contact by address, and the follow-up it created), what stops a follow-up
 # (intents.FOLLOWUP_BLOCKERS, the same text), and — a ramp running — the hour row of the
 # ramp, locked here (a no-op upsert: the latest committed row, or a new one at 0) so the
 # planner's count of granted slots stands until it commits. Its snapshot is taken after the
