@@ -48,28 +48,32 @@ class BookkeepingActivities:
         detail = {"state": change.state, "reason": change.reason,
                   "review_reason": change.review_reason, "owner": change.review_owner}
         if change.state not in REVIEW_STATES and change.state != ItemState.REJECTED:
-            settle = (review_tasks.SETTLE_END if change.state in TERMINAL_STATES
-                      else review_tasks.SETTLE_STATE)
-            await self._pool.execute(settle, item.event_id, change.state, change.reason,
-                                     item.workflow_id, item.tenant, audit.json_safe(detail))
+            await review_tasks.settle(
+                self._pool, event_id=item.event_id, state=change.state, reason=change.reason,
+                workflow_id=item.workflow_id, tenant=item.tenant,
+                detail=audit.json_safe(detail), end=change.state in TERMINAL_STATES)
             return
         async with self._pool.acquire() as conn, conn.transaction():
             await events.set_state(conn, item.event_id, change.state, change.reason)
             if change.state in REVIEW_STATES and change.review_reason:
-                await conn.execute(
-                    review_tasks.OPEN_REVIEW_TASK, item.event_id, item.workflow_id,
-                    item.tenant, change.review_reason, change.review_owner or "unassigned",
-                    change.destination_ref, float((change.escalation_hours or 24) * 3600),
-                    change.wait_id, change.allowed or [], change.needs_sender,
-                    datetime.fromisoformat(change.escalate_at) if change.escalate_at else None,
+                await review_tasks.open_review_task(
+                    conn, event_id=item.event_id, workflow_id=item.workflow_id,
+                    tenant=item.tenant, reason=change.review_reason,
+                    owner=change.review_owner or "unassigned",
+                    destination_ref=change.destination_ref,
+                    escalation_seconds=float((change.escalation_hours or 24) * 3600),
+                    wait_id=change.wait_id, allowed=change.allowed or [],
+                    needs_sender=change.needs_sender,
+                    escalate_at=(datetime.fromisoformat(change.escalate_at)
+                                 if change.escalate_at else None),
                 )
             elif change.state not in REVIEW_STATES:
-                await conn.execute(review_tasks.CLOSE_REVIEW_TASKS, item.workflow_id,
-                                   change.state)
+                await review_tasks.close_review_tasks(conn, workflow_id=item.workflow_id,
+                                                      resolution=change.state)
             if change.state == ItemState.REJECTED:
                 # Nothing more is written or sent for a rejected item.
-                await conn.execute(intents.CANCEL_EVENT_INTENTS, item.event_id)
-                await conn.execute(ledger.CANCEL_EVENT_OPERATIONS, item.workflow_id)
+                await intents.cancel_event_intents(conn, event_id=item.event_id)
+                await ledger.cancel_event_operations(conn, workflow_id=item.workflow_id)
             await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor="workflow", action="state_changed", detail=detail,
@@ -80,7 +84,8 @@ class BookkeepingActivities:
         item = entry.item
         async with self._pool.acquire() as conn:
             if entry.action.startswith(DECISION_AUDIT) and entry.detail.get("accepted"):
-                await conn.execute(review_tasks.RECORD_RESOLVER, item.workflow_id, entry.actor)
+                await review_tasks.record_resolver(conn, workflow_id=item.workflow_id,
+                                                   resolved_by=entry.actor)
             await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=entry.actor, action=entry.action, detail=dict(entry.detail),
@@ -149,7 +154,7 @@ class BookkeepingActivities:
     async def mark_review_escalated(self, escalation: EscalationInput) -> None:
         item = escalation.item
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(review_tasks.MARK_ESCALATED, item.workflow_id)
+            await review_tasks.mark_escalated(conn, workflow_id=item.workflow_id)
             await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor="workflow", action="review_escalated", detail={"reason": escalation.reason},

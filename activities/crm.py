@@ -69,7 +69,7 @@ class CrmActivities:
 
     async def _note_context(self, attempt: Attempt) -> asyncpg.Record:
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(contacts.LOAD_NOTE_CONTEXT, attempt.op.item.event_id)
+            row = await contacts.load_note_context(conn, event_id=attempt.op.item.event_id)
         if row is None or row["crm_record_id"] is None:
             raise missing_row("crm_record")
         return row
@@ -105,7 +105,7 @@ class CrmActivities:
 
     async def _upsert(self, attempt: Attempt) -> str:
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(contacts.LOAD_CONTACT, _contact_id(attempt))
+            row = await contacts.load_contact(conn, contact_id=_contact_id(attempt))
         if row is None:
             raise missing_row("contact")
         record = await self._crm(attempt.op.item.tenant).upsert_contact(

@@ -18,6 +18,7 @@ limit. The rule-based extractor takes milliseconds and stays local."""
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -97,8 +98,9 @@ class ExtractActivities:
     async def _stored(self, item: ItemRef) -> ExtractResult | None:
         """Mark the item `extracting`; the stored extraction's result, if there is one."""
         policy = get_policy(item.tenant)
-        event = await self._pool.fetchrow(events.MARK_EXTRACTING, item.event_id,
-                                          ItemState.EXTRACTING, policy.mode == "shadow")
+        event = await events.mark_extracting(self._pool, event_id=item.event_id,
+                                             state=ItemState.EXTRACTING,
+                                             shadow=policy.mode == "shadow")
         if event is None:
             raise missing_row("event")
         return self._stored_result(item, event) if event["extracted"] else None
@@ -114,9 +116,10 @@ class ExtractActivities:
 
     async def _extract(self, item: ItemRef, attempt: StepAttempt) -> ExtractResult:
         policy = get_policy(item.tenant)
-        event = await self._pool.fetchrow(events.START_EXTRACTION, item.event_id,
-                                          ItemState.EXTRACTING, item.workflow_id, STEP,
-                                          policy.mode == "shadow")
+        event = await events.start_extraction(self._pool, event_id=item.event_id,
+                                              state=ItemState.EXTRACTING,
+                                              workflow_id=item.workflow_id, step=STEP,
+                                              shadow=policy.mode == "shadow")
         if event is None:
             raise missing_row("event")  # counted: cleared on the way out
         attempt.begun(event["started"])
@@ -171,15 +174,18 @@ class ExtractActivities:
                 for name in ("sender_email", "contact_name", "company")
             },
         }
-        args = (events.STORE_EXTRACTION, item.event_id, record, outcome.route, outcome.reasons,
-                outcome.canonical_email, item.tenant, item.workflow_id, audit.json_safe(detail),
-                STEP, outcome.written_at, outcome.languages)
+        stored = functools.partial(
+            events.store_extraction, event_id=item.event_id, extraction=record,
+            route=outcome.route, route_reasons=outcome.reasons,
+            canonical_email=outcome.canonical_email, tenant=item.tenant,
+            workflow_id=item.workflow_id, audit_detail=audit.json_safe(detail), step=STEP,
+            written_at=outcome.written_at, languages=outcome.languages)
         if outcome.suppression_candidates:
             async with self._pool.acquire() as conn, conn.transaction():
-                await conn.execute(*args)
+                await stored(conn)
                 await self._suppress_reported(conn, item, policy, outcome.suppression_candidates)
         else:
-            await self._pool.execute(*args)  # one statement: atomic without a transaction
+            await stored(self._pool)  # one statement: atomic without a transaction
         attempt.cleared()
         return ExtractResult(route=outcome.route, reasons=list(outcome.reasons),
                              extractor=outcome.extractor, review_owner=policy.review_owner,

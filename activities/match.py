@@ -1,4 +1,6 @@
-"""match_and_plan: ONE PostgreSQL transaction that decides who this is and what to do.
+"""match_and_plan: ONE PostgreSQL transaction that decides who this is and what to do:
+gather the facts (`_gather`), decide (`inboxcrm.domain.planning.plan`, the function the
+review card and shadow mode call too), write the plan (`_Writer`).
 
 Contact upsert, match decision, follow-up intent and the outbox rows commit together or not
 at all. Concurrent events for the same identity serialise on the contact row: the upsert's
@@ -9,6 +11,7 @@ is safe: every insert is `ON CONFLICT DO NOTHING` on the keys of docs/architectu
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +26,8 @@ from activities.step_attempts import StepAttempt, counted_attempt
 from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain import planning
 from inboxcrm.domain.policy import TenantPolicy, get_policy
-from inboxcrm.store import audit, contacts, events, intents, matches, ramp
-from inboxcrm.store.suppression import SendInFlight, suppress_identity
+from inboxcrm.store import audit, contacts, events, intents, matches
+from inboxcrm.store.suppression import SendInFlight, lock_identity, suppress_identity
 from schemas.models import Action, ItemState, PlanInput, PlanResult, operation_key
 
 if TYPE_CHECKING:
@@ -32,12 +35,6 @@ if TYPE_CHECKING:
 
 # The planning step's name in `step_attempts`.
 PLAN_STEP = "plan"
-
-
-def _value(extraction: dict[str, Any], name: str) -> str | None:
-    field = extraction.get(name) or {}
-    value = field.get("value")
-    return value.strip() if isinstance(value, str) and value.strip() else None
 
 
 class MatchActivities:
@@ -61,223 +58,212 @@ class MatchActivities:
 
     async def _plan(self, plan: PlanInput, policy: TenantPolicy,
                     attempt: StepAttempt) -> PlanResult:
-        item = plan.item
+        """Gather the facts, decide (`planning.plan`), write the plan: one transaction, so
+        the facts are read under the locks the write relies on."""
         async with self._pool.acquire() as conn, conn.transaction():
-            event = await conn.fetchrow(events.START_MATCHING, item.event_id, ItemState.MATCHING)
-            if event is None:
-                raise missing_row("event")
-            extraction: dict[str, Any] = event["extraction"] or {}
-            identity: str | None = event["canonical_email"]
-            tx = _Planner(conn, plan, policy, extraction, self._crm_max_attempts,
-                          self._send_max_attempts, _ramp_cap(policy, event["live_for_seconds"]),
-                          attempt)
-            if identity is None:
-                return await tx.without_identity()
-            if event["route"] == "opt_out":
-                return await tx.record_opt_out(identity)
-            return await tx.plan_contact(identity)
+            gathered = await _gather(conn, plan, policy)
+            decided = planning.plan(gathered.facts)
+            writer = _Writer(conn, plan, policy, gathered, self._crm_max_attempts,
+                             self._send_max_attempts, attempt)
+            return await writer.write(decided)
 
 
-class _Planner:
-    """The steps of one match_and_plan transaction."""
+@dataclass(frozen=True)
+class _Gathered:
+    """The facts `planning.plan` decides on, and the references the write needs."""
+
+    facts: planning.Facts
+    contact_id: Any = None
+
+
+async def _gather(conn: Conn, plan: PlanInput, policy: TenantPolicy) -> _Gathered:
+    """The reads of one plan, in lock order: the event row (START_MATCHING; it serialises a
+    re-run with a zombie), then the identity's contact row (the upsert's ON CONFLICT, or an
+    opt-out's FOR UPDATE), then, under both, what the store says (PLAN_FACTS)."""
+    item = plan.item
+    event = await events.start_matching(conn, event_id=item.event_id,
+                                        state=ItemState.MATCHING)
+    if event is None:
+        raise missing_row("event")
+    extraction: dict[str, Any] = event["extraction"] or {}
+    identity: str | None = event["canonical_email"]
+    base = planning.Facts(policy=policy, route=str(event["route"]), identity=identity,
+                          extraction=extraction, approved=plan.approved_by is not None)
+    if identity is None:
+        name = planning.value(extraction, "contact_name")
+        found = (await contacts.find_name_candidates(conn, tenant=item.tenant, name=name)
+                 if name else [])
+        return _Gathered(replace(base, name_candidates=tuple(found)))
+    if event["route"] == "opt_out":
+        contact_id = await lock_identity(conn, tenant=item.tenant, canonical_email=identity)
+        contact = planning.ExistingContact(None, None) if contact_id else None
+        return _Gathered(replace(base, contact=contact), contact_id)
+    row = await contacts.upsert_contact(
+        conn, tenant=item.tenant, canonical_email=identity,
+        email=planning.value(extraction, "sender_email") or identity,
+        name=planning.value(extraction, "contact_name"),
+        company=planning.value(extraction, "company"))
+    if row is None:  # an upsert always returns its row; a missing one is a bug
+        raise missing_row("contact")
+    asked = planning.questions(policy, extraction, event["live_for_seconds"])
+    known = await matches.plan_facts(
+        conn, event_id=item.event_id, contact_id=row["contact_id"], tenant=item.tenant,
+        canonical_email=identity, quiet_period_hours=asked.quiet_period_hours,
+        ramp_cap=asked.ramp_cap)
+    earlier = planning.EarlierPlan(
+        decision=known["decision"],
+        intent_id=str(known["intent_id"]) if known["intent_id"] is not None else None,
+        intent_status=known["intent_status"], approval_reason=known["approval_reason"])
+    ramp = (planning.RampFacts(asked.ramp_cap, int(known["ramp_granted"]))
+            if asked.ramp_cap is not None and known["ramp_granted"] is not None else None)
+    contact = (None if row["inserted"] else
+               planning.ExistingContact(row["name"], row["company"], row["status"]))
+    if contact is None and known["decision"] is not None:
+        # A re-run: the contact this run sees was made by the earlier one.
+        contact = planning.ExistingContact(row["name"], row["company"], row["status"])
+    facts = replace(base, contact=contact, earlier=earlier, ramp=ramp,
+                    followup=planning.FollowupFacts(bool(known["suppressed"]),
+                                                    bool(known["recent"])))
+    return _Gathered(facts, row["contact_id"])
+
+
+class _Writer:
+    """What one plan writes, in its transaction: nothing here decides."""
 
     def __init__(
-        self, conn: Conn, plan: PlanInput, policy: TenantPolicy, extraction: dict[str, Any],
-        crm_max_attempts: int, send_max_attempts: int, ramp_per_hour: int | None,
-        attempt: StepAttempt,
+        self, conn: Conn, plan: PlanInput, policy: TenantPolicy, gathered: _Gathered,
+        crm_max_attempts: int, send_max_attempts: int, attempt: StepAttempt,
     ) -> None:
         self.conn = conn
         self.item = plan.item
         self.approved_by = plan.approved_by
         self.policy = policy
-        self.extraction = extraction
+        self.gathered = gathered
+        self.contact_id = gathered.contact_id
         self.crm_max_attempts = crm_max_attempts
         self.send_max_attempts = send_max_attempts
-        # A first live run's hourly cap of automatic follow-ups; None: no ramp now.
-        self.ramp_per_hour = ramp_per_hour
         # The step's attempt count, cleared by the planned follow-up's statement.
         self.attempt = attempt
 
-    async def audit(self, action: str, detail: dict[str, Any], contact_id: Any = None) -> None:
+    async def audit(self, action: str, detail: dict[str, Any]) -> None:
         await audit.append(
             self.conn, tenant=self.item.tenant, event_id=self.item.event_id,
-            workflow_id=self.item.workflow_id, contact_id=contact_id, actor="planner",
+            workflow_id=self.item.workflow_id, contact_id=self.contact_id, actor="planner",
             action=action, detail=detail,
         )
 
-    async def needs_review(
-        self, reason: str, *, decision: str, candidates: list[str] | None = None,
-        contact_id: Any = None,
-    ) -> PlanResult:
-        await self.conn.execute(
-            matches.RECORD_MATCH_DECISION, self.item.event_id, self.item.tenant, decision,
-            f"review:{reason}", contact_id, candidates or [],
-        )
-        await self.audit("match_needs_review", {"reason": reason, "decision": decision,
-                                                "candidates": candidates or []}, contact_id)
-        return PlanResult(outcome="review", reason=reason, candidates=len(candidates or []))
+    async def write(self, decided: planning.Plan) -> PlanResult:
+        if decided.outcome == "review":
+            return await self._needs_review(decided)
+        if decided.outcome == "opted_out":
+            return await self._opt_out(decided)
+        return await self._planned(decided)
 
-    async def without_identity(self) -> PlanResult:
-        """No trusted address: a matching name is a *candidate* for a person to confirm,
-        never a merge. Either way a reviewer must supply or confirm the identity."""
-        name = _value(self.extraction, "contact_name")
-        rows = await self.conn.fetch(contacts.FIND_NAME_CANDIDATES, self.item.tenant,
-                                     name) if name else []
-        if rows:
-            return await self.needs_review("candidates", decision="candidates",
-                                           candidates=[str(r["contact_id"]) for r in rows])
-        return await self.needs_review("no_identity", decision="no_identity")
+    async def _needs_review(self, decided: planning.Plan) -> PlanResult:
+        assert decided.match is not None and decided.reason is not None
+        candidates = list(decided.candidates)
+        await matches.record_match_decision(
+            self.conn, event_id=self.item.event_id, tenant=self.item.tenant,
+            decision=decided.match, rule=f"review:{decided.reason}", contact_id=self.contact_id,
+            candidates=candidates)
+        await self.audit("match_needs_review", {"reason": decided.reason,
+                                                "decision": decided.match,
+                                                "candidates": candidates})
+        return PlanResult(outcome="review", reason=decided.reason, candidates=len(candidates))
 
-    async def record_opt_out(self, identity: str) -> PlanResult:
-        """Suppression and cancellation of every queued intent for the identity, together."""
+    async def _opt_out(self, decided: planning.Plan) -> PlanResult:
+        """Suppression and cancellation of every queued intent for the identity, together
+        (the contact row is locked already: `_gather`)."""
+        identity = self.gathered.facts.identity
+        assert identity is not None and decided.match is not None
         suppression = await suppress_identity(
             self.conn, self.item.tenant, identity, reason="opt_out_request",
-            source=f"event:{self.item.event_id}", cancel_reason="opt_out")
-        contact_id = await self.conn.fetchval(contacts.FIND_CONTACT, self.item.tenant, identity)
-        await self.conn.execute(
-            matches.RECORD_MATCH_DECISION, self.item.event_id, self.item.tenant,
-            "existing_contact" if contact_id else "no_contact", "opt_out", contact_id, [],
-        )
+            source=f"event:{self.item.event_id}", cancel_reason="opt_out", locked=True)
+        await matches.record_match_decision(
+            self.conn, event_id=self.item.event_id, tenant=self.item.tenant,
+            decision=decided.match, rule="opt_out", contact_id=self.contact_id, candidates=[])
         await self.audit("suppression_recorded", {
             "reason": "opt_out_request",
             "cancelled_intents": suppression.cancelled_intents,
-        }, contact_id)
-        return PlanResult(outcome="opted_out", reason="opt_out_recorded",
-                          contact_id=str(contact_id) if contact_id else None)
+        })
+        return PlanResult(outcome="opted_out", reason=decided.reason,
+                          contact_id=str(self.contact_id) if self.contact_id else None)
 
-    async def plan_contact(self, identity: str) -> PlanResult:
-        name = _value(self.extraction, "contact_name")
-        company = _value(self.extraction, "company")
-        email_as_written = _value(self.extraction, "sender_email") or identity
-        contact = await self.conn.fetchrow(
-            contacts.UPSERT_CONTACT, self.item.tenant, identity, email_as_written, name, company
-        )
-        if contact is None:  # an upsert always returns its row; a missing one is a bug
-            raise missing_row("contact")
-        contact_id = contact["contact_id"]
+    async def _planned(self, decided: planning.Plan) -> PlanResult:
         crm_key = operation_key(self.item.workflow_id, Action.CRM_UPSERT)
         note_key = operation_key(self.item.workflow_id, Action.CRM_NOTE)
-        earlier = await self.conn.fetchrow(matches.EARLIER_PLAN, self.item.event_id, contact_id)
-        if earlier is None:  # one row always (a LEFT JOIN of a constant)
-            raise missing_row("earlier_plan")
-        if earlier["decision"] is not None:
-            # A re-run of a plan that matched already: the contact this run sees was made by
-            # that run; its decision and operations stand.
-            inserted = earlier["decision"] == "new_contact"
-        else:
-            inserted = bool(contact["inserted"])
-            if not inserted:
-                existing = planning.ExistingContact(contact["name"], contact["company"],
-                                                    contact["status"])
-                conflict = planning.conflicting_field(self.policy, existing, name, company)
-                if conflict and self.approved_by is None:
-                    return await self.needs_review(
-                        f"field_conflict:{conflict}", decision="existing_contact",
-                        contact_id=contact_id,
-                    )
-                await self._fill_fields(contact_id, existing, name, company)
-            decision = "new_contact" if inserted else "existing_contact"
-            await self.conn.execute(
-                matches.RECORD_CONTACT_MATCH, self.item.event_id, self.item.tenant, decision,
-                "exact_canonical_email", contact_id, [], self.item.workflow_id,
-                audit.json_safe({"decision": decision, "rule": "exact_canonical_email",
-                                 "approved_by": self.approved_by}),
-                crm_key, Action.CRM_UPSERT.value, self.crm_max_attempts,
-                note_key, Action.CRM_NOTE.value,
-            )
-        result = PlanResult(outcome="planned", contact_id=str(contact_id), crm_op_key=crm_key,
-                            note_op_key=note_key)
-        return await self._plan_followup(result, contact_id, identity, inserted,
-                                         contact["status"], earlier)
+        if decided.fill:
+            await contacts.fill_contact_fields(
+                self.conn, contact_id=self.contact_id, name=decided.fill.get("name"),
+                company=decided.fill.get("company"))
+            await self.audit("contact_updated", {"fields": list(decided.fill)})
+        if decided.match is not None:
+            await matches.record_contact_match(
+                self.conn, event_id=self.item.event_id, tenant=self.item.tenant,
+                decision=decided.match, rule="exact_canonical_email",
+                contact_id=self.contact_id, workflow_id=self.item.workflow_id,
+                audit_detail=audit.json_safe({"decision": decided.match,
+                                              "rule": "exact_canonical_email",
+                                              "approved_by": self.approved_by}),
+                crm_op_key=crm_key, crm_action=Action.CRM_UPSERT.value,
+                max_attempts=self.crm_max_attempts, note_op_key=note_key,
+                note_action=Action.CRM_NOTE.value)
+        result = PlanResult(outcome="planned", contact_id=str(self.contact_id),
+                            crm_op_key=crm_key, note_op_key=note_key)
+        assert decided.followup is not None
+        return await self._followup(result, decided.followup)
 
-    async def _fill_fields(self, contact_id: Any, existing: planning.ExistingContact,
-                           name: str | None, company: str | None) -> None:
-        fill = planning.fields_to_fill(self.policy, existing, name, company)
-        if fill:
-            await self.conn.execute(contacts.FILL_CONTACT_FIELDS, contact_id, fill.get("name"),
-                                    fill.get("company"))
-            await self.audit("contact_updated", {"fields": list(fill)}, contact_id)
-
-    async def _plan_followup(
-        self, result: PlanResult, contact_id: Any, identity: str, new_contact: bool,
-        contact_status: str, earlier: asyncpg.Record,
-    ) -> PlanResult:
+    async def _followup(self, result: PlanResult,
+                        decision: planning.FollowupDecision) -> PlanResult:
         send_key = operation_key(self.item.workflow_id, Action.SEND)
-        if earlier["intent_id"] is not None:
-            # Decided before: that decision stands, whatever changed since (an opt-out, the
-            # quiet period). The send step re-checks eligibility, and it alone knows whether
-            # an earlier attempt may have gone out (then the item is held, not suppressed).
-            intent_id = str(earlier["intent_id"])
-            await self.audit("followup_plan_reused", {"intent_id": intent_id,
-                                                      "status": earlier["intent_status"]},
-                             contact_id)
+        if decision.outcome == "reused":
+            earlier = self.gathered.facts.earlier
+            assert earlier is not None and earlier.intent_id is not None
+            await self.audit("followup_plan_reused", {"intent_id": earlier.intent_id,
+                                                      "status": earlier.intent_status})
             result.send_op_key = send_key
-            result.intent_id = intent_id
-            result.intent_needs_approval = earlier["intent_status"] == "awaiting_approval"
-            result.approval_reason = earlier["approval_reason"]
+            result.intent_id = earlier.intent_id
+            result.intent_needs_approval = earlier.intent_status == "awaiting_approval"
+            result.approval_reason = earlier.approval_reason
             return result
-        rule = planning.followup_rule(self.policy, self.extraction.get("intent"))
-        facts = None
-        if rule is not None and planning.needs_blockers(contact_status):
-            facts = planning.FollowupFacts(*await intents.followup_blockers(
-                self.conn, tenant=self.item.tenant, canonical_email=identity,
-                contact_id=contact_id, event_id=self.item.event_id,
-                quiet_period_hours=rule.quiet_period_hours))
-        decision = planning.decide_followup(rule, new_contact=new_contact,
-                                            contact_status=contact_status, facts=facts)
         if decision.outcome == "no_rule":
-            await self.audit("followup_not_planned", {"reason": "no_rule_for_intent"}, contact_id)
+            await self.audit("followup_not_planned", {"reason": "no_rule_for_intent"})
             return result
+        rule = decision.rule
         assert rule is not None
         if decision.outcome == "suppressed":
-            await self.audit("followup_not_planned", {"reason": "suppressed"}, contact_id)
+            await self.audit("followup_not_planned", {"reason": "suppressed"})
             result.reason = "suppressed"
             return result
         if decision.outcome == "quiet_period":
             await self.audit("followup_not_planned", {"reason": "quiet_period",
-                                                      "rule_id": rule.rule_id}, contact_id)
+                                                      "rule_id": rule.rule_id})
             result.reason = "quiet_period"
             return result
-        needs_approval = decision.outcome == "awaiting_approval"
-        approval_reason: str | None = None
-        if not needs_approval and self.ramp_per_hour is not None:
-            # Inside this transaction: a plan that rolls back gives its slot back.
-            granted = await ramp.take_slot(self.conn, self.item.tenant, self.ramp_per_hour)
+        if decision.ramp is not None:
             count("inboxcrm_ramp_followups",
                   "Automatic follow-ups during a first live run: granted, or held for a "
-                  "reviewer (ramp_limit)", outcome="granted" if granted else "held")
-            if not granted:
-                needs_approval, approval_reason = True, "ramp_limit"
+                  "reviewer (ramp_limit)", outcome=decision.ramp)
         # The words are part of the plan: the rule's version derives from its template's, and
         # the template at this version is stored with the intent (docs/architecture.md §5).
         template = self.policy.template_for(rule)
         version = self.policy.rule_version(rule)
-        intent = await self.conn.fetchrow(
-            intents.PLAN_FOLLOWUP, self.item.event_id, self.item.tenant, contact_id,
-            rule.rule_id, version, template.ref,
-            "awaiting_approval" if needs_approval else "queued", needs_approval,
-            approval_reason, template.sources(), send_key, self.item.workflow_id,
-            Action.SEND.value, self.send_max_attempts,
-            audit.json_safe({"rule_id": rule.rule_id, "rule_version": version,
-                             "template": template.ref}),
-            PLAN_STEP,
-        )
+        intent = await intents.plan_followup(
+            self.conn, event_id=self.item.event_id, tenant=self.item.tenant,
+            contact_id=self.contact_id, rule_id=rule.rule_id, rule_version=version,
+            template_ref=template.ref, status=decision.outcome,
+            needs_approval=decision.needs_approval, approval_reason=decision.approval_reason,
+            template_sources=template.sources(), send_op_key=send_key,
+            workflow_id=self.item.workflow_id, action=Action.SEND.value,
+            max_attempts=self.send_max_attempts,
+            audit_detail=audit.json_safe({"rule_id": rule.rule_id, "rule_version": version,
+                                          "template": template.ref}),
+            step=PLAN_STEP, ramp=decision.ramp)
         if intent is None:
             raise missing_row("followup_intent")
         self.attempt.cleared()
-        intent_id = str(intent["intent_id"])
         result.send_op_key = send_key
-        result.intent_id = intent_id
+        result.intent_id = str(intent["intent_id"])
         result.intent_needs_approval = intent["status"] == "awaiting_approval"
         result.approval_reason = intent["approval_reason"]
         return result
-
-
-def _ramp_cap(policy: TenantPolicy, live_for_seconds: float | None) -> int | None:
-    """The hourly cap of automatic follow-ups while the tenant's ramp runs: for the policy's
-    `ramp.days` after an operator switched it to live (docs/architecture.md §6)."""
-    if policy.ramp is None or live_for_seconds is None:
-        return None
-    if float(live_for_seconds) >= policy.ramp.days * 86_400:
-        return None
-    return policy.ramp.max_auto_followups_per_hour

@@ -37,8 +37,10 @@ class ReviewActivities:
             await ledger.complete(conn, resolve.op_key, resolve.evidence, resolve.evidence)
             # A resolved CRM upsert names the contact's record: later steps (the note) use it;
             # a resolved send names the provider's message: the intent is sent, not sending.
-            await conn.execute(contacts.RECORD_RESOLVED_CRM_ID, resolve.op_key, resolve.evidence)
-            await conn.execute(intents.RECORD_RESOLVED_SEND, resolve.op_key, resolve.evidence)
+            await contacts.record_resolved_crm_id(conn, op_key=resolve.op_key,
+                                                  crm_record_id=resolve.evidence)
+            await intents.record_resolved_send(conn, op_key=resolve.op_key,
+                                               provider_message_id=resolve.evidence)
             await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=resolve.reviewer, action="operation_resolved",
@@ -70,7 +72,7 @@ class ReviewActivities:
         rejected: list[str] = []
         async with self._pool.acquire() as conn, conn.transaction():
             record: dict[str, Any] = dict(
-                await conn.fetchval(events.LOAD_EXTRACTION, item.event_id) or {}
+                await events.load_extraction_for_update(conn, event_id=item.event_id) or {}
             )
             identity: str | None = None
             for name, value in correction.corrections.items():
@@ -88,7 +90,8 @@ class ReviewActivities:
                 who = correction.reviewer
                 record[target] = {"value": value, "confidence": 1.0,
                                   "evidence": who if ":" in who else f"reviewer:{who}"}
-            await conn.execute(events.STORE_CORRECTION, item.event_id, record, identity)
+            await events.store_correction(conn, event_id=item.event_id, extraction=record,
+                                          canonical_email=identity)
             await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=correction.reviewer, action="review_corrections_applied",
@@ -101,7 +104,8 @@ class ReviewActivities:
     async def approve_followup_intent(self, approval: IntentApproval) -> None:
         item = approval.item
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(intents.APPROVE_INTENT, approval.intent_id, approval.reviewer)
+            await intents.approve_intent(conn, intent_id=approval.intent_id,
+                                         approved_by=approval.reviewer)
             await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=approval.reviewer, action="followup_approved",
@@ -112,7 +116,8 @@ class ReviewActivities:
     async def decline_followup_intent(self, decline: IntentDecline) -> None:
         item = decline.item
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(intents.DECLINE_INTENT, decline.intent_id, decline.op_key)
+            await intents.decline_intent(conn, intent_id=decline.intent_id,
+                                         send_op_key=decline.op_key)
             await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=decline.reviewer, action="followup_declined",
@@ -122,7 +127,7 @@ class ReviewActivities:
     @activity.defn(name="describe_operation")
     async def describe_operation(self, op: OperationInput) -> OperationView:
         """Read only: the ledger's attempts and error label, for the UI's current details."""
-        row = await self._pool.fetchrow(ledger.OPERATION_VIEW, op.op_key)
+        row = await ledger.operation_view(self._pool, op_key=op.op_key)
         if row is None:
             return OperationView()
         return OperationView(row["attempts"], row["max_attempts"], row["last_error"])

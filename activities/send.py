@@ -97,7 +97,7 @@ class SendActivities:
         uncertain = name in self._uncertain
         self._uncertain.discard(name)
         if failure.category is not Category.UNKNOWN and not uncertain:
-            await conn.execute(intents.RELEASE_LEASE, _intent_id(attempt), name)
+            await intents.release_lease(conn, intent_id=_intent_id(attempt), lease_owner=name)
 
     async def _by_repeating(self, attempt: Attempt) -> str | None:
         """The provider cannot be searched by key; inside the key's window (checked by the
@@ -118,8 +118,8 @@ class SendActivities:
             raise Deferred("step_time_exhausted", 0.5)
         held: str | None = None
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.fetch(intents.LOCK_CONTACT_OF_INTENT, intent_id)
-            row = await conn.fetchrow(intents.CLAIM_INTENT, intent_id, item.event_id)
+            await intents.lock_contact_of_intent(conn, intent_id=intent_id)
+            row = await intents.claim_intent(conn, intent_id=intent_id, event_id=item.event_id)
             if row is None:
                 raise missing_row("followup_intent")
             if row["status"] == "sent":
@@ -150,7 +150,8 @@ class SendActivities:
                         raise Fenced()
                 else:
                     if row["status"] != "cancelled":
-                        await conn.execute(intents.CANCEL_INTENT, intent_id, refusal)
+                        await intents.cancel_intent(conn, intent_id=intent_id,
+                                                    cancel_reason=refusal)
                     if not await ledger.record_failure(conn, attempt.op.op_key,
                                                        attempt.claim.attempts, "cancelled",
                                                        None, refusal):
@@ -169,10 +170,11 @@ class SendActivities:
                 # The words before the lease: a follow-up that may not go out as configured
                 # (no opt-out link possible, a template gone) is blocked without one.
                 followup = await self._compose(conn, row)
-                await conn.execute(
-                    intents.TAKE_LEASE, intent_id, attempt_name, lease, item.tenant, item.event_id,
-                    item.workflow_id, {"intent_id": intent_id, "eligible": True, "reason": None,
-                                       "previous_attempt_unconfirmed": uncertain})
+                await intents.take_lease(
+                    conn, intent_id=intent_id, lease_owner=attempt_name, lease_seconds=lease,
+                    tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+                    audit_detail={"intent_id": intent_id, "eligible": True, "reason": None,
+                                  "previous_attempt_unconfirmed": uncertain})
         if held is not None:
             raise ApplicationError("previous send unconfirmed and the intent is no longer "
                                    "eligible", type=ErrorType.AMBIGUOUS.value,

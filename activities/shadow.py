@@ -26,12 +26,13 @@ from activities.failures import missing_row
 from activities.heartbeat import heartbeating
 from activities.step_attempts import counted_attempt
 from inboxcrm.adapters.errors import ErrorType
+from inboxcrm.domain import planning
 from inboxcrm.domain.extraction import Extractor
 from inboxcrm.domain.policy import TenantPolicy, get_policy
 from inboxcrm.domain.shadow import ShadowFacts, not_compared, second_opinion, shadow_plan
 from inboxcrm.platform.call_budget import CallBudget
 from inboxcrm.platform.workpool import IN_PROCESS, Runner, WorkPoolUnavailable
-from inboxcrm.store import audit
+from inboxcrm.store import audit, contacts
 from inboxcrm.store import shadow as shadow_store
 from inboxcrm.store.suppression import SendInFlight, suppress_identity
 from schemas.models import ItemRef, ItemState, ShadowPlanResult
@@ -117,12 +118,12 @@ class ShadowActivities:
         if route in ("ignore", "review"):
             return ShadowFacts()
         if identity is None:
-            name = (extraction.get("contact_name") or {}).get("value")
-            count = (await shadow_store.name_candidates(conn, item.tenant, name)
-                     if isinstance(name, str) and name.strip() else 0)
-            return ShadowFacts(name_candidates=count)
-        rule = policy.rule_for_intent(str(extraction.get("intent")))
-        quiet = float(rule.quiet_period_hours * 3600) if rule is not None else 0.0
+            name = planning.value(extraction, "contact_name")
+            found = (await contacts.find_name_candidates(conn, tenant=item.tenant, name=name)
+                     if name else [])
+            return ShadowFacts(name_candidates=tuple(found))
+        asked = planning.questions(policy, extraction, None)
+        quiet = (asked.quiet_period_hours or 0.0) * 3600
         await shadow_store.lock_identity(conn, item.tenant, identity)
         row = await shadow_store.facts(conn, item.tenant, identity, item.event_id, quiet)
         return ShadowFacts(

@@ -5,16 +5,17 @@ candidate contacts and why they match, consent and suppression, the proposed fol
 (rule, recipient, rendered subject and body), the operations with their attempts and the
 destination's error, and the decisions allowed now with the exact body each needs.
 
-Candidates and the proposed follow-up come from a dry run of the planner's rules on the
+Candidates and the proposed follow-up come from the planner itself (`planning.plan`) on the
 store's current rows (read-only queries; nothing is written), so they exist before anyone
-approves. The relay (`GET /review/{workflow_id}`) and the CLI (`inboxcrm review show`) render
-the same card. It never reads workflow history.
+approves, and the card cannot promise what the planner would hold. The relay
+(`GET /review/{workflow_id}`) and the CLI (`inboxcrm review show`) render the same card.
+It never reads workflow history.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,6 @@ from inboxcrm.domain.extraction.signals import (
 )
 from inboxcrm.domain.followup import FollowupRefused, compose
 from inboxcrm.domain.policy import (
-    FollowupRule,
     PolicyError,
     TenantPolicy,
     UnknownTenant,
@@ -244,13 +244,9 @@ def _fields(card: ReviewCard, extraction: dict[str, Any]) -> None:
                                      value.get("evidence")))
 
 
-def _value(extraction: dict[str, Any], name: str) -> str | None:
-    value = (extraction.get(name) or {}).get("value")
-    return value.strip() if isinstance(value, str) and value.strip() else None
-
-
 async def _dry_run(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str, Any]) -> None:
-    """What the planner would decide now, from read-only queries (docs/architecture.md §5)."""
+    """What the planner would decide once the item is approved: `planning.plan` on facts read
+    with read-only queries (docs/architecture.md §5)."""
     tenant, identity = row["tenant"], row["canonical_email"]
     try:
         policy = get_policy(tenant)
@@ -258,17 +254,19 @@ async def _dry_run(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str,
         card.consent.append("tenant policy missing: nothing can be planned")
         return
     contact = await review.contact_by_identity(conn, tenant, identity) if identity else None
-    name = _value(extraction, "contact_name")
+    name = planning.value(extraction, "contact_name")
+    others = list(await review.contacts_by_name(conn, tenant, name, identity)) if name else []
+    facts = await _facts(conn, row, extraction, policy, contact, others)
+    decided = planning.plan(facts)
     if contact is not None:
         card.candidates.append(Candidate(
             _short(contact["contact_id"]), contact["email"], contact["name"], contact["company"],
             "same address (exact canonical email): this contact is updated, not duplicated"
-            + contact_update(policy, _existing(contact), name, _value(extraction, "company"))))
-    if name:
-        for other in await review.contacts_by_name(conn, tenant, name, identity):
-            card.candidates.append(Candidate(
-                _short(other["contact_id"]), other["email"], other["name"], other["company"],
-                "same name, different address: a candidate only, never merged automatically"))
+            + contact_update(decided)))
+    for other in others:
+        card.candidates.append(Candidate(
+            _short(other["contact_id"]), other["email"], other["name"], other["company"],
+            "same name, different address: a candidate only, never merged automatically"))
     if identity is None:
         card.consent.append("no trusted sender address: approve with corrections.sender_email "
                             "to give one")
@@ -280,11 +278,39 @@ async def _dry_run(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str,
             card.consent.append(f"contact status {contact['status']}: no follow-up is sent")
     if row["route"] == "opt_out":
         card.consent.append("opt-out request: approving records the suppression")
-    await _followup(conn, card, row, extraction, policy, contact)
+    await _followup(conn, card, row, extraction, policy, contact, decided)
+
+
+async def _facts(conn: Conn, row: Any, extraction: dict[str, Any], policy: TenantPolicy,
+                 contact: Any, others: list[Any]) -> planning.Facts:
+    """The planner's facts as the store has them now, the item approved (the card is what a
+    reviewer decides on). Asked with the planner's statements where the planner asks them:
+    `intents.followup_blockers`, and the ramp's hour (read, not locked)."""
+    identity = row["canonical_email"]
+    existing = _existing(contact) if contact is not None else None
+    facts = planning.Facts(policy=policy, route=str(row["route"]), identity=identity,
+                           extraction=extraction, approved=True,
+                           name_candidates=tuple(str(o["contact_id"]) for o in others),
+                           contact=existing)
+    asked = planning.questions(policy, extraction, None)
+    if identity is None or asked.rule is None:
+        return facts
+    blockers = None
+    if existing is None or existing.status == "active":
+        blockers = planning.FollowupFacts(*await intents.followup_blockers(
+            conn, tenant=row["tenant"], canonical_email=identity,
+            contact_id=contact["contact_id"] if contact is not None else None,
+            event_id=row["event_id"], quiet_period_hours=asked.rule.quiet_period_hours))
+    ramp = None
+    if policy.ramp is not None:
+        live_for, granted = await review.ramp_now(conn, tenant=row["tenant"])
+        cap = planning.ramp_cap(policy, live_for)
+        ramp = planning.RampFacts(cap, granted) if cap is not None else None
+    return replace(facts, followup=blockers, ramp=ramp)
 
 
 async def _followup(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str, Any],
-                    policy: TenantPolicy, contact: Any) -> None:
+                    policy: TenantPolicy, contact: Any, decided: planning.Plan) -> None:
     planned = await review.event_intent(conn, row["event_id"])
     languages = reply_languages(row["languages"],
                                 bytes(row["raw"][:64 * 1024]) if row["raw"] else None)
@@ -303,28 +329,21 @@ async def _followup(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str
         card.followup = Followup(f"{planned['rule_id']} v{planned['rule_version']}", ref,
                                  planned["email"], words[0], words[1], status)
         return
-    rule = planning.followup_rule(policy, extraction.get("intent"))
+    rule = planning.questions(policy, extraction, None).rule
     if rule is None:
         return
-    recipient = _value(extraction, "sender_email") or row["canonical_email"]
+    recipient = planning.value(extraction, "sender_email") or row["canonical_email"]
     (subject, body), refused = await _words(
         conn, policy, rule.template_id, rule.rule_id, to=recipient or "",
         contact_id=contact["contact_id"] if contact is not None else None,
-        name=_value(extraction, "contact_name"), company=_value(extraction, "company"),
-        languages=languages)
+        name=planning.value(extraction, "contact_name"),
+        company=planning.value(extraction, "company"), languages=languages)
     if refused:
         status = f"not sent: {refused}"
-    elif (identity := row["canonical_email"]) is None:
+    elif row["canonical_email"] is None:
         status = "no recipient yet (needs corrections.sender_email)"
     else:
-        # The planner's facts, asked with the planner's statement.
-        facts = None
-        if planning.needs_blockers(_contact_status(contact)):
-            facts = planning.FollowupFacts(*await intents.followup_blockers(
-                conn, tenant=row["tenant"], canonical_email=identity,
-                contact_id=contact["contact_id"] if contact is not None else None,
-                event_id=row["event_id"], quiet_period_hours=rule.quiet_period_hours))
-        status = proposed_status(rule, contact, facts)
+        status = proposed_status(decided, contact)
     template_ref = (policy.template_for(rule).ref if rule.template_id in policy.templates
                     else rule.template_id)
     card.followup = Followup(f"{rule.rule_id} v{policy.rule_version(rule)}"
@@ -357,42 +376,39 @@ async def _words(conn: Conn, policy: TenantPolicy, ref: str, rule_id: str, *, to
     return (followup.subject, followup.text), None
 
 
-def _contact_status(contact: Any) -> str:
-    """A contact that does not exist yet is created active (and new) by the planner."""
-    return str(contact["status"]) if contact is not None else "active"
-
-
-def proposed_status(rule: FollowupRule, contact: Any,
-                    facts: planning.FollowupFacts | None) -> str:
+def proposed_status(decided: planning.Plan, contact: Any) -> str:
     """What the card promises about a follow-up not planned yet: the planner's own decision
-    (`planning.decide_followup`) on the same facts, in words. `contact`: the stored contact
-    with this address (None: planning creates it); `facts`: `intents.followup_blockers`,
-    asked only when `planning.needs_blockers`."""
-    contact_status = _contact_status(contact)
-    decision = planning.decide_followup(rule, new_contact=contact is None,
-                                        contact_status=contact_status, facts=facts)
+    (`planning.plan`), in words. `contact`: the stored contact with this address (None:
+    planning creates it)."""
+    decision = decided.followup
+    if decision is None:
+        # Not reached: an opt-out (approving records the suppression instead).
+        return "not sent: an opt-out request"
     if decision.outcome == "suppressed":
-        if facts is None or not facts.suppressed:
-            return f"not sent: contact {contact_status}"
+        if contact is not None and contact["status"] != "active":
+            return f"not sent: contact {contact['status']}"
         return "not sent: suppressed"
     if decision.outcome == "quiet_period":
-        return f"not sent: quiet period ({rule.quiet_period_hours:g} h)"
+        assert decision.rule is not None
+        return f"not sent: quiet period ({decision.rule.quiet_period_hours:g} h)"
+    if decision.approval_reason == planning.RAMP_LIMIT:
+        return ("proposed; the ramp's automatic follow-ups for this hour are used up "
+                "(ramp_limit): its send needs a second approval of this intent")
     if decision.outcome == "awaiting_approval":
         return "proposed; a new prospect: its send needs a second approval of this intent"
     return "proposed; sent after approval"
 
 
-def contact_update(policy: TenantPolicy, existing: planning.ExistingContact,
-                   name: str | None, company: str | None) -> str:
+def contact_update(decided: planning.Plan) -> str:
     """What planning does to the existing contact, in words (empty: nothing): a conflicting
     field holds the item for a reviewer; approving writes the fields the policy updates."""
-    conflict = planning.conflicting_field(policy, existing, name, company)
-    fill = planning.fields_to_fill(policy, existing, name, company)
     words = ""
-    if conflict:
-        words += f"; {conflict} differs from the stored one (field_conflict:{conflict})"
-    if fill:
-        words += (f"; {'approving ' if conflict else ''}updates its {' and '.join(fill)}")
+    if decided.conflict:
+        words += (f"; {decided.conflict} differs from the stored one "
+                  f"(field_conflict:{decided.conflict})")
+    if decided.fill:
+        words += (f"; {'approving ' if decided.conflict else ''}updates its "
+                  f"{' and '.join(decided.fill)}")
     return words
 
 

@@ -1,7 +1,7 @@
 """Shadow mode's decisions (docs/architecture.md §6, "Going live"): what the product would
 have done with one item, and the report over many.
 
-`shadow_plan` is the planner's rules as a pure function of facts the caller read: the route
+`shadow_plan` is the planner itself (`planning.plan`) on facts the caller read: the route
 and reasons of the extraction, the tenant policy, and what the store says about the identity
 (`activities/shadow.py` gathers them read-only). It writes nothing and calls nothing. The
 plan it returns is stored on the event and holds references, reasons and field names only:
@@ -50,20 +50,31 @@ class ShadowFacts:
     recent_intent: bool = False           # a live follow-up within the quiet period
     recent_shadow_followup: bool = False  # an earlier shadowed item would have sent one
     shadow_created: bool = False          # an earlier shadowed item would create the contact
-    name_candidates: int = 0              # no identity: contacts with the extracted name
+    name_candidates: tuple[str, ...] = ()  # no identity: contacts with the extracted name
 
 
-def _value(extraction: dict[str, Any], name: str) -> str | None:
-    field = extraction.get(name) or {}
-    value = field.get("value")
-    return value.strip() if isinstance(value, str) and value.strip() else None
+def planner_facts(route: str, extraction: dict[str, Any], identity: str | None,
+                  policy: TenantPolicy, facts: ShadowFacts) -> planning.Facts:
+    """The shadow facts as the planner takes them: an earlier shadowed item that would have
+    created the contact makes this one match it; one that would have sent a follow-up counts
+    for the quiet period. Nobody approved anything, and no ramp runs in shadow mode."""
+    contact = (planning.ExistingContact(facts.contact_name, facts.contact_company,
+                                        facts.contact_status or "active")
+               if facts.contact_id is not None else None)
+    return planning.Facts(
+        policy=policy, route=route, identity=identity, extraction=extraction,
+        name_candidates=facts.name_candidates, contact=contact,
+        pending_contact=facts.contact_id is None and facts.shadow_created,
+        followup=planning.FollowupFacts(
+            suppressed=facts.suppressed,
+            recent=facts.recent_intent or facts.recent_shadow_followup))
 
 
 def shadow_plan(route: str, reasons: list[str], extraction: dict[str, Any],
                 identity: str | None, policy: TenantPolicy, facts: ShadowFacts,
                 second_opinion: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The plan a live tenant's item would have carried out, step by step as the workflow and
-    the planner (`activities/match.py`) decide it."""
+    """The plan a live tenant's item would have carried out: the workflow's route, then the
+    planner's own decision (`planning.plan`) on the shadow facts, in the plan's words."""
     plan: dict[str, Any] = {
         "version": PLAN_VERSION, "route": route, "reasons": list(reasons),
         "outcome": WOULD_COMPLETE, "review_reason": None, "contact": None,
@@ -75,56 +86,43 @@ def shadow_plan(route: str, reasons: list[str], extraction: dict[str, Any],
     if route == "review":
         return plan | {"outcome": WOULD_REVIEW,
                        "review_reason": reasons[0] if reasons else "extraction_review"}
-    if identity is None:
-        reason = "candidates" if facts.name_candidates else "no_identity"
-        return plan | {"outcome": WOULD_REVIEW, "review_reason": reason}
-    if route == "opt_out":
+    decided = planning.plan(planner_facts(route, extraction, identity, policy, facts))
+    if decided.outcome == "opted_out":
         return plan | {"outcome": WOULD_SUPPRESS, "suppression": "recorded",
                        "contact": {"action": "existing" if facts.contact_id else "none",
                                    "contact_id": facts.contact_id, "fields": []}}
-    contact, new_contact, conflict = _contact(extraction, policy, facts)
-    plan["contact"] = contact
-    if conflict is not None:
-        return plan | {"outcome": WOULD_REVIEW, "review_reason": f"field_conflict:{conflict}"}
+    if identity is None:
+        return plan | {"outcome": WOULD_REVIEW, "review_reason": decided.reason}
+    plan["contact"] = _contact(extraction, facts, decided)
+    if decided.outcome == "review":
+        return plan | {"outcome": WOULD_REVIEW, "review_reason": decided.reason}
     plan["crm"] = {"upsert": True, "note": True}
-    plan["followup"] = followup = _followup(extraction, policy, facts, new_contact)
+    assert decided.followup is not None
+    plan["followup"] = followup = _followup(policy, decided.followup)
     if followup["action"] == "await_approval":
         plan |= {"outcome": WOULD_REVIEW, "review_reason": "followup_approval_required"}
     return plan
 
 
-def _contact(extraction: dict[str, Any], policy: TenantPolicy, facts: ShadowFacts
-             ) -> tuple[dict[str, Any], bool, str | None]:
-    """(what happens to the contact, whether it would be new, a conflicting field), decided by
-    the planner's own functions (`inboxcrm.domain.planning`)."""
-    name, company = _value(extraction, "contact_name"), _value(extraction, "company")
+def _contact(extraction: dict[str, Any], facts: ShadowFacts,
+             decided: planning.Plan) -> dict[str, Any]:
+    """What happens to the contact, in the plan's words."""
     if facts.contact_id is None:
         if facts.shadow_created:
             # An earlier shadowed item would have created it: this one would match it.
-            return {"action": "match_shadowed", "contact_id": None, "fields": []}, False, None
-        fields = [f for f, v in (("name", name), ("company", company)) if v]
-        return {"action": "create", "contact_id": None, "fields": fields}, True, None
-    existing = planning.ExistingContact(facts.contact_name, facts.contact_company,
-                                        facts.contact_status or "active")
-    conflict = planning.conflicting_field(policy, existing, name, company)
-    if conflict is not None:
-        return ({"action": "update", "contact_id": facts.contact_id, "fields": []},
-                False, conflict)
-    changed = list(planning.fields_to_fill(policy, existing, name, company))
-    return ({"action": "update" if changed else "unchanged", "contact_id": facts.contact_id,
-             "fields": changed}, False, None)
+            return {"action": "match_shadowed", "contact_id": None, "fields": []}
+        fields = [f for f, v in (("name", planning.value(extraction, "contact_name")),
+                                 ("company", planning.value(extraction, "company"))) if v]
+        return {"action": "create", "contact_id": None, "fields": fields}
+    if decided.outcome == "review":
+        return {"action": "update", "contact_id": facts.contact_id, "fields": []}
+    changed = list(decided.fill)
+    return {"action": "update" if changed else "unchanged", "contact_id": facts.contact_id,
+            "fields": changed}
 
 
-def _followup(extraction: dict[str, Any], policy: TenantPolicy, facts: ShadowFacts,
-              new_contact: bool) -> dict[str, Any]:
-    """The planner's follow-up decision (`planning.decide_followup`) on the shadow facts; an
-    earlier shadowed item that would have sent one counts for the quiet period."""
-    rule = planning.followup_rule(policy, extraction.get("intent"))
-    decision = planning.decide_followup(
-        rule, new_contact=new_contact, contact_status=facts.contact_status or "active",
-        facts=planning.FollowupFacts(
-            suppressed=facts.suppressed,
-            recent=facts.recent_intent or facts.recent_shadow_followup))
+def _followup(policy: TenantPolicy, decision: planning.FollowupDecision) -> dict[str, Any]:
+    """The planner's follow-up decision, in the plan's words."""
     if decision.rule is None:
         return {"action": "none", "reason": "no_rule_for_intent"}
     # The version and words the live planner would plan (`TenantPolicy.rule_version`).

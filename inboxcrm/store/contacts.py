@@ -3,6 +3,13 @@ follow-up and CRM record hangs on (docs/architecture.md §2)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+if TYPE_CHECKING:
+    from inboxcrm.store.db import Conn
+
 # --- planning (activities/match.py) ------------------------------------------------------
 UPSERT_CONTACT = """
 INSERT INTO contacts (tenant, canonical_email, email, name, company)
@@ -10,8 +17,6 @@ VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (tenant, canonical_email) DO UPDATE SET updated_at = now()
 RETURNING contact_id, name, company, status, (xmax = 0) AS inserted
 """
-
-FIND_CONTACT = "SELECT contact_id FROM contacts WHERE tenant = $1 AND canonical_email = $2"
 
 FIND_NAME_CANDIDATES = """
 SELECT contact_id FROM contacts
@@ -56,3 +61,44 @@ FOR UPDATE
 
 # --- probes (inboxcrm/verify/probe.py) -----------------------------------------------------
 COUNT_BY_ADDRESS = "SELECT count(*) FROM contacts WHERE canonical_email = lower($1)"
+
+
+async def upsert_contact(conn: Conn, *, tenant: str, canonical_email: str, email: str,
+                         name: str | None, company: str | None) -> asyncpg.Record | None:
+    """The contact of this address, inserted or (row-locked until commit) the stored one."""
+    row: asyncpg.Record | None = await conn.fetchrow(UPSERT_CONTACT, tenant, canonical_email,
+                                                     email, name, company)
+    return row
+
+
+async def find_name_candidates(conn: Conn, *, tenant: str, name: str) -> list[str]:
+    return [str(r["contact_id"]) for r in await conn.fetch(FIND_NAME_CANDIDATES, tenant, name)]
+
+
+async def fill_contact_fields(conn: Conn, *, contact_id: Any, name: str | None,
+                              company: str | None) -> None:
+    await conn.execute(FILL_CONTACT_FIELDS, contact_id, name, company)
+
+
+async def load_contact(conn: Conn, *, contact_id: str) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(LOAD_CONTACT, contact_id)
+    return row
+
+
+async def load_note_context(conn: Conn, *, event_id: str) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(LOAD_NOTE_CONTEXT, event_id)
+    return row
+
+
+async def record_resolved_crm_id(conn: Conn, *, op_key: str, crm_record_id: str) -> None:
+    await conn.execute(RECORD_RESOLVED_CRM_ID, op_key, crm_record_id)
+
+
+async def count_by_address(conn: Conn | asyncpg.Pool, *, email: str) -> int:
+    return int(await conn.fetchval(COUNT_BY_ADDRESS, email))
+
+
+async def lock_contact(conn: Conn, *, tenant: str, contact_id: Any) -> asyncpg.Record | None:
+    """One-click unsubscribe's contact, row-locked (LOCK_CONTACT)."""
+    row: asyncpg.Record | None = await conn.fetchrow(LOCK_CONTACT, tenant, contact_id)
+    return row

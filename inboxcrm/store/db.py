@@ -50,6 +50,12 @@ async def ping(conn: Conn) -> bool:
     return await conn.fetchval(PING) is True
 
 
+async def count(conn: Conn | asyncpg.Pool, sql: str, *params: Any) -> int:
+    """A count a test or probe writes itself (`inboxcrm.verify.probe.StackClient.count`):
+    the one place outside a named statement where SQL text comes from the caller."""
+    return int(await conn.fetchval(sql, *params))
+
+
 def _quoted(name: str) -> str:
     """A database name as an SQL identifier (the names are generated: prefix and hex)."""
     return '"' + name.replace('"', '""') + '"'

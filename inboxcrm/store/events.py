@@ -4,7 +4,9 @@ step marks the item it works on; operators read it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
 
 from inboxcrm.store.step_attempts import begin_step_cte, end_step_cte
 
@@ -140,3 +142,78 @@ STATE_OF_WORKFLOW = "SELECT state, reason FROM inbound_events WHERE workflow_id 
 
 async def set_state(conn: Conn, event_id: str, state: str, reason: str | None) -> None:
     await conn.execute(SET_EVENT_STATE, event_id, state, reason)
+
+
+async def start_matching(conn: Conn, *, event_id: str, state: str) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(START_MATCHING, event_id, state)
+    return row
+
+
+async def mark_extracting(conn: Conn | asyncpg.Pool, *, event_id: str, state: str,
+                          shadow: bool) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(MARK_EXTRACTING, event_id, state, shadow)
+    return row
+
+
+async def start_extraction(conn: Conn | asyncpg.Pool, *, event_id: str, state: str,
+                           workflow_id: str, step: str, shadow: bool) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(START_EXTRACTION, event_id, state,
+                                                     workflow_id, step, shadow)
+    return row
+
+
+async def store_extraction(
+    conn: Conn | asyncpg.Pool, *, event_id: str, extraction: dict[str, Any], route: str,
+    route_reasons: list[str], canonical_email: str | None, tenant: str, workflow_id: str,
+    audit_detail: dict[str, Any], step: str, written_at: Any, languages: Any,
+) -> None:
+    await conn.execute(STORE_EXTRACTION, event_id, extraction, route, route_reasons,
+                       canonical_email, tenant, workflow_id, audit_detail, step, written_at,
+                       languages)
+
+
+async def load_extraction_for_update(conn: Conn, *, event_id: str) -> dict[str, Any] | None:
+    value: dict[str, Any] | None = await conn.fetchval(LOAD_EXTRACTION, event_id)
+    return value
+
+
+async def store_correction(conn: Conn, *, event_id: str, extraction: dict[str, Any],
+                           canonical_email: str | None) -> None:
+    await conn.execute(STORE_CORRECTION, event_id, extraction, canonical_email)
+
+
+async def state_of_workflow(conn: Conn | asyncpg.Pool, *, workflow_id: str
+                            ) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(STATE_OF_WORKFLOW, workflow_id)
+    return row
+
+
+# --- intake (the relay): for inboxcrm/ingress/intake.py to call in place of the constants
+async def insert_event(conn: Conn, *, tenant: str, source: str, mailbox: str,
+                       delivery_id: str, workflow_id: str, raw: bytes, content_sha256: str,
+                       size_bytes: int, actor: str) -> asyncpg.Record | None:
+    """The new event with its `received` audit entry, or the existing one (INSERT_EVENT)."""
+    row: asyncpg.Record | None = await conn.fetchrow(
+        INSERT_EVENT, tenant, source, mailbox, delivery_id, workflow_id, raw, content_sha256,
+        size_bytes, actor)
+    return row
+
+
+async def find_event(conn: Conn, *, tenant: str, source: str, mailbox: str,
+                     delivery_id: str) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(FIND_EVENT, tenant, source, mailbox,
+                                                     delivery_id)
+    return row
+
+
+async def mark_started(conn: Conn, *, event_id: str) -> None:
+    await conn.execute(MARK_STARTED, event_id)
+
+
+async def count_start_failure(conn: Conn, *, event_id: str) -> None:
+    await conn.execute(COUNT_START_FAILURE, event_id)
+
+
+async def unstarted_events(conn: Conn, *, min_age_seconds: float, limit: int
+                           ) -> list[asyncpg.Record]:
+    return list(await conn.fetch(UNSTARTED_EVENTS, min_age_seconds, limit))

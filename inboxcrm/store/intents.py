@@ -5,24 +5,33 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import asyncpg
+
 from inboxcrm.store.step_attempts import end_step_cte
 
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
 
 # --- planning (activities/match.py) ------------------------------------------------------
+
+def blockers_sql(*, tenant: str, canonical_email: str, contact_id: str, event_id: str,
+                 quiet_seconds: str) -> str:
+    """The two facts as SQL select-list items `suppressed` and `recent`, written once for
+    FOLLOWUP_BLOCKERS and the planner's facts (`matches.PLAN_FACTS`). The arguments are the
+    statement's parameter placeholders. A NULL quiet period (no rule) makes `recent` false."""
+    return (f"EXISTS (SELECT 1 FROM suppressions WHERE tenant = {tenant} "
+            f"AND canonical_email = {canonical_email}) AS suppressed,\n"
+            f"       EXISTS (SELECT 1 FROM followup_intents WHERE contact_id = {contact_id} "
+            f"AND event_id <> {event_id} AND status <> 'cancelled' "
+            f"AND created_at > now() - make_interval(secs => {quiet_seconds})) AS recent")
+
+
 # What stops a follow-up for an active contact: a suppression of the identity, or another
 # event's live intent for this contact, under any rule, within the rule's quiet period (one
 # follow-up per contact per quiet period, as the README and policies/README.md promise).
 # $1 tenant, $2 canonical email, $3 contact_id, $4 this event, $5 quiet period in seconds.
-FOLLOWUP_BLOCKERS = """
-SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant = $1 AND canonical_email = $2)
-           AS suppressed,
-       EXISTS (SELECT 1 FROM followup_intents
-               WHERE contact_id = $3 AND event_id <> $4
-                 AND status <> 'cancelled'
-                 AND created_at > now() - make_interval(secs => $5)) AS recent
-"""
+FOLLOWUP_BLOCKERS = "SELECT " + blockers_sql(
+    tenant="$1", canonical_email="$2", contact_id="$3", event_id="$4", quiet_seconds="$5")
 
 # The planned follow-up in ONE statement (the planner's last): the template version its words
 # are stored under (written once per tenant and version), the intent, the send operation and
@@ -34,7 +43,9 @@ SELECT EXISTS (SELECT 1 FROM suppressions WHERE tenant = $1 AND canonical_email 
 # $5 rule_version, $6 template ref, $7 status, $8 needs_approval, $9 why it needs approval
 # beyond the policy (`ramp_limit`) or NULL, $10 the template's sources, $11 the send's op
 # key, $12 workflow_id, $13 action, $14 max attempts, $15 the audit detail (the intent's own
-# fields are added here), $16 the planning step's name. Returns the intent (one row).
+# fields are added here), $16 the planning step's name, $17 what the ramp's hour row records
+# (`granted`, `held`; NULL: no ramp), the row the planner's facts locked
+# (`matches.PLAN_FACTS`). Returns the intent (one row).
 PLAN_FOLLOWUP = f"""
 WITH saved AS (
     INSERT INTO template_versions (tenant, template_ref, sources) VALUES ($2, $6, $10)
@@ -62,6 +73,10 @@ WITH saved AS (
                                             'needs_approval', needs_approval,
                                             'approval_reason', approval_reason)
     FROM intent
+), ramped AS (
+    UPDATE ramp_hours SET granted = granted + (CASE WHEN $17 = 'granted' THEN 1 ELSE 0 END),
+                          held = held + (CASE WHEN $17 = 'held' THEN 1 ELSE 0 END)
+    WHERE tenant = $2 AND hour_start = date_trunc('hour', now()) AND $17::text IS NOT NULL
 ), {end_step_cte("$12", "$16")}
 SELECT intent_id, status, needs_approval, approval_reason FROM intent
 """
@@ -157,3 +172,59 @@ async def followup_blockers(conn: Conn, *, tenant: str, canonical_email: str,
                               float(quiet_period_hours * 3600))
     assert row is not None  # one row always (two EXISTS)
     return bool(row["suppressed"]), bool(row["recent"])
+
+
+async def plan_followup(
+    conn: Conn, *, event_id: Any, tenant: str, contact_id: Any, rule_id: str,
+    rule_version: int, template_ref: str, status: str, needs_approval: bool,
+    approval_reason: str | None, template_sources: dict[str, Any], send_op_key: str,
+    workflow_id: str, action: str, max_attempts: int, audit_detail: dict[str, Any],
+    step: str, ramp: str | None,
+) -> asyncpg.Record | None:
+    """The planned follow-up (`PLAN_FOLLOWUP`): the intent, as inserted or already there."""
+    row: asyncpg.Record | None = await conn.fetchrow(
+        PLAN_FOLLOWUP, event_id, tenant, contact_id, rule_id, rule_version, template_ref,
+        status, needs_approval, approval_reason, template_sources, send_op_key, workflow_id,
+        action, max_attempts, audit_detail, step, ramp)
+    return row
+
+
+async def lock_contact_of_intent(conn: Conn, *, intent_id: str) -> None:
+    await conn.fetch(LOCK_CONTACT_OF_INTENT, intent_id)
+
+
+async def claim_intent(conn: Conn, *, intent_id: str, event_id: str | None
+                       ) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(CLAIM_INTENT, intent_id, event_id)
+    return row
+
+
+async def take_lease(conn: Conn, *, intent_id: str, lease_owner: str, lease_seconds: float,
+                     tenant: str, event_id: str, workflow_id: str,
+                     audit_detail: dict[str, Any]) -> None:
+    await conn.execute(TAKE_LEASE, intent_id, lease_owner, lease_seconds, tenant, event_id,
+                       workflow_id, audit_detail)
+
+
+async def cancel_intent(conn: Conn, *, intent_id: str, cancel_reason: str) -> None:
+    await conn.execute(CANCEL_INTENT, intent_id, cancel_reason)
+
+
+async def release_lease(conn: Conn, *, intent_id: str, lease_owner: str) -> None:
+    await conn.execute(RELEASE_LEASE, intent_id, lease_owner)
+
+
+async def record_resolved_send(conn: Conn, *, op_key: str, provider_message_id: str) -> None:
+    await conn.execute(RECORD_RESOLVED_SEND, op_key, provider_message_id)
+
+
+async def approve_intent(conn: Conn, *, intent_id: str, approved_by: str) -> None:
+    await conn.execute(APPROVE_INTENT, intent_id, approved_by)
+
+
+async def decline_intent(conn: Conn, *, intent_id: str, send_op_key: str) -> None:
+    await conn.execute(DECLINE_INTENT, intent_id, send_op_key)
+
+
+async def cancel_event_intents(conn: Conn, *, event_id: str) -> None:
+    await conn.execute(CANCEL_EVENT_INTENTS, event_id)

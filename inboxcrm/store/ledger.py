@@ -413,3 +413,17 @@ async def extend_attempt_budget(conn: Conn, op_key: str, budget: int) -> RetryGr
 
 async def get(conn: Conn, op_key: str) -> asyncpg.Record | None:
     return await conn.fetchrow(GET_OPERATION, op_key)
+
+
+async def cancel_event_operations(conn: Conn, *, workflow_id: str) -> None:
+    await conn.execute(CANCEL_EVENT_OPERATIONS, workflow_id)
+
+
+async def operation_view(conn: Conn | asyncpg.Pool, *, op_key: str) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(OPERATION_VIEW, op_key)
+    return row
+
+
+async def operation_row(conn: Conn | asyncpg.Pool, *, op_key: str) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(OPERATION_ROW, op_key)
+    return row

@@ -1,7 +1,10 @@
 """The ramp of a first live run (docs/architecture.md §6, "Going live"): at most N
 automatic follow-ups per clock hour (UTC) for a tenant, for the first days after it was
-switched to live. Called inside the planner's transaction, so a slot a rolled-back plan took
-is given back with it, and a re-run of a plan reuses its intent instead of taking another."""
+switched to live. The planner locks the hour's row with its facts (`matches.PLAN_FACTS`),
+decides from the locked count (`planning.plan`) and records the slot or the hold with the
+intent (`intents.PLAN_FOLLOWUP`), all in its transaction: a slot a rolled-back plan took is
+given back with it, and a re-run of a plan reuses its intent instead of taking another.
+`take_slot` is the same rule as one statement of its own."""
 
 from __future__ import annotations
 
@@ -29,9 +32,12 @@ INSERT INTO ramp_hours (tenant, hour_start, held) VALUES ($1, date_trunc('hour',
 ON CONFLICT (tenant, hour_start) DO UPDATE SET held = ramp_hours.held + 1
 """
 
+# Hours that granted or held something (the planner's facts lock an hour's row, creating it
+# at 0 when it is the hour's first question: matches.PLAN_FACTS).
 RAMP_HOURS = """
 SELECT hour_start, granted, held FROM ramp_hours
 WHERE tenant = $1 AND hour_start >= date_trunc('hour', $2::timestamptz)
+  AND (granted > 0 OR held > 0)
 ORDER BY hour_start
 """
 

@@ -54,6 +54,16 @@ SELECT reason, created_at FROM suppressions WHERE tenant = $1 AND canonical_emai
 """
 
 
+# What the card needs to know of a ramp (docs/architecture.md §6): how long the tenant has
+# been live (as events.START_MATCHING says it) and the follow-ups this hour granted so far.
+RAMP_NOW = """
+SELECT (SELECT extract(epoch FROM now() - (s.value ->> 'since')::timestamptz)
+        FROM settings s WHERE s.tenant = $1 AND s.key = 'mode'
+          AND s.value ->> 'mode' = 'live') AS live_for_seconds,
+       COALESCE((SELECT granted FROM ramp_hours
+                 WHERE tenant = $1 AND hour_start = date_trunc('hour', now())), 0) AS granted
+"""
+
 
 async def review_item(conn: Conn, workflow_id: str) -> asyncpg.Record | None:
     return await conn.fetchrow(REVIEW_ITEM, workflow_id)
@@ -79,3 +89,11 @@ async def contacts_by_name(conn: Conn, tenant: str, name: str, canonical: str | 
 
 async def suppression(conn: Conn, tenant: str, canonical: str) -> asyncpg.Record | None:
     return await conn.fetchrow(SUPPRESSION, tenant, canonical)
+
+
+async def ramp_now(conn: Conn, *, tenant: str) -> tuple[float | None, int]:
+    """(seconds since the tenant went live, None if not live; slots granted this hour)."""
+    row = await conn.fetchrow(RAMP_NOW, tenant)
+    assert row is not None  # two scalar sub-selects: one row always
+    live = row["live_for_seconds"]
+    return (float(live) if live is not None else None), int(row["granted"])

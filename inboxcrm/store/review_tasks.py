@@ -4,6 +4,14 @@ task when an item waits for a person and closes it when the item moves on
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asyncpg
+
+    from inboxcrm.store.db import Conn
+
 # A new wait (another wait ID) on a task still open gets its own escalation time; the same
 # wait re-entered (a hold) keeps it. $1 event_id, $2 workflow_id, $3 tenant, $4 reason,
 # $5 owner, $6 destination ref, $7 escalation seconds, $8 wait ID, $9 allowed decisions,
@@ -77,3 +85,32 @@ UPDATE review_tasks SET resolved_by = $2 WHERE workflow_id = $1 AND status = 'op
 MARK_ESCALATED = """
 UPDATE review_tasks SET escalated_at = now() WHERE workflow_id = $1 AND status = 'open'
 """
+
+
+async def settle(conn: Conn | asyncpg.Pool, *, event_id: str, state: str, reason: str | None,
+                 workflow_id: str, tenant: str, detail: dict[str, Any], end: bool) -> None:
+    """SETTLE_STATE, or SETTLE_END for an end (`end`): one round trip."""
+    await conn.execute(SETTLE_END if end else SETTLE_STATE, event_id, state, reason,
+                       workflow_id, tenant, detail)
+
+
+async def open_review_task(
+    conn: Conn, *, event_id: str, workflow_id: str, tenant: str, reason: str, owner: str,
+    destination_ref: str | None, escalation_seconds: float, wait_id: str | None,
+    allowed: list[str], needs_sender: bool, escalate_at: datetime | None,
+) -> None:
+    await conn.execute(OPEN_REVIEW_TASK, event_id, workflow_id, tenant, reason, owner,
+                       destination_ref, escalation_seconds, wait_id, allowed, needs_sender,
+                       escalate_at)
+
+
+async def close_review_tasks(conn: Conn, *, workflow_id: str, resolution: str) -> None:
+    await conn.execute(CLOSE_REVIEW_TASKS, workflow_id, resolution)
+
+
+async def record_resolver(conn: Conn, *, workflow_id: str, resolved_by: str) -> None:
+    await conn.execute(RECORD_RESOLVER, workflow_id, resolved_by)
+
+
+async def mark_escalated(conn: Conn | asyncpg.Pool, *, workflow_id: str) -> None:
+    await conn.execute(MARK_ESCALATED, workflow_id)

@@ -48,11 +48,6 @@ FROM (SELECT 1) AS one
 LEFT JOIN contacts c ON c.tenant = $1 AND c.canonical_email = $2
 """
 
-NAME_CANDIDATES = """
-SELECT count(*) FROM (SELECT 1 FROM contacts WHERE tenant = $1 AND lower(name) = lower($2)
-                      LIMIT 10) AS candidates
-"""
-
 # The plan and its audit entry (the plan holds references, reasons and field names only).
 # A plan stored by an earlier run stands. $1 event_id, $2 plan, $3 tenant, $4 workflow_id.
 STORE_SHADOW_PLAN = """
@@ -97,10 +92,6 @@ async def facts(conn: Conn, tenant: str, canonical: str, event_id: str,
                                                      event_id, quiet_seconds)
     assert row is not None  # a LEFT JOIN of a constant: one row always
     return row
-
-
-async def name_candidates(conn: Conn, tenant: str, name: str) -> int:
-    return int(await conn.fetchval(NAME_CANDIDATES, tenant, name))
 
 
 async def store_plan(conn: Conn, event_id: str, plan: dict[str, Any], tenant: str,

@@ -12,7 +12,7 @@ stops, or the suppression is recorded after the send finished — never interlea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
@@ -80,11 +80,21 @@ class Suppression:
         return self.added or bool(self.cancelled_intents) or self.contacts_marked > 0
 
 
+async def lock_identity(conn: Conn, *, tenant: str, canonical_email: str) -> Any:
+    """The identity's contact row locked FOR UPDATE (as `suppress_identity` locks it first);
+    its contact_id, None when it has no contact."""
+    rows = await conn.fetch(LOCK_IDENTITY, tenant, canonical_email)
+    return rows[0]["contact_id"] if rows else None
+
+
 async def suppress_identity(conn: Conn, tenant: str, canonical_email: str, *, reason: str,
-                            source: str, cancel_reason: str) -> Suppression:
+                            source: str, cancel_reason: str, locked: bool = False
+                            ) -> Suppression:
     """Idempotent: repeating it changes nothing and says so (`changed` is False).
-    Raises SendInFlight (writing nothing) while a send to the identity holds its lease."""
-    await conn.fetch(LOCK_IDENTITY, tenant, canonical_email)
+    Raises SendInFlight (writing nothing) while a send to the identity holds its lease.
+    `locked`: the caller took `lock_identity` in this transaction already."""
+    if not locked:
+        await conn.fetch(LOCK_IDENTITY, tenant, canonical_email)
     in_flight = await conn.fetchval(SEND_IN_FLIGHT, tenant, canonical_email)
     if in_flight is not None and in_flight > 0:
         raise SendInFlight(float(in_flight) + 0.5)

@@ -18,6 +18,7 @@ from temporalio.client import Client
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
 from inboxcrm.store import contacts, events, ledger
+from inboxcrm.store import db as store_db
 from inboxcrm.verify.signing import sample_message, signed_headers, standard_body
 from schemas.contract import QUERY_STATUS
 
@@ -86,7 +87,7 @@ class StackClient:
 
     # --- store ---------------------------------------------------------------------------
     async def state(self, workflow_id: str) -> tuple[str | None, str | None]:
-        row = await self.db.fetchrow(events.STATE_OF_WORKFLOW, workflow_id)
+        row = await events.state_of_workflow(self.db, workflow_id=workflow_id)
         return (row["state"], row["reason"]) if row else (None, None)
 
     async def wait_state(self, workflow_id: str, states: set[str] | str,
@@ -114,7 +115,7 @@ class StackClient:
         raise AssertionError(f"{what} not reached within {timeout:.0f}s")
 
     async def operation(self, op_key: str) -> asyncpg.Record | None:
-        return await self.db.fetchrow(ledger.OPERATION_ROW, op_key)
+        return await ledger.operation_row(self.db, op_key=op_key)
 
     async def wait_operation(self, op_key: str, status: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
@@ -126,10 +127,11 @@ class StackClient:
         raise AssertionError(f"{op_key} never reached {status}")
 
     async def count(self, sql: str, *args: Any) -> int:
-        return int(await self.db.fetchval(sql, *args))
+        """A test's own count statement (the tests write their SQL; the product does not)."""
+        return await store_db.count(self.db, sql, *args)
 
     async def contacts_for(self, email: str) -> int:
-        return await self.count(contacts.COUNT_BY_ADDRESS, email)
+        return await contacts.count_by_address(self.db, email=email)
 
     # --- destination ---------------------------------------------------------------------
     async def sandbox_state(self) -> dict[str, Any]:

@@ -129,7 +129,8 @@ def test_routes_that_need_no_planner(acme: TenantPolicy, globex: TenantPolicy) -
         "would_ignore"
     review = shadow_plan("review", ["prompt_injection"], {}, None, acme, ShadowFacts())
     assert (review["outcome"], review["review_reason"]) == ("would_review", "prompt_injection")
-    nobody = shadow_plan("auto", [], extraction(), None, acme, ShadowFacts(name_candidates=2))
+    nobody = shadow_plan("auto", [], extraction(), None, acme,
+                         ShadowFacts(name_candidates=("c-1", "c-2")))
     assert nobody["review_reason"] == "candidates"
     opt_out = shadow_plan("opt_out", ["opt_out_phrase"], {}, JANE, acme, ShadowFacts())
     assert (opt_out["outcome"], opt_out["suppression"]) == ("would_suppress", "recorded")
