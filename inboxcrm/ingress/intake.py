@@ -114,12 +114,14 @@ class Ingestor:
             # One round trip: the new event with its "received" audit entry, or the existing
             # one. Its snapshot cannot see a row a concurrent request committed while this
             # statement waited on the unique key; then one more read finds it.
-            row = await conn.fetchrow(
-                events.INSERT_EVENT, delivery.tenant, delivery.source, delivery.mailbox,
-                delivery.delivery_id, workflow_id, delivery.raw, digest, len(delivery.raw),
-                f"relay:{delivery.source}",
-            ) or await conn.fetchrow(events.FIND_EVENT, delivery.tenant, delivery.source,
-                                     delivery.mailbox, delivery.delivery_id)
+            row = await events.insert_event(
+                conn, tenant=delivery.tenant, source=delivery.source, mailbox=delivery.mailbox,
+                delivery_id=delivery.delivery_id, workflow_id=workflow_id, raw=delivery.raw,
+                content_sha256=digest, size_bytes=len(delivery.raw),
+                actor=f"relay:{delivery.source}",
+            ) or await events.find_event(conn, tenant=delivery.tenant, source=delivery.source,
+                                         mailbox=delivery.mailbox,
+                                         delivery_id=delivery.delivery_id)
         assert row is not None
         if row.get("new"):
             started = await self.start(str(row["event_id"]), delivery.tenant, workflow_id)
@@ -158,16 +160,17 @@ class Ingestor:
         except (TimeoutError, RPCError, OSError, RuntimeError) as exc:
             log.warning("workflow start deferred: %s", type(exc).__name__)
             async with self.pool.acquire(timeout=POOL_TIMEOUT_SECONDS) as conn:
-                await conn.execute(events.COUNT_START_FAILURE, event_id)
+                await events.count_start_failure(conn, event_id=event_id)
             return False
         async with self.pool.acquire(timeout=POOL_TIMEOUT_SECONDS) as conn:
-            await conn.execute(events.MARK_STARTED, event_id)
+            await events.mark_started(conn, event_id=event_id)
         return True
 
     async def sweep(self, min_age_seconds: float = 2.0, limit: int = 200) -> int:
         """Start stored-but-unstarted events. Returns how many were started."""
         async with self.pool.acquire() as conn:
-            rows = await conn.fetch(events.UNSTARTED_EVENTS, min_age_seconds, limit)
+            rows = await events.unstarted_events(conn, min_age_seconds=min_age_seconds,
+                                                 limit=limit)
         started = 0
         for row in rows:
             if not await self.start(str(row["event_id"]), row["tenant"], row["workflow_id"]):

@@ -52,7 +52,7 @@ async def record_unsubscribe(pool: asyncpg.Pool, tenant: str, contact_id: uuid.U
 async def _record_unsubscribe(pool: asyncpg.Pool, tenant: str,
                               contact_id: uuid.UUID) -> dict[str, Any] | None:
     async with pool.acquire() as conn, conn.transaction():
-        contact = await conn.fetchrow(contacts.LOCK_CONTACT, tenant, contact_id)
+        contact = await contacts.lock_contact(conn, tenant=tenant, contact_id=contact_id)
         if contact is None:
             return None
         suppression = await suppress_identity(
