@@ -211,7 +211,8 @@ async def _message(card: ReviewCard, raw: bytes | None, reasons: list[str],
     except UnknownTenant:
         policy = None
     try:
-        message, auth = await runner.run(view_message, bytes(raw), policy, card.source)
+        message, auth = await runner.for_tenant(card.tenant).run(view_message, bytes(raw),
+                                                                  policy, card.source)
     except (BudgetExceeded, WorkFailed):
         card.headers.append(("Message", "not shown: reading it exceeded the work budget "
                                         "(too_complex)"))

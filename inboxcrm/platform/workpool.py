@@ -15,6 +15,12 @@ interpreter imports only `preload`. `fork` is unsafe in a process that runs Temp
 core threads. A child starts in ~0.3 s (imports), once, and again only after a kill; a call
 costs two pipe writes and two small pickles (`bench/extraction_budget.py` measures it).
 
+Fair across tenants: a caller names the tenant its work is for (`for_tenant`), every
+tenant waits in a queue of its own, and a free child goes to the tenants in turn. Anyone
+can send mail to any tenant, so a sender whose messages each cost a child its time limit
+delays that tenant's queue only: another tenant's message waits for at most the calls
+already running, never for the queue in front of it.
+
 `InProcess` offers the same `run` for the CLI and tests: the parse limits of the code it
 runs still apply, but nothing can be killed.
 """
@@ -27,6 +33,7 @@ import logging
 import pickle
 import struct
 import sys
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar
@@ -36,6 +43,7 @@ T = TypeVar("T")
 BudgetReason = Literal["time", "crashed", "memory", "recursion"]
 HEADER = struct.Struct(">I")
 CHILD_MODULE = "inboxcrm.platform.work_child"
+SHARED = ""  # the queue of calls that name no tenant
 log = logging.getLogger("inboxcrm.workpool")
 
 
@@ -65,9 +73,12 @@ class WorkPoolUnavailable(Exception):
 
 class Runner(Protocol):
     """Runs a module-level function and its (picklable) arguments; `WorkPool` in a child
-    under a time limit, `InProcess` directly."""
+    under a time limit, `InProcess` directly. `for_tenant(t).run(...)` queues the call as
+    tenant `t`'s work (the pool serves tenants in turn)."""
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T: ...
+
+    def for_tenant(self, tenant: str) -> Runner: ...
 
 
 class InProcess:
@@ -75,6 +86,9 @@ class InProcess:
 
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return fn(*args, **kwargs)
+
+    def for_tenant(self, tenant: str) -> InProcess:
+        return self
 
 
 IN_PROCESS = InProcess()
@@ -94,9 +108,25 @@ class _Child:
     calls: int = field(default=0)
 
 
+class TenantRunner:
+    """A `WorkPool` whose calls wait in one tenant's queue."""
+
+    def __init__(self, pool: WorkPool, tenant: str) -> None:
+        self.pool = pool
+        self.tenant = tenant
+
+    async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self.pool.run_for(self.tenant, fn, *args, **kwargs)
+
+    def for_tenant(self, tenant: str) -> TenantRunner:
+        return self.pool.for_tenant(tenant)
+
+
 class WorkPool:
-    """`processes` children, each running one call at a time; callers queue for a free one
-    (first come, first served). Start with `await start()`, stop with `await close()`."""
+    """`processes` children, each running one call at a time. A call waits in its tenant's
+    queue (first come, first served within it); a free child goes to the tenant with a call
+    waiting that was served least recently. Start with `await start()`, stop with
+    `await close()`."""
 
     def __init__(self, *, processes: int, time_limit: float, memory_limit_mb: int | None = None,
                  preload: Sequence[str] = (), warmup: Callable[[], object] | None = None,
@@ -114,7 +144,13 @@ class WorkPool:
             "memory_bytes": memory_limit_mb * 1024 * 1024 if memory_limit_mb else None,
         }, protocol=pickle.HIGHEST_PROTOCOL)
         self._start_timeout = start_timeout
-        self._idle: asyncio.Queue[_Child | None] = asyncio.Queue()  # None: closed
+        self._idle: list[_Child] = []  # free children (only while no call waits)
+        # the calls waiting for a child, per tenant; a free child goes to the tenant served
+        # least recently (`_served`: the serial number of its last call), so one that just
+        # had a turn waits behind every other tenant with a call waiting, newcomers too
+        self._waiting: dict[str, deque[asyncio.Future[_Child]]] = {}
+        self._served: dict[str, int] = {}
+        self._serial = 0
         self._children: set[_Child] = set()
         self._replacing: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -127,7 +163,7 @@ class WorkPool:
         failures = [c for c in children if isinstance(c, BaseException)]
         for child in children:
             if isinstance(child, _Child):
-                self._idle.put_nowait(child)
+                self._release(child)
         if failures:
             await self.close()
             raise WorkPoolUnavailable("work pool children could not start") from failures[0]
@@ -139,12 +175,22 @@ class WorkPool:
     async def __aexit__(self, *_: object) -> None:
         await self.close()
 
+    def for_tenant(self, tenant: str) -> TenantRunner:
+        """This pool as a `Runner` whose calls are `tenant`'s work."""
+        return TenantRunner(self, tenant)
+
     async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """`fn(*args, **kwargs)` in a child, within `time_limit` seconds of wall clock."""
+        """`fn(*args, **kwargs)` in a child, within `time_limit` seconds of wall clock (in
+        the queue of calls that name no tenant)."""
+        return await self.run_for(SHARED, fn, *args, **kwargs)
+
+    async def run_for(self, tenant: str, fn: Callable[P, T], /, *args: P.args,
+                      **kwargs: P.kwargs) -> T:
+        """`run`, waiting for a child in `tenant`'s queue."""
         job = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         self.stats.calls += 1
         for _ in range(3):
-            child = await self._acquire()
+            child = await self._acquire(tenant)
             loop = asyncio.get_running_loop()
             started = loop.time()
             healthy = False
@@ -176,7 +222,7 @@ class WorkPool:
                 # a child that did not answer cleanly (timeout, death, cancellation of the
                 # caller mid-call, a memory error) is never reused
                 if healthy and not self._closed:
-                    self._idle.put_nowait(child)
+                    self._release(child)
                 else:
                     self._retire(child)
         raise WorkPoolUnavailable("work pool children keep dying before a call")
@@ -194,13 +240,17 @@ class WorkPool:
         for task in list(self._replacing):
             with contextlib.suppress(BaseException):
                 await task
-        while not self._idle.empty():
-            child = self._idle.get_nowait()
-            stdin = child.process.stdin if child is not None else None
+        for child in self._idle:
+            stdin = child.process.stdin
             if stdin is not None:
                 with contextlib.suppress(Exception):
                     stdin.close()
-        self._idle.put_nowait(None)  # wakes every caller still waiting for a child
+        self._idle.clear()
+        for queue in self._waiting.values():  # every caller still waiting for a child
+            for waiter in queue:
+                if not waiter.done():
+                    waiter.set_exception(WorkPoolUnavailable("work pool closed"))
+        self._waiting.clear()
         for child in list(self._children):
             with contextlib.suppress(ProcessLookupError, asyncio.TimeoutError):
                 await asyncio.wait_for(child.process.wait(), 2.0)
@@ -211,17 +261,44 @@ class WorkPool:
 
     # ------------------------------------------------------------------ children
 
-    async def _acquire(self) -> _Child:
+    async def _acquire(self, tenant: str) -> _Child:
         while True:
             if self._closed:
                 raise WorkPoolUnavailable("work pool closed")
-            child = await self._idle.get()
-            if child is None:
-                self._idle.put_nowait(None)  # for the next waiter
-                raise WorkPoolUnavailable("work pool closed")
+            waiter: asyncio.Future[_Child] = asyncio.get_running_loop().create_future()
+            self._waiting.setdefault(tenant, deque()).append(waiter)
+            if self._idle:  # to whoever's turn it is (this call, when no one else waits)
+                self._release(self._idle.pop())
+            try:
+                child = await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                    self._release(waiter.result())  # handed over as the caller left
+                raise
             if child.process.returncode is None:
                 return child
             self._retire(child)
+
+    def _release(self, child: _Child) -> None:
+        """`child` is free: to the first waiting call of the tenant served least recently
+        (in order of arrival among those never served), else idle."""
+        while self._waiting:
+            tenant = min(self._waiting, key=lambda name: self._served.get(name, 0))
+            queue = self._waiting[tenant]
+            waiter = None
+            while queue:
+                candidate = queue.popleft()
+                if not candidate.done():  # a cancelled caller has left its queue
+                    waiter = candidate
+                    break
+            if not queue:
+                del self._waiting[tenant]
+            if waiter is not None:
+                self._serial += 1
+                self._served[tenant] = self._serial
+                waiter.set_result(child)
+                return
+        self._idle.append(child)
 
     async def _spawn(self) -> _Child:
         process = await asyncio.create_subprocess_exec(
@@ -268,7 +345,7 @@ class WorkPool:
             if self._closed:
                 self._kill(child)
                 return
-            self._idle.put_nowait(child)
+            self._release(child)
             return
 
     @staticmethod

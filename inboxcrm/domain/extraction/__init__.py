@@ -178,8 +178,9 @@ async def extract_and_route(
     (standard | postmark | mailgun | smtp: which provider verdicts are trustworthy).
 
     The work on the message runs through `runner`: in a worker and the relay a `WorkPool`
-    (off the event loop, killed at its time limit), in the CLI and tests in this process. A
-    message over its work budget is a `review` outcome with reason `too_complex`.
+    (off the event loop, killed at its time limit, in the policy's tenant's queue), in the
+    CLI and tests in this process. A message over its work budget is a `review` outcome
+    with reason `too_complex`.
 
     Never raises on bad input. Raises ExtractorUnavailable (transient: retry later, see
     `retry_after`) or ExtractorMisconfigured (permanent) from an LLM extractor, and
@@ -189,6 +190,7 @@ async def extract_and_route(
     model: the offline rules extractor fills the record for those."""
     chosen: Extractor = extractor or _RULES
     head = raw[:MAX_RAW_BYTES]
+    runner = runner.for_tenant(policy.tenant)  # waits in this tenant's queue only
     try:
         if isinstance(chosen, RulesExtractor):
             return await runner.run(extract_with_rules, head, len(raw), policy, source)

@@ -15,7 +15,14 @@ bounded before it does the work, not checked afterwards:
 - **Charsets** come from an allow-list of text encodings seen in mail (`text_codec`).
   Python knows many more codecs, some of them quadratic (`punycode`), some not text at all
   (`zlib`, `uu`, `unicode_escape`): a charset outside the list is decoded as UTF-8, else
-  cp1252, with replacement characters.
+  cp1252, with replacement characters. The standard library decodes a part with its
+  declared charset on its own (`get_payload()` of a part with 8-bit bytes, the generators,
+  RFC 2231 parameter values, which the feed parser reads for the boundary) and so does
+  every flufl.bounce detector through it; so the tree never holds a charset a library
+  could misuse: `BoundedPart` rewrites each Content-Type and Content-Disposition field as
+  it is parsed (`library_params`), keeping the declared charset for the project's own
+  decoding (`declared_charset`), and `bounded_payload` reads and transfer-decodes a
+  part's bytes itself.
 - **Unicode normalisation** is quadratic in the length of a run of combining marks;
   `cap_combining_runs` keeps at most 30 in a row (UAX #15's stream-safe format) before any
   text is normalised.
@@ -30,7 +37,6 @@ Anything that still runs long is stopped by the process pool's hard time limit
 from __future__ import annotations
 
 import codecs
-import copy
 import functools
 import re
 import unicodedata
@@ -38,6 +44,7 @@ from dataclasses import dataclass
 from email.feedparser import BytesFeedParser
 from email.message import Message
 from email.policy import compat32
+from email.utils import quote
 from typing import Any, Literal
 
 Limit = Literal["parts", "depth", "headers"]
@@ -55,6 +62,14 @@ MAX_HEADER_BLOCK_BYTES = 256 * 1024  # what the headers-only fallback reads
 MAX_HTML_CHARS = 200_000
 MAX_COMBINING_RUN = 30
 FEED_CHUNK = 64 * 1024
+# Content-Type and Content-Disposition: the stdlib's parameter parser is quadratic in a
+# value with an unclosed quote and re-parses the field on every parameter read (flufl.bounce
+# reads the charset some 50 times): a field is parsed once, at most this long, and a
+# longer or altered one is stored rebuilt from at most MAX_PARAMS parameters.
+PARAM_HEADERS = frozenset({"content-type", "content-disposition"})
+MAX_PARAM_HEADER_CHARS = 2000
+MAX_CLEAN_PARAM_HEADER_CHARS = 256
+MAX_PARAMS = 10
 
 
 class TooComplex(Exception):
@@ -80,12 +95,17 @@ class Budget:
 class BoundedPart(Message):
     """A MIME part that charges the parse's `Budget` while the feed parser builds the tree:
     the parser attaches a subpart as soon as it starts and sets each header field as it
-    reads it, so a limit stops the parse where it is reached."""
+    reads it, so a limit stops the parse where it is reached. Its Content-Type and
+    Content-Disposition fields are stored as `library_params` makes them, before the
+    parser or anything else reads a parameter; the charset the sender declared is kept in
+    `declared`."""
 
     def __init__(self, policy: Any = compat32, budget: Budget | None = None) -> None:
         super().__init__(policy)
         self._budget = budget if budget is not None else Budget()
         self._depth = 0
+        self.declared: str | None = None  # the first Content-Type's charset, as declared
+        self._typed = False
 
     def attach(self, payload: Any) -> None:
         budget = self._budget
@@ -105,6 +125,12 @@ class BoundedPart(Message):
             if budget.strict:
                 raise TooComplex("headers")
             return
+        field = name.strip().lower() if isinstance(name, str) else ""
+        if field in PARAM_HEADERS:
+            value, charset = library_params(name, value)
+            if field == "content-type" and not self._typed:
+                self._typed = True
+                self.declared = charset
         super().set_raw(name, value)
 
 
@@ -163,28 +189,35 @@ def parse_headers(raw: bytes) -> Message:
 def bounded_payload(part: Message, limit: int = 0) -> bytes:
     """The decoded payload of a non-multipart part, at most `limit` (MAX_PART_BYTES) bytes;
     the encoded text is cut before it is decoded (base64 needs 4/3 as many characters,
-    quoted-printable at most 3)."""
+    quoted-printable at most 3). The part's bytes are read here, never through
+    `get_payload()`, which decodes a part with 8-bit bytes with its declared charset; only
+    the transfer decoding is the stdlib's, on a copy that declares no charset."""
     limit = limit or MAX_PART_BYTES
-    try:
-        payload = part.get_payload()
-    except Exception:  # a malformed part: nothing to decode
-        return b""
+    payload = getattr(part, "_payload", None)
     if not isinstance(payload, str):
         return b""
     cte = str(part.get("content-transfer-encoding", "")).strip().lower()
     factor = {"base64": 2, "quoted-printable": 3}.get(cte, 1)
-    cut = limit * factor
-    if len(payload) > cut:
-        clone = copy.copy(part)
-        clone.set_payload(payload[:cut])
-        part = clone
+    payload = payload[:limit * factor]
+    if cte in TRANSFER_ENCODINGS:
+        carrier = Message()
+        carrier["Content-Transfer-Encoding"] = cte
+        carrier.set_payload(payload)
+        try:
+            data = carrier.get_payload(decode=True)
+        except Exception:  # a transfer encoding the stdlib gives up on
+            data = None
+        if isinstance(data, bytes):
+            return data[:limit]
+    payload = payload[:limit]
     try:
-        data = part.get_payload(decode=True)
-    except Exception:  # a transfer encoding the stdlib gives up on
-        data = None
-    if isinstance(data, bytes):
-        return data[:limit]
-    return payload[:limit].encode("utf-8", errors="surrogateescape")
+        return payload.encode("ascii", errors="surrogateescape")  # the bytes as received
+    except UnicodeError:  # text a caller set (never the parser): its UTF-8
+        return payload.encode("utf-8", errors="surrogateescape")
+
+
+TRANSFER_ENCODINGS = frozenset({"base64", "quoted-printable", "x-uuencode", "uuencode", "uue",
+                                "x-uue"})
 
 
 # --------------------------------------------------------------------------- charsets
@@ -231,6 +264,77 @@ def text_codec(charset: str | None) -> str | None:
 def charset_allowed(charset: str | None) -> bool:
     """False for a declared charset that is not used (see `text_codec`)."""
     return not charset or text_codec(charset) is not None
+
+
+def library_charset(charset: object) -> bool:
+    """Whether a `charset` parameter may stay in the tree: the codec the standard library
+    would look it up as (it does not strip or alias) is on the allow-list."""
+    if not isinstance(charset, str) or not charset or len(charset) > 40:
+        return False
+    try:
+        return codecs.lookup(charset).name in ALLOWED_CODECS
+    except (LookupError, ValueError, TypeError):
+        return False
+
+
+def declared_charset(part: Message) -> str | None:
+    """The charset a part's sender declared (lower case), for the project's own decoding
+    (`text_codec`); the tree itself keeps it only if `library_charset` allows it."""
+    if isinstance(part, BoundedPart):
+        return part.declared.lower() if part.declared else None
+    try:
+        return part.get_content_charset()
+    except Exception:  # a parameter the stdlib cannot parse
+        return None
+
+
+def _collapsed(value: str | tuple[str | None, str | None, str]) -> str:
+    """An RFC 2231 parameter's text, decoded here with an allowed codec (UTF-8 if it names
+    another): the stdlib would decode it with whatever codec the value names."""
+    if not isinstance(value, tuple):
+        return value
+    charset, _, text = value
+    data = text.encode("latin-1", errors="replace")  # the stdlib unquoted %XX as latin-1
+    return data.decode(text_codec(charset) or "utf-8", errors="replace")
+
+
+def library_params(name: str, value: str) -> tuple[str, str | None]:
+    """A Content-Type or Content-Disposition field as a library may read it, and the
+    charset it declares. Unchanged when it is short, has no RFC 2231 value and its charset
+    (if any) passes `library_charset`; otherwise rebuilt from its first MAX_PARAMS
+    parameters, RFC 2231 values decoded here, in ASCII, without a charset that fails."""
+    text = value if isinstance(value, str) else str(value)
+    cut = text[:MAX_PARAM_HEADER_CHARS]
+    scratch = Message()
+    scratch.set_raw(name, cut)
+    try:
+        params = scratch.get_params(header=name) or []
+    except Exception:  # a parameter the stdlib cannot parse (an RFC 2231 index > 4300 digits)
+        return cut.split(";", 1)[0].strip(), None
+    if not params:
+        return cut, None
+    changed = len(text) > MAX_CLEAN_PARAM_HEADER_CHARS or len(params) > MAX_PARAMS + 1
+    charset: str | None = None
+    kept: list[tuple[str, str]] = []
+    for key, raw in params[1:MAX_PARAMS + 1]:
+        changed = changed or isinstance(raw, tuple)
+        param = _collapsed(raw)
+        if key.strip().lower() == "charset":
+            if charset is None:
+                charset = param.strip()
+            if not library_charset(param):
+                changed = True
+                continue
+        kept.append((key.strip(), param))
+    if not changed:
+        return text, charset
+    rebuilt = str(params[0][0]).strip()[:MAX_CLEAN_PARAM_HEADER_CHARS]
+    for key, param in kept:
+        item = f'; {key}="{quote(param)}"' if param else f"; {key}"
+        if len(rebuilt) + len(item) > MAX_PARAM_HEADER_CHARS:
+            break  # whole parameters only: a cut one could leave a quote open
+        rebuilt += item
+    return rebuilt.encode("ascii", errors="replace").decode("ascii"), charset
 
 
 # --------------------------------------------------------------------------- normalisation

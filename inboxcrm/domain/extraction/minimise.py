@@ -34,6 +34,7 @@ from .limits import (
     bounded_payload,
     cap_combining_runs,
     charset_allowed,
+    declared_charset,
     parse_headers,
     parse_message,
     terminated_html,
@@ -604,10 +605,7 @@ class _Collector:
 
 
 def _part_text(part: Message, out: _Collector) -> str:
-    try:
-        charset = part.get_content_charset()
-    except Exception:
-        charset = None
+    charset = declared_charset(part)
     if not charset_allowed(charset):
         out.limits_hit.add("charset")
     return clean_text(decode_bytes(bounded_payload(part), charset))

@@ -225,6 +225,9 @@ async def test_the_review_card_shows_a_message_over_budget_without_reading_it(
         async def run(self, *_: object, **__: object) -> object:
             raise BudgetExceeded("time", 5.0)
 
+        def for_tenant(self, tenant: str) -> OverBudget:
+            return self
+
     card = ReviewCard(workflow_id="w", tenant="globex", source="standard", mailbox="m",
                       state="awaiting_review", reason="too_complex", reasons=["too_complex"],
                       waiting=True)
