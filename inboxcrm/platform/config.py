@@ -41,8 +41,9 @@ class InsecureSetting(RuntimeError):
     purpose: pydantic would wrap that with the input values, secrets included."""
 
 
-class MissingSetting(RuntimeError):
-    """A setting production must be given (it has a default only on the local stack)."""
+class MissingSetting(InsecureSetting):
+    """A setting production must be given (it has a default only on the local stack). An
+    InsecureSetting, so whatever refuses to start on one refuses on this too."""
 
 
 def tenant_env_suffix(tenant: str) -> str:

@@ -4,10 +4,13 @@ an unset INBOXCRM_MAIL_FROM refuses to start, so a real tenant never mails as Ac
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from inboxcrm.platform.config import LOCAL_MAIL_FROM, MissingSetting, Settings
+from inboxcrm.platform.config import LOCAL_MAIL_FROM, ROOT, MissingSetting, Settings
 
 
 @pytest.fixture(autouse=True)
@@ -37,3 +40,13 @@ def test_a_set_sender_is_used_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_no_production_default_names_the_demo_tenant() -> None:
     assert "acme" not in str(Settings.model_fields["mail_from"].default)
+
+
+@pytest.mark.parametrize("module", ["inboxcrm.worker", "inboxcrm.ingress.main"])
+def test_the_worker_and_the_relay_refuse_in_one_line(module: str, tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+           "INBOXCRM_POLICY_DIR": str(ROOT / "policies")}
+    started = subprocess.run([sys.executable, "-m", module], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert started.returncode == 2
+    assert "Traceback" not in started.stderr and "INBOXCRM_MAIL_FROM is not set" in started.stderr
