@@ -4,10 +4,10 @@ command, and expected failures as one line on stderr with a non-zero exit (no tr
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +42,16 @@ def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
 
 # ------------------------------------------------------------------ version, completion
 def test_version_is_the_installed_distributions(tmp_path: Path) -> None:
+    """What the installed distribution says (asked from outside the checkout, whose own
+    stale *.egg-info would answer otherwise), and a real version, not a placeholder."""
     shown = run(tmp_path, "--version")
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.strip() == f"inboxcrm {version('inboxcrm')}"
+    installed = subprocess.run(
+        [sys.executable, "-c", "from importlib.metadata import version; "
+         "print(version('inboxcrm'))"], cwd=tmp_path, capture_output=True, text=True,
+        timeout=60, check=True).stdout.strip()
+    assert shown.stdout.strip() == f"inboxcrm {installed}"
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", installed), installed
 
 
 def test_shell_completion_is_offered_and_prints_a_script(tmp_path: Path) -> None:
