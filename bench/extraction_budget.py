@@ -160,7 +160,7 @@ async def _per_item(pool: WorkPool, ordinary: list[bytes], rounds: int) -> dict[
 
 
 async def _run(rounds: int, processes: int | None) -> dict[str, Any]:
-    settings = Settings()
+    settings = Settings(env="local")  # only the work budget is read; no stack, no sender
     processes = processes or settings.work_processes
     ordinary = ordinary_messages()
     async with work_pool(settings, processes) as pool:

@@ -40,7 +40,7 @@ from inboxcrm.domain.policy import PolicyError, UnknownTenant, get_policy
 from inboxcrm.domain.shadow import comparison_extractor
 from inboxcrm.platform import temporal, tracing
 from inboxcrm.platform.call_budget import CallBudget
-from inboxcrm.platform.config import Settings, get_settings
+from inboxcrm.platform.config import InsecureSetting, Settings, get_settings
 from inboxcrm.platform.logs import configure_logging
 from inboxcrm.platform.workpool import IN_PROCESS, Runner
 from inboxcrm.store import db
@@ -235,6 +235,11 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
 def main() -> None:
     configure_logging("worker")
     tracing.configure("inboxcrm-worker")  # off unless OTEL_* asks (docs/architecture.md §8)
+    try:
+        get_settings()
+    except InsecureSetting as exc:  # a weak credential or a missing sender: one line, exit 2
+        logging.getLogger("inboxcrm.worker").error("inboxcrm worker: %s", exc)
+        raise SystemExit(2) from None
     stop = asyncio.Event()
 
     async def _main() -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import asyncpg
 import pytest
 
+from inboxcrm.platform.config import LOCAL_MAIL_FROM
 from inboxcrm.stack import postgres
 from inboxcrm.stack.processes import free_port
 from tests.helpers.stack import ROOT, TEST_GLOBEX_WEBHOOK_SECRET, TEST_WEBHOOK_SECRET
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
     from inboxcrm.stack.stack import Stack
     from inboxcrm.verify.probe import StackClient
 
+# Outside INBOXCRM_ENV=local the fallback From must be set (Settings refuses to start without
+# it); the tests build production Settings all over, so they run with the demo sender set, as
+# a deployment sets its own. tests/fast/test_cli_config.py unsets it to see the refusal.
+os.environ.setdefault("INBOXCRM_MAIL_FROM", LOCAL_MAIL_FROM)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers.cli import cli
@@ -17,7 +19,15 @@ async def test_purge_deletes_raw_content_but_keeps_hashes_and_trail(
     await env.db.execute("UPDATE inbound_events SET received_at = now() - interval '40 days' "
                          "WHERE workflow_id = $1", old)
 
-    result = cli(stack, "purge", "--older-than", "30")
+    counted = cli(stack, "purge", "--older-than", "30", "--dry-run", "--json")
+    assert counted.returncode == 0, counted.stderr
+    assert json.loads(counted.stdout)["events"] >= 1 and json.loads(counted.stdout)["dry_run"]
+    assert await env.db.fetchval("SELECT raw IS NOT NULL FROM inbound_events "
+                                 "WHERE workflow_id = $1", old)  # nothing changed
+    assert await env.count("SELECT count(*) FROM audit_log WHERE action = 'purged' "
+                           "AND detail ->> 'older_than_days' = '30'") == 0
+
+    result = cli(stack, "purge", "--older-than", "30", "--yes")
 
     assert result.returncode == 0, result.stderr
     row = await env.db.fetchrow("SELECT raw, content_sha256, route, extraction FROM "
@@ -37,7 +47,12 @@ async def test_forget_removes_personal_data_and_records_it(
     workflow_id = await env.deliver(message_from(email, name="Forget Me"))
     await env.wait_state(workflow_id, "completed")
 
-    result = cli(stack, "forget", "--email", email.upper())
+    counted = cli(stack, "forget", "--email", email.upper(), "--dry-run", "--json")
+    assert counted.returncode == 0, counted.stderr
+    assert (json.loads(counted.stdout)["contacts"], json.loads(counted.stdout)["events"]) == (1, 1)
+    assert await env.contacts_for(email) == 1  # nothing changed
+
+    result = cli(stack, "forget", "--email", email.upper(), "--yes")
 
     assert result.returncode == 0, result.stderr
     assert await env.contacts_for(email) == 0

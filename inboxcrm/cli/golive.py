@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 import asyncpg
 import typer
 from rich.table import Table
 
-from inboxcrm.cli.common import fail, out, settings_from_env, with_db
+from inboxcrm.cli.common import JsonOpt, fail, out, parse_since, settings_from_env, with_db
 from inboxcrm.domain.policy import PolicyError, TenantPolicy, UnknownTenant, get_policy
 from inboxcrm.domain.shadow import describe, summarise
 from inboxcrm.store import modes, ramp
@@ -22,8 +21,6 @@ from inboxcrm.store import shadow as shadow_store
 from inboxcrm.store.items import record_dict
 
 MODES = ("shadow", "live")
-_SPAN = re.compile(r"^(\d{1,6})([smhd])$")
-_SPAN_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 
 
 def _policy(tenant: str) -> TenantPolicy:
@@ -35,21 +32,6 @@ def _policy(tenant: str) -> TenantPolicy:
     except PolicyError as exc:
         fail(str(exc))
         raise
-
-
-def _since(value: str | None) -> datetime | None:
-    """An ISO 8601 time (UTC when it names no zone), or a span back from now (24h, 7d)."""
-    if value is None:
-        return None
-    span = _SPAN.match(value.strip())
-    if span:
-        return datetime.now(UTC) - timedelta(seconds=int(span[1]) * _SPAN_SECONDS[span[2]])
-    try:
-        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        fail(f"--since {value!r}: give an ISO 8601 time (or a span like 24h, 7d)")
-        raise
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _ramp_json(policy: TenantPolicy) -> dict[str, Any] | None:
@@ -95,7 +77,7 @@ def register(app: typer.Typer) -> None:
         mode: Annotated[str | None, typer.Argument(
             help="shadow: plan every item, write and send nothing. live: carry items out "
                  "(starting the policy's ramp). Omit to show the current mode.")] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+        as_json: JsonOpt = False,
     ) -> None:
         """Show or switch a tenant's mode (recorded in the audit)."""
         if mode is not None and mode not in MODES:
@@ -139,14 +121,15 @@ def register(app: typer.Typer) -> None:
     def shadow_report(
         tenant: Annotated[str, typer.Option("--tenant", help="The tenant.")],
         since: Annotated[str | None, typer.Option(
-            "--since", help="Only items received since then (ISO 8601).")] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+            "--since", help="Only items received since then (ISO 8601, or a span back from "
+            "now: 24h, 7d).")] = None,
+        as_json: JsonOpt = False,
     ) -> None:
         """Every item the tenant received in shadow mode, by delivery ID, with what would
         have happened; counts by route and reason, contacts, follow-ups, reviews, the
         second extractor's disagreements; and the ramp of a first live run."""
         policy = _policy(tenant)
-        start = _since(since)
+        start = parse_since(since) if since is not None else None
         settings = settings_from_env()
 
         async def load(conn: asyncpg.Connection[Any]) -> dict[str, Any]:

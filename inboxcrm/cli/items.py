@@ -6,19 +6,34 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 import asyncpg
 import typer
 from rich.table import Table
 
-from inboxcrm.cli.common import JsonOpt, ReviewerOpt, err, fail, out, settings_from_env, with_db
+from inboxcrm.cli.common import (
+    DryRunOpt,
+    JsonOpt,
+    ReviewerOpt,
+    YesOpt,
+    confirm,
+    err,
+    fail,
+    out,
+    settings_from_env,
+    with_db,
+)
 from inboxcrm.domain.review_card import age_text
 from inboxcrm.store import db, items, retention
 from schemas.contract import WORKFLOW_TYPE, start_search_attributes
 
+T = TypeVar("T")
 
-def status(workflow_id: str) -> None:
+
+def status(workflow_id: str, as_json: Annotated[bool, typer.Option(
+        "--json", help="Print JSON (what it always prints).")] = True) -> None:
     """One item's state, reason, operations and review task, as JSON."""
     settings = settings_from_env()
 
@@ -54,7 +69,7 @@ def queue(tenant: Annotated[str | None, typer.Option()] = None, as_json: JsonOpt
 ScopeOpt = Annotated[str, typer.Option("--scope", help="crm | send | all")]
 
 
-def _switch(tenant: str | None, scope: str, paused: bool) -> None:
+def _switch(tenant: str | None, scope: str, paused: bool, as_json: bool) -> dict[str, Any]:
     if scope not in items.SCOPES:
         fail(f"--scope must be one of {', '.join(items.SCOPES)}")
     settings = settings_from_env()
@@ -64,62 +79,110 @@ def _switch(tenant: str | None, scope: str, paused: bool) -> None:
         await items.set_pause(conn, tenant, scope, paused, actor)
 
     with_db(settings, apply)
-    out.print(f"{'paused' if paused else 'resumed'} {scope} for {tenant or 'all tenants'}")
+    if not as_json:
+        out.print(f"{'paused' if paused else 'resumed'} {scope} for {tenant or 'all tenants'}")
+    return {"tenant": tenant, "scope": scope, "paused": paused}
 
 
-def pause(tenant: Annotated[str | None, typer.Option()] = None, scope: ScopeOpt = "all") -> None:
+def pause(tenant: Annotated[str | None, typer.Option()] = None, scope: ScopeOpt = "all",
+          as_json: JsonOpt = False) -> None:
     """Park CRM writes and/or sends (nothing fails; items wait and resume)."""
-    _switch(tenant, scope, True)
+    result = _switch(tenant, scope, True, as_json)
+    if as_json:
+        out.print_json(json.dumps(result))
 
 
-def resume(tenant: Annotated[str | None, typer.Option()] = None, scope: ScopeOpt = "all") -> None:
+def resume(tenant: Annotated[str | None, typer.Option()] = None, scope: ScopeOpt = "all",
+           as_json: JsonOpt = False) -> None:
     """Lift a pause, and wake the items parked on it (a signal each)."""
     from inboxcrm.operator.wake import wake_parked
     from inboxcrm.platform import temporal
 
-    _switch(tenant, scope, False)
+    result = _switch(tenant, scope, False, as_json)
     settings = settings_from_env()
 
     async def wake() -> int:
         return await wake_parked(await temporal.connect(settings), tenant, scope)
 
+    woken: int | None
     try:
         woken = asyncio.run(wake())
     except Exception as exc:  # noqa: BLE001 - the switch is lifted; items wake on their own
         err.print(f"[yellow]warning:[/yellow] could not signal parked items "
                   f"({type(exc).__name__}); they resume on their own within an hour")
-        return
-    out.print(f"woke {woken} parked item(s)")
+        woken = None
+    if as_json:
+        out.print_json(json.dumps(result | {"woken": woken}))
+    elif woken is not None:
+        out.print(f"woke {woken} parked item(s)")
+
+
+def _readable_tenants(settings: Any, only: str | None) -> list[str]:
+    """The tenants `audit --email` searches: every tenant with a policy that the caller may
+    read (the reviewer of INBOXCRM_REVIEWER_TOKEN: theirs; otherwise, with the database in
+    hand, the operator: all), or just `--tenant`."""
+    from inboxcrm.domain.policy import PolicyError, current_policies
+    from inboxcrm.operator.reviewer_auth import NotAuthorised, cli_principal
+    from inboxcrm.platform.reviewer_identity import operator
+
+    try:
+        known = sorted(current_policies())
+    except PolicyError as exc:
+        fail(str(exc))
+        raise
+    principal = operator()
+    if os.environ.get("INBOXCRM_REVIEWER_TOKEN", "").strip():
+        try:
+            principal = with_db(settings, lambda conn: cli_principal(conn, os.environ, settings))
+        except NotAuthorised as exc:
+            fail(str(exc))
+            raise
+    readable = [t for t in known if principal.may_see(t)]
+    if only is not None:
+        if only not in known:
+            fail(f"unknown tenant {only!r}: no policy file for it")
+        if only not in readable:
+            fail(f"tenant {only!r} is not one you may read")
+        return [only]
+    if not readable:
+        fail("no tenant to search: you may read none of " + (", ".join(known) or "(none)"))
+    return readable
 
 
 def audit(
     email: Annotated[str | None, typer.Option("--email")] = None,
     workflow: Annotated[str | None, typer.Option("--workflow")] = None,
-    tenant: Annotated[str, typer.Option()] = "acme",
+    tenant: Annotated[str | None, typer.Option(
+        "--tenant", help="With --email: only this tenant (default: every tenant you may "
+                         "read, each with its own address rules).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The whole story of a person (--email) or an event (--workflow)."""
     if (email is None) == (workflow is None):
         fail("give exactly one of --email or --workflow")
     settings = settings_from_env()
-    canonical: str | None = None
+    identities: list[tuple[str, str]] = []
     if email is not None:
         from inboxcrm.domain.policy import InvalidAddress, canonical_email, get_policy
 
-        try:
-            canonical = canonical_email(email, get_policy(tenant))
-        except InvalidAddress:
-            fail("not a valid email address")
+        for name in _readable_tenants(settings, tenant):
+            try:
+                identities.append((name, canonical_email(email, get_policy(name))))
+            except InvalidAddress:
+                fail("not a valid email address")
 
     async def load(conn: asyncpg.Connection[Any]) -> list[dict[str, Any]]:
-        return await items.audit_story(conn, workflow_id=workflow, canonical=canonical)
+        if workflow is not None:
+            return await items.audit_story(conn, workflow_id=workflow)
+        return await items.audit_story(conn, identities=identities)
 
     entries = with_db(settings, load)
     if as_json:
         out.print_json(json.dumps(entries))
         return
     if not entries:
-        fail("no audit entries found")
+        fail("no audit entries found" + (f" in {', '.join(t for t, _ in identities)}"
+                                         if identities else ""))
     from inboxcrm.operator.audit_story import sentence, summary
 
     for line in summary(entries):
@@ -135,7 +198,7 @@ def audit(
 
 
 def replay(workflow_id: str, reviewer: ReviewerOpt,
-           reason: Annotated[str, typer.Option("--reason")]) -> None:
+           reason: Annotated[str, typer.Option("--reason")], as_json: JsonOpt = False) -> None:
     """Run a failed or terminated item again under the same workflow ID and operation keys.
     Completed operations are not repeated (the ledger returns their stored results)."""
     from temporalio.client import WorkflowExecutionStatus
@@ -186,24 +249,63 @@ def replay(workflow_id: str, reviewer: ReviewerOpt,
             await conn.close()
 
     asyncio.run(run())
-    out.print(f"replaying {workflow_id}")
+    if as_json:
+        out.print_json(json.dumps({"workflow_id": workflow_id, "replaying": True}))
+    else:
+        out.print(f"replaying {workflow_id}")
 
 
-def purge(older_than: Annotated[int, typer.Option("--older-than", help="Days.")]) -> None:
+class _DryRun(Exception):
+    """Raised inside a transaction to roll back what a `--dry-run` just counted."""
+
+    def __init__(self, counted: Any) -> None:
+        super().__init__("dry run")
+        self.counted = counted
+
+
+async def _counted(conn: asyncpg.Connection[Any], dry_run: bool,
+                   change: Callable[[], Awaitable[T]]) -> T:
+    """Run `change`; with `dry_run`, inside a transaction that is rolled back, so the counts
+    are the real statement's and nothing stays changed (not even its audit entry)."""
+    if not dry_run:
+        return await change()
+    try:
+        async with conn.transaction():
+            raise _DryRun(await change())
+    except _DryRun as rolled_back:
+        counted: T = rolled_back.counted
+        return counted
+
+
+def purge(older_than: Annotated[int, typer.Option("--older-than", help="Days.")],
+          dry_run: DryRunOpt = False, yes: YesOpt = False, as_json: JsonOpt = False) -> None:
     """Delete raw content of settled items older than DAYS; hashes and the decision trail
-    stay."""
+    stay. Asks first (--yes skips; --dry-run only counts)."""
     if older_than < 1:
         fail("--older-than must be at least 1 day")
     settings = settings_from_env()
     actor = os.environ.get("USER", "operator")
-    count = with_db(settings, lambda conn: retention.purge(conn, older_than, actor))
-    out.print(f"purged raw content of {count} event(s) older than {older_than} day(s)")
+    if not dry_run:
+        confirm(f"Delete the raw content of every settled item older than {older_than} "
+                "day(s)?", yes)
+    count = with_db(settings, lambda conn: _counted(
+        conn, dry_run, lambda: retention.purge(conn, older_than, actor)))
+    if as_json:
+        out.print_json(json.dumps({"older_than_days": older_than, "events": count,
+                                   "dry_run": dry_run}))
+    elif dry_run:
+        out.print(f"dry run: would purge the raw content of {count} event(s) older than "
+                  f"{older_than} day(s); nothing changed")
+    else:
+        out.print(f"purged raw content of {count} event(s) older than {older_than} day(s)")
 
 
 def forget(email: Annotated[str, typer.Option("--email")],
            tenant: Annotated[str | None, typer.Option(help="Default: every tenant.")] = None,
+           dry_run: DryRunOpt = False, yes: YesOpt = False, as_json: JsonOpt = False,
            ) -> None:
-    """Data-subject request: remove a person's personal data from the store (recorded)."""
+    """Data-subject request: remove a person's personal data from the store (recorded).
+    Asks first (--yes skips; --dry-run only counts)."""
     from inboxcrm.domain.policy import InvalidAddress, canonical_email, get_policy, load_policies
     settings = settings_from_env()
     tenants = [tenant] if tenant else sorted(load_policies())
@@ -214,14 +316,27 @@ def forget(email: Annotated[str, typer.Option("--email")],
         except InvalidAddress:
             fail("not a valid email address")
     actor = os.environ.get("USER", "operator")
+    if not dry_run:
+        confirm(f"Forget this person in {tenant or 'every tenant'} (contacts and message "
+                "content; cannot be undone)?", yes)
 
     async def run(conn: asyncpg.Connection[Any]) -> tuple[int, int]:
-        contacts = events = 0
-        for address in canonical:
-            report = await retention.forget(conn, tenants, address, actor)
-            contacts, events = contacts + report.contacts, events + report.events
-        return contacts, events
+        async def apply() -> tuple[int, int]:
+            contacts = events = 0
+            for address in canonical:
+                report = await retention.forget(conn, tenants, address, actor)
+                contacts, events = contacts + report.contacts, events + report.events
+            return contacts, events
+
+        return await _counted(conn, dry_run, apply)
 
     contacts, events = with_db(settings, run)
-    out.print(f"forgot {contacts} contact(s) and the content of {events} event(s); the CRM's "
-              "own record must be deleted in the CRM")
+    if as_json:
+        out.print_json(json.dumps({"contacts": contacts, "events": events,
+                                   "tenants": tenants, "dry_run": dry_run}))
+    elif dry_run:
+        out.print(f"dry run: would forget {contacts} contact(s) and the content of {events} "
+                  "event(s); nothing changed")
+    else:
+        out.print(f"forgot {contacts} contact(s) and the content of {events} event(s); the "
+                  "CRM's own record must be deleted in the CRM")

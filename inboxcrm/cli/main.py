@@ -6,13 +6,41 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import typer
 
 from inboxcrm.cli import extract, golive, items, review, reviewer, stack, templates, verify
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# typer's own `--install-completion` / `--show-completion` (bash, zsh, fish, PowerShell).
+app = typer.Typer(add_completion=True, no_args_is_help=True,
                   help="inboxcrm: inbound email to CRM contacts and follow-ups, no duplicates.")
+
+
+def version() -> str:
+    """The installed distribution's version (setuptools-scm, from the git tag)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("inboxcrm")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"inboxcrm {version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[bool, typer.Option(
+        "--version", help="Print the version and exit.", is_eager=True,
+        callback=_print_version)] = False,
+) -> None:
+    """inboxcrm: inbound email to CRM contacts and follow-ups, no duplicates."""
 app.add_typer(review.review_app, name="review")
 app.add_typer(reviewer.reviewer_app, name="reviewer")
 app.add_typer(templates.template_app, name="template")

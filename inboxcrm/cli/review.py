@@ -41,7 +41,7 @@ def _acting_reviewer(settings: Settings, workflow_id: str) -> Any:
 
 def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
             evidence: str | None, wait_id: str | None, corrections: list[str] | None = None,
-            send_followup: bool = True) -> None:
+            send_followup: bool = True, as_json: bool = False) -> None:
     """Send a decision as a Temporal update and wait for the workflow's answer: accepted (the
     new state is printed) or refused (the reason on stderr, exit 1)."""
     from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
@@ -90,12 +90,28 @@ def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
         return answered, result
 
     answered, result = asyncio.run(send())
+    if as_json:
+        import dataclasses
+
+        out.print_json(json.dumps({"decision": action.value, "wait_id": answered,
+                                   "workflow_id": workflow_id,
+                                   "status": _jsonable(dataclasses.asdict(result))}))
+        return
     out.print(f"{action.value} accepted at wait {answered}: {workflow_id} is now "
               f"{result.state}" + (f" ({result.reason})" if result.reason else ""),
               highlight=False)
     if result.review is not None:
         out.print(f"open wait {result.review.wait_id}: {result.review.reason}; allowed: "
                   f"{', '.join(result.review.allowed)}", highlight=False)
+
+
+def _jsonable(value: Any) -> Any:
+    """A status dataclass as JSON (enums by value)."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return getattr(value, "value", value)
 
 
 @review_app.command("show")
@@ -135,35 +151,39 @@ def review_approve(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None
                    send_followup: Annotated[bool, typer.Option(
                        "--send-followup/--no-send-followup",
                        help="Continue without the follow-up email.")] = True,
-                   ) -> None:
+                   as_json: JsonOpt = False) -> None:
     """Approve what the open wait asks (a follow-up approval: that intent only)."""
     _decide(Decision.APPROVE, workflow_id, reviewer, note, evidence, wait_id, set_,
-            send_followup)
+            send_followup, as_json)
 
 
 @review_app.command("hold")
 def review_hold(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
-                evidence: EvidenceOpt = None, wait_id: WaitOpt = None) -> None:
+                evidence: EvidenceOpt = None, wait_id: WaitOpt = None,
+                as_json: JsonOpt = False) -> None:
     """Keep the item parked (state `held`) until another decision."""
-    _decide(Decision.HOLD, workflow_id, reviewer, note, evidence, wait_id)
+    _decide(Decision.HOLD, workflow_id, reviewer, note, evidence, wait_id, as_json=as_json)
 
 
 @review_app.command("reject")
 def review_reject(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
-                  evidence: EvidenceOpt = None, wait_id: WaitOpt = None) -> None:
+                  evidence: EvidenceOpt = None, wait_id: WaitOpt = None,
+                  as_json: JsonOpt = False) -> None:
     """End the item as `rejected`: nothing more is sent or written."""
-    _decide(Decision.REJECT, workflow_id, reviewer, note, evidence, wait_id)
+    _decide(Decision.REJECT, workflow_id, reviewer, note, evidence, wait_id, as_json=as_json)
 
 
 @review_app.command("retry")
 def review_retry(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
-                 evidence: EvidenceOpt = None, wait_id: WaitOpt = None) -> None:
+                 evidence: EvidenceOpt = None, wait_id: WaitOpt = None,
+                 as_json: JsonOpt = False) -> None:
     """Retry a blocked/ambiguous step with the same operation key (a fresh bounded budget)."""
-    _decide(Decision.RETRY, workflow_id, reviewer, note, evidence, wait_id)
+    _decide(Decision.RETRY, workflow_id, reviewer, note, evidence, wait_id, as_json=as_json)
 
 
 @review_app.command("resolve")
 def review_resolve(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None,
-                   evidence: EvidenceOpt = None, wait_id: WaitOpt = None) -> None:
+                   evidence: EvidenceOpt = None, wait_id: WaitOpt = None,
+                   as_json: JsonOpt = False) -> None:
     """Mark the blocked/ambiguous side effect as done, with evidence (e.g. the CRM record ID)."""
-    _decide(Decision.RESOLVE, workflow_id, reviewer, note, evidence, wait_id)
+    _decide(Decision.RESOLVE, workflow_id, reviewer, note, evidence, wait_id, as_json=as_json)

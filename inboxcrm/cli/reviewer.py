@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from inboxcrm.cli.common import fail, out, settings_from_env, with_db
+from inboxcrm.cli.common import JsonOpt, fail, out, settings_from_env, with_db
 from inboxcrm.platform.reviewer_identity import new_token, token_digest
 from inboxcrm.store import reviewers
 
@@ -31,7 +31,7 @@ def _run(fn: Any) -> Any:
 def add(name: str,
         tenant: Annotated[list[str], typer.Option("--tenant", help="A tenant this reviewer "
                                                   "reviews (repeat for more).")],
-        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+        as_json: JsonOpt = False) -> None:
     """Add a reviewer; prints their personal token ONCE (the last line, or {"token": …})."""
     tenants = sorted({t.strip() for t in tenant if t.strip()})
     if not tenants:
@@ -61,7 +61,7 @@ def add(name: str,
 
 
 @reviewer_app.command("list")
-def list_(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False
+def list_(as_json: JsonOpt = False
           ) -> None:
     """Every reviewer with their tenants (tokens are never shown again)."""
     rows = _run(reviewers.list_reviewers)
@@ -78,11 +78,14 @@ def list_(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] =
 
 
 @reviewer_app.command("revoke")
-def revoke(name: str) -> None:
+def revoke(name: str, as_json: JsonOpt = False) -> None:
     """Revoke a reviewer: their token and sessions stop working at once."""
     async def apply(conn: Any) -> dict[str, Any] | None:
         return await reviewers.revoke_reviewer(conn, name, _actor())
 
     if _run(apply) is None:
         fail(f"no active reviewer named {name!r}")
+    if as_json:
+        out.print_json(json.dumps({"name": name, "revoked": True}))
+        return
     out.print(f"reviewer {name} revoked", highlight=False)

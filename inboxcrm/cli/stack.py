@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -11,14 +12,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from inboxcrm.cli.common import err, fail, out
-from inboxcrm.platform.config import get_settings
+from inboxcrm.cli.common import JsonOpt, err, fail, out, settings_from_env
 
 if TYPE_CHECKING:
     from inboxcrm.stack.stack import Stack
 
 
-def up() -> None:
+def up(as_json: Annotated[bool, typer.Option(
+        "--json", help="Once up, print the stack.env values as one JSON object on stdout "
+                       "(everything else goes to stderr).")] = False) -> None:
     """Start the whole local stack (embedded defaults) and keep it running until Ctrl-C."""
     try:
         from inboxcrm.stack.processes import StackError
@@ -58,8 +60,9 @@ def up() -> None:
     # backgrounds `make up` starts it with SIGINT ignored).
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, interrupted)
+    say = err if as_json else out
     try:
-        with out.status(f"starting PostgreSQL, Temporal, sandbox, {workers} worker(s) and "
+        with say.status(f"starting PostgreSQL, Temporal, sandbox, {workers} worker(s) and "
                         "relay…"):
             stack.start_all()
     except StackError as exc:
@@ -69,18 +72,21 @@ def up() -> None:
         stack.stop()
         raise typer.Exit(130) from None
     env_path = stack.write_stack_env()
-    out.print(f"[green]inboxcrm is up[/green] in {time.monotonic() - started:.1f}s\n")
-    for key, value in stack.stack_env().items():
-        out.print(f"{key}={value}", highlight=False, soft_wrap=True)
-    out.print(f"\n(written to {env_path}; logs in {stack.log_dir})\n")
-    out.print("Send a first signed test email:\n  [bold]inboxcrm send-test[/bold]\n"
+    say.print(f"[green]inboxcrm is up[/green] in {time.monotonic() - started:.1f}s\n")
+    if as_json:
+        out.print_json(json.dumps(stack.stack_env()))
+    else:
+        for key, value in stack.stack_env().items():
+            out.print(f"{key}={value}", highlight=False, soft_wrap=True)
+    say.print(f"\n(written to {env_path}; logs in {stack.log_dir})\n")
+    say.print("Send a first signed test email:\n  [bold]inboxcrm send-test[/bold]\n"
               "then look at it:\n  inboxcrm status <workflow_id>   and the Temporal UI at "
               f"{stack.temporal_ui_url or '(your Temporal UI)'}\n\nCtrl-C stops everything; "
               "data stays under .data/ for the next `make up`.")
     try:
         supervise(stack)
     except KeyboardInterrupt:
-        out.print("stopping…")
+        say.print("stopping…")
     finally:
         stack.stop()
 
@@ -120,12 +126,13 @@ def hubspot_setup(
     url: Annotated[str | None, typer.Option(
         help="HubSpot API base URL. Default: INBOXCRM_CRM_URL, else https://api.hubapi.com.")
     ] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Create the unique contact property HubSpot upserts are keyed by (once per portal;
     idempotent). Needs INBOXCRM_CRM_TOKEN with the crm.schemas.contacts.write scope."""
     from inboxcrm.operator.hubspot_setup import HUBSPOT_API, SetupError, run_note_setup, run_setup
 
-    settings = get_settings()
+    settings = settings_from_env()
     if not settings.crm_token:
         fail("set INBOXCRM_CRM_TOKEN (a HubSpot private-app token)", 2)
         return
@@ -138,6 +145,11 @@ def hubspot_setup(
                                           timeout=settings.http_timeout_seconds))
     except SetupError as exc:
         fail(str(exc))
+        return
+    if as_json:
+        out.print_json(json.dumps({"contact_property": {"name": result.name,
+                                                        "status": result.status},
+                                   "note_property": {"name": note.name, "status": note.status}}))
         return
     out.print(f"contact property {result.name}: {result.status} (unique)", highlight=False)
     out.print(f"note property {note.name}: {note.status} (unique)", highlight=False)

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from inboxcrm.cli.common import fail, settings_from_env
+from inboxcrm.cli.common import JsonOpt, fail, settings_from_env
 from inboxcrm.domain.extraction import extract_and_route
 from inboxcrm.domain.extraction.rules import RulesExtractor
 from inboxcrm.domain.followup import FollowupRefused, compose
@@ -40,7 +40,7 @@ def preview(
     tenant: Annotated[str, typer.Option(help="Tenant whose words and sender apply.")],
     template: Annotated[str | None, typer.Option(
         help="Preview this template instead of the one the message's intent selects.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Render what would be sent in answer to FILE.eml. Writes nothing, sends nothing."""
     if not tenant.strip():

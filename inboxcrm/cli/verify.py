@@ -6,9 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,43 +15,70 @@ import asyncpg
 import typer
 from rich.table import Table
 
-from inboxcrm.cli.common import JsonOpt, fail, out, settings_from_env, with_db
+from inboxcrm.cli.common import (
+    JsonOpt,
+    fail,
+    out,
+    parse_since,
+    progress,
+    settings_from_env,
+    with_db,
+)
 from inboxcrm.store import db
 
 
-def rehearse(timeout: Annotated[float, typer.Option(help="Seconds per scenario.")] = 90) -> None:
-    """Run the synthetic failure rehearsal against the running stack; exit 1 on any failure."""
+def rehearse(timeout: Annotated[float, typer.Option(help="Seconds per scenario.")] = 90,
+             as_json: JsonOpt = False) -> None:
+    """Run the synthetic failure rehearsal against the running stack (a line per scenario on
+    stderr, the table or JSON on stdout); exit 1 on any failure."""
+    from dataclasses import asdict
+
     from inboxcrm.verify.probe import Endpoints, StackClient
     from inboxcrm.verify.rehearsal import Rehearsal
 
     settings = settings_from_env()
-    if settings.crm_url or settings.mail_url:
+    if (settings.crm_url or settings.mail_url or settings.crm_provider != "sandbox"
+            or settings.mail_provider != "sandbox"):
         fail("the rehearsal injects faults into the sandbox; it refuses to run while a real "
-             "CRM or mail provider is configured (INBOXCRM_CRM_URL / INBOXCRM_MAIL_URL)")
+             "CRM or mail provider is configured (INBOXCRM_CRM_URL / INBOXCRM_MAIL_URL / "
+             "INBOXCRM_CRM_PROVIDER / INBOXCRM_MAIL_PROVIDER)")
     relay = os.environ.get("RELAY_URL", f"http://{settings.relay_host}:{settings.relay_port}")
     endpoints = Endpoints(relay, settings.sandbox_url, settings.temporal_address,
                           settings.webhook_secret)
 
     async def run() -> list[Any]:
-        pool = await db.create_pool(settings.database_url, max_size=5)
+        try:
+            pool = await db.create_pool(settings.database_url, max_size=5)
+        except (OSError, Exception) as exc:  # noqa: BLE001 - say what is wrong, no traceback
+            fail(f"cannot connect to the database ({type(exc).__name__}); is the stack up? "
+                 "(`make up`, or set DATABASE_URL)")
+            raise
         client = StackClient(endpoints, pool, settings)
         try:
-            return await Rehearsal(client, timeout).run()
+            return await Rehearsal(client, timeout, progress).run()
         finally:
             await client.aclose()
             await pool.close()
 
+    progress(f"rehearsal against the relay at {relay} and the sandbox at "
+             f"{settings.sandbox_url}")
     outcomes = asyncio.run(run())
-    table = Table(title="inboxcrm rehearsal")
-    for column in ("scenario", "expected", "CRM records", "emails", "final state", "result",
-                   "note"):
-        table.add_column(column)
-    for o in outcomes:
-        table.add_row(o.scenario, o.expected, str(o.crm_records), str(o.emails), o.final_state,
-                      "[green]pass[/green]" if o.passed else "[red]FAIL[/red]", o.note)
-    out.print(table)
     failed = [o for o in outcomes if not o.passed]
-    out.print(f"{len(outcomes) - len(failed)} passed, {len(failed)} failed")
+    if as_json:
+        out.print_json(json.dumps({"scenarios": [asdict(o) for o in outcomes],
+                                   "passed": len(outcomes) - len(failed),
+                                   "failed": len(failed)}))
+    else:
+        table = Table(title="inboxcrm rehearsal")
+        for column in ("scenario", "expected", "CRM records", "emails", "final state",
+                       "result", "note"):
+            table.add_column(column)
+        for o in outcomes:
+            table.add_row(o.scenario, o.expected, str(o.crm_records), str(o.emails),
+                          o.final_state, "[green]pass[/green]" if o.passed else "[red]FAIL[/red]",
+                          o.note)
+        out.print(table)
+        out.print(f"{len(outcomes) - len(failed)} passed, {len(failed)} failed")
     if failed:
         raise typer.Exit(1)
 
@@ -121,23 +147,6 @@ def check(
         raise typer.Exit(1)
 
 
-_SPAN = re.compile(r"^(\d{1,6})([smhd])$")
-_SPAN_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
-
-
-def _since(value: str, now: datetime) -> datetime:
-    """`24h`, `90m`, `7d`, `30s`, or an ISO 8601 time (UTC when it names no zone)."""
-    span = _SPAN.match(value.strip())
-    if span:
-        return now - timedelta(seconds=int(span[1]) * _SPAN_SECONDS[span[2]])
-    try:
-        moment = datetime.fromisoformat(value.strip())
-    except ValueError:
-        fail(f"--since {value!r}: give a span like 24h, 90m, 7d or an ISO 8601 time")
-        raise
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
 def _drift_json(report: Any) -> dict[str, Any]:
     from dataclasses import asdict
 
@@ -190,7 +199,7 @@ def reconcile(
 
     settings = settings_from_env()
     now = datetime.now(UTC)
-    start = _since(since, now) if since is not None else None
+    start = parse_since(since, now) if since is not None else None
 
     async def check_now() -> Any:
         assert start is not None
@@ -215,8 +224,14 @@ def reconcile(
     async def latest(conn: asyncpg.Connection[Any]) -> DriftReport | None:
         return await drift.latest_report(conn, Trigger.SCHEDULE.value)
 
+    progress("reading the latest scheduled drift report…")
     scheduled = with_db(settings, latest)
+    if start is not None:
+        progress(f"checking up to {sample or settings.drift_check_sample_size} operation(s) "
+                 f"completed since {start.isoformat()} at the destinations…")
     on_demand = asyncio.run(check_now()) if start is not None else None
+    if on_demand is not None:
+        progress(f"checked {on_demand.sampled} of {on_demand.completed_in_window} operation(s)")
     shown = on_demand or scheduled
     if as_json:
         out.print_json(json.dumps({
@@ -251,11 +266,13 @@ def chaos(
     freeze: Annotated[float, typer.Option(
         min=0, help="Long-fault phase: seconds the store is frozen (SIGSTOP) with sends "
         "paused over the run; 0 turns it off.")] = 0.0,
+    as_json: JsonOpt = False,
 ) -> None:
     """Chaos run on a fresh stack of its own (free ports, fresh database): concurrent
     deliveries and redeliveries, sandbox faults, worker kill -9s, a relay restart, then
     operator resolution and the settled invariant check. Exit 1 on a violation, 2 if the run
-    did not reach its targets (fault share, kills, restart, drained queue)."""
+    did not reach its targets (fault share, kills, restart, drained queue). Its phases are
+    reported on stderr as they happen; stdout carries the table (or the JSON)."""
     from inboxcrm.stack.processes import StackError
     from inboxcrm.verify.chaos import ChaosConfig, run_on_fresh_stack, summary_rows
 
@@ -264,12 +281,18 @@ def chaos(
                          rate=rate, deadline=max(1800.0, events * 3.0) + freeze * 2,
                          freeze_seconds=freeze)
     try:
-        result = run_on_fresh_stack(config, data_dir.resolve(),
-                                    lambda line: out.print(line, highlight=False, markup=False),
+        result = run_on_fresh_stack(config, data_dir.resolve(), progress,
                                     keep_database=keep_database)
     except StackError as exc:
         fail(str(exc), 2)
         return
+    if as_json:
+        out.print_json(json.dumps({
+            "events": events, "seed": seed, "exit_code": result.exit_code,
+            "summary": dict(summary_rows(result)), "notes": result.stats.notes,
+            "violations": {r.name: sorted(r.violations) for r in result.report.results
+                           if r.violations}}))
+        raise typer.Exit(result.exit_code)
     table = Table(title=f"inboxcrm chaos (events {events}, seed {seed})")
     table.add_column("metric")
     table.add_column("value", overflow="fold")

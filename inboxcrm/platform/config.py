@@ -32,11 +32,18 @@ SOURCE_SECRETS: dict[SourceName, tuple[str, ...]] = {
 }
 # Credentials that are not an inbound source's, held to the same length rule.
 OTHER_SECRETS = ("unsubscribe_secret", "review_token", "codec_token")
+# The demo tenant's sender: the From of the local stack when INBOXCRM_MAIL_FROM is unset.
+LOCAL_MAIL_FROM = "Acme Sales <sales@acme.test>"
 
 
 class InsecureSetting(RuntimeError):
     """A credential too short to run with outside the local stack. Not a ValueError on
     purpose: pydantic would wrap that with the input values, secrets included."""
+
+
+class MissingSetting(InsecureSetting):
+    """A setting production must be given (it has a default only on the local stack). An
+    InsecureSetting, so whatever refuses to start on one refuses on this too."""
 
 
 def tenant_env_suffix(tenant: str) -> str:
@@ -140,8 +147,10 @@ class Settings(BaseSettings):
     crm_id_property: str = "inboxcrm_contact_id"
     mail_url: str | None = None
     mail_token: str | None = None
-    # The From of tenants whose policy sets no sender.from (docs/architecture.md §5).
-    mail_from: str = "Acme Sales <sales@acme.test>"
+    # The From of tenants whose policy sets no sender.from (docs/architecture.md §5). Unset,
+    # the local stack mails as its demo tenant; anywhere else it must be set, or the process
+    # refuses to start (a real tenant must never mail as the demo company).
+    mail_from: str = ""
     http_timeout_seconds: float = 10.0
     # A provider's Retry-After up to this is waited out by the step's own retry (an attempt
     # spent); longer, the operation parks until then, spending none (docs/architecture.md §4)
@@ -255,6 +264,20 @@ class Settings(BaseSettings):
                                  "one with `openssl rand -base64 32` (short values are only "
                                  "allowed with INBOXCRM_ENV=local)")
         return self
+
+    @model_validator(mode="after")
+    def _demo_sender_only_locally(self) -> Settings:
+        """The demo tenant's From is a default of the local stack only: outside it an unset
+        INBOXCRM_MAIL_FROM refuses to start (the message names the variable)."""
+        if self.mail_from.strip():
+            return self
+        if self.env == "local":
+            self.mail_from = LOCAL_MAIL_FROM
+            return self
+        raise MissingSetting("INBOXCRM_MAIL_FROM is not set: it is the From of every tenant "
+                             "whose policy sets no sender.from, e.g. INBOXCRM_MAIL_FROM="
+                             "'Sales <sales@example.com>' (the demo sender is only the "
+                             "default with INBOXCRM_ENV=local)")
 
     def inbound_secrets(self) -> dict[str, str]:
         """The credentials this deployment accepts or signs with, by variable name, as their

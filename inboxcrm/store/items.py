@@ -58,11 +58,17 @@ SELECT at, actor, action, detail, workflow_id FROM audit_log
 WHERE workflow_id = $1 ORDER BY audit_id
 """
 
+# A person is an address canonicalised under each tenant's own rules: ($1[i], $2[i]) is one
+# tenant and the identity key there; entries of other tenants never match.
 AUDIT_BY_IDENTITY = """
-SELECT a.at, a.actor, a.action, a.detail, a.workflow_id FROM audit_log a
-WHERE a.workflow_id IN (SELECT workflow_id FROM inbound_events
-                        WHERE canonical_email = $1)
-   OR a.contact_id IN (SELECT contact_id FROM contacts WHERE canonical_email = $1)
+WITH person AS (SELECT * FROM unnest($1::text[], $2::text[]) AS p(tenant, canonical))
+SELECT a.at, a.actor, a.action, a.detail, a.workflow_id, a.tenant FROM audit_log a
+WHERE (a.tenant, a.workflow_id) IN (SELECT e.tenant, e.workflow_id FROM inbound_events e
+                                    JOIN person p ON (e.tenant, e.canonical_email)
+                                                   = (p.tenant, p.canonical))
+   OR (a.tenant, a.contact_id) IN (SELECT c.tenant, c.contact_id FROM contacts c
+                                   JOIN person p ON (c.tenant, c.canonical_email)
+                                                  = (p.tenant, p.canonical))
 ORDER BY a.audit_id
 """
 
@@ -139,11 +145,15 @@ async def set_pause(conn: asyncpg.Connection[Any], tenant: str | None, scope: st
 
 
 async def audit_story(conn: asyncpg.Connection[Any], *, workflow_id: str | None = None,
-                      canonical: str | None = None) -> list[dict[str, Any]]:
+                      identities: list[tuple[str, str]] | None = None
+                      ) -> list[dict[str, Any]]:
+    """One event's entries, or a person's: `identities` pairs each tenant searched with the
+    address's canonical form under that tenant's policy."""
     if workflow_id is not None:
         rows = await conn.fetch(AUDIT_BY_WORKFLOW, workflow_id)
     else:
-        rows = await conn.fetch(AUDIT_BY_IDENTITY, canonical)
+        pairs = identities or []
+        rows = await conn.fetch(AUDIT_BY_IDENTITY, [t for t, _ in pairs], [c for _, c in pairs])
     return [record_dict(r) for r in rows]
 
 

@@ -335,16 +335,21 @@ class ChaosRun:
                  f"{stats.relay_restarts} relay restart(s); faults off")
 
         if config.freeze_seconds:
+            self.log(f"long-fault phase: the store frozen for {config.freeze_seconds:g}s…")
             phase = time.monotonic()
             await self._long_faults()
             self.mark("long_fault_phase_s", phase)
 
+        self.log("settling: waiting until nothing is in flight…")
         phase = time.monotonic()
         await self._wait_quiet()
         self.mark("settle_s", phase)
+        self.log(f"settled in {stats.timings['settle_s']}s; resolving the review queue…")
         phase = time.monotonic()
         await self._resolve_queue()
         self.mark("resolution_s", phase)
+        self.log(f"queue resolved in {stats.timings['resolution_s']}s; checking the "
+                 "settled invariants…")
         await self._tally_calls()
         rows = await chaos_runs.states_of_run(self.db, self.scope)
         stats.final_states = Counter({r["state"]: int(r["n"]) for r in rows})

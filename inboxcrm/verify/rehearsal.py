@@ -42,9 +42,12 @@ class Expect:
 
 
 class Rehearsal:
-    def __init__(self, client: StackClient, timeout: float = 90) -> None:
+    def __init__(self, client: StackClient, timeout: float = 90,
+                 progress: Callable[[str], None] | None = None) -> None:
         self.client = client
         self.timeout = timeout
+        # A line per scenario as it starts and ends (the CLI prints them on stderr).
+        self.progress = progress or (lambda line: None)
 
     def raw(self, email: str, **kwargs: str) -> str:
         return message_from(email, **kwargs).replace("sales@acme.test", MAILBOX)
@@ -171,12 +174,17 @@ class Rehearsal:
 
     async def run(self) -> list[Outcome]:
         outcomes = []
-        for scenario in self.scenarios():
+        scenarios = self.scenarios()
+        for number, scenario in enumerate(scenarios, 1):
+            name = scenario.__name__.replace("_", " ")
+            self.progress(f"[{number}/{len(scenarios)}] {name}…")
             await self.client.reset_faults()
             try:
                 outcomes.append(await scenario())
             except (AssertionError, KeyError, ValueError) as exc:
-                name = scenario.__name__.replace("_", " ")
                 outcomes.append(Outcome(name, "see note", 0, 0, "?", False, str(exc)[:120]))
+            done = outcomes[-1]
+            self.progress(f"[{number}/{len(scenarios)}] {done.scenario}: "
+                          f"{'pass' if done.passed else 'FAIL'} ({done.final_state})")
         await self.client.reset_faults()
         return outcomes

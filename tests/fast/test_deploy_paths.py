@@ -43,6 +43,9 @@ needs_kubectl = pytest.mark.skipif(not KUBECTL, reason="kubectl (kustomize) is n
 # manifests); the probes and the Temporal connection read them from the environment. The API
 # key only where the overlay authenticates to Temporal with one (a TriggerAuthentication).
 SECRET_SAMPLE = {"DATABASE_URL": "postgresql://inboxcrm:pw@db.internal:5433/inboxcrm"}
+# What the operator sets in the overlay's config.yaml (deploy/README.md, "The sender"): no
+# manifest ships a sender, and outside INBOXCRM_ENV=local Settings refuse to start without it.
+OPERATOR_SAMPLE = {"INBOXCRM_MAIL_FROM": "Sales <sales@your-domain.example>"}
 API_KEY_SAMPLE = {"TEMPORAL_API_KEY": "from-inboxcrm-secrets"}
 # The selector of a kube-prometheus-stack installed with its default values as release
 # `kube-prometheus-stack` (serviceMonitorSelector / ruleSelector: matchLabels release).
@@ -74,7 +77,7 @@ def pod_env(docs: list[dict[str, Any]], container: dict[str, Any], tmp_path: Pat
     sample values; a Temporal profile file named by TEMPORAL_CONFIG_FILE is the mounted
     ConfigMap's file, written under tmp_path."""
     maps = {d["metadata"]["name"]: d.get("data") or {} for d in docs if d["kind"] == "ConfigMap"}
-    env = dict(SECRET_SAMPLE)
+    env = dict(SECRET_SAMPLE) | OPERATOR_SAMPLE
     if any(d["kind"] == "TriggerAuthentication" for d in docs):
         env |= API_KEY_SAMPLE
     for source in container.get("envFrom", []):

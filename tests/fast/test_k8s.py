@@ -110,6 +110,7 @@ def test_temporal_cloud_overlay_connects_through_its_profile(monkeypatch: pytest
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("TEMPORAL_CONFIG_FILE", str(profile))
     monkeypatch.setenv("TEMPORAL_API_KEY", "from-inboxcrm-secrets")
+    monkeypatch.setenv("INBOXCRM_MAIL_FROM", "Sales <sales@your-domain.example>")  # the operator's
     connect = connect_config(Settings())
     assert connect.target_host.endswith(".api.temporal.io:7233")
     assert (connect.api_key, connect.tls) == ("from-inboxcrm-secrets", True)

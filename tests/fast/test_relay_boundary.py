@@ -60,6 +60,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         if name.startswith("INBOXCRM_") or name in ("DATABASE_URL", "TEMPORAL_ADDRESS"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("INBOXCRM_POLICY_DIR", str(ROOT / "policies"))
+    monkeypatch.setenv("INBOXCRM_MAIL_FROM", "Sales <sales@example.com>")  # required outside local
 
 
 # ------------------------------------------------------------------ no open defaults

@@ -286,8 +286,9 @@ def _preview(tmp_path: Path, *args: str, secret: str | None = "preview-secret-of
              ) -> subprocess.CompletedProcess[str]:
     eml = tmp_path / "in.eml"
     eml.write_bytes(MESSAGE)
+    # The local stack's rules: the demo tenant's sender is the fallback From only there.
     env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": "postgresql://nowhere.invalid/none",
-           "INBOXCRM_PUBLIC_RELAY_URL": "https://relay.example"}
+           "INBOXCRM_PUBLIC_RELAY_URL": "https://relay.example", "INBOXCRM_ENV": "local"}
     if secret:
         env["INBOXCRM_UNSUBSCRIBE_SECRET"] = secret
     return subprocess.run([sys.executable, "-m", "inboxcrm.cli", "template", "preview",

@@ -47,6 +47,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for key in list(os.environ):
         if key.startswith(("INBOXCRM_", "TEMPORAL_")) or key == "DATABASE_URL":
             monkeypatch.delenv(key)
+    monkeypatch.setenv("INBOXCRM_MAIL_FROM", "Sales <sales@example.com>")  # required outside local
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
 

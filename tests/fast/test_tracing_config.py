@@ -52,7 +52,8 @@ print("off")
 def test_off_by_default_nothing_is_loaded_or_wired() -> None:
     """The worker and the relay without OTEL_* variables: no SDK, no exporter, no asyncpg
     patch, no interceptor, no middleware (a process of its own: a clean interpreter)."""
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent",
+           "INBOXCRM_MAIL_FROM": "Sales <sales@example.com>"}
     result = subprocess.run([sys.executable, "-c", OFF_PROBE], env=env, capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 0 and result.stdout.strip() == "off", result.stderr
