@@ -10,12 +10,14 @@ import sys
 import typer
 
 from inboxcrm.cli import extract, golive, items, review, reviewer, stack, templates, verify
+from inboxcrm.cli.mailbox import mailbox_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="inboxcrm: inbound email to CRM contacts and follow-ups, no duplicates.")
 app.add_typer(review.review_app, name="review")
 app.add_typer(reviewer.reviewer_app, name="reviewer")
 app.add_typer(templates.template_app, name="template")
+app.add_typer(mailbox_app, name="mailbox")
 
 app.command()(stack.up)
 app.command()(items.status)
