@@ -60,7 +60,7 @@ FETCH_BATCH_BYTES = 8 * 1024 * 1024
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
 # How often a watcher that finds every connection slot taken asks again.
-SLOT_POLL_SECONDS = 2.0
+SLOT_POLL_SECONDS = 0.5
 # One IDLE wait is cut into slices this long, so a cancel is heard promptly.
 IDLE_SLICE_SECONDS = 1.0
 
@@ -169,11 +169,9 @@ class MailboxImapActivities:
         session: _Session | None = None
         slot: int | None = None
         try:
-            while (slot := await store.try_claim_slot(
-                    slots, account=account, max_connections=int(box["max_connections"]))) is None:
-                if time.monotonic() >= deadline:
-                    return False
-                await asyncio.sleep(SLOT_POLL_SECONDS)
+            slot = await self._claim_slot(slots, account, int(box["max_connections"]), deadline)
+            if slot is None:
+                return False
             session = _Session(ImapFolderReader(host=box["host"], port=int(box["port"]),
                                                 tls=box["tls"], credential=credential))
             await session.call(session.reader.connect)
@@ -192,6 +190,25 @@ class MailboxImapActivities:
             if slot is not None:
                 await store.release_slot(slots, account=account, slot=slot)
             await slots.close()
+
+    async def _claim_slot(self, slots: asyncpg.Connection[Any], account: str,
+                          max_connections: int, deadline: float) -> int | None:
+        """One of the account's connection slots, in turn with the other watchers; None at
+        the deadline."""
+        try:
+            await asyncio.wait_for(store.enter_turnstile(slots, account=account),
+                                   max(0.1, deadline - time.monotonic()))
+        except TimeoutError:
+            return None
+        try:
+            while (slot := await store.try_claim_slot(
+                    slots, account=account, max_connections=max_connections)) is None:
+                if time.monotonic() >= deadline:
+                    return None
+                await asyncio.sleep(SLOT_POLL_SECONDS)
+            return slot
+        finally:
+            await store.leave_turnstile(slots, account=account)
 
     async def _idle(self, session: _Session, watch: MailboxWatch, deadline: float) -> None:
         """IDLE until the server says something, `idle_seconds` pass, or the deadline."""

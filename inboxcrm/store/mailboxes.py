@@ -128,6 +128,11 @@ ORDER BY m.stored_at, m.message_row
 # the IMAP connection is open and released by PostgreSQL when that process dies.
 TRY_SLOT = "SELECT pg_try_advisory_lock(hashtext($1), $2)"
 RELEASE_SLOT = "SELECT pg_advisory_unlock(hashtext($1), $2)"
+# The queue in front of the slots: PostgreSQL grants a contended lock in arrival order, so a
+# watcher whose session just ended waits behind the one that was already waiting for its
+# slot instead of taking it straight back (the watchers of an account take turns).
+TURNSTILE_SLOT = -1
+ENTER_TURNSTILE = "SELECT pg_advisory_lock(hashtext($1), $2)"
 
 
 @dataclass(frozen=True)
@@ -279,6 +284,15 @@ async def try_claim_slot(conn: Conn, *, account: str, max_connections: int) -> i
 
 async def release_slot(conn: Conn, *, account: str, slot: int) -> None:
     await conn.execute(RELEASE_SLOT, account, slot)
+
+
+async def enter_turnstile(conn: Conn, *, account: str) -> None:
+    """Wait for this account's turn to claim a slot (cancel the wait to give up)."""
+    await conn.execute(ENTER_TURNSTILE, account, TURNSTILE_SLOT)
+
+
+async def leave_turnstile(conn: Conn, *, account: str) -> None:
+    await conn.execute(RELEASE_SLOT, account, TURNSTILE_SLOT)
 
 
 def _str(value: object) -> str | None:
