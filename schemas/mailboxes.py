@@ -30,6 +30,9 @@ class MailboxWatch:
     # clients to re-issue IDLE at least every 29 minutes, this watcher does every idle_seconds.
     session_seconds: float = 1800.0
     idle_seconds: float = 300.0
+    # Each watch session adds about ten events to the run's history; past this many the run
+    # continues as new (well before the server's limits and its suggestion).
+    history_events_limit: int = 2000
 
 
 @dataclass

@@ -25,12 +25,14 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from temporalio.worker import Replayer
 
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers import dovecot as dovecot_helper
 from tests.helpers.dovecot import Dovecot
 from tests.helpers.own_worker import OwnWorker
+from workflows.mailbox_watch import MailboxWatchWorkflow
 
 pytestmark = pytest.mark.skipif(not dovecot_helper.available(), reason=dovecot_helper.MISSING)
 
@@ -296,3 +298,70 @@ async def test_connections_stay_within_the_registered_cap(
 
 async def _async(value: bool) -> bool:
     return value
+
+
+async def test_the_same_message_in_two_folders_is_one_item_and_a_copy(
+        env: StackClient, db: asyncpg.Pool, mailbox: Mailbox, dovecot: Dovecot) -> None:
+    """One message filed into two watched folders (same Message-ID, same bytes): one item,
+    the other folder's sighting recorded as its copy; a sync stores nothing more."""
+    other = f"T{uuid.uuid4().hex[:8]}"
+    dovecot.create_folder(USER, other)
+    email = unique_email("imapcopy")
+    raw = message_from(email).encode()
+    dovecot.deliver(USER, raw, mailbox.folder)
+    mailbox.worker.start()
+    mailbox.add(other)
+    await wait_items_done(env, db, mailbox.folder, 1)
+    dovecot.deliver(USER, raw, other)
+    await env.wait_for(lambda: db.fetchval(
+        "SELECT count(*) FROM imap_messages WHERE folder = $1 AND role = 'copy'", other),
+        timeout=60, what="the copy recorded")
+    assert await ledger(db, other) == []
+    first = (await ledger(db, mailbox.folder))[0]
+    event_id = await db.fetchval(
+        "SELECT event_id FROM inbound_events WHERE workflow_id = $1", first["workflow_id"])
+    copy_of = await db.fetchval(
+        "SELECT event_id FROM imap_messages WHERE folder = $1 AND role = 'copy'", other)
+    assert copy_of == event_id
+    synced = mailbox.cli("mailbox", "sync", "--tenant", "acme", "--address", ADDRESS,
+                         "--json")
+    assert synced.returncode == 0, synced.stderr
+    assert json.loads(synced.stdout) == {"stored": 0, "duplicates": 0, "copies": 0}
+    await assert_once_each(env, [email])
+
+
+async def test_the_watcher_continues_as_new_and_keeps_its_place(
+        env: StackClient, db: asyncpg.Pool, stack: Stack, dovecot: Dovecot) -> None:
+    """Short sessions and a short history limit: the watcher's run continues as new several
+    times; mail delivered across those runs is stored once each, none read twice."""
+    box = Mailbox(stack, dovecot, INBOXCRM_IMAP_SESSION_SECONDS="1",
+                  INBOXCRM_IMAP_HISTORY_EVENTS_LIMIT="25")
+    try:
+        box.worker.start()
+        box.add()
+        client = await env.temporal()
+        handle = client.get_workflow_handle(f"mailbox/acme/imap/{ADDRESS}/{box.folder}")
+        first_run = (await handle.describe()).run_id
+        sent = box.deliver(2)
+        await wait_items_done(env, db, box.folder, 2)
+
+        async def continued() -> bool:
+            return (await handle.describe()).run_id != first_run
+
+        await env.wait_for(continued, timeout=90, what="the watcher continued as new")
+        # The finished run replays in the SDK's sandbox: the workflow is deterministic.
+        history = await client.get_workflow_handle(
+            handle.id, run_id=first_run).fetch_history()
+        await Replayer(workflows=[MailboxWatchWorkflow],
+                       data_converter=client.data_converter).replay_workflow(history)
+        sent += box.deliver(2)
+        rows = await wait_items_done(env, db, box.folder, 4)
+        assert len(rows) == 4
+        duplicates = await db.fetchval(
+            "SELECT count(*) FROM imap_messages WHERE folder = $1 AND role <> 'item'",
+            box.folder)
+        assert duplicates == 0
+        await assert_once_each(env, sent)
+    finally:
+        box.cli("mailbox", "remove", "--tenant", "acme", "--address", ADDRESS)
+        box.worker.stop_all()

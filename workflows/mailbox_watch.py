@@ -33,9 +33,6 @@ WATCH_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coeffic
                           maximum_interval=timedelta(minutes=1), maximum_attempts=0)
 SYNC_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                          maximum_interval=timedelta(seconds=10), maximum_attempts=3)
-# Each watch session adds about ten events; continue as new well before the server's limits.
-HISTORY_EVENTS_LIMIT = 2000
-
 
 @workflow.defn(name=MAILBOX_WATCH_WORKFLOW_TYPE)
 class MailboxWatchWorkflow:
@@ -67,7 +64,7 @@ class MailboxWatchWorkflow:
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     return total
             info = workflow.info()
-            if (info.get_current_history_length() > HISTORY_EVENTS_LIMIT
+            if (info.get_current_history_length() > watch.history_events_limit
                     or info.is_continue_as_new_suggested()):
                 await workflow.wait_condition(
                     lambda: workflow.all_handlers_finished() and

@@ -43,6 +43,7 @@ class WatchRhythm(BaseSettings):
     heartbeat_seconds: float = 20.0
     session_seconds: float = 1800.0
     idle_seconds: float = 300.0
+    history_events_limit: int = 2000
 
 
 TenantOpt = Annotated[str, typer.Option("--tenant", help="The tenant that owns the mailbox.")]
@@ -55,7 +56,8 @@ def _watch(tenant: str, kind: str, address: str, folder: str) -> MailboxWatch:
     return MailboxWatch(tenant=tenant, kind=kind, address=address, folder=folder,
                         heartbeat_seconds=rhythm.heartbeat_seconds,
                         session_seconds=rhythm.session_seconds,
-                        idle_seconds=rhythm.idle_seconds)
+                        idle_seconds=rhythm.idle_seconds,
+                        history_events_limit=rhythm.history_events_limit)
 
 
 async def _start_watcher(client: Client, settings: Settings, watch: MailboxWatch) -> str:
