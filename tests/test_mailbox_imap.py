@@ -39,6 +39,11 @@ pytestmark = pytest.mark.skipif(not dovecot_helper.available(), reason=dovecot_h
 USER = "sales"
 PASSWORD = "imap-test-password"
 PASSWORD_ENV = "INBOXCRM_TEST_IMAP_PASSWORD"
+# The test server takes an XOAUTH2 token where its passwd-file has the password: enough to
+# prove the SASL exchange; a real provider checks the token with its issuer.
+OAUTH_USER = "oauth"
+OAUTH_TOKEN = "ya29.test-access-token"
+OAUTH_ENV = "INBOXCRM_TEST_IMAP_TOKEN"
 ADDRESS = "sales@acme.test"
 # The watcher's rhythm in these tests: a killed worker is noticed within seconds.
 RHYTHM = {"INBOXCRM_IMAP_HEARTBEAT_SECONDS": "4", "INBOXCRM_IMAP_IDLE_SECONDS": "20"}
@@ -49,7 +54,7 @@ def dovecot() -> Iterator[Dovecot]:
     # Not under pytest's tmp_path: its parents are private to root, and Dovecot's own
     # processes (user `dovecot`) must reach their files.
     root = Path(tempfile.mkdtemp(prefix="inboxcrm-dovecot-"))
-    server = Dovecot(root).start({USER: PASSWORD})
+    server = Dovecot(root).start({USER: PASSWORD, OAUTH_USER: OAUTH_TOKEN})
     yield server
     server.stop()
     shutil.rmtree(root, ignore_errors=True)
@@ -61,7 +66,7 @@ class Mailbox:
     def __init__(self, stack: Stack, server: Dovecot, **rhythm: str) -> None:
         self.stack, self.server = stack, server
         self.folder = f"T{uuid.uuid4().hex[:8]}"
-        self.worker = OwnWorker(stack, **{PASSWORD_ENV: PASSWORD})
+        self.worker = OwnWorker(stack, **{PASSWORD_ENV: PASSWORD, OAUTH_ENV: OAUTH_TOKEN})
         self.rhythm = {**RHYTHM, **rhythm}
         self.senders: list[str] = []
         server.create_folder(USER, self.folder)
@@ -71,23 +76,25 @@ class Mailbox:
         return subprocess.run([sys.executable, "-m", "inboxcrm.cli", *args], env=env,
                               capture_output=True, text=True, timeout=120, check=False)
 
-    def add(self, *folders: str, max_connections: int = 2) -> None:
+    def add(self, *folders: str, max_connections: int = 2, user: str = USER,
+            credential: tuple[str, str] = ("--password-env", PASSWORD_ENV)) -> None:
         extra = [x for f in folders for x in ("--folder", f)]
         done = self.cli("mailbox", "add", "imap", "--tenant", "acme", "--address", ADDRESS,
                         "--host", "127.0.0.1", "--port", str(self.server.port),
-                        "--tls", "none", "--username", USER, "--password-env", PASSWORD_ENV,
+                        "--tls", "none", "--username", user, *credential,
                         "--folder", self.folder, *extra,
                         "--max-connections", str(max_connections))
         assert done.returncode == 0, done.stderr
 
-    def deliver(self, count: int, folder: str | None = None, padding: int = 0) -> list[str]:
+    def deliver(self, count: int, folder: str | None = None, padding: int = 0,
+                user: str = USER) -> list[str]:
         sent = []
         for _ in range(count):
             email = unique_email("imap")
             body = ("Hi, could you send me pricing for 20 seats?\n\nThanks,\nJane Doe\n"
                     "Example Corp\n" + ("x" * 76 + "\n") * (padding // 77))
             raw = message_from(email, body=body)
-            self.server.deliver(USER, raw.encode(), folder or self.folder)
+            self.server.deliver(user, raw.encode(), folder or self.folder)
             sent.append(email)
         self.senders += sent
         return sent
@@ -365,3 +372,34 @@ async def test_the_watcher_continues_as_new_and_keeps_its_place(
     finally:
         box.cli("mailbox", "remove", "--tenant", "acme", "--address", ADDRESS)
         box.worker.stop_all()
+
+
+async def test_an_oauth_mailbox_logs_in_with_xoauth2(
+        env: StackClient, db: asyncpg.Pool, mailbox: Mailbox, dovecot: Dovecot) -> None:
+    """--oauth-token-env: the watcher authenticates with SASL XOAUTH2 and stores the mail."""
+    dovecot.create_folder(OAUTH_USER, mailbox.folder)
+    sent = mailbox.deliver(1, user=OAUTH_USER)
+    mailbox.worker.start()
+    mailbox.add(user=OAUTH_USER, credential=("--oauth-token-env", OAUTH_ENV))
+    await wait_items_done(env, db, mailbox.folder, 1)
+    assert f"user=<{OAUTH_USER}>, method=XOAUTH2" in dovecot.log()
+    await assert_once_each(env, sent)
+
+
+async def test_a_refused_login_shows_as_an_error(
+        env: StackClient, db: asyncpg.Pool, mailbox: Mailbox, dovecot: Dovecot) -> None:
+    """A credential the server refuses: nothing stored, the folder listed in `error` with the
+    reason (a code, never the secret), and the watcher keeps trying with backoff."""
+    mailbox.deliver(1)
+    mailbox.worker.start()
+    mailbox.add(credential=("--password-env", OAUTH_ENV))  # the other account's secret
+
+    async def errored() -> dict[str, object] | None:
+        listed = mailbox.cli("mailbox", "list", "--json")
+        mine = [m for m in json.loads(listed.stdout) if m["folder"] == mailbox.folder]
+        return mine[0] if mine and mine[0]["state"] == "error" else None
+
+    found = await env.wait_for(errored, timeout=60, what="the folder listed in error")
+    assert found["last_error"] == "permanent:imap_authenticationfailed"
+    assert OAUTH_TOKEN not in json.dumps(found)
+    assert await ledger(db, mailbox.folder) == []

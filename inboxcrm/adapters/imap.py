@@ -137,7 +137,10 @@ class ImapFolderReader:
                 imap.authenticate("XOAUTH2", lambda _challenge: token)
             else:
                 imap.login(cred.username, cred.secret)
-            self.capabilities = frozenset(c.upper() for c in imap.capabilities)
+            # Servers name more capabilities once logged in (CONDSTORE, IDLE, MOVE).
+            typ, data = imap.capability()
+            names = _first(data).split() if typ == "OK" else list(imap.capabilities)
+            self.capabilities = frozenset(c.upper() for c in names)
         except Exception as exc:
             self.close()
             raise ImapFailure(classify_imap(exc)) from None
