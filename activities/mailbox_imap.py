@@ -176,13 +176,15 @@ class MailboxImapActivities:
                                                 tls=box["tls"], credential=credential))
             await session.call(session.reader.connect)
             summary.connections += 1
-            state = await session.call(session.reader.examine, watch.folder)
+            after_store = str(box["after_store"])
+            writable = after_store != "none"
+            state = await session.call(session.reader.examine, watch.folder, writable)
             await self._set_state(watch, "watching", None)
-            await self._catch_up(session, watch, state, summary)
+            await self._catch_up(session, watch, state, summary, after_store)
             while idle and time.monotonic() < deadline:
                 await self._idle(session, watch, deadline)
-                state = await session.call(session.reader.examine, watch.folder)
-                await self._catch_up(session, watch, state, summary)
+                state = await session.call(session.reader.examine, watch.folder, writable)
+                await self._catch_up(session, watch, state, summary, after_store)
             return not idle
         finally:
             if session is not None:
@@ -224,8 +226,36 @@ class MailboxImapActivities:
         await session.call(reader.idle_done)
 
     async def _catch_up(self, session: _Session, watch: MailboxWatch, state: FolderState,
+                        summary: WatchSummary, after_store: str = "none") -> None:
+        """Store every message above the cursor, in UID order, each with its cursor; then
+        run the after-store action on what is stored and still waits for it."""
+        await self._read_new(session, watch, state, summary)
+        if after_store != "none":
+            await self._after_store(session, watch, state, after_store)
+
+    async def _after_store(self, session: _Session, watch: MailboxWatch, state: FolderState,
+                           after_store: str) -> None:
+        """Flag or move stored messages: only ever after their transaction committed, and
+        recorded after the server confirmed (a repeat after a crash is harmless: the flag is
+        set again, a moved UID is gone)."""
+        while True:
+            async with self.pool.acquire() as conn:
+                uids = await store.after_store_pending(
+                    conn, tenant=watch.tenant, address=watch.address, folder=watch.folder,
+                    uidvalidity=state.uidvalidity, limit=100)
+            if not uids:
+                return
+            if after_store == "seen":
+                await session.call(session.reader.mark_seen, uids)
+            else:
+                await session.call(session.reader.move, uids, after_store.removeprefix("move:"))
+            async with self.pool.acquire() as conn:
+                await store.after_store_done(
+                    conn, tenant=watch.tenant, address=watch.address, folder=watch.folder,
+                    uidvalidity=state.uidvalidity, uids=uids)
+
+    async def _read_new(self, session: _Session, watch: MailboxWatch, state: FolderState,
                         summary: WatchSummary) -> None:
-        """Store every message above the cursor, in UID order, each with its cursor."""
         async with self.pool.acquire() as conn:
             cursor = await store.cursor(conn, tenant=watch.tenant, address=watch.address,
                                         folder=watch.folder, uidvalidity=state.uidvalidity)

@@ -77,13 +77,15 @@ class Mailbox:
                               capture_output=True, text=True, timeout=120, check=False)
 
     def add(self, *folders: str, max_connections: int = 2, user: str = USER,
-            credential: tuple[str, str] = ("--password-env", PASSWORD_ENV)) -> None:
+            credential: tuple[str, str] = ("--password-env", PASSWORD_ENV),
+            after_store: str = "none") -> None:
         extra = [x for f in folders for x in ("--folder", f)]
         done = self.cli("mailbox", "add", "imap", "--tenant", "acme", "--address", ADDRESS,
                         "--host", "127.0.0.1", "--port", str(self.server.port),
                         "--tls", "none", "--username", user, *credential,
                         "--folder", self.folder, *extra,
-                        "--max-connections", str(max_connections))
+                        "--max-connections", str(max_connections),
+                        "--after-store", after_store)
         assert done.returncode == 0, done.stderr
 
     def deliver(self, count: int, folder: str | None = None, padding: int = 0,
@@ -403,3 +405,45 @@ async def test_a_refused_login_shows_as_an_error(
     assert found["last_error"] == "permanent:imap_authenticationfailed"
     assert OAUTH_TOKEN not in json.dumps(found)
     assert await ledger(db, mailbox.folder) == []
+
+
+async def test_processed_mail_is_moved_only_after_it_is_stored(
+        env: StackClient, db: asyncpg.Pool, mailbox: Mailbox, dovecot: Dovecot) -> None:
+    """--after-store move:FOLDER: each message leaves the watched folder once its item is
+    stored, lands in the target folder, and is stored once."""
+    target = f"Done{uuid.uuid4().hex[:6]}"
+    dovecot.create_folder(USER, target)
+    sent = mailbox.deliver(3)
+    mailbox.worker.start()
+    mailbox.add(after_store=f"move:{target}")
+    await wait_items_done(env, db, mailbox.folder, 3)
+    sent += mailbox.deliver(1)
+    await wait_items_done(env, db, mailbox.folder, 4)
+
+    async def moved() -> bool:
+        return (dovecot.status(USER, mailbox.folder)["messages"] == 0
+                and dovecot.status(USER, target)["messages"] == 4)
+
+    await env.wait_for(moved, timeout=60, what="the stored mail moved")
+    pending = await db.fetchval(
+        "SELECT count(*) FROM imap_messages WHERE folder = $1 AND after_store_at IS NULL",
+        mailbox.folder)
+    assert pending == 0
+    assert len(await ledger(db, mailbox.folder)) == 4
+    await assert_once_each(env, sent)
+
+
+async def test_processed_mail_can_be_flagged_seen(
+        env: StackClient, db: asyncpg.Pool, mailbox: Mailbox, dovecot: Dovecot) -> None:
+    """--after-store seen: stored messages are flagged \\Seen, and stay where they are."""
+    sent = mailbox.deliver(2)
+    mailbox.worker.start()
+    mailbox.add(after_store="seen")
+    await wait_items_done(env, db, mailbox.folder, 2)
+
+    async def flagged() -> bool:
+        return unseen(dovecot, mailbox.folder) == 0
+
+    await env.wait_for(flagged, timeout=60, what="the stored mail flagged")
+    assert dovecot.status(USER, mailbox.folder)["messages"] == 2
+    await assert_once_each(env, sent)

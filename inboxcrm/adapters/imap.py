@@ -165,14 +165,15 @@ class ImapFolderReader:
         return self._imap
 
     # --- reading --------------------------------------------------------------------------
-    def examine(self, folder: str) -> FolderState:
-        """Open the folder read-only (EXAMINE; with CONDSTORE where offered)."""
+    def examine(self, folder: str, writable: bool = False) -> FolderState:
+        """Open the folder read-only (EXAMINE; with CONDSTORE where offered). `writable`
+        (SELECT) only for a mailbox whose after-store action flags or moves its mail."""
         imap = self._conn
         try:
             name = quote_folder(folder)
             if "CONDSTORE" in self.capabilities:
                 name += " (CONDSTORE)"
-            typ, data = imap.select(name, readonly=True)
+            typ, data = imap.select(name, readonly=not writable)
             if typ != "OK":
                 raise imaplib.IMAP4.error(_first(data))
             return FolderState(
@@ -228,6 +229,25 @@ class ImapFolderReader:
                     found[int(uid.group(1))] = pending
                 pending = None
         return found
+
+    def mark_seen(self, uids: list[int]) -> None:
+        """The after-store action `seen` (run only on stored messages)."""
+        if uids:
+            self._command("STORE", _uid_set(uids), "+FLAGS.SILENT", "(\\Seen)")
+
+    def move(self, uids: list[int], target: str) -> None:
+        """The after-store action `move:FOLDER`: MOVE (RFC 6851), else COPY, \\Deleted and
+        UID EXPUNGE (UIDPLUS), which expunges only these messages."""
+        if not uids:
+            return
+        if "MOVE" in self.capabilities:
+            self._command("MOVE", _uid_set(uids), quote_folder(target))
+            return
+        if "UIDPLUS" not in self.capabilities:
+            raise ImapFailure(Classified(Category.PERMANENT, "imap_move_unsupported"))
+        self._command("COPY", _uid_set(uids), quote_folder(target))
+        self._command("STORE", _uid_set(uids), "+FLAGS.SILENT", "(\\Deleted)")
+        self._command("EXPUNGE", _uid_set(uids))
 
     def _command(self, command: str, *args: str) -> tuple[str, list[object]]:
         imap = self._conn

@@ -102,6 +102,9 @@ def add_imap(
     max_connections: Annotated[int, typer.Option(
         "--max-connections", help="Connections to the account at most, all workers "
                                   "together.")] = 2,
+    after_store: Annotated[str, typer.Option(
+        "--after-store", help="none (read-only, the default) | seen | move:FOLDER: done to "
+                              "each message once it is stored.")] = "none",
 ) -> None:
     """Register an IMAP mailbox and start one watcher per folder."""
     settings = settings_from_env()
@@ -120,7 +123,12 @@ def add_imap(
         fail("--port is 1-65535")
     if not 1 <= max_connections <= 20:
         fail("--max-connections is 1-20")
+    if after_store not in ("none", "seen") and not (
+            after_store.startswith("move:") and FOLDER.match(after_store[5:])):
+        fail("--after-store is none, seen or move:FOLDER")
     folders = list(dict.fromkeys(folder or ["INBOX"]))
+    if after_store[5:] in folders:
+        fail("--after-store move: names a folder that is watched")
     for name in folders:
         if not FOLDER.match(name):
             fail(f"folder {name!r}: printable ASCII (IMAP's modified UTF-7 name), at most 200")
@@ -133,7 +141,7 @@ def add_imap(
                         conn, tenant=tenant, kind="imap", address=address, folder=name,
                         host=host, port=port, tls=tls, username=username,
                         password_env=password_env, oauth_token_env=oauth_token_env,
-                        max_connections=max_connections):
+                        max_connections=max_connections, after_store=after_store):
                     refused.append(name)
             if refused:
                 raise _AlreadyWatched(refused)

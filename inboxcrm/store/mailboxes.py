@@ -23,8 +23,8 @@ SOURCE = "imap"
 
 ADD_MAILBOX = """
 INSERT INTO mailboxes (tenant, kind, address, folder, host, port, tls, username, password_env,
-                       oauth_token_env, max_connections)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                       oauth_token_env, max_connections, after_store)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 ON CONFLICT DO NOTHING
 RETURNING folder
 """
@@ -117,6 +117,21 @@ UPDATE mailboxes SET last_stored_at = now(), updated_at = now()
 WHERE tenant = $1 AND kind = 'imap' AND address = $2 AND folder = $3
 """
 
+# Stored messages the mailbox's after-store action has not run on yet (a message over the
+# size limit is left where it is, for a person to look at).
+AFTER_STORE_PENDING = """
+SELECT uid FROM imap_messages
+WHERE tenant = $1 AND address = $2 AND folder = $3 AND uidvalidity = $4
+  AND after_store_at IS NULL AND role <> 'too_large'
+ORDER BY uid LIMIT $5
+"""
+
+AFTER_STORE_DONE = """
+UPDATE imap_messages SET after_store_at = now()
+WHERE tenant = $1 AND address = $2 AND folder = $3 AND uidvalidity = $4 AND uid = ANY($5)
+  AND after_store_at IS NULL
+"""
+
 COPIES_OF_EVENT = """
 SELECT 'imap' AS source, m.address AS mailbox, m.folder,
        m.folder || ':' || m.uidvalidity || ':' || m.uid AS delivery_id, m.stored_at
@@ -155,10 +170,12 @@ def delivery_id(folder: str, uidvalidity: int, uid: int) -> str:
 async def add_mailbox(conn: Conn, *, tenant: str, kind: str, address: str, folder: str,
                       host: str | None, port: int | None, tls: str | None,
                       username: str | None, password_env: str | None,
-                      oauth_token_env: str | None, max_connections: int) -> bool:
+                      oauth_token_env: str | None, max_connections: int,
+                      after_store: str = "none") -> bool:
     """Register one watched folder; False when it is already registered."""
     row = await conn.fetchrow(ADD_MAILBOX, tenant, kind, address, folder, host, port, tls,
-                              username, password_env, oauth_token_env, max_connections)
+                              username, password_env, oauth_token_env, max_connections,
+                              after_store)
     return row is not None
 
 
@@ -255,6 +272,17 @@ async def _classify(conn: Conn, *, tenant: str, address: str, folder: str, uidva
         if first is not None:
             return "copy", str(first), None
     return "item", None, None
+
+
+async def after_store_pending(conn: Conn, *, tenant: str, address: str, folder: str,
+                              uidvalidity: int, limit: int) -> list[int]:
+    rows = await conn.fetch(AFTER_STORE_PENDING, tenant, address, folder, uidvalidity, limit)
+    return [int(r["uid"]) for r in rows]
+
+
+async def after_store_done(conn: Conn, *, tenant: str, address: str, folder: str,
+                           uidvalidity: int, uids: list[int]) -> None:
+    await conn.execute(AFTER_STORE_DONE, tenant, address, folder, uidvalidity, uids)
 
 
 async def mark_started(conn: Conn, *, event_id: str) -> None:

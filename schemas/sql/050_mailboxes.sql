@@ -16,6 +16,10 @@ CREATE TABLE mailboxes (
     password_env    text,
     oauth_token_env text,
     max_connections integer     NOT NULL DEFAULT 2 CHECK (max_connections BETWEEN 1 AND 20),
+    -- What is done to a message once it is stored: nothing (the folder is opened read-only),
+    -- `seen` (flag it \Seen) or `move:FOLDER`.
+    after_store     text        NOT NULL DEFAULT 'none'
+                                CHECK (after_store IN ('none', 'seen') OR after_store LIKE 'move:_%'),
     state           text        NOT NULL DEFAULT 'watching'
                                 CHECK (state IN ('watching', 'stopped', 'error')),
     last_error      text,                               -- a category and code, no payload
@@ -61,9 +65,12 @@ CREATE TABLE imap_messages (
     content_sha256 text,
     size_bytes     integer     NOT NULL,
     stored_at      timestamptz NOT NULL DEFAULT now(),
+    after_store_at timestamptz,                 -- when the mailbox's after-store action ran
     CONSTRAINT imap_messages_identity UNIQUE (tenant, address, folder, uidvalidity, uid),
     -- One earlier sighting is matched by at most one message after a UIDVALIDITY change.
     CONSTRAINT imap_messages_matched_once UNIQUE (matched_from)
 );
 CREATE INDEX imap_messages_message ON imap_messages (tenant, message_id, content_sha256);
 CREATE INDEX imap_messages_event ON imap_messages (event_id);
+CREATE INDEX imap_messages_after_store ON imap_messages (tenant, address, folder, uidvalidity)
+    WHERE after_store_at IS NULL;
