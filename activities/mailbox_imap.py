@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import asyncpg
 from temporalio import activity
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from activities.heartbeat import heartbeating
@@ -148,7 +148,10 @@ class MailboxImapActivities:
                 await self._one_connection(watch, summary, deadline, idle=False)
             except ImapFailure as exc:
                 await self._record_error(watch, exc)
-                raise
+                classified = classify_imap(exc)
+                raise ApplicationError(
+                    classified.reason, type=classified.category.value,
+                    non_retryable=classified.category is Category.PERMANENT) from None
         return summary
 
     # --- one connection ----------------------------------------------------------------------

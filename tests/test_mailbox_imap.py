@@ -404,7 +404,13 @@ async def test_a_refused_login_shows_as_an_error(
     found = await env.wait_for(errored, timeout=60, what="the folder listed in error")
     assert found["last_error"] == "permanent:imap_authenticationfailed"
     assert OAUTH_TOKEN not in json.dumps(found)
+    synced = mailbox.cli("mailbox", "sync", "--tenant", "acme", "--address", ADDRESS)
+    assert synced.returncode != 0 and "imap_authenticationfailed" in synced.stderr
     assert await ledger(db, mailbox.folder) == []
+    client = await env.temporal()
+    described = await client.get_workflow_handle(
+        f"mailbox/acme/imap/{ADDRESS}/{mailbox.folder}").describe()
+    assert described.status is not None and described.status.name == "RUNNING"
 
 
 async def test_processed_mail_is_moved_only_after_it_is_stored(

@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, CancelledError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -40,6 +40,7 @@ class MailboxWatchWorkflow:
         self._syncs_asked = 0
         self._syncs_done = 0
         self._last_sync = WatchSummary()
+        self._sync_failure: str | None = None
 
     @workflow.run
     async def run(self, watch: MailboxWatch) -> WatchSummary:
@@ -47,11 +48,18 @@ class MailboxWatchWorkflow:
         while True:
             if self._syncs_asked > self._syncs_done:
                 asked = self._syncs_asked
-                self._last_sync = await workflow.execute_activity_method(
-                    MailboxImapActivities.sync_imap_folder, watch,
-                    start_to_close_timeout=timedelta(seconds=max(watch.session_seconds, 60)),
-                    heartbeat_timeout=timedelta(seconds=watch.heartbeat_seconds),
-                    retry_policy=SYNC_RETRY)
+                try:
+                    self._last_sync = await workflow.execute_activity_method(
+                        MailboxImapActivities.sync_imap_folder, watch,
+                        start_to_close_timeout=timedelta(
+                            seconds=max(watch.session_seconds, 60)),
+                        heartbeat_timeout=timedelta(seconds=watch.heartbeat_seconds),
+                        retry_policy=SYNC_RETRY)
+                    self._sync_failure = None
+                except ActivityError as exc:
+                    # The caller hears why; the watcher goes on watching (and retrying).
+                    self._last_sync = WatchSummary()
+                    self._sync_failure = str(exc.cause or exc)
                 self._syncs_done = asked
                 total.add(self._last_sync)
                 if self._last_sync.removed:
@@ -97,4 +105,6 @@ class MailboxWatchWorkflow:
         self._syncs_asked += 1
         mine = self._syncs_asked
         await workflow.wait_condition(lambda: self._syncs_done >= mine)
+        if self._sync_failure is not None:
+            raise ApplicationError(f"sync failed: {self._sync_failure}", non_retryable=True)
         return self._last_sync

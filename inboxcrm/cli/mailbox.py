@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.table import Table
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
@@ -257,7 +257,11 @@ def sync(tenant: TenantOpt, address: AddressOpt,
             total.add(summary)
         return total
 
-    total = asyncio.run(run())
+    try:
+        total = asyncio.run(run())
+    except WorkflowUpdateFailedError as exc:
+        fail(str(exc.cause or exc))
+        raise
     answer = {"stored": total.stored, "duplicates": total.duplicates + total.reseen,
               "copies": total.copies}
     if as_json:
