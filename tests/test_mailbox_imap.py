@@ -275,7 +275,8 @@ async def test_uidvalidity_change_rereads_without_rerunning(
 async def test_connections_stay_within_the_registered_cap(
         env: StackClient, db: asyncpg.Pool, stack: Stack, dovecot: Dovecot) -> None:
     """Two folders, two workers, one connection allowed: Dovecot never holds more than one
-    session of the account, and both folders' mail is stored (the watchers take turns)."""
+    session of the account, and both folders' mail is stored (the watchers take turns); a
+    sync of both folders waits its turn too."""
     box = Mailbox(stack, dovecot, INBOXCRM_IMAP_SESSION_SECONDS="6")
     second = f"T{uuid.uuid4().hex[:8]}"
     dovecot.create_folder(USER, second)
@@ -295,6 +296,11 @@ async def test_connections_stay_within_the_registered_cap(
         try:
             await wait_items_done(env, db, box.folder, 2, timeout=120)
             await wait_items_done(env, db, second, 2, timeout=120)
+            # A sync of both folders needs connections too: it waits its turn.
+            synced = await asyncio.to_thread(
+                box.cli, "mailbox", "sync", "--tenant", "acme", "--address", ADDRESS, "--json")
+            assert synced.returncode == 0, synced.stderr
+            assert json.loads(synced.stdout) == {"stored": 0, "duplicates": 0, "copies": 0}
         finally:
             sampler.cancel()
         assert seen and max(seen) <= 1, seen
