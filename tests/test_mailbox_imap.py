@@ -71,8 +71,9 @@ class Mailbox:
         self.senders: list[str] = []
         server.create_folder(USER, self.folder)
 
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        env = dict(self.stack.env, INBOXCRM_TASK_QUEUE=self.worker.task_queue, **self.rhythm)
+    def cli(self, *args: str, **env_over: str) -> subprocess.CompletedProcess[str]:
+        env = dict(self.stack.env, INBOXCRM_TASK_QUEUE=self.worker.task_queue, **self.rhythm,
+                   **env_over)
         return subprocess.run([sys.executable, "-m", "inboxcrm.cli", *args], env=env,
                               capture_output=True, text=True, timeout=120, check=False)
 
@@ -182,6 +183,35 @@ async def test_mail_is_caught_up_on_start_and_watched_after(
                         "--username", USER, "--password-env", PASSWORD_ENV,
                         "--folder", mailbox.folder)
     assert again.returncode != 0 and "already watched" in again.stderr
+
+    # Removed and added again: the stored messages are not run again.
+    removed = mailbox.cli("mailbox", "remove", "--tenant", "acme", "--address", ADDRESS)
+    assert removed.returncode == 0, removed.stderr
+    mailbox.add()
+    synced = mailbox.cli("mailbox", "sync", "--tenant", "acme", "--address", ADDRESS,
+                         "--json")
+    assert json.loads(synced.stdout) == {"stored": 0, "duplicates": 0, "copies": 0}
+    assert len(await ledger(db, mailbox.folder)) == 5
+    await assert_once_each(env, early + late)
+
+
+@pytest.mark.parametrize(("args", "env_over", "says"), [
+    (("--address", "someone@elsewhere.test", "--tls", "tls"), {}, "not one of tenant"),
+    (("--address", ADDRESS, "--tls", "none"), {"INBOXCRM_ENV": "production"},
+     "only with INBOXCRM_ENV=local"),
+    (("--address", ADDRESS, "--tls", "tls", "--oauth-token-env", OAUTH_ENV), {},
+     "exactly one of"),
+    (("--address", ADDRESS, "--tls", "tls", "--after-store", "delete"), {}, "--after-store"),
+])
+async def test_a_registration_that_cannot_be_right_is_refused(
+        mailbox: Mailbox, db: asyncpg.Pool, args: tuple[str, ...], env_over: dict[str, str],
+        says: str) -> None:
+    done = mailbox.cli("mailbox", "add", "imap", "--tenant", "acme", "--host", "127.0.0.1",
+                       "--port", "993", "--username", USER, "--password-env", PASSWORD_ENV,
+                       "--folder", mailbox.folder, *args, **env_over)
+    assert done.returncode != 0 and says in " ".join(done.stderr.split()), done.stderr
+    assert await db.fetchval("SELECT count(*) FROM mailboxes WHERE folder = $1",
+                             mailbox.folder) == 0
 
 
 async def test_mail_that_arrived_while_no_worker_ran_is_caught_up(
