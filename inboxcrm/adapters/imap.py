@@ -176,8 +176,12 @@ class ImapFolderReader:
             typ, data = imap.select(name, readonly=not writable)
             if typ != "OK":
                 raise imaplib.IMAP4.error(_first(data))
+            uidvalidity = _untagged_int(imap, "UIDVALIDITY")
+            if not uidvalidity:
+                # No UIDs to trust (RFC 9051 requires it): never store under a guess.
+                raise ImapFailure(Classified(Category.PERMANENT, "imap_no_uidvalidity"))
             return FolderState(
-                uidvalidity=_untagged_int(imap, "UIDVALIDITY") or 0,
+                uidvalidity=uidvalidity,
                 uidnext=_untagged_int(imap, "UIDNEXT"),
                 exists=int(_first(data) or 0),
                 highest_modseq=_untagged_int(imap, "HIGHESTMODSEQ"))
