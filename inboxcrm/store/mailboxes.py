@@ -234,10 +234,11 @@ async def store_imap_message(conn: Conn, *, tenant: str, address: str, folder: s
         item_workflow: str | None = None
         if role == "item":
             assert raw is not None and content_sha256 is not None
-            row = await conn.fetchrow(
-                events.INSERT_EVENT, tenant, SOURCE, address,
-                delivery_id(folder, uidvalidity, uid), workflow_id, raw, content_sha256,
-                size, f"mailbox:{SOURCE}")
+            row = await events.insert_event(
+                conn, tenant=tenant, source=SOURCE, mailbox=address,
+                delivery_id=delivery_id(folder, uidvalidity, uid), workflow_id=workflow_id,
+                raw=raw, content_sha256=content_sha256, size_bytes=size,
+                actor=f"mailbox:{SOURCE}")
             assert row is not None
             if not row["new"]:
                 # Stored before under the same delivery key by an attempt whose identity
@@ -286,11 +287,11 @@ async def after_store_done(conn: Conn, *, tenant: str, address: str, folder: str
 
 
 async def mark_started(conn: Conn, *, event_id: str) -> None:
-    await conn.execute(events.MARK_STARTED, event_id)
+    await events.mark_started(conn, event_id=event_id)
 
 
 async def count_start_failure(conn: Conn, *, event_id: str) -> None:
-    await conn.execute(events.COUNT_START_FAILURE, event_id)
+    await events.count_start_failure(conn, event_id=event_id)
 
 
 async def copies_of_event(conn: Conn, *, event_id: str) -> list[dict[str, Any]]:
