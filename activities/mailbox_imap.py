@@ -127,12 +127,15 @@ class MailboxImapActivities:
         backoff = BACKOFF_FIRST
         async with heartbeating(min(2.0, watch.heartbeat_seconds / 4)):
             while time.monotonic() < deadline:
+                connected = summary.connections
                 try:
                     done = await self._one_connection(watch, summary, deadline)
                     if done:
                         return summary
                     backoff = BACKOFF_FIRST
                 except ImapFailure as exc:
+                    if summary.connections > connected:
+                        backoff = BACKOFF_FIRST  # it was up: a drop, not a refusal
                     await self._record_error(watch, exc)
                     await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
                     backoff = min(BACKOFF_MAX, backoff * 2)
