@@ -25,6 +25,7 @@ from activities.bookkeeping import BookkeepingActivities
 from activities.crm import CrmActivities
 from activities.drift import DriftActivities
 from activities.extract import ExtractActivities
+from activities.mailbox_imap import mailbox_activities
 from activities.match import MatchActivities
 from activities.notify import NoticeActivities
 from activities.outbox import MAX_PARK_SECONDS
@@ -47,6 +48,7 @@ from inboxcrm.store import db
 from schemas.destinations import TenantDestinations
 from workflows.drift_check import DriftCheckWorkflow
 from workflows.inbound_email import CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS, InboundEmailWorkflow
+from workflows.mailbox_watch import MailboxWatchWorkflow
 from workflows.review_notices import ReviewNoticesWorkflow
 
 log = logging.getLogger("inboxcrm.worker")
@@ -193,7 +195,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     worker = Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[InboundEmailWorkflow, DriftCheckWorkflow, ReviewNoticesWorkflow],
+        workflows=[InboundEmailWorkflow, DriftCheckWorkflow, ReviewNoticesWorkflow,
+                   MailboxWatchWorkflow],
         activities=[*activity_functions(pool, destinations, None, extractor,
                                         settings.max_retry_after_seconds,
                                         settings.public_relay_base_url,
@@ -203,7 +206,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                                         settings.max_park_seconds, models, settings, work),
                     DriftActivities(pool, destinations).check_destination_drift,
                     NoticeActivities(pool, settings.public_relay_base_url,
-                                     settings.http_timeout_seconds).send_review_notices],
+                                     settings.http_timeout_seconds).send_review_notices,
+                    *mailbox_activities(pool, settings.database_url, settings.max_body_bytes)],
         # A PostgreSQL outage is reported as `StoreUnavailable` by every activity.
         interceptors=[StoreOutageInterceptor()],
         **worker_options(settings),

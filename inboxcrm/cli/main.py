@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from inboxcrm.cli import extract, golive, items, review, reviewer, stack, templates, verify
+from inboxcrm.cli.mailbox import mailbox_app
 
 # typer's own `--install-completion` / `--show-completion` (bash, zsh, fish, PowerShell).
 app = typer.Typer(add_completion=True, no_args_is_help=True,
@@ -44,6 +45,7 @@ def _root(
 app.add_typer(review.review_app, name="review")
 app.add_typer(reviewer.reviewer_app, name="reviewer")
 app.add_typer(templates.template_app, name="template")
+app.add_typer(mailbox_app, name="mailbox")
 
 app.command()(stack.up)
 app.command()(items.status)

@@ -1,0 +1,296 @@
+"""`inboxcrm mailbox add imap|list|sync|remove` (docs/architecture.md §10, docs/mailboxes.md):
+register a tenant's mailbox folders and run one watcher per folder, the Temporal workflow
+`mailbox/{tenant}/{kind}/{address}/{folder}`. The registration stores the *name* of the
+variable holding the password or OAuth token; the workers read its value when they connect."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from datetime import timedelta
+from typing import Annotated, Any
+
+import typer
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from rich.table import Table
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.service import RPCError
+
+from inboxcrm.cli.common import err, fail, out, settings_from_env, with_db
+from inboxcrm.domain.policy import PolicyError, UnknownTenant, get_policy
+from inboxcrm.platform import temporal
+from inboxcrm.platform.config import Settings
+from inboxcrm.store import mailboxes
+from schemas.mailboxes import SYNC_UPDATE, MailboxWatch, WatchSummary, mailbox_workflow_id
+from workflows.mailbox_watch import MailboxWatchWorkflow
+
+mailbox_app = typer.Typer(no_args_is_help=True,
+                          help="Mailboxes watched where the mail lives (IMAP).")
+add_app = typer.Typer(no_args_is_help=True, help="Register a mailbox and start its watchers.")
+mailbox_app.add_typer(add_app, name="add")
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+FOLDER = re.compile(r"^[\x20-\x7e]{1,200}$")  # IMAP names are modified UTF-7: ASCII
+
+
+class WatchRhythm(BaseSettings):
+    """How the watchers started by this command pace themselves (`INBOXCRM_IMAP_*`)."""
+
+    model_config = SettingsConfigDict(env_prefix="INBOXCRM_IMAP_", extra="ignore")
+    heartbeat_seconds: float = 20.0
+    session_seconds: float = 1800.0
+    idle_seconds: float = 300.0
+    history_events_limit: int = 2000
+
+
+TenantOpt = Annotated[str, typer.Option("--tenant", help="The tenant that owns the mailbox.")]
+AddressOpt = Annotated[str, typer.Option(
+    "--address", help="The mailbox's address: one of the tenant's mailboxes in its policy.")]
+
+
+def _watch(tenant: str, kind: str, address: str, folder: str) -> MailboxWatch:
+    rhythm = WatchRhythm()
+    return MailboxWatch(tenant=tenant, kind=kind, address=address, folder=folder,
+                        heartbeat_seconds=rhythm.heartbeat_seconds,
+                        session_seconds=rhythm.session_seconds,
+                        idle_seconds=rhythm.idle_seconds,
+                        history_events_limit=rhythm.history_events_limit)
+
+
+async def _start_watcher(client: Client, settings: Settings, watch: MailboxWatch) -> str:
+    """Start the folder's watcher unless it runs (one per folder, whoever asks)."""
+    workflow_id = mailbox_workflow_id(watch.tenant, watch.kind, watch.address, watch.folder)
+    await client.start_workflow(
+        MailboxWatchWorkflow.run, watch, id=workflow_id, task_queue=settings.task_queue,
+        static_summary=f"mailbox watcher · tenant {watch.tenant} · {watch.kind}",
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        # A folder removed and added again gets a watcher again.
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
+    return workflow_id
+
+
+def _own_address(tenant: str, address: str) -> str:
+    try:
+        policy = get_policy(tenant)
+    except (UnknownTenant, PolicyError) as exc:
+        fail(f"unknown tenant {tenant!r} ({type(exc).__name__})")
+        raise
+    if not policy.is_own_mailbox(address):
+        fail(f"{address!r} is not one of tenant {tenant!r}'s mailboxes (its policy lists "
+             f"{', '.join(policy.mailboxes) or 'none'})")
+    return address.strip().lower()
+
+
+@add_app.command("imap")
+def add_imap(
+    tenant: TenantOpt, address: AddressOpt,
+    host: Annotated[str, typer.Option("--host", help="IMAP server host.")],
+    port: Annotated[int, typer.Option("--port", help="IMAP server port (993 for TLS).")],
+    tls: Annotated[str, typer.Option("--tls", help="none | starttls | tls "
+                                     "(none only with INBOXCRM_ENV=local).")],
+    username: Annotated[str, typer.Option("--username", help="The login name.")],
+    password_env: Annotated[str | None, typer.Option(
+        "--password-env", help="The variable the workers read the password from.")] = None,
+    oauth_token_env: Annotated[str | None, typer.Option(
+        "--oauth-token-env", help="The variable the workers read an OAuth 2.0 access token "
+                                  "from (SASL XOAUTH2).")] = None,
+    folder: Annotated[list[str] | None, typer.Option(
+        "--folder", help="A folder to watch (repeat; default INBOX).")] = None,
+    max_connections: Annotated[int, typer.Option(
+        "--max-connections", help="Connections to the account at most, all workers "
+                                  "together.")] = 2,
+    after_store: Annotated[str, typer.Option(
+        "--after-store", help="none (read-only, the default) | seen | move:FOLDER: done to "
+                              "each message once it is stored.")] = "none",
+) -> None:
+    """Register an IMAP mailbox and start one watcher per folder."""
+    settings = settings_from_env()
+    address = _own_address(tenant, address)
+    if tls not in ("none", "starttls", "tls"):
+        fail("--tls is none, starttls or tls")
+    if tls == "none" and settings.env != "local":
+        fail("--tls none sends the password in clear: only with INBOXCRM_ENV=local")
+    if (password_env is None) == (oauth_token_env is None):
+        fail("give exactly one of --password-env and --oauth-token-env")
+    variable = password_env or oauth_token_env or ""
+    if not ENV_NAME.match(variable):
+        fail("the credential option names an environment variable (letters, digits, _), "
+             "not the secret itself")
+    if not 1 <= port <= 65535:
+        fail("--port is 1-65535")
+    if not 1 <= max_connections <= 20:
+        fail("--max-connections is 1-20")
+    if after_store not in ("none", "seen") and not (
+            after_store.startswith("move:") and FOLDER.match(after_store[5:])):
+        fail("--after-store is none, seen or move:FOLDER")
+    folders = list(dict.fromkeys(folder or ["INBOX"]))
+    if after_store[5:] in folders:
+        fail("--after-store move: names a folder that is watched")
+    for name in folders:
+        if not FOLDER.match(name):
+            fail(f"folder {name!r}: printable ASCII (IMAP's modified UTF-7 name), at most 200")
+
+    async def register(conn: Any) -> list[str]:
+        refused: list[str] = []
+        async with conn.transaction():
+            for name in folders:
+                if not await mailboxes.add_mailbox(
+                        conn, tenant=tenant, kind="imap", address=address, folder=name,
+                        host=host, port=port, tls=tls, username=username,
+                        password_env=password_env, oauth_token_env=oauth_token_env,
+                        max_connections=max_connections, after_store=after_store):
+                    refused.append(name)
+            if refused:
+                raise _AlreadyWatched(refused)
+        return folders
+
+    try:
+        with_db(settings, register)
+    except _AlreadyWatched as exc:
+        fail(f"already watched: {', '.join(exc.folders)} of {address} (tenant {tenant}); "
+             "nothing was added")
+
+    async def start() -> list[str]:
+        client = await temporal.connect(settings)
+        return [await _start_watcher(client, settings, _watch(tenant, "imap", address, name))
+                for name in folders]
+
+    for workflow_id in asyncio.run(start()):
+        out.print(f"watching: {workflow_id}", highlight=False)
+
+
+class _AlreadyWatched(Exception):
+    def __init__(self, folders: list[str]) -> None:
+        super().__init__("already watched")
+        self.folders = folders
+
+
+@mailbox_app.command("list")
+def list_(tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant.")
+                            ] = None,
+          as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """The watched folders with their state and cursor."""
+    settings = settings_from_env()
+
+    async def load(conn: Any) -> list[dict[str, Any]]:
+        rows = await mailboxes.list_mailboxes(conn, tenant=tenant)
+        running = await _running(settings, rows)
+        found = []
+        for row in rows:
+            state = row["state"]
+            key = mailbox_workflow_id(row["tenant"], row["kind"], row["address"], row["folder"])
+            if running is not None and not running.get(key, False):
+                state = "stopped"
+            cursor = None if row["uidvalidity"] is None else {
+                "uidvalidity": int(row["uidvalidity"]), "highest_uid": int(row["highest_uid"]),
+                "highest_modseq": None if row["highest_modseq"] is None
+                else int(row["highest_modseq"])}
+            found.append({
+                "tenant": row["tenant"], "address": row["address"], "kind": row["kind"],
+                "folder": row["folder"], "state": state, "cursor": cursor,
+                "last_stored_at": row["last_stored_at"].isoformat()
+                if row["last_stored_at"] else None,
+                "last_error": row["last_error"], "max_connections": row["max_connections"]})
+        return found
+
+    found = with_db(settings, load)
+    if as_json:
+        out.print_json(json.dumps(found))
+        return
+    table = Table(title=f"mailboxes ({len(found)} folders)")
+    for column in ("tenant", "address", "kind", "folder", "state", "cursor", "last stored"):
+        table.add_column(column)
+    for item in found:
+        cursor = item["cursor"]
+        table.add_row(item["tenant"], item["address"], item["kind"], item["folder"],
+                      item["state"] + (f" ({item['last_error']})" if item["last_error"]
+                                       and item["state"] == "error" else ""),
+                      f"{cursor['uidvalidity']}:{cursor['highest_uid']}" if cursor else "-",
+                      (item["last_stored_at"] or "-")[:19])
+    out.print(table)
+
+
+async def _running(settings: Settings, rows: list[Any]) -> dict[str, bool] | None:
+    """Whether each folder's watcher runs; None when Temporal cannot be asked."""
+    try:
+        client = await asyncio.wait_for(temporal.connect(settings), 5)
+    except Exception:  # noqa: BLE001 - list what the store knows
+        err.print("[yellow]warning:[/yellow] Temporal unreachable: states as last recorded")
+        return None
+    running: dict[str, bool] = {}
+    for row in rows:
+        key = mailbox_workflow_id(row["tenant"], row["kind"], row["address"], row["folder"])
+        try:
+            described = await client.get_workflow_handle(key).describe(
+                rpc_timeout=timedelta(seconds=5))
+            running[key] = described.status == WorkflowExecutionStatus.RUNNING
+        except RPCError:
+            running[key] = False
+    return running
+
+
+@mailbox_app.command("sync")
+def sync(tenant: TenantOpt, address: AddressOpt,
+         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """One catch-up of every folder of the mailbox now, by its watchers."""
+    settings = settings_from_env()
+    address = address.strip().lower()
+
+    async def folders(conn: Any) -> list[Any]:
+        return await mailboxes.mailbox_folders(conn, tenant=tenant, address=address)
+
+    rows = with_db(settings, folders)
+    if not rows:
+        fail(f"no mailbox {address} registered for tenant {tenant}")
+
+    async def run() -> WatchSummary:
+        client = await temporal.connect(settings)
+        total = WatchSummary()
+        for row in rows:
+            workflow_id = await _start_watcher(
+                client, settings, _watch(tenant, row["kind"], address, row["folder"]))
+            summary = await client.get_workflow_handle(workflow_id).execute_update(
+                SYNC_UPDATE, result_type=WatchSummary)
+            total.add(summary)
+        return total
+
+    try:
+        total = asyncio.run(run())
+    except WorkflowUpdateFailedError as exc:
+        fail(str(exc.cause or exc))
+        raise
+    answer = {"stored": total.stored, "duplicates": total.duplicates + total.reseen,
+              "copies": total.copies}
+    if as_json:
+        out.print_json(json.dumps(answer))
+        return
+    out.print(f"stored {answer['stored']}, duplicates {answer['duplicates']}, "
+              f"copies {answer['copies']}", highlight=False)
+
+
+@mailbox_app.command("remove")
+def remove(tenant: TenantOpt, address: AddressOpt) -> None:
+    """Stop the mailbox's watchers and unregister it (what it stored stays stored)."""
+    settings = settings_from_env()
+    address = address.strip().lower()
+
+    async def delete(conn: Any) -> list[Any]:
+        return await mailboxes.remove_mailbox(conn, tenant=tenant, address=address)
+
+    rows = with_db(settings, delete)
+    if not rows:
+        fail(f"no mailbox {address} registered for tenant {tenant}")
+
+    async def stop() -> None:
+        client = await temporal.connect(settings)
+        for row in rows:
+            handle = client.get_workflow_handle(
+                mailbox_workflow_id(tenant, row["kind"], address, row["folder"]))
+            with contextlib.suppress(RPCError):  # not running: nothing to stop
+                await handle.cancel()
+
+    asyncio.run(stop())
+    out.print(f"removed {address} ({', '.join(r['folder'] for r in rows)})", highlight=False)
