@@ -105,6 +105,7 @@ def add_imap(
     after_store: Annotated[str, typer.Option(
         "--after-store", help="none (read-only, the default) | seen | move:FOLDER: done to "
                               "each message once it is stored.")] = "none",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Register an IMAP mailbox and start one watcher per folder."""
     settings = settings_from_env()
@@ -158,7 +159,12 @@ def add_imap(
         return [await _start_watcher(client, settings, _watch(tenant, "imap", address, name))
                 for name in folders]
 
-    for workflow_id in asyncio.run(start()):
+    watchers = asyncio.run(start())
+    if as_json:
+        out.print_json(json.dumps({"tenant": tenant, "address": address, "kind": "imap",
+                                   "folders": folders, "watchers": watchers}))
+        return
+    for workflow_id in watchers:
         out.print(f"watching: {workflow_id}", highlight=False)
 
 
@@ -272,7 +278,9 @@ def sync(tenant: TenantOpt, address: AddressOpt,
 
 
 @mailbox_app.command("remove")
-def remove(tenant: TenantOpt, address: AddressOpt) -> None:
+def remove(tenant: TenantOpt, address: AddressOpt,
+           as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False
+           ) -> None:
     """Stop the mailbox's watchers and unregister it (what it stored stays stored)."""
     settings = settings_from_env()
     address = address.strip().lower()
@@ -293,4 +301,8 @@ def remove(tenant: TenantOpt, address: AddressOpt) -> None:
                 await handle.cancel()
 
     asyncio.run(stop())
-    out.print(f"removed {address} ({', '.join(r['folder'] for r in rows)})", highlight=False)
+    removed = [str(r["folder"]) for r in rows]
+    if as_json:
+        out.print_json(json.dumps({"tenant": tenant, "address": address, "removed": removed}))
+        return
+    out.print(f"removed {address} ({', '.join(removed)})", highlight=False)
