@@ -22,11 +22,7 @@ import tomllib
 print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))
 PY
 RUN pip install -c constraints.txt -r /tmp/runtime-requirements.txt
-COPY activities ./activities
 COPY inboxcrm ./inboxcrm
-COPY schemas ./schemas
-COPY sandbox ./sandbox
-COPY workflows ./workflows
 # The build context has no .git: the version is given, as the release tag without its "v"
 # (docker build --build-arg VERSION=0.2.0 …; deploy/README.md "Building the image").
 ARG VERSION=0.3.0.dev0

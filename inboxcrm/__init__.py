@@ -1,6 +1,6 @@
 """inboxcrm: inbound email to CRM contacts and follow-ups without duplicates."""
 
-import schemas
+import inboxcrm.schemas as schemas
 
 
 def _load_destination_providers() -> None:

@@ -21,18 +21,18 @@ import uvloop
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from activities.bookkeeping import BookkeepingActivities
-from activities.crm import CrmActivities
-from activities.drift import DriftActivities
-from activities.extract import ExtractActivities
-from activities.mailbox_imap import mailbox_activities
-from activities.match import MatchActivities
-from activities.notify import NoticeActivities
-from activities.outbox import MAX_PARK_SECONDS
-from activities.review import ReviewActivities
-from activities.send import SendActivities
-from activities.shadow import ShadowActivities
-from activities.store_outage import StoreOutageInterceptor
+from inboxcrm.activities.bookkeeping import BookkeepingActivities
+from inboxcrm.activities.crm import CrmActivities
+from inboxcrm.activities.drift import DriftActivities
+from inboxcrm.activities.extract import ExtractActivities
+from inboxcrm.activities.mailbox_imap import mailbox_activities
+from inboxcrm.activities.match import MatchActivities
+from inboxcrm.activities.notify import NoticeActivities
+from inboxcrm.activities.outbox import MAX_PARK_SECONDS
+from inboxcrm.activities.review import ReviewActivities
+from inboxcrm.activities.send import SendActivities
+from inboxcrm.activities.shadow import ShadowActivities
+from inboxcrm.activities.store_outage import StoreOutageInterceptor
 from inboxcrm.adapters.base import CrmClient, MailClient
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
 from inboxcrm.domain.extraction import Extractor, build_extractor, work_pool
@@ -44,12 +44,16 @@ from inboxcrm.platform.call_budget import CallBudget
 from inboxcrm.platform.config import InsecureSetting, Settings, get_settings
 from inboxcrm.platform.logs import configure_logging
 from inboxcrm.platform.workpool import IN_PROCESS, Runner
+from inboxcrm.schemas.destinations import TenantDestinations
 from inboxcrm.store import db
-from schemas.destinations import TenantDestinations
-from workflows.drift_check import DriftCheckWorkflow
-from workflows.inbound_email import CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS, InboundEmailWorkflow
-from workflows.mailbox_watch import MailboxWatchWorkflow
-from workflows.review_notices import ReviewNoticesWorkflow
+from inboxcrm.workflows.drift_check import DriftCheckWorkflow
+from inboxcrm.workflows.inbound_email import (
+    CRM_MAX_ATTEMPTS,
+    SEND_MAX_ATTEMPTS,
+    InboundEmailWorkflow,
+)
+from inboxcrm.workflows.mailbox_watch import MailboxWatchWorkflow
+from inboxcrm.workflows.review_notices import ReviewNoticesWorkflow
 
 log = logging.getLogger("inboxcrm.worker")
 
@@ -140,7 +144,7 @@ def model_queue(settings: Settings, extractor: Extractor) -> str:
 def workflow_runner(settings: Settings) -> WorkflowRunner:
     """Unsandboxed unless INBOXCRM_WORKFLOW_SANDBOX=true.
 
-    The sandbox re-executes `workflows/inbound_email.py` and proxies every import for each
+    The sandbox re-executes `inboxcrm/workflows/inbound_email.py` and proxies every import for each
     workflow run; measured by `make bench`'s profile that is about 15 ms of CPU per item, a
     sixth of everything an item costs. What it guards against (a clock, randomness, I/O or
     shared module state inside workflow code) is guarded here by other means: `workflows/`
@@ -168,7 +172,7 @@ def worker_options(settings: Settings) -> dict[str, Any]:
         "workflow_runner": workflow_runner(settings),
         # A rollout drains (docs/architecture.md §4): the steps in flight (local activities,
         # an SMTP send among them) always run to their end; no new step or destination call
-        # starts (`activities/outbox.py`, `activities/step_attempts.py`). This grace is what
+        # starts (`inboxcrm/activities/outbox.py`, `inboxcrm/activities/step_attempts.py`). This grace is what
         # regular activities get before they are cancelled: the drift check, and the steps
         # of workflows started before `local-steps`.
         "graceful_shutdown_timeout": timedelta(seconds=settings.shutdown_grace_seconds),

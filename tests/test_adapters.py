@@ -33,8 +33,8 @@ from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.crm import CrmActivities
-from activities.send import SendActivities
+from inboxcrm.activities.crm import CrmActivities
+from inboxcrm.activities.send import SendActivities
 from inboxcrm.adapters.base import AdapterError, ContactFields, OutgoingEmail
 from inboxcrm.adapters.errors import Category, ErrorType, to_application_error
 from inboxcrm.adapters.factory import ConfigurationError, build_crm, build_mail
@@ -44,9 +44,9 @@ from inboxcrm.adapters.salesforce import LAST_NAME_PLACEHOLDER, SalesforceCrm
 from inboxcrm.adapters.smtp import SmtpMail
 from inboxcrm.operator.hubspot_setup import SetupError, run_setup
 from inboxcrm.platform.config import Settings
+from inboxcrm.schemas.models import ItemRef, OperationInput
 from inboxcrm.stack.processes import free_port
 from inboxcrm.stack.stack import Stack
-from schemas.models import ItemRef, OperationInput
 from tests.helpers.outbox import step_env
 from tests.helpers.tls import self_signed_certificate
 

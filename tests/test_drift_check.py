@@ -19,7 +19,7 @@ from temporalio.client import (
 )
 from temporalio.worker import Replayer
 
-from activities.drift import run_drift_check
+from inboxcrm.activities.drift import run_drift_check
 from inboxcrm.adapters.base import (
     ContactFields,
     CrmRecordView,
@@ -33,12 +33,12 @@ from inboxcrm.adapters.salesforce import SalesforceCrm
 from inboxcrm.adapters.smtp import SmtpMail
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
+from inboxcrm.schemas.contract import DRIFT_CHECK_WORKFLOW_TYPE, drift_check_schedule_id
+from inboxcrm.schemas.drift import DriftCheckRequest, DriftSummary, Trigger
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from schemas.contract import DRIFT_CHECK_WORKFLOW_TYPE, drift_check_schedule_id
-from schemas.drift import DriftCheckRequest, DriftSummary, Trigger
+from inboxcrm.workflows.drift_check import DriftCheckWorkflow
 from tests.helpers.cli import cli
-from workflows.drift_check import DriftCheckWorkflow
 
 
 async def _completed_contact(env: StackClient, db: asyncpg.Pool, prefix: str

@@ -11,14 +11,14 @@ from typing import Any
 import asyncpg
 import pytest
 
-from activities.crm import CrmActivities
-from activities.review import ReviewActivities
-from activities.send import SendActivities
+from inboxcrm.activities.crm import CrmActivities
+from inboxcrm.activities.review import ReviewActivities
+from inboxcrm.activities.send import SendActivities
 from inboxcrm.adapters.factory import build_crm, build_mail
 from inboxcrm.platform.config import Settings
+from inboxcrm.schemas.models import OperationInput, OperationResult, RetryGrant
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from schemas.models import OperationInput, OperationResult, RetryGrant
 from tests.helpers.cli import cli
 from tests.helpers.outbox import (
     Gate,

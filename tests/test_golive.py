@@ -26,17 +26,17 @@ from temporalio.worker import Replayer
 from inboxcrm.domain.notices import card_link
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
+from inboxcrm.schemas.contract import review_notices_schedule_id
+from inboxcrm.schemas.notices import ReviewNoticesSummary
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from schemas.contract import review_notices_schedule_id
-from schemas.notices import ReviewNoticesSummary
+from inboxcrm.workflows.inbound_email import InboundEmailWorkflow
 from tests.helpers.cli import cli
 from tests.helpers.corpus import CASES
 from tests.helpers.histories import store_history
 from tests.helpers.messages import no_sender_message
 from tests.helpers.metrics import sample, scrape_until
 from tests.helpers.stack import ROOT
-from workflows.inbound_email import InboundEmailWorkflow
 
 REHEARSAL = {"tenant": "rehearsal", "mailbox": "inbox@rehearsal.test"}
 # Where policies/rehearsal.json says its webhook URL is.

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
+from inboxcrm.schemas.models import inbound_workflow_id
 from inboxcrm.stack import postgres
 from inboxcrm.store.events import FIND_EVENT, INSERT_EVENT
 from inboxcrm.store.migrate import apply_migrations
-from schemas.models import inbound_workflow_id
 
 CONCURRENT = 8
 DELIVERIES = 40

@@ -15,19 +15,19 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from inboxcrm.platform.config import Settings
+from inboxcrm.schemas.contract import SIGNAL_WAKE
+from inboxcrm.schemas.models import InboundEmailInput
 from inboxcrm.stack import postgres
 from inboxcrm.stack.stack import Stack
 from inboxcrm.store import items
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from schemas.contract import SIGNAL_WAKE
-from schemas.models import InboundEmailInput
+from inboxcrm.workflows.inbound_email import InboundEmailWorkflow
 from tests.helpers.cli import cli
 from tests.helpers.stack import ROOT
 from tests.helpers.time_skipping import skipping_worker, stored_event
-from workflows.inbound_email import InboundEmailWorkflow
 
 # Longer than every step's retry budget against a refused connection (bookkeeping ~15 s,
-# extraction ~15 s, CRM and send ~31 s, planning ~71 s: workflows/step_options.py).
+# extraction ~15 s, CRM and send ~31 s, planning ~71 s: inboxcrm/workflows/step_options.py).
 OUTAGE_SECONDS = 90
 
 

@@ -29,10 +29,10 @@ from temporalio.worker import Replayer
 
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
+from inboxcrm.workflows.mailbox_watch import MailboxWatchWorkflow
 from tests.helpers import dovecot as dovecot_helper
 from tests.helpers.dovecot import Dovecot
 from tests.helpers.own_worker import OwnWorker
-from workflows.mailbox_watch import MailboxWatchWorkflow
 
 pytestmark = pytest.mark.skipif(not dovecot_helper.available(), reason=dovecot_helper.MISSING)
 

@@ -18,11 +18,11 @@ import httpx
 import pytest
 import yaml
 
+from inboxcrm.schemas.models import inbound_workflow_id
 from inboxcrm.stack.processes import ManagedProcess, python
 from inboxcrm.stack.stack import Stack, isolated_config
 from inboxcrm.store import db as inboxcrm_db
 from inboxcrm.verify.probe import Endpoints, StackClient, message_from, unique_email
-from schemas.models import inbound_workflow_id
 from tests.helpers.stack import ROOT
 
 

@@ -26,13 +26,13 @@ from temporalio.worker import Replayer, Worker
 
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
+from inboxcrm.schemas.contract import WORKFLOW_TYPE
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from schemas.contract import WORKFLOW_TYPE
+from inboxcrm.workflows.inbound_email import InboundEmailWorkflow
 from tests.helpers.cli import cli
 from tests.helpers.histories import store_history
 from tests.helpers.messages import no_sender_message
-from workflows.inbound_email import InboundEmailWorkflow
 
 # The query docs/architecture.md §5 gives operators: the open runs this code cannot replay.
 RETIRED_RUNS = ("WorkflowType = 'InboundEmailWorkflow' AND ExecutionStatus = 'Running' AND "

@@ -16,7 +16,7 @@ import asyncpg
 import httpx
 import pytest
 
-from activities.crm import CrmActivities
+from inboxcrm.activities.crm import CrmActivities
 from inboxcrm.adapters.base import AdapterError, ContactFields
 from inboxcrm.adapters.errors import Category
 from inboxcrm.adapters.salesforce import ClientCredentials, SalesforceCrm

@@ -12,15 +12,15 @@ import asyncpg
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.extract import ExtractActivities
-from activities.shadow import ShadowActivities
+from inboxcrm.activities.extract import ExtractActivities
+from inboxcrm.activities.shadow import ShadowActivities
 from inboxcrm.domain.extraction.llm import LLMExtractor
 from inboxcrm.domain.extraction.rules import RulesExtractor
 from inboxcrm.domain.shadow import comparison_extractor
 from inboxcrm.platform.call_budget import CallBudget
 from inboxcrm.platform.config import Settings
+from inboxcrm.schemas.models import ItemRef
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from schemas.models import ItemRef
 from tests.helpers.llm_stub import StubServer, content
 from tests.helpers.time_skipping import stored_event
 

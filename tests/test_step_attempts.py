@@ -10,17 +10,17 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.extract import ExtractActivities
-from activities.match import MatchActivities
+from inboxcrm.activities.extract import ExtractActivities
+from inboxcrm.activities.match import MatchActivities
 from inboxcrm.domain.extraction.minimise import MinimisedMessage
 from inboxcrm.domain.extraction.rules import RulesExtractor
+from inboxcrm.schemas.extraction import Extraction
+from inboxcrm.schemas.models import ItemRef, PlanInput
+from inboxcrm.schemas.outcomes import ErrorType
 from inboxcrm.store.suppression import suppress_identity
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from schemas.extraction import Extraction
-from schemas.models import ItemRef, PlanInput
-from schemas.outcomes import ErrorType
+from inboxcrm.workflows.inbound_email import CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS
 from tests.helpers.time_skipping import stored_event
-from workflows.inbound_email import CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS
 
 
 class CountingExtractor:

@@ -21,10 +21,10 @@ import asyncpg
 import httpx
 import pytest
 
+from inboxcrm.schemas.models import inbound_workflow_id
 from inboxcrm.stack import postgres
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, unique_email
-from schemas.models import inbound_workflow_id
 from tests.helpers.own_worker import OwnWorker
 from tests.helpers.sandbox_process import SandboxProcess, free_port, running
 

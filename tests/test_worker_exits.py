@@ -24,17 +24,17 @@ import pytest
 from temporalio.client import WorkflowHandle
 from temporalio.worker import Replayer
 
-from activities.step_attempts import CRASH_LOOP_LIMIT
+from inboxcrm.activities.step_attempts import CRASH_LOOP_LIMIT
 from inboxcrm.platform.config import Settings
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
+from inboxcrm.workflows.inbound_email import InboundEmailWorkflow
+from inboxcrm.workflows.step_options import DRAIN_HANDOVER
 from tests.helpers.cli import cli
 from tests.helpers.histories import store_history
 from tests.helpers.llm_stub import StubServer, content
 from tests.helpers.own_worker import OwnWorker
 from tests.helpers.time_skipping import stored_event
-from workflows.inbound_email import InboundEmailWorkflow
-from workflows.step_options import DRAIN_HANDOVER
 
 
 @pytest.fixture

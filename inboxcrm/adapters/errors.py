@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 from temporalio.exceptions import ApplicationError
 
-from schemas.outcomes import Category, Classified, ErrorType
+from inboxcrm.schemas.outcomes import Category, Classified, ErrorType
 
 __all__ = [
     "Category",

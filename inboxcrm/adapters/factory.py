@@ -29,7 +29,7 @@ from inboxcrm.adapters.registry import (
     mail_provider,
     resolve_secret,
 )
-from schemas.destinations import CrmDestination, MailDestination, TenantDestinations
+from inboxcrm.schemas.destinations import CrmDestination, MailDestination, TenantDestinations
 
 if TYPE_CHECKING:
     from inboxcrm.platform.config import Settings

@@ -34,7 +34,7 @@ from inboxcrm.adapters.registry import (
     secret_value,
 )
 from inboxcrm.adapters.transport import new_client
-from schemas.destinations import CrmDestination, SecretRef, field_name
+from inboxcrm.schemas.destinations import CrmDestination, SecretRef, field_name
 
 if TYPE_CHECKING:
     from inboxcrm.platform.config import Settings
@@ -213,7 +213,7 @@ class SandboxCrmDestination(HubSpotDestination):
 class HubSpotProvider(CrmProvider[HubSpotDestination]):
     name = HubSpotCrm.name
     destination = HubSpotDestination
-    sandbox = ("sandbox/crm.py", "sandbox/notes.py")
+    sandbox = ("inboxcrm/sandbox/crm.py", "inboxcrm/sandbox/notes.py")
     conformance = "tests/conformance/test_hubspot.py"
     default_url: ClassVar[str | None] = HUBSPOT_API
 

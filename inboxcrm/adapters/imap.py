@@ -21,7 +21,7 @@ from email.parser import BytesHeaderParser
 from email.policy import compat32
 
 from inboxcrm.adapters.errors import classify_exception
-from schemas.outcomes import Category, Classified
+from inboxcrm.schemas.outcomes import Category, Classified
 
 # A header block larger than this is not searched for a Message-ID (the identity then rests
 # on the content hash alone).

@@ -8,7 +8,7 @@ decorated with `@register`:
     class PipedriveProvider(CrmProvider[PipedriveDestination]):
         name = "pipedrive"
         destination = PipedriveDestination     # its block in a tenant policy
-        sandbox = ("sandbox/pipedrive.py",)
+        sandbox = ("inboxcrm/sandbox/pipedrive.py",)
         conformance = "tests/conformance/test_pipedrive.py"
 
         def from_settings(self, settings): ...            # the global account (INBOXCRM_*)
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 from inboxcrm.adapters.base import CrmClient, MailClient
-from schemas.destinations import (
+from inboxcrm.schemas.destinations import (
     CrmDestination,
     MailDestination,
     ProviderDestination,

@@ -5,7 +5,7 @@ Resend answers the identical request with the same email's ID and sends nothing,
 inside that window can never send a second follow-up, and repeating the request is how an
 unknown outcome is reconciled. Resend offers no lookup by key (its list takes only `limit`,
 `after` and `before`), so past the window nothing can confirm the outcome: the operation is
-held (`activities/outbox.py`). A key reused with another payload (409
+held (`inboxcrm/activities/outbox.py`). A key reused with another payload (409
 `invalid_idempotent_request`) is held too; a key whose first request is still running (409
 `concurrent_idempotent_requests`) is an outcome not known yet: repeated later, as Resend
 documents, keeping the intent's lease (an opt-out waits for it).
@@ -30,7 +30,7 @@ from inboxcrm.adapters.registry import (
     secret_value,
 )
 from inboxcrm.adapters.transport import new_client
-from schemas.destinations import MailDestination, SecretRef
+from inboxcrm.schemas.destinations import MailDestination, SecretRef
 
 if TYPE_CHECKING:
     from inboxcrm.platform.config import Settings
@@ -118,7 +118,7 @@ class SandboxMailDestination(ResendDestination):
 class ResendProvider(MailProvider[ResendDestination]):
     name = ResendMail.name
     destination = ResendDestination
-    sandbox = ("sandbox/mail.py",)
+    sandbox = ("inboxcrm/sandbox/mail.py",)
     conformance = "tests/conformance/test_resend.py"
     default_url: ClassVar[str | None] = RESEND_API
 

@@ -52,7 +52,7 @@ from inboxcrm.adapters.registry import (
     secret_value,
 )
 from inboxcrm.adapters.transport import new_client
-from schemas.destinations import CrmDestination, SecretRef, SettingsBlock, field_name
+from inboxcrm.schemas.destinations import CrmDestination, SecretRef, SettingsBlock, field_name
 
 if TYPE_CHECKING:
     from inboxcrm.platform.config import Settings
@@ -364,7 +364,7 @@ class SalesforceDestination(CrmDestination):
 class SalesforceProvider(CrmProvider[SalesforceDestination]):
     name = SalesforceCrm.name
     destination = SalesforceDestination
-    sandbox = ("sandbox/salesforce.py",)
+    sandbox = ("inboxcrm/sandbox/salesforce.py",)
     conformance = "tests/conformance/test_salesforce.py"
 
     def from_settings(self, settings: Settings) -> SalesforceCrm:

@@ -53,7 +53,7 @@ from inboxcrm.adapters.registry import (
     secret_value,
 )
 from inboxcrm.platform import tracing
-from schemas.destinations import MailDestination, SecretRef
+from inboxcrm.schemas.destinations import MailDestination, SecretRef
 
 if TYPE_CHECKING:
     from inboxcrm.platform.config import Settings

@@ -20,7 +20,7 @@ from inboxcrm.domain.extraction import (
     extract_offline,
     summary,
 )
-from schemas.sources import SOURCE_NAMES
+from inboxcrm.schemas.sources import SOURCE_NAMES
 
 
 def extract(

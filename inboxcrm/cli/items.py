@@ -26,8 +26,8 @@ from inboxcrm.cli.common import (
     with_db,
 )
 from inboxcrm.domain.review_card import age_text
+from inboxcrm.schemas.contract import WORKFLOW_TYPE, start_search_attributes
 from inboxcrm.store import db, items, retention
-from schemas.contract import WORKFLOW_TYPE, start_search_attributes
 
 T = TypeVar("T")
 
@@ -207,7 +207,7 @@ def replay(workflow_id: str, reviewer: ReviewerOpt,
 
     from inboxcrm.operator.reviewer_auth import NotAuthorised, cli_principal
     from inboxcrm.platform import temporal
-    from schemas.models import InboundEmailInput
+    from inboxcrm.schemas.models import InboundEmailInput
 
     settings = settings_from_env()
 

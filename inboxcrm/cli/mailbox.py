@@ -23,9 +23,9 @@ from inboxcrm.cli.common import err, fail, out, settings_from_env, with_db
 from inboxcrm.domain.policy import PolicyError, UnknownTenant, get_policy
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
+from inboxcrm.schemas.mailboxes import SYNC_UPDATE, MailboxWatch, WatchSummary, mailbox_workflow_id
 from inboxcrm.store import mailboxes
-from schemas.mailboxes import SYNC_UPDATE, MailboxWatch, WatchSummary, mailbox_workflow_id
-from workflows.mailbox_watch import MailboxWatchWorkflow
+from inboxcrm.workflows.mailbox_watch import MailboxWatchWorkflow
 
 mailbox_app = typer.Typer(no_args_is_help=True,
                           help="Mailboxes watched where the mail lives (IMAP).")

@@ -12,7 +12,7 @@ import typer
 
 from inboxcrm.cli.common import JsonOpt, ReviewerOpt, fail, out, settings_from_env, with_db
 from inboxcrm.platform.config import Settings
-from schemas.contract import Decision
+from inboxcrm.schemas.contract import Decision
 
 review_app = typer.Typer(no_args_is_help=True,
                          help="Reviewer decisions (Temporal updates) and the review card.")
@@ -49,8 +49,8 @@ def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
 
     from inboxcrm.operator.reviewer_auth import NotAuthorised, stamp
     from inboxcrm.platform import temporal
-    from schemas.contract import QUERY_STATUS
-    from schemas.models import DecisionBody, ItemStatus
+    from inboxcrm.schemas.contract import QUERY_STATUS
+    from inboxcrm.schemas.models import DecisionBody, ItemStatus
 
     pairs = [c.partition("=") for c in corrections or []]
     if any(not sep or not key for key, sep, _ in pairs):

@@ -150,14 +150,14 @@ def check(
 def _drift_json(report: Any) -> dict[str, Any]:
     from dataclasses import asdict
 
-    from schemas.drift import DriftKind
+    from inboxcrm.schemas.drift import DriftKind
 
     return {**asdict(report), "drift": report.drift,
             "counts": {kind.value: report.count(kind) for kind in DriftKind}}
 
 
 def _print_drift(report: Any, title: str) -> None:
-    from schemas.drift import CHECKED_ACTIONS, DriftKind
+    from inboxcrm.schemas.drift import CHECKED_ACTIONS, DriftKind
 
     table = Table(title=title)
     table.add_column("finding")
@@ -192,10 +192,10 @@ def reconcile(
     records missing or changed behind our back, follow-ups the provider does not know,
     provider message IDs used twice. Prints the on-demand report (with --since) and the
     latest scheduled one. Exit 1 on drift, 2 when there is no report to show."""
-    from activities.drift import run_drift_check
+    from inboxcrm.activities.drift import run_drift_check
     from inboxcrm.adapters.factory import ConfigurationError, build_crm, build_mail
+    from inboxcrm.schemas.drift import DriftCheckRequest, DriftReport, Trigger
     from inboxcrm.store import drift
-    from schemas.drift import DriftCheckRequest, DriftReport, Trigger
 
     settings = settings_from_env()
     now = datetime.now(UTC)

@@ -1,7 +1,7 @@
 """The planner, pure: `plan(facts) -> Plan` decides who the sender is and what to do about
 them (docs/architecture.md §5) from facts read once. No I/O. Three callers, one function:
 
-- the planning activity (`activities/match.py`) reads the facts inside its transaction,
+- the planning activity (`inboxcrm/activities/match.py`) reads the facts inside its transaction,
   under the locks that serialise our writers, calls `plan`, then writes what it returns;
 - the review card (`inboxcrm.domain.review_card`) reads them with read-only queries and
   shows what `plan` returns, so it never promises what the planner would hold;

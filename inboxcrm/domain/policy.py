@@ -30,8 +30,8 @@ from pydantic import (
 )
 
 from inboxcrm.domain.templates import Template, TemplateRefused, load_templates, rule_version
-from schemas.destinations import TenantDestinations
-from schemas.sources import SourceName
+from inboxcrm.schemas.destinations import TenantDestinations
+from inboxcrm.schemas.sources import SourceName
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY_SUFFIXES = (".json", ".toml")
@@ -70,7 +70,7 @@ class FollowupRule(_Strict):
     @field_validator("intents")
     @classmethod
     def _known_intents(cls, intents: list[str]) -> list[str]:
-        from schemas.extraction import INTENTS
+        from inboxcrm.schemas.extraction import INTENTS
 
         unknown = sorted(set(intents) - set(INTENTS))
         if unknown:

@@ -40,9 +40,9 @@ from inboxcrm.domain.policy import (
 from inboxcrm.domain.templates import Template, TemplateRefused, from_sources, reply_languages
 from inboxcrm.platform.config import get_settings
 from inboxcrm.platform.workpool import IN_PROCESS, BudgetExceeded, Runner, WorkFailed
+from inboxcrm.schemas.contract import decision_body
 from inboxcrm.store import intents, review
 from inboxcrm.store import templates as template_store
-from schemas.contract import decision_body
 
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn

@@ -3,13 +3,13 @@ have done with one item, and the report over many.
 
 `shadow_plan` is the planner itself (`planning.plan`) on facts the caller read: the route
 and reasons of the extraction, the tenant policy, and what the store says about the identity
-(`activities/shadow.py` gathers them read-only). It writes nothing and calls nothing. The
+(`inboxcrm/activities/shadow.py` gathers them read-only). It writes nothing and calls nothing. The
 plan it returns is stored on the event and holds references, reasons and field names only:
 never an address, a name or a subject, so the report can be shared as it is.
 
 Outcomes: `would_complete` (CRM writes and, if planned, the follow-up, without a person),
 `would_review` (a person would be asked first: the reason says why), `would_ignore`,
-`would_suppress` (an opt-out: recorded for real, see `activities/shadow.py`).
+`would_suppress` (an opt-out: recorded for real, see `inboxcrm/activities/shadow.py`).
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ from temporalio.service import RPCError
 
 from inboxcrm.domain.policy import get_policy
 from inboxcrm.ingress.intake import TemporalHandle
+from inboxcrm.schemas.contract import WORKFLOW_TYPE
+from inboxcrm.schemas.models import TERMINAL_STATES
 from inboxcrm.store import failed_runs
-from schemas.contract import WORKFLOW_TYPE
-from schemas.models import TERMINAL_STATES
 
 log = logging.getLogger("inboxcrm.ingress.failed_runs")
 

@@ -29,9 +29,9 @@ from temporalio.service import RPCError
 from inboxcrm.ingress.metrics import RelayMetrics
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
+from inboxcrm.schemas.contract import WORKFLOW_TYPE, start_search_attributes
+from inboxcrm.schemas.models import InboundEmailInput, inbound_workflow_id
 from inboxcrm.store import audit, events
-from schemas.contract import WORKFLOW_TYPE, start_search_attributes
-from schemas.models import InboundEmailInput, inbound_workflow_id
 
 log = logging.getLogger("inboxcrm.ingress")
 

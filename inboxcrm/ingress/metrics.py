@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest, start
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from inboxcrm.schemas.drift import DriftKind
 from inboxcrm.store import gauges
-from schemas.drift import DriftKind
 
 log = logging.getLogger("inboxcrm.ingress.metrics")
 

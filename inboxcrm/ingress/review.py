@@ -36,8 +36,8 @@ from inboxcrm.ingress.web import read_body
 from inboxcrm.platform.config import Settings
 from inboxcrm.platform.reviewer_identity import PATH_DESK, Principal, sign_decision
 from inboxcrm.platform.workpool import Runner
+from inboxcrm.schemas.contract import Decision
 from inboxcrm.store import reviewers as reviewer_store
-from schemas.contract import Decision
 
 log = logging.getLogger("inboxcrm.ingress.review")
 
@@ -219,7 +219,7 @@ def review_router(settings: Settings) -> APIRouter:
         from temporalio.client import WorkflowUpdateFailedError
         from temporalio.service import RPCError
 
-        from schemas.models import DecisionBody, ItemStatus
+        from inboxcrm.schemas.models import DecisionBody, ItemStatus
 
         secret = auth.decision_secret
         if secret is None:

@@ -1,7 +1,7 @@
 """`POST /v1/unsubscribe/{token}`: one-click unsubscribe (RFC 8058) for the links of
 `inboxcrm.domain.unsubscribe_links`.
 
-`POST /v1/unsubscribe/{token}` has the effect of an opt-out email (activities/match.py
+`POST /v1/unsubscribe/{token}` has the effect of an opt-out email (inboxcrm/activities/match.py
 `record_opt_out`), in ONE transaction: suppression for the contact's identity (ON CONFLICT
 DO NOTHING), queued/awaiting-approval intents for it cancelled, the contact marked
 suppressed, one audit entry. Repeating it answers 200 again and writes nothing. A forged,

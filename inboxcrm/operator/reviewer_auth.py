@@ -18,8 +18,8 @@ from inboxcrm.store import reviewers as store
 
 if TYPE_CHECKING:
     from inboxcrm.platform.config import Settings
+    from inboxcrm.schemas.models import DecisionBody
     from inboxcrm.store.db import Conn
-    from schemas.models import DecisionBody
 
 REVIEWER_TOKEN_VARIABLE = "INBOXCRM_REVIEWER_TOKEN"
 

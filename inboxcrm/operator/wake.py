@@ -3,7 +3,7 @@ running item that may be parked on it, found by search attribute (state and tena
 
 The signal only says "check again now"; an item that is not parked ignores it, and one this
 listing misses (visibility lags a little) sees the lifted switch on its own fallback timer
-(at most an hour later, workflows/step_options.py)."""
+(at most an hour later, inboxcrm/workflows/step_options.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 
 from temporalio.client import Client
 
-from schemas.contract import SA_STATE, SA_TENANT, SIGNAL_WAKE, WORKFLOW_TYPE
+from inboxcrm.schemas.contract import SA_STATE, SA_TENANT, SIGNAL_WAKE, WORKFLOW_TYPE
 
 # The item states in which a step of each pause scope parks.
 PARKED_STATES = {"crm": ("crm_pending",), "send": ("send_pending",),

@@ -58,8 +58,8 @@ from temporalio.converter import (
 from temporalio.exceptions import ApplicationError
 
 from inboxcrm.platform.config import Settings
-from schemas.contract import DECISION_REFUSED
-from schemas.outcomes import ErrorType
+from inboxcrm.schemas.contract import DECISION_REFUSED
+from inboxcrm.schemas.outcomes import ErrorType
 
 log = logging.getLogger("inboxcrm.platform.codec")
 

@@ -11,8 +11,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.contract import DEFAULT_TASK_QUEUE
-from schemas.sources import SOURCE_NAMES, SourceName
+from inboxcrm.schemas.contract import DEFAULT_TASK_QUEUE
+from inboxcrm.schemas.sources import SOURCE_NAMES, SourceName
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (or install) root
 # Per-tenant Standard Webhooks secrets: INBOXCRM_WEBHOOK_SECRET_<TENANT> (tenant upper-cased,
@@ -223,12 +223,12 @@ class Settings(BaseSettings):
     # leaves room for it plus closing connections (tests/fast/test_deploy_config.py).
     shutdown_grace_seconds: float = 50.0
 
-    # Scheduled drift check (workflows/drift_check.py): every interval, a sample of the
+    # Scheduled drift check (inboxcrm/workflows/drift_check.py): every interval, a sample of the
     # operations completed in the last window is checked at the destination.
     drift_check_interval_seconds: int = Field(3600, ge=60)
     drift_check_window_seconds: int = Field(86_400, ge=60)
     drift_check_sample_size: int = Field(200, ge=1, le=10_000)
-    # Review notices (workflows/review_notices.py): how often the tenants' reviewers are
+    # Review notices (inboxcrm/workflows/review_notices.py): how often the tenants' reviewers are
     # told about new and overdue review tasks (one message per tenant per run at most,
     # unless a backlog needs several).
     review_notice_interval_seconds: int = Field(60, ge=5, le=86_400)

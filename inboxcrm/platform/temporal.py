@@ -31,9 +31,9 @@ from temporalio.service import TLSConfig
 
 from inboxcrm.platform import tracing
 from inboxcrm.platform.config import Settings
-from schemas import contract
-from schemas.drift import DriftCheckInput
-from schemas.notices import ReviewNoticesInput
+from inboxcrm.schemas import contract
+from inboxcrm.schemas.drift import DriftCheckInput
+from inboxcrm.schemas.notices import ReviewNoticesInput
 
 log = logging.getLogger("inboxcrm.platform.temporal")
 

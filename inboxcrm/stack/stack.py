@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inboxcrm.platform.config import Settings
+from inboxcrm.schemas.contract import DEFAULT_TASK_QUEUE
 from inboxcrm.stack import postgres
 from inboxcrm.stack.ports import PortConflict, PortPlan, plan_ports
 from inboxcrm.stack.processes import (
@@ -28,7 +29,6 @@ from inboxcrm.stack.processes import (
     temporal_dev_server_argv,
 )
 from inboxcrm.store.migrate import apply_migrations
-from schemas.contract import DEFAULT_TASK_QUEUE
 
 WORKER_READY = "worker running on task queue"
 
@@ -160,7 +160,7 @@ class Stack:
             self.temporal_address = f"127.0.0.1:{cfg.temporal_port}"
         self.env = self._app_env()
         require_free("sandbox", "127.0.0.1", cfg.sandbox_port, "INBOXCRM_SANDBOX_PORT")
-        self._start("sandbox", python("sandbox") + ["--port", str(cfg.sandbox_port)],
+        self._start("sandbox", python("inboxcrm.sandbox") + ["--port", str(cfg.sandbox_port)],
                     http_ok(f"{self.sandbox_url}/healthz"))
 
     def start_worker(self, index: int = 1) -> ManagedProcess:

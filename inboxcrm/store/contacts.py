@@ -10,7 +10,7 @@ import asyncpg
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
 
-# --- planning (activities/match.py) ------------------------------------------------------
+# --- planning (inboxcrm/activities/match.py) ------------------------------------------------------
 UPSERT_CONTACT = """
 INSERT INTO contacts (tenant, canonical_email, email, name, company)
 VALUES ($1, $2, $3, $4, $5)
@@ -30,7 +30,7 @@ UPDATE contacts SET name = COALESCE($2, name), company = COALESCE($3, company),
 WHERE contact_id = $1
 """
 
-# --- the CRM steps (activities/crm.py) ---------------------------------------------------
+# --- the CRM steps (inboxcrm/activities/crm.py) ---------------------------------------------------
 LOAD_CONTACT = """
 SELECT contact_id, email, name, company FROM contacts WHERE contact_id = $1::uuid
 """

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from schemas.drift import (
+from inboxcrm.schemas.drift import (
     CHECKED_ACTIONS,
     DriftFinding,
     DriftKind,

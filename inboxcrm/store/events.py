@@ -68,7 +68,7 @@ WHERE workflow_started_at IS NULL AND received_at < now() - make_interval(secs =
 ORDER BY received_at LIMIT $2
 """
 
-# --- extraction (activities/extract.py) --------------------------------------------------
+# --- extraction (inboxcrm/activities/extract.py) --------------------------------------------------
 # Marks the item `extracting` and reads its raw message, its source and any stored
 # extraction: one round trip.
 # It also counts the attempt (`step_attempts`: $3 workflow ID, $4 step) and fixes the mode
@@ -111,7 +111,7 @@ INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action,
 VALUES ($6, $1, $7, NULL, 'extractor', 'extracted', $8)
 """
 
-# --- planning (activities/match.py) ------------------------------------------------------
+# --- planning (inboxcrm/activities/match.py) ------------------------------------------------------
 # Loads the event and shows `matching`; the row lock serialises a re-run with a zombie.
 # It also says how long the tenant has been live since an operator switched it
 # (`inboxcrm mode`; NULL: never switched, or in shadow), which decides whether a ramp
@@ -125,7 +125,7 @@ RETURNING event_id, tenant, extraction, route, route_reasons, canonical_email,
              AND s.value ->> 'mode' = 'live') AS live_for_seconds
 """
 
-# --- a reviewer's corrections (activities/review.py) -------------------------------------
+# --- a reviewer's corrections (inboxcrm/activities/review.py) -------------------------------------
 LOAD_EXTRACTION = "SELECT extraction FROM inbound_events WHERE event_id = $1 FOR UPDATE"
 
 STORE_CORRECTION = """

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from inboxcrm.schemas.models import ItemEnd
+from inboxcrm.schemas.outcomes import Classified
 from inboxcrm.store.audit import json_safe
 from inboxcrm.store.review_tasks import settle_parts
-from schemas.models import ItemEnd
-from schemas.outcomes import Classified
 
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
@@ -233,7 +233,7 @@ UPDATE operations SET status = 'cancelled', last_transition = now()
 WHERE workflow_id = $1 AND status <> 'completed'
 """
 
-# What the workflow shows of an operation (activities/review.py).
+# What the workflow shows of an operation (inboxcrm/activities/review.py).
 OPERATION_VIEW = """
 SELECT attempts, max_attempts, last_error FROM operations WHERE op_key = $1
 """

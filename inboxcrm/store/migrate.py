@@ -1,4 +1,4 @@
-"""A small migration runner: applies schemas/sql/NNN_*.sql in order, once each, and records
+"""A small migration runner: applies inboxcrm/schemas/sql/NNN_*.sql in order, once each, and records
 the versions it applied. Runs under an advisory lock so concurrent starters are safe."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import asyncpg
 
-SQL_DIR = Path(__file__).resolve().parents[2] / "schemas" / "sql"
+SQL_DIR = Path(__file__).resolve().parents[1] / "schemas" / "sql"
 _LOCK_ID = 0x1B0C_C2A1
 
 

@@ -1,6 +1,6 @@
 """The `review_tasks` table: the owned review queue. The workflow's state mirror opens a
 task when an item waits for a person and closes it when the item moves on
-(activities/bookkeeping.py)."""
+(inboxcrm/activities/bookkeeping.py)."""
 
 from __future__ import annotations
 

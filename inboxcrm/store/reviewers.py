@@ -1,4 +1,4 @@
-"""Reviewers and their tenants (`schemas/sql/010_reviewers.sql`): the statements behind
+"""Reviewers and their tenants (`inboxcrm/schemas/sql/010_reviewers.sql`): the statements behind
 `inboxcrm reviewer add|list|revoke`, the desk's token and session lookups, and the review
 queue limited to a reviewer's tenants. Tokens are never stored, only their SHA-256."""
 

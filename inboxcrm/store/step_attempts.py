@@ -1,5 +1,5 @@
 """The `step_attempts` table: durable attempt counts for the steps outside the ledger
-(extraction, planning); see activities/step_attempts.py for why."""
+(extraction, planning); see inboxcrm/activities/step_attempts.py for why."""
 
 from __future__ import annotations
 

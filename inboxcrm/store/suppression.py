@@ -1,7 +1,7 @@
 """Suppressing an identity: the one place that writes a suppression, cancels the identity's
 queued follow-ups and marks its contact, in the caller's transaction. Used by an opt-out
-email (activities/match.py), by one-click unsubscribe (inboxcrm/ingress/unsubscribe.py) and
-by a hard bounce or abuse report of our own follow-up (activities/extract.py).
+email (inboxcrm/activities/match.py), by one-click unsubscribe (inboxcrm/ingress/unsubscribe.py) and
+by a hard bounce or abuse report of our own follow-up (inboxcrm/activities/extract.py).
 
 Ordering against a send: both sides lock the contact row first (the send with FOR SHARE,
 while it checks eligibility and takes its lease). If a send already holds a live lease, its

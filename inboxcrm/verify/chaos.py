@@ -43,13 +43,13 @@ from typing import Any
 import asyncpg
 import httpx
 
+from inboxcrm.schemas.contract import WORKFLOW_TYPE, Decision
 from inboxcrm.stack import postgres
 from inboxcrm.stack.stack import Stack, worker_name
 from inboxcrm.store import chaos_runs
 from inboxcrm.verify import check
 from inboxcrm.verify.probe import Endpoints, StackClient, message_from
-from schemas.contract import WORKFLOW_TYPE, Decision
-from workflows.step_options import STORE_WAIT_MAX
+from inboxcrm.workflows.step_options import STORE_WAIT_MAX
 
 TARGETS = ("crm.upsert", "crm.search", "mail.send")
 MODES = ("rate_limit", "server_error", "invalid_field", "unauthorized",
@@ -667,7 +667,7 @@ class ChaosRun:
                     return str(record["id"])
         elif action == "crm-note":
             try:
-                from activities.crm import note_key
+                from inboxcrm.activities.crm import note_key
             except ImportError:
                 return None
             key = note_key(op_key)

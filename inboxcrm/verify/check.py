@@ -2,7 +2,7 @@
 the promises of docs/architecture.md — nothing duplicated, nothing lost, nothing stuck
 without an owner, every retry bounded.
 
-It reads the sandbox's whole state; the scheduled drift check (`activities/drift.py`) asks
+It reads the sandbox's whole state; the scheduled drift check (`inboxcrm/activities/drift.py`) asks
 any destination through its adapter. Both judge a stored record with the same verdicts
 (`inboxcrm.store.drift`).
 

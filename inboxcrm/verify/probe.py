@@ -17,10 +17,10 @@ from temporalio.client import Client
 
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
+from inboxcrm.schemas.contract import QUERY_STATUS
 from inboxcrm.store import contacts, events, ledger
 from inboxcrm.store import db as store_db
 from inboxcrm.verify.signing import sample_message, signed_headers, standard_body
-from schemas.contract import QUERY_STATUS
 
 TERMINAL = {"completed", "ignored", "suppressed", "rejected", "failed", "shadowed"}
 

@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from inboxcrm.schemas.contract import Decision
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from schemas.contract import Decision
 
 TENANT = "rehearsal"
 MAILBOX = "inbox@rehearsal.test"

@@ -18,7 +18,7 @@ import pytest
 from inboxcrm.adapters.base import ContactFields, CrmClient, MailClient, OutgoingEmail
 from inboxcrm.adapters.registry import Provider, Secrets, providers
 from inboxcrm.platform.config import Settings
-from schemas.destinations import TenantDestinations
+from inboxcrm.schemas.destinations import TenantDestinations
 from tests.helpers.sandbox_process import API_KEY, SandboxProcess
 
 KEY_VARIABLE = "CONTRACT_SANDBOX_KEY"

@@ -1,4 +1,4 @@
-"""The steps' counters (activities/counters.py) on a real Temporal runtime meter: bound once
+"""The steps' counters (inboxcrm/activities/counters.py) on a real Temporal runtime meter: bound once
 per label set, and every count still reaches the exporter with its labels."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 from temporalio.testing import ActivityEnvironment
 
-from activities import counters
+from inboxcrm.activities import counters
 
 
 def _count_twice(outcome: str) -> None:

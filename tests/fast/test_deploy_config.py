@@ -520,8 +520,8 @@ def test_worker_drains_within_the_pod_grace_period() -> None:
     """A draining worker lets the step in flight finish (a local step always runs to its
     end; a regular activity gets INBOXCRM_SHUTDOWN_GRACE_SECONDS) and then records it; the
     pod (Kubernetes) and the container (Compose) wait longer than the longest step plus that
-    bookkeeping before they kill it (the timeout chain in workflows/step_options.py)."""
-    from workflows.step_options import (
+    bookkeeping before they kill it (the timeout chain in inboxcrm/workflows/step_options.py)."""
+    from inboxcrm.workflows.step_options import (
         BOOKKEEPING_TIMEOUT,
         EXTRACT_TIMEOUT,
         OPERATION_TIMEOUT,

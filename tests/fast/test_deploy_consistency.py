@@ -50,7 +50,7 @@ from tests.helpers.deploy_files import (
 
 # Code whose environment reads count as "variables the code reads" (tests and bench read
 # tool switches such as INBOXCRM_CAPTURE_HISTORIES that the deploy README mentions).
-CODE_DIRS = ("inboxcrm", "activities", "workflows", "schemas", "deploy", "tests", "bench")
+CODE_DIRS = ("inboxcrm", "deploy", "tests", "bench")
 # Text in deploy/ that an operator copies from: commands, module names, paths in it must work.
 # The renderings the codec endpoint is looked for in (the overlays only where kubectl is).
 RENDERED = ["base", *(f"overlays/{name}" for name in OVERLAYS if KUBECTL)]

@@ -22,7 +22,7 @@ from inboxcrm.adapters.registry import Provider, all_providers, crm_provider
 from inboxcrm.adapters.resend import ResendMail
 from inboxcrm.adapters.salesforce import SalesforceCrm
 from inboxcrm.platform.config import Settings
-from schemas.destinations import (
+from inboxcrm.schemas.destinations import (
     INLINE_SECRET,
     CrmDestination,
     MailDestination,

@@ -25,8 +25,7 @@ SKIP_DIRS = {".git", ".venv", ".data", "node_modules", "__pycache__", "test-arti
 CITE_NUMBER = re.compile(r"docs/architecture\.md`?\s*§(\d+)|section (\d+) of `?docs/architecture")
 CITE_TITLE = re.compile(r"docs/architecture\.md`?,?\s*\(?\"([^\"\n]+)\"")
 # A path in backticks that starts at a top-level folder of the repository.
-TOP_LEVEL = ("inboxcrm", "tests", "activities", "workflows", "schemas", "deploy", "bench",
-             "policies", "sandbox", "docs")
+TOP_LEVEL = ("inboxcrm", "tests", "deploy", "bench", "policies", "sandbox", "docs")
 PATH = re.compile(r"`((?:" + "|".join(TOP_LEVEL) + r")/[^`\s]*)`")
 
 
@@ -152,8 +151,8 @@ def test_the_readme_layout_matches_the_tree() -> None:
     rooms = {str(p.relative_to(ROOT)) for p in (ROOT / "inboxcrm").iterdir()
              if (p / "__init__.py").exists()}
     assert rooms <= named, f"README layout misses {sorted(rooms - named)}"
-    assert {"inboxcrm/cli", "inboxcrm/worker.py", "workflows", "activities", "schemas",
-            "sandbox"} <= named
+    assert {"inboxcrm/cli", "inboxcrm/worker.py", "inboxcrm/workflows", "inboxcrm/activities",
+            "inboxcrm/schemas", "inboxcrm/sandbox", "sandbox"} <= named
 
 
 # --- claims the documents make about the code, checked against the code -------------------
@@ -169,7 +168,7 @@ def _seconds(words: str) -> float:
 def test_the_pause_timing_the_documents_give_is_the_workflows() -> None:
     """"re-check(s) after 5 s, backing off to an hour"; 0.1.0's "5 s → 60 s" poll is
     retired with its runs."""
-    from workflows.step_options import PAUSE_FALLBACK_MAX, PAUSE_POLL
+    from inboxcrm.workflows.step_options import PAUSE_FALLBACK_MAX, PAUSE_POLL
 
     found = 0
     for name, text in _documents().items():
@@ -189,8 +188,8 @@ def test_what_the_documents_say_about_heartbeats_is_true() -> None:
     on its own task queue, heartbeats every INTERVAL_SECONDS."""
     import inspect
 
-    from activities import heartbeat
-    from workflows.inbound_email import InboundEmailWorkflow
+    from inboxcrm.activities import heartbeat
+    from inboxcrm.workflows.inbound_email import InboundEmailWorkflow
 
     step = inspect.getsource(InboundEmailWorkflow._activity)
     regular = step.index("if task_queue is not None:")
@@ -258,9 +257,9 @@ def test_only_the_console_scripts_print() -> None:
 def test_the_patch_table_names_every_patch_of_the_workflow() -> None:
     """§5 "Workflow versions": one row per `workflow.patched` / `deprecate_patch` ID, with
     its number of sites, and the deprecated ones marked deprecated."""
-    import workflows.inbound_email as module
+    import inboxcrm.workflows.inbound_email as module
 
-    source = (ROOT / "workflows" / "inbound_email.py").read_text()
+    source = (ROOT / "inboxcrm" / "workflows" / "inbound_email.py").read_text()
     # A patch ID given by a named constant counts under its value.
     source = re.sub(r"(workflow\.patched|workflow\.deprecate_patch)\(([A-Z_0-9]+)\)",
                     lambda m: f'{m[1]}("{getattr(module, m[2])}")', source)

@@ -17,8 +17,8 @@ from inboxcrm.adapters.imap import (
     quote_folder,
     xoauth2_string,
 )
-from schemas.mailboxes import mailbox_workflow_id
-from schemas.outcomes import Category
+from inboxcrm.schemas.mailboxes import mailbox_workflow_id
+from inboxcrm.schemas.outcomes import Category
 
 
 def test_xoauth2_initial_response_is_the_documented_format() -> None:

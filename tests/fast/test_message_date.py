@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from activities.crm import note_time
+from inboxcrm.activities.crm import note_time
 from inboxcrm.domain.extraction import extract_with_rules
 from inboxcrm.domain.policy import TenantPolicy
 

@@ -21,7 +21,7 @@ from inboxcrm.domain import planning
 from inboxcrm.domain.policy import FollowupRule, Ramp, TenantPolicy, load_policies
 from inboxcrm.domain.review_card import contact_update, proposed_status
 from inboxcrm.domain.shadow import ShadowFacts, planner_facts, shadow_plan
-from schemas.extraction import INTENTS
+from inboxcrm.schemas.extraction import INTENTS
 from tests.helpers.stack import ROOT
 
 FIELDS = ("name", "company")

@@ -30,15 +30,15 @@ SECTION = "## Adding a destination adapter"
 # The files the recipe's table names: <provider> stands for the provider's module name.
 EXPECTED = [
     "inboxcrm/adapters/<provider>.py",
-    "sandbox/<provider>.py",
-    "sandbox/app.py",
+    "inboxcrm/sandbox/<provider>.py",
+    "inboxcrm/sandbox/app.py",
     "tests/conformance/test_<provider>.py",
     "docs/architecture.md",
     "policies/README.md",
 ]
 # Where a provider's name must not be spelled: the registry is the one place.
 NAMELESS = ["inboxcrm/adapters/factory.py", "inboxcrm/adapters/registry.py",
-            "schemas/destinations.py"]
+            "inboxcrm/schemas/destinations.py"]
 
 
 def _recipe() -> str:
@@ -63,7 +63,7 @@ def test_the_recipe_names_the_files_a_provider_touches() -> None:
         if "<provider>" not in path:
             assert (ROOT / path).is_file(), f"the recipe names {path}, which does not exist"
     # ... and says which files it no longer needs.
-    for path in ("factory.py", "schemas/destinations.py", "inboxcrm/platform/config.py",
+    for path in ("factory.py", "inboxcrm/schemas/destinations.py", "inboxcrm/platform/config.py",
                  "tests/test_adapters.py"):
         assert f"`{path}`" in _recipe().split("Nothing else:")[1].split("\n\n")[0]
 
@@ -77,13 +77,13 @@ def test_every_provider_has_its_files(provider: Provider[Any, Any]) -> None:
     assert f"`{module.name}`" in row
 
     if provider.sandbox:
-        app = (ROOT / "sandbox/app.py").read_text(encoding="utf-8")
+        app = (ROOT / "inboxcrm/sandbox/app.py").read_text(encoding="utf-8")
         for path in provider.sandbox:
-            assert re.fullmatch(r"sandbox/[a-z_]+\.py", path), path
+            assert re.fullmatch(r"inboxcrm/sandbox/[a-z_]+\.py", path), path
             assert (ROOT / path).is_file(), f"{provider.name}: no sandbox subset {path}"
             stem = Path(path).stem
             assert re.search(rf"app\.include_router\({stem}\.\w+\)", app), (
-                f"sandbox/app.py does not include {path}'s router")
+                f"inboxcrm/sandbox/app.py does not include {path}'s router")
     else:
         assert provider.no_sandbox_reason, f"{provider.name}: no sandbox and no reason"
 
@@ -152,7 +152,7 @@ from __future__ import annotations
 from typing import Any
 
 from inboxcrm.adapters.registry import ConfigurationError, CrmProvider, Secrets, register
-from schemas.destinations import CrmDestination, SecretRef
+from inboxcrm.schemas.destinations import CrmDestination, SecretRef
 
 
 class AcmeCrm:
@@ -171,7 +171,7 @@ class AcmeDestination(CrmDestination):
 class AcmeProvider(CrmProvider[AcmeDestination]):
     name = AcmeCrm.name
     destination = AcmeDestination
-    sandbox = ("sandbox/acmecrm.py",)
+    sandbox = ("inboxcrm/sandbox/acmecrm.py",)
     conformance = "tests/conformance/test_acmecrm.py"
 
     def from_settings(self, settings: Any) -> Any:
@@ -190,7 +190,7 @@ import inboxcrm.adapters
 inboxcrm.adapters.__path__.append(sys.argv[1])
 from inboxcrm.adapters.factory import build_crm, build_tenant_crm
 from inboxcrm.platform.config import Settings
-from schemas.destinations import CrmDestination, TenantDestinations
+from inboxcrm.schemas.destinations import CrmDestination, TenantDestinations
 
 assert "acmecrm" in CrmDestination.known(), CrmDestination.known()
 client = build_crm(Settings(crm_provider="acmecrm", crm_url="https://acme.invalid"))

@@ -22,9 +22,9 @@ from temporalio.workflow import NondeterminismError
 
 from inboxcrm.platform.codec import data_converter
 from inboxcrm.platform.config import Settings
+from inboxcrm.workflows import inbound_email
+from inboxcrm.workflows.inbound_email import InboundEmailWorkflow
 from tests.helpers.histories import HISTORIES, HISTORY_KEYS
-from workflows import inbound_email
-from workflows.inbound_email import InboundEmailWorkflow
 
 
 def _stored() -> list[Path]:

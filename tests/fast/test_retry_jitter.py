@@ -1,4 +1,4 @@
-"""Retry delays of the attempt protocol are jittered (activities/outbox.py): a RetryPolicy has
+"""Retry delays of the attempt protocol are jittered (inboxcrm/activities/outbox.py): a RetryPolicy has
 none, so the outbox sets `next_retry_delay` itself. A provider's Retry-After is never
 shortened; without one, the step's backoff with equal jitter."""
 
@@ -11,8 +11,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.outbox import with_jittered_delay
-from schemas.outcomes import ErrorType
+from inboxcrm.activities.outbox import with_jittered_delay
+from inboxcrm.schemas.outcomes import ErrorType
 
 
 def transient(delay: float | None = None) -> ApplicationError:

@@ -13,7 +13,7 @@ import grimp
 
 from tests.helpers.stack import ROOT
 
-PACKAGES = ("inboxcrm", "workflows", "activities", "schemas", "sandbox")
+PACKAGES = ("inboxcrm",)
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -40,20 +40,20 @@ def test_an_upward_import_breaks_the_contract(tmp_path: Path) -> None:
     """The store importing a workflow is the kind of shortcut the rooms exist to stop."""
     _copy_tree(tmp_path)
     ledger = tmp_path / "inboxcrm" / "store" / "ledger.py"
-    ledger.write_text(ledger.read_text() + "\nimport workflows.inbound_email  # noqa\n")
+    ledger.write_text(ledger.read_text() + "\nimport inboxcrm.workflows.inbound_email  # noqa\n")
     result = _lint_imports(tmp_path)
     assert result.returncode != 0
-    assert "inboxcrm.store is not allowed to import workflows" in result.stdout
-    assert "inboxcrm.store.ledger -> workflows.inbound_email" in result.stdout
+    assert "inboxcrm.store is not allowed to import inboxcrm.workflows" in result.stdout
+    assert "inboxcrm.store.ledger -> inboxcrm.workflows.inbound_email" in result.stdout
 
 
 def test_the_sandbox_stands_apart(tmp_path: Path) -> None:
     _copy_tree(tmp_path)
-    core = tmp_path / "sandbox" / "core.py"
-    core.write_text(core.read_text() + "\nimport schemas.models  # noqa\n")
+    core = tmp_path / "inboxcrm" / "sandbox" / "core.py"
+    core.write_text(core.read_text() + "\nimport inboxcrm.schemas.models  # noqa\n")
     result = _lint_imports(tmp_path)
     assert result.returncode != 0
-    assert "sandbox.core -> schemas.models" in result.stdout
+    assert "inboxcrm.sandbox.core -> inboxcrm.schemas.models" in result.stdout
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:

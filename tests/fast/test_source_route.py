@@ -23,7 +23,7 @@ from inboxcrm.ingress.metrics import RelayMetrics
 from inboxcrm.ingress.sources import push_sources, source_class
 from inboxcrm.ingress.sources.base import receive
 from inboxcrm.platform.config import Settings
-from schemas.sources import SOURCE_NAMES
+from inboxcrm.schemas.sources import SOURCE_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = "whsec_" + base64.b64encode(b"s" * 32).decode()

@@ -1,5 +1,5 @@
 """Which errors are a store outage (the workflow waits for the store) and which are bugs
-(activities/store_outage.py): a table, plus the errors asyncpg really raises against a port
+(inboxcrm/activities/store_outage.py): a table, plus the errors asyncpg really raises against a port
 nobody listens on and a closed pool."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import socket
 import asyncpg
 import pytest
 
-from activities.store_outage import is_store_unavailable
+from inboxcrm.activities.store_outage import is_store_unavailable
 
 STORE_DOWN = [
     ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed"),

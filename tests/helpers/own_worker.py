@@ -9,11 +9,11 @@ import uuid
 
 from temporalio.client import WorkflowHandle
 
+from inboxcrm.schemas.models import InboundEmailInput
 from inboxcrm.stack.processes import ManagedProcess, free_port, python
 from inboxcrm.stack.stack import WORKER_READY, Stack
 from inboxcrm.verify.probe import StackClient
-from schemas.models import InboundEmailInput
-from workflows.inbound_email import InboundEmailWorkflow
+from inboxcrm.workflows.inbound_email import InboundEmailWorkflow
 
 
 class OwnWorker:

@@ -58,7 +58,7 @@ class SandboxProcess:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "sandbox",
+                "inboxcrm.sandbox",
                 "--port",
                 str(self.port),
                 *tls_args,

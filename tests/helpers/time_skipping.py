@@ -17,14 +17,14 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.store_outage import StoreOutageInterceptor
+from inboxcrm.activities.store_outage import StoreOutageInterceptor
 from inboxcrm.adapters.factory import build_crm, build_mail
 from inboxcrm.domain.extraction import build_extractor
 from inboxcrm.platform.config import Settings
 from inboxcrm.platform.temporal import SEARCH_ATTRIBUTES
+from inboxcrm.schemas.models import inbound_workflow_id
 from inboxcrm.worker import activity_functions
-from schemas.models import inbound_workflow_id
-from workflows.inbound_email import InboundEmailWorkflow
+from inboxcrm.workflows.inbound_email import InboundEmailWorkflow
 
 TEST_SERVER = Path(sys.executable).parent / "temporal-test-server"
 

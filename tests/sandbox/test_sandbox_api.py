@@ -14,9 +14,9 @@ import asyncpg
 import httpx
 import pytest
 
-from sandbox import crm
-from sandbox.app import init_connection
-from sandbox.crm import UpsertInput
+from inboxcrm.sandbox import crm
+from inboxcrm.sandbox.app import init_connection
+from inboxcrm.sandbox.crm import UpsertInput
 from tests.helpers.sandbox_process import HANG, SEARCH_LAG, SandboxProcess, free_port
 
 UPSERT = "/crm/v3/objects/contacts/batch/upsert"

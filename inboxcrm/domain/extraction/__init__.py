@@ -3,7 +3,7 @@
     outcome = await extract_and_route(raw_bytes, get_policy("acme"), extractor)
 
 An email is untrusted input. `minimise` decides what any extractor may see; the extractor
-(LLM or rules) only fills the small record of `schemas/extraction.schema.json`; validation
+(LLM or rules) only fills the small record of `inboxcrm/schemas/extraction.schema.json`; validation
 and routing are deterministic code in `route.py`; identity follows the tenant policy.
 """
 
@@ -20,8 +20,8 @@ from inboxcrm.domain.policy import PolicyError, TenantPolicy, UnknownTenant, get
 from inboxcrm.domain.templates import languages_named
 from inboxcrm.platform.config import Settings
 from inboxcrm.platform.workpool import IN_PROCESS, BudgetExceeded, Runner, WorkFailed, WorkPool
-from schemas.extraction import Extraction
-from schemas.models import Route
+from inboxcrm.schemas.extraction import Extraction
+from inboxcrm.schemas.models import Route
 
 from .authentication import Authentication, authenticate, blocking_reason
 from .base import (

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import authres
 
 from inboxcrm.domain.policy import TenantPolicy
-from schemas.sources import SourceName
+from inboxcrm.schemas.sources import SourceName
 
 from .minimise import MinimisedMessage
 

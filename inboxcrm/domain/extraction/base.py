@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from schemas.extraction import Extraction
+from inboxcrm.schemas.extraction import Extraction
 
 from .minimise import MinimisedMessage
 

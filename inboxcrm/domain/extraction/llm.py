@@ -21,7 +21,7 @@ from typing import Any
 import openai
 from pydantic import ValidationError
 
-from schemas.extraction import Extraction, load_schema
+from inboxcrm.schemas.extraction import Extraction, load_schema
 
 from .base import ExtractionInvalid, ExtractorMisconfigured, ExtractorUnavailable
 from .minimise import MinimisedMessage

@@ -15,8 +15,8 @@ from typing import Any, Literal
 import jsonschema
 
 from inboxcrm.domain.policy import InvalidAddress, TenantPolicy, canonical_email
-from schemas.extraction import ExtractedField, Extraction, load_schema
-from schemas.models import Route
+from inboxcrm.schemas.extraction import ExtractedField, Extraction, load_schema
+from inboxcrm.schemas.models import Route
 
 from . import signals
 from .authentication import AUTH_REASONS

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import re
 
-from schemas.extraction import EVIDENCE_MAX_CHARS, VALUE_MAX_CHARS, ExtractedField, Extraction
+from inboxcrm.schemas.extraction import (
+    EVIDENCE_MAX_CHARS,
+    VALUE_MAX_CHARS,
+    ExtractedField,
+    Extraction,
+)
 
 from . import signals
 from .minimise import MinimisedMessage

@@ -14,7 +14,7 @@ import unicodedata
 from collections.abc import Iterable
 from typing import cast
 
-from schemas.extraction import Intent
+from inboxcrm.schemas.extraction import Intent
 
 from .limits import cap_combining_runs
 

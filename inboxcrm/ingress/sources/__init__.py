@@ -11,7 +11,7 @@ from fastapi import APIRouter
 
 from inboxcrm.ingress.sources.base import PushSource
 from inboxcrm.platform.config import Settings
-from schemas.sources import SOURCE_NAMES
+from inboxcrm.schemas.sources import SOURCE_NAMES
 
 
 def source_class(name: str) -> type[PushSource[Any, Any]]:

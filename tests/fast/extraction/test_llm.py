@@ -21,7 +21,7 @@ from inboxcrm.domain.extraction import (
 from inboxcrm.domain.extraction.llm import SYSTEM_PROMPT, LLMExtractor
 from inboxcrm.domain.extraction.rules import RulesExtractor, extract_rules
 from inboxcrm.domain.policy import TenantPolicy
-from schemas.extraction import INTENTS
+from inboxcrm.schemas.extraction import INTENTS
 from tests.helpers.corpus import CASES, JANE, mail
 from tests.helpers.llm_stub import StubServer, content, free_port, status
 from tests.helpers.routing import assert_safe

@@ -17,7 +17,7 @@ from inboxcrm.domain.policy import (
     policy_dir,
     tenant_for_mailbox,
 )
-from schemas.extraction import INTENTS
+from inboxcrm.schemas.extraction import INTENTS
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -18,7 +18,7 @@ from inboxcrm.domain.extraction.route import (
 )
 from inboxcrm.domain.extraction.rules import extract_rules
 from inboxcrm.domain.policy import TenantPolicy
-from schemas.extraction import ExtractedField, Extraction
+from inboxcrm.schemas.extraction import ExtractedField, Extraction
 from tests.helpers.corpus import CASES, ROUTES, Case, mail
 from tests.helpers.routing import assert_safe
 

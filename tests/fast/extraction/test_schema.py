@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from inboxcrm.domain.extraction.llm import model_schema
-from schemas.extraction import (
+from inboxcrm.schemas.extraction import (
     EVIDENCE_MAX_CHARS,
     INTENTS,
     SCHEMA_PATH,

@@ -1,0 +1,150 @@
+"""upsert_contact_in_crm: one CRM side effect, keyed by the integration contact ID.
+
+The CRM is called with our contact ID as its unique external ID, so a repeated request
+updates the same record. After an uncertain attempt the record is looked up by that ID
+first (read-after-write consistent, not the lagging search index).
+"""
+
+from __future__ import annotations
+
+import email.parser
+import uuid
+from datetime import datetime, timedelta
+
+import asyncpg
+from temporalio import activity
+
+from inboxcrm.activities.failures import missing_row
+from inboxcrm.activities.outbox import MAX_PARK_SECONDS, Attempt, OutboxRunner, Recorded
+from inboxcrm.adapters.base import AdapterError, ContactFields, CrmClient
+from inboxcrm.adapters.errors import Category, Classified
+from inboxcrm.adapters.factory import ConfigurationError, Destinations
+from inboxcrm.domain.extraction.minimise import date_written
+from inboxcrm.schemas.models import Action, ItemState, OperationInput, OperationResult
+from inboxcrm.store import contacts, ledger
+
+# A Date header further ahead of the receipt than clock skew explains is not believed.
+MAX_DATE_AHEAD = timedelta(hours=1)
+
+class CrmActivities:
+    def __init__(self, pool: asyncpg.Pool, crm: CrmClient | Destinations,
+                 max_retry_after: float, max_park: float = MAX_PARK_SECONDS) -> None:
+        """`crm`: each tenant's account (`Destinations`), or one client for every tenant."""
+        self._pool = pool
+        self._destinations = crm if isinstance(crm, Destinations) else Destinations.fixed(crm)
+        self._runner = OutboxRunner(pool, action=Action.CRM_UPSERT.value, pause_scope="crm",
+                                    max_retry_after=max_retry_after, max_park=max_park,
+                                    also_record=ledger.AlsoRecord.CRM_RECORD_ON_CONTACT)
+        self._note_runner = OutboxRunner(pool, action=Action.CRM_NOTE.value, pause_scope="crm",
+                                         max_retry_after=max_retry_after,
+                                         max_park=max_park)
+
+    @activity.defn(name="log_email_on_contact")
+    async def log_email_on_contact(self, op: OperationInput) -> OperationResult:
+        """The inbound email as a note on the CRM contact: a side effect of its own, with its
+        own key (`…:crm-note`), so retrying one never repeats the other."""
+        return await self._note_runner.run(
+            op, reconcile=self._find_note, perform=self._log_note,
+            record_success=self._record_note, running_state=ItemState.CRM_PENDING,
+        )
+
+    def _crm(self, tenant: str) -> CrmClient:
+        """The tenant's CRM account; one that cannot be built blocks the item (never
+        another account)."""
+        try:
+            return self._destinations.crm(tenant)
+        except ConfigurationError as exc:
+            activity.logger.error("CRM destination unusable: %s", exc)
+            raise AdapterError(Classified(Category.PERMANENT, "destination_config")) from None
+
+    async def _find_note(self, attempt: Attempt) -> str | None:
+        """Reconcile: the note by its unique property; when found, re-assert its association
+        (the attempt may have ended between the upsert and the association)."""
+        crm = self._crm(attempt.op.item.tenant)
+        note_id = await crm.find_note(note_key(attempt.op.op_key))
+        if note_id is not None:
+            row = await self._note_context(attempt)
+            await crm.associate_note(note_id, row["crm_record_id"])
+        return note_id
+
+    async def _note_context(self, attempt: Attempt) -> asyncpg.Record:
+        async with self._pool.acquire() as conn:
+            row = await contacts.load_note_context(conn, event_id=attempt.op.item.event_id)
+        if row is None or row["crm_record_id"] is None:
+            raise missing_row("crm_record")
+        return row
+
+    async def _log_note(self, attempt: Attempt) -> str:
+        row = await self._note_context(attempt)
+        text = (f"Inbound email received via {row['source']} at "
+                f"{row['received_at'].isoformat(timespec='seconds')} (delivery "
+                f"{row['delivery_id']}); intent: {row['intent'] or 'unknown'}; handled by "
+                "inboxcrm.")
+        return await self._crm(attempt.op.item.tenant).log_note(
+            note_key(attempt.op.op_key), row["crm_record_id"], text,
+            note_time(row["written_at"], row["head"], row["received_at"]))
+
+    def _record_note(self, attempt: Attempt, note_id: str, reconciled: bool) -> Recorded:
+        return Recorded(
+            actor="crm", action="crm_note_logged",
+            detail={"op_key": attempt.op.op_key, "crm": self._crm(attempt.op.item.tenant).name,
+                    "note_id": note_id,
+                    "attempt": attempt.claim.attempts, "reconciled": reconciled},
+        )
+
+    @activity.defn(name="upsert_contact_in_crm")
+    async def upsert_contact_in_crm(self, op: OperationInput) -> OperationResult:
+        return await self._runner.run(
+            op, reconcile=self._find, perform=self._upsert, record_success=self._record,
+            running_state=ItemState.CRM_PENDING,
+        )
+
+    async def _find(self, attempt: Attempt) -> str | None:
+        record = await self._crm(attempt.op.item.tenant).find_contact(_contact_id(attempt))
+        return record.record_id if record else None
+
+    async def _upsert(self, attempt: Attempt) -> str:
+        async with self._pool.acquire() as conn:
+            row = await contacts.load_contact(conn, contact_id=_contact_id(attempt))
+        if row is None:
+            raise missing_row("contact")
+        record = await self._crm(attempt.op.item.tenant).upsert_contact(
+            str(row["contact_id"]),
+            ContactFields(email=row["email"], name=row["name"], company=row["company"]),
+        )
+        return record.record_id
+
+    def _record(self, attempt: Attempt, record_id: str, reconciled: bool) -> Recorded:
+        """The record ID goes onto the contact (`AlsoRecord.CRM_RECORD_ON_CONTACT`) with this
+        entry."""
+        return Recorded(
+            actor="crm", action="crm_upserted", contact_id=_contact_id(attempt),
+            detail={"op_key": attempt.op.op_key, "crm": self._crm(attempt.op.item.tenant).name,
+                    "crm_record_id": record_id, "attempt": attempt.claim.attempts,
+                    "reconciled": reconciled},
+        )
+
+
+def _contact_id(attempt: Attempt) -> str:
+    ref = attempt.claim.external_ref
+    if ref is None:
+        raise missing_row("contact_reference")
+    return ref
+
+
+def note_time(written_at: datetime | None, head: bytes | None,
+              received_at: datetime) -> datetime:
+    """When the email was written: its Date header as extraction stored it (or, for an item
+    extracted before migration 041, as read from the `head` of the message), else (missing,
+    unparsable, without a time zone, purged, or implausibly far ahead) when we received it."""
+    if head:
+        written_at = date_written(email.parser.BytesHeaderParser().parsebytes(head).get("Date"))
+    if written_at is not None and written_at <= received_at + MAX_DATE_AHEAD:
+        return written_at
+    return received_at
+
+
+def note_key(op_key: str) -> str:
+    """The note's unique external ID: derived from the operation key (so every retry and
+    replay reuses it) but opaque, URL-safe and free of any address."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"inboxcrm:{op_key}"))

@@ -1,0 +1,293 @@
+"""submit_followup_email: one follow-up per intent, with the intent's UUID as the provider
+idempotency key.
+
+Eligibility is decided *now*, immediately before submitting, not at extraction time: a
+suppression, a cancelled intent or an inactive contact stops the send even if the workflow
+was already waiting (for example on a paused send) when the opt-out arrived.
+
+The words are the tenant's template at the version the plan stored (`template_versions`),
+in the language the inbound message asks for; From, Reply-To and the mail account are the
+tenant's (`inboxcrm.domain.followup`, `inboxcrm.adapters.factory.Destinations`). A
+follow-up that cannot carry its opt-out link and postal address is not sent: the operation
+is blocked with the reason (`unsubscribe_secret_missing`, …), docs/architecture.md §5.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import asyncpg
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from inboxcrm.activities.failures import missing_row
+from inboxcrm.activities.outbox import (
+    MAX_PARK_SECONDS,
+    Attempt,
+    Deferred,
+    Fenced,
+    OutboxRunner,
+    Recorded,
+)
+from inboxcrm.adapters.base import AdapterError, MailClient, OutgoingEmail
+from inboxcrm.adapters.errors import Category, Classified, ErrorType
+from inboxcrm.adapters.factory import ConfigurationError, Destinations
+from inboxcrm.domain.followup import Followup, FollowupRefused, compose
+from inboxcrm.domain.policy import PolicyError, TenantPolicy, UnknownTenant, get_policy
+from inboxcrm.domain.templates import (
+    Template,
+    TemplateRefused,
+    from_sources,
+    reply_languages,
+)
+from inboxcrm.platform.config import Settings, get_settings
+from inboxcrm.schemas.models import Action, ItemState, OperationInput, OperationResult
+from inboxcrm.store import audit, intents, ledger
+from inboxcrm.store import templates as template_store
+
+if TYPE_CHECKING:
+    from inboxcrm.store.db import Conn
+
+# Fallback when the activity has no start-to-close timeout (it always has one here).
+LEASE_SECONDS = 30.0
+# Left of the step after the lease ends: recording the result before the step times out.
+RECORD_MARGIN_SECONDS = 3.0
+# Less lease than this left in the step: do not start (the next attempt will have a whole
+# step).
+MIN_LEASE_SECONDS = 2.0
+
+
+class SendActivities:
+    def __init__(self, pool: asyncpg.Pool, mail: MailClient | Destinations,
+                 max_retry_after: float, settings: Settings | None = None,
+                 max_park: float = MAX_PARK_SECONDS) -> None:
+        """`mail`: each tenant's account (`Destinations`), or one client for every tenant."""
+        self._pool = pool
+        self._destinations = (mail if isinstance(mail, Destinations)
+                              else Destinations.fixed(mail=mail))
+        self._settings = settings or get_settings()
+        self._runner = OutboxRunner(pool, action=Action.SEND.value, pause_scope="send",
+                                    max_retry_after=max_retry_after, max_park=max_park,
+                                    also_record=ledger.AlsoRecord.INTENT_SENT)
+        # Attempts that repeat an unconfirmed one: their lease is kept on any failure.
+        self._uncertain: set[str] = set()
+
+    @activity.defn(name="submit_followup_email")
+    async def submit_followup_email(self, op: OperationInput) -> OperationResult:
+        try:
+            mail = self._destinations.mail(op.item.tenant)
+        except ConfigurationError as exc:
+            # The tenant's mail account cannot be built (a secret reference resolves to
+            # nothing): never another account; blocked until the configuration is fixed.
+            activity.logger.error("mail destination unusable: %s", exc)
+            raise ApplicationError("permanent: destination_config",
+                                   type=ErrorType.PERMANENT.value, non_retryable=True) from None
+
+        async def perform(attempt: Attempt) -> str | OperationResult:
+            return await self._submit(attempt, mail)
+
+        return await self._runner.run(
+            op, reconcile=self._by_repeating if mail.reconcilable else None,
+            perform=perform, record_success=lambda a, m, r: self._record(a, m, r, mail),
+            running_state=ItemState.SEND_PENDING, on_failure=self._release_lease,
+            key_window_seconds=mail.key_window_seconds,
+        )
+
+    async def _release_lease(self, conn: Conn, attempt: Attempt, failure: Classified) -> None:
+        """A request that did not take effect frees the intent for the next attempt at once.
+        After an *unknown* outcome, or in an attempt that repeated an unconfirmed one, the
+        lease stays until it expires: the email may exist, and an opt-out must not be
+        recorded as if it came first. Only the lease's own holder releases it."""
+        name = _lease_owner(attempt)
+        uncertain = name in self._uncertain
+        self._uncertain.discard(name)
+        if failure.category is not Category.UNKNOWN and not uncertain:
+            await intents.release_lease(conn, intent_id=_intent_id(attempt), lease_owner=name)
+
+    async def _by_repeating(self, attempt: Attempt) -> str | None:
+        """The provider cannot be searched by key; inside the key's window (checked by the
+        runner) the identical request with the same key answers the original email's ID and
+        sends nothing. So: nothing to look up, submit again (`_submit` lets the repeat take
+        over the unconfirmed attempt's lease)."""
+        return None
+
+    async def _submit(self, attempt: Attempt, mail: MailClient) -> str | OperationResult:
+        intent_id = _intent_id(attempt)
+        item = attempt.op.item
+        attempt_name = _lease_owner(attempt)
+        # Taken before the transaction whose now() starts the lease, so the delivery's
+        # deadline is never later than the lease's end.
+        lease = _lease_seconds()
+        deliver_by = time.monotonic() + lease
+        if lease < MIN_LEASE_SECONDS:
+            raise Deferred("step_time_exhausted", 0.5)
+        held: str | None = None
+        async with self._pool.acquire() as conn, conn.transaction():
+            await intents.lock_contact_of_intent(conn, intent_id=intent_id)
+            row = await intents.claim_intent(conn, intent_id=intent_id, event_id=item.event_id)
+            if row is None:
+                raise missing_row("followup_intent")
+            if row["status"] == "sent":
+                # Already sent (by an overlapping attempt, or resolved by a person): never
+                # submit again; the provider's message ID is the result.
+                return str(row["provider_message_id"])
+            owner = str(row["lease_owner"] or "")
+            # An earlier attempt of this operation took the lease and never gave it back: its
+            # outcome is unknown (a failure that did not take effect releases the lease), so
+            # this attempt repeats it with the same key, as a reconciliation.
+            uncertain = (row["status"] == "sending" and owner != attempt_name
+                         and owner.rpartition("#")[0] == attempt.op.op_key)
+            refusal = _ineligible(row)
+            if refusal is not None:
+                await audit.append(
+                    conn, tenant=item.tenant, event_id=item.event_id,
+                    workflow_id=item.workflow_id, actor="send", action="eligibility_checked",
+                    detail={"intent_id": intent_id, "eligible": False, "reason": refusal,
+                            "previous_attempt_unconfirmed": uncertain},
+                )
+                if uncertain:
+                    # Repeating could send to someone who may no longer be written to, and
+                    # nothing else can confirm the earlier attempt: held for a person.
+                    held = f"unconfirmed_then_{refusal}"
+                    if not await ledger.record_failure(conn, attempt.op.op_key,
+                                                       attempt.claim.attempts, "ambiguous",
+                                                       "unknown", held):
+                        raise Fenced()
+                else:
+                    if row["status"] != "cancelled":
+                        await intents.cancel_intent(conn, intent_id=intent_id,
+                                                    cancel_reason=refusal)
+                    if not await ledger.record_failure(conn, attempt.op.op_key,
+                                                       attempt.claim.attempts, "cancelled",
+                                                       None, refusal):
+                        raise Fenced()
+                    return OperationResult(status="cancelled", reason=refusal)
+            elif row["status"] == "awaiting_approval":
+                raise ApplicationError("follow-up not approved", type=ErrorType.PERMANENT.value,
+                                       non_retryable=True)
+            else:
+                remaining = row["lease_remaining"]
+                if (remaining is not None and remaining > 0 and owner != attempt_name
+                        and not uncertain):
+                    # Another holder (a crashed or zombie attempt of another operation on this
+                    # intent): come back when its lease expires, not spending attempts.
+                    raise Deferred("intent_lease_held", float(remaining) + 0.5)
+                # The words before the lease: a follow-up that may not go out as configured
+                # (no opt-out link possible, a template gone) is blocked without one.
+                followup = await self._compose(conn, row)
+                await intents.take_lease(
+                    conn, intent_id=intent_id, lease_owner=attempt_name, lease_seconds=lease,
+                    tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+                    audit_detail={"intent_id": intent_id, "eligible": True, "reason": None,
+                                  "previous_attempt_unconfirmed": uncertain})
+        if held is not None:
+            raise ApplicationError("previous send unconfirmed and the intent is no longer "
+                                   "eligible", type=ErrorType.AMBIGUOUS.value,
+                                   non_retryable=True)
+        if uncertain:
+            self._uncertain.add(attempt_name)
+        sent = await mail.send(
+            intent_id,
+            OutgoingEmail(to=followup.to, subject=followup.subject, text=followup.text,
+                          html=followup.html, headers=followup.headers,
+                          sender=followup.sender, reply_to=followup.reply_to,
+                          deliver_by=deliver_by),
+        )
+        self._uncertain.discard(attempt_name)
+        return sent.message_id
+
+    async def _compose(self, conn: Conn, row: asyncpg.Record) -> Followup:
+        """The follow-up of this intent: the planned words, the tenant's sender, the
+        message's language. A refusal is permanent (the operation is blocked with it)."""
+        try:
+            policy = get_policy(row["tenant"])
+            template = await _planned_template(conn, row, policy)
+            head = bytes(row["head"]) if row["head"] is not None else None
+            return compose(policy, template, to=row["email"], contact_id=row["contact_id"],
+                           name=row["name"], company=row["company"],
+                           languages=reply_languages(row["languages"], head),
+                           settings=self._settings)
+        except FollowupRefused as refused:
+            activity.logger.error("follow-up refused: %s", refused)
+            reason = refused.reason
+        except (UnknownTenant, PolicyError, TemplateRefused) as exc:
+            activity.logger.error("follow-up template unusable: %s", exc)
+            reason = "template_unusable"
+        raise AdapterError(Classified(Category.PERMANENT, reason))
+
+    def _record(self, attempt: Attempt, message_id: str, reconciled: bool,
+                mail: MailClient) -> Recorded:
+        """The intent becomes `sent` (`AlsoRecord.INTENT_SENT`) with this entry."""
+        return Recorded(
+            actor="send", action="followup_sent",
+            detail={"op_key": attempt.op.op_key, "intent_id": _intent_id(attempt),
+                    "idempotency_key": _intent_id(attempt), "provider": mail.name,
+                    "provider_message_id": message_id, "attempt": attempt.claim.attempts,
+                    "reconciled": reconciled},
+        )
+
+
+# Stored template versions, validated once per worker: a version is named by the hash of its
+# words (`<name>@<version>`), so what is stored under a reference never changes.
+_STORED: dict[tuple[str, str], Template] = {}
+_STORED_MAX = 512
+
+
+async def _planned_template(conn: Conn, row: asyncpg.Record, policy: TenantPolicy
+                            ) -> Template:
+    """The template version the plan stored (`<name>@<version>`). An intent planned before
+    templates were versioned names a bare template: the rule's current template."""
+    ref = str(row["template_id"])
+    if "@" in ref:
+        key = (str(row["tenant"]), ref)
+        if key in _STORED:
+            return _STORED[key]
+        sources = await template_store.stored_version(conn, row["tenant"], ref)
+        if sources is None:
+            raise TemplateRefused(f"template version {ref} is not stored")
+        template = from_sources(sources)
+        if len(_STORED) >= _STORED_MAX:
+            _STORED.clear()
+        _STORED[key] = template
+        return template
+    rule = policy.rule_by_id(row["rule_id"])
+    if rule is None:
+        raise TemplateRefused(f"rule {row['rule_id']!r} is no longer in the policy")
+    return policy.template_for(rule)
+
+
+def _ineligible(row: asyncpg.Record) -> str | None:
+    if row["status"] == "cancelled":
+        return "intent_cancelled"
+    if row["suppressed"]:
+        return "suppressed"
+    if row["contact_status"] != "active":
+        return f"contact_{row['contact_status']}"
+    return None
+
+
+def _lease_seconds() -> float:
+    """The send lease: what is left of this step, less the time to record the result. The
+    step (start-to-close) covers claim, reconcile and call; the lease covers the delivery and
+    ends before the step does, so a re-run (after the step's timeout) never meets a live
+    lease of a delivery that may still hand the message over."""
+    info = activity.info()
+    timeout = info.start_to_close_timeout
+    if not timeout:
+        return LEASE_SECONDS
+    elapsed = max((datetime.now(UTC) - info.started_time).total_seconds(), 0.0)
+    return timeout.total_seconds() - elapsed - RECORD_MARGIN_SECONDS
+
+
+def _lease_owner(attempt: Attempt) -> str:
+    """The attempt, as the intent's lease names it: operation key and claim token."""
+    return f"{attempt.op.op_key}#{attempt.claim.attempts}"
+
+
+def _intent_id(attempt: Attempt) -> str:
+    ref = attempt.claim.external_ref
+    if ref is None:
+        raise missing_row("intent_reference")
+    return ref

@@ -1,0 +1,330 @@
+"""HubSpot-compatible contacts subset: batch upsert by unique idProperty, search, get.
+
+Upsert identity is a unique constraint and email uniqueness is a unique index, so the
+database, not a read-then-write, decides between "new" and "existing". Search only sees
+records whose last write is older than the configured lag, like a real search index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from inboxcrm.sandbox.core import Outcome, SandboxDep, crm_error, iso, now_iso, read_json
+
+router = APIRouter(prefix="/crm/v3/objects/contacts")
+
+MAX_BATCH = 100
+UPSERT_ATTEMPTS = 10
+MAX_SEARCH_LIMIT = 200
+# Properties the sandbox cannot use as an upsert idProperty (not custom unique properties).
+RESERVED_ID_PROPERTIES = frozenset({"email", "hs_object_id"})
+# The fields of HubSpot's batch-upsert input (SimplePublicObjectBatchInputUpsert); any other
+# field (e.g. `associations`) is rejected.
+UPSERT_FIELDS = frozenset({"id", "properties", "idProperty", "objectWriteTraceId"})
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+
+
+def validation_error(message: str) -> JSONResponse:
+    return crm_error(400, "VALIDATION_ERROR", message)
+
+
+def not_found(message: str) -> JSONResponse:
+    return crm_error(404, "OBJECT_NOT_FOUND", message)
+
+
+def contact_json(row: asyncpg.Record) -> dict[str, Any]:
+    return {
+        "id": str(row["id"]),
+        "properties": row["properties"],
+        "createdAt": iso(row["created_at"]),
+        "updatedAt": iso(row["updated_at"]),
+        "archived": False,
+    }
+
+
+def _as_text(value: Any) -> str:
+    """HubSpot stores every property value as a string."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+# --- batch upsert ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UpsertInput:
+    id_property: str
+    id_value: str
+    properties: dict[str, str]
+
+    @property
+    def email(self) -> str:
+        return self.properties.get("email", "").lower()
+
+
+def parse_upsert(body: Any) -> list[UpsertInput] | str:
+    """Validated inputs, or a message saying what is wrong."""
+    if not isinstance(body, dict) or not isinstance(body.get("inputs"), list):
+        return "Request body must be a JSON object with an 'inputs' array."
+    raw_inputs = body["inputs"]
+    if not raw_inputs:
+        return "'inputs' must not be empty."
+    if len(raw_inputs) > MAX_BATCH:
+        return f"At most {MAX_BATCH} inputs per batch."
+    inputs: list[UpsertInput] = []
+    for n, raw in enumerate(raw_inputs):
+        if not isinstance(raw, dict):
+            return f"inputs[{n}] must be an object."
+        unknown = sorted(set(raw) - UPSERT_FIELDS)
+        if unknown:
+            return f'Invalid input JSON: Unrecognized field "{unknown[0]}" in inputs[{n}].'
+        id_property, id_value = raw.get("idProperty"), raw.get("id")
+        if not isinstance(id_property, str) or not id_property:
+            return f"inputs[{n}].idProperty is required."
+        if id_property in RESERVED_ID_PROPERTIES:
+            return f"inputs[{n}].idProperty must be a custom unique property."
+        if isinstance(id_value, int) and not isinstance(id_value, bool):
+            id_value = str(id_value)
+        if not isinstance(id_value, str) or not id_value:
+            return f"inputs[{n}].id is required."
+        props = raw.get("properties", {})
+        if not isinstance(props, dict):
+            return f"inputs[{n}].properties must be an object."
+        if any(not isinstance(v, str | int | float | bool | None) for v in props.values()):
+            return f"inputs[{n}].properties values must be scalars."
+        properties = {str(k): _as_text(v) for k, v in props.items()}
+        if properties.get(id_property, id_value) != id_value:
+            return f"inputs[{n}].properties.{id_property} differs from inputs[{n}].id."
+        properties[id_property] = id_value
+        email = properties.get("email", "")
+        if email and not _EMAIL.match(email):
+            return f"Property values were not valid: inputs[{n}].properties.email is invalid."
+        inputs.append(UpsertInput(id_property, id_value, properties))
+    keys = [(i.id_property, i.id_value) for i in inputs]
+    if len(set(keys)) != len(keys):
+        return "Duplicate id in batch inputs."
+    emails = [i.email for i in inputs if i.email]
+    if len(set(emails)) != len(emails):
+        return "Duplicate email in batch inputs."
+    return inputs
+
+
+_UPSERT = """
+INSERT INTO sandbox.contacts AS c (id_property, id_value, properties)
+VALUES ($1, $2, $3::jsonb)
+ON CONFLICT (id_property, id_value) DO UPDATE
+SET properties = c.properties || EXCLUDED.properties,
+    updated_at = clock_timestamp()
+RETURNING c.id, c.properties, c.created_at, c.updated_at, (c.xmax = 0) AS created
+"""
+
+_OWNER_OF_EMAIL = """
+SELECT id, id_property, id_value FROM sandbox.contacts WHERE email_lower = $1
+"""
+
+
+async def upsert(pool: asyncpg.Pool, inputs: list[UpsertInput]) -> Outcome:
+    """All inputs in one transaction; an email owned by another record aborts the batch.
+
+    Concurrent identical upserts can race inside Postgres' speculative insertion: the
+    loser gets a unique violation on the (non-arbiter) email index, or a deadlock. Both
+    roll back entirely, and the retry sees the winner's committed row and takes the
+    ON CONFLICT update path. A violation whose owner has another id is a real conflict.
+    """
+    started = now_iso()
+    for attempt in range(UPSERT_ATTEMPTS):
+        current: UpsertInput | None = None
+        try:
+            async with pool.acquire() as conn, conn.transaction():
+                rows: list[asyncpg.Record] = []
+                for item in inputs:
+                    current = item
+                    row = await conn.fetchrow(
+                        _UPSERT, item.id_property, item.id_value, item.properties
+                    )
+                    if row is None:
+                        raise RuntimeError("INSERT ... RETURNING returned no row")
+                    rows.append(row)
+        except asyncpg.DeadlockDetectedError:
+            await asyncio.sleep(random.uniform(0, 0.01 * (attempt + 1)))
+            continue
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name != "contacts_email_key" or current is None:
+                raise
+            owner = await pool.fetchrow(_OWNER_OF_EMAIL, current.email)
+            if owner is None or (owner["id_property"], owner["id_value"]) == (
+                current.id_property,
+                current.id_value,
+            ):
+                continue
+            existing = str(owner["id"])
+            response = crm_error(
+                409,
+                "CONFLICT",
+                f"Contact already exists. Existing ID: {existing}",
+                context={"id": [existing]},
+            )
+            return Outcome(response, "conflict")
+        results = [{**contact_json(row), "new": row["created"]} for row in rows]
+        body = {
+            "status": "COMPLETE",
+            "results": results,
+            "startedAt": started,
+            "completedAt": now_iso(),
+        }
+        return Outcome(JSONResponse(body))
+    raise RuntimeError("upsert kept losing races; giving up")
+
+
+@router.post("/batch/upsert")
+async def batch_upsert(request: Request, sandbox: SandboxDep) -> Response:
+    """Create or update contacts keyed by a unique idProperty."""
+
+    async def operation() -> Outcome:
+        parsed = parse_upsert(await read_json(request))
+        if isinstance(parsed, str):
+            return Outcome(validation_error(parsed), "invalid")
+        return await upsert(sandbox.pool, parsed)
+
+    return await sandbox.run(request, "crm.upsert", operation)
+
+
+# --- search ---------------------------------------------------------------------------
+
+
+def _filter_sql(flt: Any, args: list[Any]) -> str | None:
+    """SQL for one HubSpot filter with its values appended to `args`; None if invalid."""
+    if not isinstance(flt, dict) or not isinstance(flt.get("propertyName"), str):
+        return None
+    name, operator = flt["propertyName"], flt.get("operator", "EQ")
+
+    def arg(value: Any) -> str:
+        args.append(value)
+        return f"${len(args)}"
+
+    if name in ("hs_object_id", "id"):
+        column = "c.id::text"
+    elif name == "email":
+        column = "c.email_lower"
+    else:
+        column = f"(c.properties ->> {arg(name)})"
+    if operator in ("HAS_PROPERTY", "NOT_HAS_PROPERTY"):
+        test = f"coalesce({column}, '') <> ''"
+        return test if operator == "HAS_PROPERTY" else f"NOT ({test})"
+
+    def fold(value: Any) -> str:
+        text = _as_text(value)
+        return text.lower() if name == "email" else text
+
+    if operator in ("EQ", "NEQ"):
+        if "value" not in flt:
+            return None
+        value = fold(flt["value"])
+        if operator == "EQ":
+            return f"{column} = {arg(value)}"
+        return f"{column} IS DISTINCT FROM {arg(value)}"
+    if operator in ("IN", "NOT_IN"):
+        values = flt.get("values")
+        if not isinstance(values, list):
+            return None
+        texts = [fold(v) for v in values]
+        test = f"{column} = ANY({arg(texts)}::text[])"
+        return test if operator == "IN" else f"NOT coalesce({test}, false)"
+    return None
+
+
+def build_search(body: Any, lag_seconds: float) -> tuple[str, str, list[Any], int, int] | str:
+    """(count SQL, page SQL, args, limit, offset) for a search body, or an error message."""
+    if body is None:
+        body = {}
+    if not isinstance(body, dict):
+        return "Request body must be a JSON object."
+    groups = body.get("filterGroups", [])
+    limit, after = body.get("limit", 10), body.get("after", 0)
+    if not isinstance(groups, list):
+        return "filterGroups must be an array."
+    if not isinstance(limit, int) or not 1 <= limit <= MAX_SEARCH_LIMIT:
+        return f"limit must be an integer between 1 and {MAX_SEARCH_LIMIT}."
+    try:
+        offset = int(after or 0)
+    except (TypeError, ValueError):
+        return "after must be a paging cursor."
+    args: list[Any] = [lag_seconds]
+    ors: list[str] = []
+    for group in groups:
+        filters = group.get("filters") if isinstance(group, dict) else None
+        if not isinstance(filters, list) or not filters:
+            return "Each filterGroup needs a non-empty 'filters' array."
+        ands = [_filter_sql(flt, args) for flt in filters]
+        if any(sql is None for sql in ands):
+            return "Invalid filter: needs propertyName, a supported operator and its value."
+        ors.append("(" + " AND ".join(str(sql) for sql in ands) + ")")
+    where = "c.updated_at <= clock_timestamp() - make_interval(secs => $1::float8)"
+    if ors:
+        where += " AND (" + " OR ".join(ors) + ")"
+    count_sql = f"SELECT count(*) FROM sandbox.contacts AS c WHERE {where}"
+    page_sql = (
+        "SELECT c.id, c.properties, c.created_at, c.updated_at FROM sandbox.contacts AS c "
+        f"WHERE {where} ORDER BY c.id LIMIT {int(limit)} OFFSET {int(max(offset, 0))}"
+    )
+    return count_sql, page_sql, args, limit, offset
+
+
+@router.post("/search")
+async def search(request: Request, sandbox: SandboxDep) -> Response:
+    """Search with filterGroups (OR of ANDs). Lags behind writes by search_lag_seconds."""
+
+    async def operation() -> Outcome:
+        lag = (await sandbox.config()).search_lag_seconds
+        built = build_search(await read_json(request), lag)
+        if isinstance(built, str):
+            return Outcome(validation_error(built), "invalid")
+        count_sql, page_sql, args, limit, offset = built
+        async with sandbox.pool.acquire() as conn:
+            total = await conn.fetchval(count_sql, *args)
+            rows = await conn.fetch(page_sql, *args)
+        body: dict[str, Any] = {"total": total, "results": [contact_json(r) for r in rows]}
+        if offset + limit < total:
+            body["paging"] = {"next": {"after": str(offset + limit)}}
+        return Outcome(JSONResponse(body))
+
+    return await sandbox.run(request, "crm.search", operation)
+
+
+# --- get ------------------------------------------------------------------------------
+
+
+@router.get("/{record_id}")
+async def get_contact(
+    request: Request, record_id: str, sandbox: SandboxDep, idProperty: str | None = None
+) -> Response:
+    """Read one record by id or by a unique property; read-after-write, no lag."""
+
+    async def operation() -> Outcome:
+        select = "SELECT id, properties, created_at, updated_at FROM sandbox.contacts"
+        row: asyncpg.Record | None = None
+        if idProperty in (None, "", "hs_object_id"):
+            if record_id.isdigit() and len(record_id) < 19:
+                row = await sandbox.pool.fetchrow(f"{select} WHERE id = $1", int(record_id))
+        elif idProperty == "email":
+            row = await sandbox.pool.fetchrow(f"{select} WHERE email_lower = $1", record_id.lower())
+        else:
+            row = await sandbox.pool.fetchrow(
+                f"{select} WHERE id_property = $1 AND id_value = $2", idProperty, record_id
+            )
+        if row is None:
+            return Outcome(not_found("Object not found."), "not_found")
+        return Outcome(JSONResponse(contact_json(row)))
+
+    return await sandbox.run(request, "crm.search", operation)

@@ -1,0 +1,457 @@
+"""Salesforce-compatible Contact subset: upsert by External ID, read by External ID or Id.
+
+- `PATCH /services/data/vXX.X/sobjects/Contact/{Field__c}/{value}` — upsert: 201 created,
+  200 updated (API v46.0 and later) or 204 (earlier versions), 300 when the value matches
+  several records (a non-unique external ID field), 400/404 error arrays.
+- `GET /services/data/vXX.X/sobjects/Contact/{Field__c}/{value}[?fields=A,B]` — 200 record,
+  300 several, 404 none. Reads the table, so it is consistent right after a write.
+- `GET /services/data/vXX.X/sobjects/Contact/{Id}`.
+- `PATCH|GET /services/data/vXX.X/sobjects/Task/{Field__c}/{value}` — a completed Task on a
+  Contact (`WhoId`), upserted by its own external ID: the inbound email logged as a note.
+  Stored in `sandbox.notes` (the HubSpot notes surface's table), fault target `crm.note`.
+
+Records live in the same `sandbox.contacts` table as the HubSpot surface, so one set of
+uniqueness constraints arbitrates both, and `/_sandbox/state` (and the invariant checker)
+count them alike: `id_property` is the external ID field, `Email`/`FirstName`/`LastName`
+are stored as HubSpot's `email`/`firstname`/`lastname`, other fields under their API
+names. Record Ids are the sandbox's numeric ids (real Salesforce Ids are 18-character
+strings; the adapter treats them as opaque). Email is unique here (as with an active
+duplicate rule): another record's email is a 400 `DUPLICATES_DETECTED`.
+
+Any custom field (`…__c`) is accepted as an external ID field; a field that is not custom is
+a 404 `NOT_FOUND`, as Salesforce answers for a field that is not an external ID.
+
+OAuth 2.0 client credentials flow: `POST /services/oauth2/token` (form-encoded
+`grant_type=client_credentials`, `client_id`, `client_secret`; the secret must equal the
+sandbox's `--api-key` when one is set) answers Salesforce's token response (`access_token`,
+`signature`, `scope`, `instance_url`, `id`, `token_type`, `issued_at` in epoch
+milliseconds; no expiry, as Salesforce sends none); errors are `{"error", "error_description"}`
+with 400 (`unsupported_grant_type`, `invalid_client`). A token is valid for the org's
+session timeout (`session_seconds` in `/_sandbox/config`, default 7200) on the sandbox
+clock: move `/_sandbox/clock` past it and every call with the token is a 401
+`INVALID_SESSION_ID`. A Bearer that is not an issued token is checked as the API key.
+
+Auth and fault injection are the shared `Sandbox.run` (targets `crm.upsert` for the PATCH,
+`crm.search` for reads). Answers `Sandbox.run` makes itself (auth denial, injected faults,
+the held timeout) are re-shaped as Salesforce's: `unauthorized` → 401 `INVALID_SESSION_ID`,
+`rate_limit` → 403 `REQUEST_LIMIT_EXCEEDED` (no Retry-After, as Salesforce sends none; the
+call log still records the fault's own status), `invalid_field` → 400
+`FIELD_CUSTOM_VALIDATION_EXCEPTION`, `server_error` → 500 `UNKNOWN_EXCEPTION`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import random
+import re
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+import asyncpg
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from inboxcrm.sandbox.core import Outcome, Sandbox, SandboxDep, iso, read_json
+from inboxcrm.sandbox.notes import GET_NOTE, UPSERT_NOTE
+
+router = APIRouter(prefix="/services/data")
+oauth = APIRouter(prefix="/services/oauth2")
+
+UPSERT_ATTEMPTS = 10
+BODY_VERSION = (46, 0)  # from this API version on, an update answers 200 with a body
+_VERSION = re.compile(r"^v(\d{2,3})\.(\d)$")
+_CUSTOM_FIELD = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,37}__c$")
+_RECORD_ID = re.compile(r"^\d{1,18}$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+# Standard Contact fields accepted, and where the shared table keeps them.
+STANDARD_FIELDS = {
+    "Email": "email",
+    "FirstName": "firstname",
+    "LastName": "lastname",
+    "Phone": "phone",
+    "MobilePhone": "mobilephone",
+    "Title": "jobtitle",
+    "Department": "department",
+    "Description": "description",
+}
+STORED_AS = {stored: api for api, stored in STANDARD_FIELDS.items()}
+READ_ONLY_FIELDS = frozenset({"Id", "CreatedDate", "LastModifiedDate", "SystemModstamp"})
+
+
+def sf_error(status: int, code: str, message: str, fields: list[str] | None = None,
+             headers: dict[str, str] | None = None) -> JSONResponse:
+    body = [{"message": message, "errorCode": code, "fields": fields or []}]
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _not_found(message: str = "The requested resource does not exist") -> JSONResponse:
+    return sf_error(404, "NOT_FOUND", message)
+
+
+def salesforce_shaped(response: Response) -> Response:
+    """An answer `Sandbox.run` made itself (HubSpot-shaped), as Salesforce gives it."""
+    status = response.status_code
+    if status == 401:
+        return sf_error(401, "INVALID_SESSION_ID", "Session expired or invalid")
+    if status == 429:
+        return sf_error(403, "REQUEST_LIMIT_EXCEEDED", "TotalRequests Limit exceeded.")
+    if status == 400:
+        return sf_error(400, "FIELD_CUSTOM_VALIDATION_EXCEPTION",
+                        "Field values were not valid.", ["Email"])
+    if status == 504:
+        return sf_error(504, "REQUEST_RUNNING_TOO_LONG", "The request timed out.")
+    if status >= 500:
+        return sf_error(500, "UNKNOWN_EXCEPTION", "An unexpected error occurred.")
+    return response
+
+
+# Issued access tokens start like a Salesforce session ID (org ID, "!"), so a Bearer is
+# told apart from the API key.
+TOKEN_PREFIX = "00Dsbx0000000001!"
+ORG_ID = "00Dsbx0000000001AAA"
+USER_ID = "005sbx0000000001AAA"
+
+_TOKEN_VALID = "SELECT expires_at > sandbox.now() FROM sandbox.oauth_tokens WHERE token = $1"
+_ISSUE_TOKEN = """
+INSERT INTO sandbox.oauth_tokens (token, client_id, issued_at, expires_at)
+SELECT $1, $2, sandbox.now(), sandbox.now() + make_interval(secs => session_seconds)
+FROM sandbox.config WHERE id
+RETURNING issued_at
+"""
+
+
+def _bearer(request: Request) -> str:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+async def run(request: Request, sandbox: Sandbox, target: str,
+              operation: Callable[[], Awaitable[Outcome]]) -> Response:
+    """`Sandbox.run` (auth, faults, hold, call log) with Salesforce-shaped refusals. An
+    issued OAuth access token authenticates while its session lasts."""
+    ran = False
+
+    async def tracked() -> Outcome:
+        nonlocal ran
+        ran = True
+        return await operation()
+
+    token = _bearer(request)
+    authenticated = False
+    if token.startswith(TOKEN_PREFIX):
+        if not await sandbox.pool.fetchval(_TOKEN_VALID, token):
+            await sandbox.log_call(target, "session_expired", 401)
+            return sf_error(401, "INVALID_SESSION_ID", "Session expired or invalid")
+        authenticated = True
+    response = await sandbox.run(request, target, tracked, authenticated=authenticated)
+    return response if ran else salesforce_shaped(response)
+
+
+def _oauth_error(code: str, description: str) -> JSONResponse:
+    return JSONResponse({"error": code, "error_description": description}, status_code=400)
+
+
+@oauth.post("/token")
+async def issue_token(request: Request, sandbox: SandboxDep) -> Response:
+    """The client credentials flow: a new access token for the connected app."""
+    form = parse_qs((await request.body()).decode("utf-8", "replace"), keep_blank_values=True)
+
+    def value(key: str) -> str:
+        return (form.get(key) or [""])[0]
+
+    grant = value("grant_type")
+    if grant != "client_credentials":
+        await sandbox.log_call("crm.oauth", "invalid", 400)
+        return _oauth_error("unsupported_grant_type", "grant type not supported")
+    client_id, client_secret = value("client_id"), value("client_secret")
+    wrong = sandbox.api_key is not None and not hmac.compare_digest(
+        client_secret.encode(), sandbox.api_key.encode())
+    if not client_id or not client_secret or wrong:
+        await sandbox.log_call("crm.oauth", "unauthenticated", 400)
+        return _oauth_error("invalid_client", "invalid client credentials")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(48)
+    issued = await sandbox.pool.fetchval(_ISSUE_TOKEN, token, client_id)
+    await sandbox.log_call("crm.oauth", "ok", 200)
+    instance = str(request.base_url).rstrip("/")
+    issued_ms = str(int(issued.timestamp() * 1000))
+    identity = f"{instance}/id/{ORG_ID}/{USER_ID}"
+    signature = base64.b64encode(hmac.new(client_secret.encode(),
+                                          (identity + issued_ms).encode(),
+                                          hashlib.sha256).digest()).decode()
+    return JSONResponse({"access_token": token, "signature": signature, "scope": "api",
+                         "token_format": "opaque", "instance_url": instance, "id": identity,
+                         "token_type": "Bearer", "issued_at": issued_ms})
+
+
+def _version(raw: str) -> tuple[int, int] | None:
+    match = _VERSION.match(raw)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _record_url(version: str, record_id: int) -> str:
+    return f"/services/data/{version}/sobjects/Contact/{record_id}"
+
+
+def record_json(row: asyncpg.Record, version: str, fields: list[str] | None) -> dict[str, Any]:
+    """A Contact as Salesforce returns it (API names), optionally only `fields`."""
+    record: dict[str, Any] = {"Id": str(row["id"])}
+    for key, value in (row["properties"] or {}).items():
+        record[STORED_AS.get(key, key)] = value if value != "" else None
+    record["CreatedDate"] = iso(row["created_at"])
+    record["LastModifiedDate"] = iso(row["updated_at"])
+    if fields:
+        wanted = set(fields) | {"Id"}
+        record = {k: v for k, v in record.items() if k in wanted}
+    return {"attributes": {"type": "Contact", "url": _record_url(version, row["id"])},
+            **record}
+
+
+def parse_fields(body: Any, field: str, value: str) -> dict[str, str] | Response:
+    """The body's fields in storage names, or the error Salesforce answers."""
+    if not isinstance(body, dict):
+        return sf_error(400, "JSON_PARSER_ERROR", "The request body must be a JSON object.")
+    stored: dict[str, str] = {}
+    for name, raw in body.items():
+        if name == "attributes":
+            continue
+        if name in READ_ONLY_FIELDS:
+            return sf_error(400, "INVALID_FIELD_FOR_INSERT_UPDATE",
+                            f"Unable to create/update fields: {name}.", [name])
+        if name not in STANDARD_FIELDS and not _CUSTOM_FIELD.match(name):
+            return sf_error(400, "INVALID_FIELD",
+                            f"No such column '{name}' on sobject of type Contact", [name])
+        if raw is not None and not isinstance(raw, str | int | float | bool):
+            return sf_error(400, "JSON_PARSER_ERROR", f"Cannot deserialize value of {name}.",
+                            [name])
+        text = "" if raw is None else ("true" if raw is True else "false" if raw is False
+                                      else str(raw))
+        if len(text) > 255:
+            return sf_error(400, "STRING_TOO_LONG", f"{name}: data value too large", [name])
+        stored[STANDARD_FIELDS.get(name) or str(name)] = text
+    if stored.get(field, value) != value:
+        return sf_error(400, "INVALID_FIELD",
+                        f"The external ID field {field} in the body differs from the URL.",
+                        [field])
+    email = stored.get("email", "")
+    if email and not _EMAIL.match(email):
+        return sf_error(400, "INVALID_EMAIL_ADDRESS", f"Email: invalid email address: {email}",
+                        ["Email"])
+    if "lastname" in stored and not stored["lastname"].strip():
+        return _missing_last_name()
+    stored[field] = value
+    return stored
+
+
+def _missing_last_name() -> JSONResponse:
+    return sf_error(400, "REQUIRED_FIELD_MISSING", "Required fields are missing: [LastName]",
+                    ["LastName"])
+
+
+def _multiple(version: str, rows: list[asyncpg.Record]) -> JSONResponse:
+    return JSONResponse([_record_url(version, r["id"]) for r in rows], status_code=300)
+
+
+_MATCHES = """
+SELECT id, id_property, id_value, properties, created_at, updated_at FROM sandbox.contacts
+WHERE (id_property = $1 AND id_value = $2) OR properties ->> $1 = $2
+ORDER BY id LIMIT 10
+"""
+
+_INSERT = """
+INSERT INTO sandbox.contacts AS c (id_property, id_value, properties)
+VALUES ($1, $2, $3::jsonb)
+ON CONFLICT (id_property, id_value) DO UPDATE
+SET properties = c.properties || EXCLUDED.properties, updated_at = clock_timestamp()
+RETURNING c.id, (c.xmax = 0) AS created
+"""
+
+_UPDATE = """
+UPDATE sandbox.contacts SET properties = properties || $2::jsonb, updated_at = clock_timestamp()
+WHERE id = $1
+"""
+
+_OWNER_OF_EMAIL = "SELECT id_property, id_value FROM sandbox.contacts WHERE email_lower = $1"
+
+
+async def upsert(pool: asyncpg.Pool, version: str, field: str, value: str,
+                 fields: dict[str, str]) -> Outcome:
+    """Match by external ID, then create, update, or refuse (300) in one transaction."""
+    body_on_update = (_version(version) or (0, 0)) >= BODY_VERSION
+    for attempt in range(UPSERT_ATTEMPTS):
+        try:
+            async with pool.acquire() as conn, conn.transaction():
+                rows = await conn.fetch(_MATCHES + " FOR UPDATE", field, value)
+                if len(rows) > 1:
+                    return Outcome(_multiple(version, rows), "multiple_matches")
+                if rows:
+                    record_id, created = rows[0]["id"], False
+                    await conn.execute(_UPDATE, record_id, fields)
+                else:
+                    if not fields.get("lastname", "").strip():
+                        return Outcome(_missing_last_name(), "invalid")
+                    row = await conn.fetchrow(_INSERT, field, value, fields)
+                    if row is None:
+                        raise RuntimeError("INSERT ... RETURNING returned no row")
+                    record_id, created = row["id"], bool(row["created"])
+        except asyncpg.DeadlockDetectedError:
+            await asyncio.sleep(random.uniform(0, 0.01 * (attempt + 1)))
+            continue
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name != "contacts_email_key":
+                continue  # lost an insert race on the external ID: the retry updates
+            owner = await pool.fetchrow(_OWNER_OF_EMAIL, fields.get("email", "").lower())
+            if owner is None or (owner["id_property"], owner["id_value"]) == (field, value):
+                continue
+            return Outcome(sf_error(400, "DUPLICATES_DETECTED",
+                                    "Use one of these records?", ["Email"]), "conflict")
+        url = _record_url(version, record_id)
+        if created:
+            body = {"id": str(record_id), "success": True, "errors": [], "created": True}
+            return Outcome(JSONResponse(body, status_code=201, headers={"Location": url}))
+        if not body_on_update:
+            return Outcome(Response(status_code=204))
+        body = {"id": str(record_id), "success": True, "errors": [], "created": False}
+        return Outcome(JSONResponse(body, status_code=200))
+    raise RuntimeError("upsert kept losing races; giving up")
+
+
+def _path_error(version: str, field: str | None = None) -> Response | None:
+    if _version(version) is None:
+        return _not_found()
+    if field is not None and not _CUSTOM_FIELD.match(field):
+        return _not_found(
+            f"Provided external ID field does not exist or is not accessible: {field}")
+    return None
+
+
+@router.patch("/{version}/sobjects/Contact/{field}/{value}")
+async def upsert_by_external_id(
+    request: Request, version: str, field: str, value: str, sandbox: SandboxDep
+) -> Response:
+    """Create or update the Contact whose external ID field `field` equals `value`."""
+
+    async def operation() -> Outcome:
+        if (error := _path_error(version, field)) is not None:
+            return Outcome(error, "not_found")
+        parsed = parse_fields(await read_json(request), field, value)
+        if isinstance(parsed, Response):
+            return Outcome(parsed, "invalid")
+        return await upsert(sandbox.pool, version, field, value, parsed)
+
+    return await run(request, sandbox, "crm.upsert", operation)
+
+
+@router.get("/{version}/sobjects/Contact/{field}/{value}")
+async def get_by_external_id(
+    request: Request, version: str, field: str, value: str, sandbox: SandboxDep,
+    fields: str | None = None,
+) -> Response:
+    """Read the Contact(s) whose external ID field `field` equals `value`; no lag."""
+
+    async def operation() -> Outcome:
+        if (error := _path_error(version, field)) is not None:
+            return Outcome(error, "not_found")
+        rows = await sandbox.pool.fetch(_MATCHES, field, value)
+        if not rows:
+            return Outcome(_not_found(), "not_found")
+        if len(rows) > 1:
+            return Outcome(_multiple(version, rows), "multiple_matches")
+        wanted = [f.strip() for f in fields.split(",") if f.strip()] if fields else None
+        return Outcome(JSONResponse(record_json(rows[0], version, wanted)))
+
+    return await run(request, sandbox, "crm.search", operation)
+
+
+@router.get("/{version}/sobjects/Contact/{record_id}")
+async def get_by_id(
+    request: Request, version: str, record_id: str, sandbox: SandboxDep,
+    fields: str | None = None,
+) -> Response:
+    async def operation() -> Outcome:
+        if (error := _path_error(version)) is not None:
+            return Outcome(error, "not_found")
+        row = None
+        if _RECORD_ID.match(record_id):
+            row = await sandbox.pool.fetchrow(
+                "SELECT id, properties, created_at, updated_at FROM sandbox.contacts "
+                "WHERE id = $1", int(record_id))
+        if row is None:
+            return Outcome(_not_found(), "not_found")
+        wanted = [f.strip() for f in fields.split(",") if f.strip()] if fields else None
+        return Outcome(JSONResponse(record_json(row, version, wanted)))
+
+    return await run(request, sandbox, "crm.search", operation)
+
+
+# --- Task (the inbound email logged on the Contact) ----------------------------------------
+TASK_FIELDS = frozenset({"WhoId", "Subject", "Description", "Status", "Priority", "ActivityDate"})
+
+
+def _task_json(row: asyncpg.Record, version: str, field: str) -> dict[str, Any]:
+    return {"attributes": {"type": "Task",
+                           "url": f"/services/data/{version}/sobjects/Task/{row['id']}"},
+            "Id": str(row["id"]), "WhoId": str(row["contact_id"]),
+            "Description": row["body"], field: row["id_value"],
+            "CreatedDate": iso(row["created_at"]), "LastModifiedDate": iso(row["updated_at"])}
+
+
+async def upsert_task(pool: asyncpg.Pool, version: str, field: str, value: str,
+                      body: Any) -> Outcome:
+    if not isinstance(body, dict):
+        return Outcome(sf_error(400, "JSON_PARSER_ERROR", "The request body must be a JSON "
+                                "object."), "invalid")
+    unknown = [k for k in body if k not in TASK_FIELDS and not _CUSTOM_FIELD.match(k)]
+    if unknown:
+        return Outcome(sf_error(400, "INVALID_FIELD", f"No such column '{unknown[0]}' on "
+                                "sobject of type Task", unknown[:1]), "invalid")
+    who, text = str(body.get("WhoId") or ""), str(body.get("Description") or "")
+    if not _RECORD_ID.match(who):
+        return Outcome(sf_error(400, "INVALID_CROSS_REFERENCE_KEY", "invalid cross reference "
+                                "id", ["WhoId"]), "invalid")
+    try:
+        row = await pool.fetchrow(UPSERT_NOTE, field, value, int(who), text)
+    except asyncpg.ForeignKeyViolationError:
+        return Outcome(sf_error(400, "INVALID_CROSS_REFERENCE_KEY", "invalid cross reference "
+                                "id", ["WhoId"]), "invalid")
+    if row is None:
+        raise RuntimeError("INSERT ... RETURNING returned no row")
+    url = f"/services/data/{version}/sobjects/Task/{row['id']}"
+    if row["created"]:
+        answer = {"id": str(row["id"]), "success": True, "errors": [], "created": True}
+        return Outcome(JSONResponse(answer, status_code=201, headers={"Location": url}))
+    if (_version(version) or (0, 0)) < BODY_VERSION:
+        return Outcome(Response(status_code=204))
+    answer = {"id": str(row["id"]), "success": True, "errors": [], "created": False}
+    return Outcome(JSONResponse(answer))
+
+
+@router.patch("/{version}/sobjects/Task/{field}/{value}")
+async def upsert_task_by_external_id(
+    request: Request, version: str, field: str, value: str, sandbox: SandboxDep
+) -> Response:
+    async def operation() -> Outcome:
+        if (error := _path_error(version, field)) is not None:
+            return Outcome(error, "not_found")
+        return await upsert_task(sandbox.pool, version, field, value, await read_json(request))
+
+    return await run(request, sandbox, "crm.note", operation)
+
+
+@router.get("/{version}/sobjects/Task/{field}/{value}")
+async def get_task_by_external_id(
+    request: Request, version: str, field: str, value: str, sandbox: SandboxDep,
+) -> Response:
+    async def operation() -> Outcome:
+        if (error := _path_error(version, field)) is not None:
+            return Outcome(error, "not_found")
+        row = await sandbox.pool.fetchrow(GET_NOTE, field, value)
+        if row is None:
+            return Outcome(_not_found(), "not_found")
+        return Outcome(JSONResponse(_task_json(row, version, field)))
+
+    return await run(request, sandbox, "crm.search", operation)
