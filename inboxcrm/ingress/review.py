@@ -30,7 +30,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from temporalio.client import Client
 
-from inboxcrm.domain.review_card import ReviewCard, age_text, build_card
+from inboxcrm.domain.review_card import ReviewCard, age_text, card_facts, read_message
 from inboxcrm.ingress.deps import IngestorDep, WorkDep
 from inboxcrm.ingress.intake import Ingestor
 from inboxcrm.ingress.reviewer_auth import COOKIE, DeskAuth, Visitor
@@ -244,10 +244,14 @@ class ReviewDesk:
     async def _card(self, request: Request, ingestor: Ingestor, work: Runner,
                     visitor: Visitor, workflow_id: str, *,
                     answer: tuple[bool, str] | None = None, status: int = 200) -> Response:
+        # The store's facts on a connection given back at once; the tenant check before any
+        # work on the message, which waits for a work child without holding a connection.
         async with ingestor.pool.acquire() as conn:
-            card = await build_card(conn, workflow_id, work)
-        if card is None or not visitor.principal.may_see(card.tenant):
+            facts = await card_facts(conn, workflow_id)
+        if facts is None or not visitor.principal.may_see(facts.card.tenant):
             return _not_found()
+        await read_message(facts, work)
+        card = facts.card
         if "application/json" in request.headers.get("accept", ""):
             data: dict[str, Any] = dataclasses.asdict(card)
             if answer is not None:
