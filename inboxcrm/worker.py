@@ -172,7 +172,8 @@ def worker_options(settings: Settings) -> dict[str, Any]:
         "workflow_runner": workflow_runner(settings),
         # A rollout drains (docs/architecture.md §4): the steps in flight (local activities,
         # an SMTP send among them) always run to their end; no new step or destination call
-        # starts (`inboxcrm/activities/outbox.py`, `inboxcrm/activities/step_attempts.py`). This grace is what
+        # starts (`inboxcrm/activities/outbox.py`, `inboxcrm/activities/step_attempts.py`).
+        # This grace is what
         # regular activities get before they are cancelled: the drift check, and the steps
         # of workflows started before `local-steps`.
         "graceful_shutdown_timeout": timedelta(seconds=settings.shutdown_grace_seconds),

@@ -445,10 +445,35 @@ async def test_endpoint_without_token_is_open_only_on_loopback(tmp_path: Path) -
         exposed = await http.post("/codec/decode", json=PLAIN)
     async with endpoint(endpoint_settings(tmp_path, codec_token=None,
                                           relay_host="127.0.0.1")) as http:
-        local = await http.post("/codec/decode", json=PLAIN)
+        local = await http.post("/codec/decode", json=PLAIN, headers={"host": "127.0.0.1:8080"})
     assert exposed.status_code == 401
     assert local.status_code == 200
     assert local.json() == PLAIN
+
+
+async def test_endpoint_without_token_is_closed_outside_the_local_stack(tmp_path: Path) -> None:
+    """A production relay bound to loopback (behind a same-pod proxy, a port-forward) is no
+    reason to decrypt for anyone: without a credential it refuses."""
+    async with endpoint(endpoint_settings(tmp_path, codec_token=None, relay_host="127.0.0.1",
+                                          env="production")) as http:
+        refused = await http.post("/codec/decode", json=PLAIN,
+                                  headers={"host": "127.0.0.1:8080"})
+    assert refused.status_code == 401
+    assert b"e-1" not in refused.content
+
+
+async def test_the_open_local_codec_refuses_a_rebound_host(tmp_path: Path) -> None:
+    """DNS rebinding: a page of another site whose name now resolves to 127.0.0.1 reaches
+    the loopback codec with its own name as Host; only loopback names are answered."""
+    async with endpoint(endpoint_settings(tmp_path, codec_token=None,
+                                          relay_host="127.0.0.1")) as http:
+        rebound = await http.post("/codec/decode", json=PLAIN,
+                                  headers={"host": "attacker.example:8080"})
+        ipv6 = await http.post("/codec/decode", json=PLAIN, headers={"host": "[::1]:8080"})
+        named = await http.post("/codec/decode", json=PLAIN, headers={"host": "localhost"})
+    assert rebound.status_code == 403
+    assert b"e-1" not in rebound.content
+    assert (ipv6.status_code, named.status_code) == (200, 200)
 
 
 async def test_endpoint_namespaces(tmp_path: Path) -> None:

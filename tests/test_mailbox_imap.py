@@ -32,6 +32,7 @@ from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from inboxcrm.workflows.mailbox_watch import MailboxWatchWorkflow
 from tests.helpers import dovecot as dovecot_helper
 from tests.helpers.dovecot import Dovecot
+from tests.helpers.metrics import sample, scrape_until
 from tests.helpers.own_worker import OwnWorker
 
 pytestmark = pytest.mark.skipif(not dovecot_helper.available(), reason=dovecot_helper.MISSING)
@@ -171,8 +172,18 @@ async def test_mail_is_caught_up_on_start_and_watched_after(
     mine = [m for m in json.loads(listed.stdout) if m["folder"] == mailbox.folder]
     assert len(mine) == 1 and mine[0]["state"] == "watching"
     assert mine[0]["cursor"]["highest_uid"] == 5 and mine[0]["last_stored_at"]
+    # Read up to date after the catch-up that stored the last message (the stall alert's
+    # clock): not before that message was stored.
+    assert mine[0]["last_checked_at"] and mine[0]["last_checked_at"] >= mine[0]["last_stored_at"]
     assert {"tenant", "address", "kind", "folder", "state", "cursor",
-            "last_stored_at"} <= set(mine[0])
+            "last_stored_at", "last_checked_at"} <= set(mine[0])
+    # The relay's store gauges see the watching folder, and how long since it was checked
+    # (the two mailbox alerts read these; no address among the labels).
+    text = await scrape_until(env, mailbox.stack.relay_metrics_url, lambda t: (sample(
+        t, "inboxcrm_mailbox_folders", '{kind="imap",state="watching"}') or 0) >= 1)
+    age = sample(text, "inboxcrm_mailbox_oldest_check_age_seconds", '{kind="imap"}')
+    assert age is not None and age >= 0
+    assert ADDRESS not in "".join(line for line in text.splitlines() if "inboxcrm_mailbox" in line)
 
     synced = mailbox.cli("mailbox", "sync", "--tenant", "acme", "--address", ADDRESS,
                          "--json")

@@ -238,6 +238,9 @@ class MailboxImapActivities:
         await self._read_new(session, watch, state, summary)
         if after_store != "none":
             await self._after_store(session, watch, state, after_store)
+        async with self.pool.acquire() as conn:
+            await store.mark_checked(conn, tenant=watch.tenant, kind="imap",
+                                     address=watch.address, folder=watch.folder)
 
     async def _after_store(self, session: _Session, watch: MailboxWatch, state: FolderState,
                            after_store: str) -> None:

@@ -199,6 +199,8 @@ def list_(tenant: Annotated[str | None, typer.Option("--tenant", help="Only this
                 "folder": row["folder"], "state": state, "cursor": cursor,
                 "last_stored_at": row["last_stored_at"].isoformat()
                 if row["last_stored_at"] else None,
+                "last_checked_at": row["last_checked_at"].isoformat()
+                if row["last_checked_at"] else None,
                 "last_error": row["last_error"], "max_connections": row["max_connections"]})
         return found
 
@@ -207,7 +209,8 @@ def list_(tenant: Annotated[str | None, typer.Option("--tenant", help="Only this
         out.print_json(json.dumps(found))
         return
     table = Table(title=f"mailboxes ({len(found)} folders)")
-    for column in ("tenant", "address", "kind", "folder", "state", "cursor", "last stored"):
+    for column in ("tenant", "address", "kind", "folder", "state", "cursor", "last stored",
+                   "last checked"):
         table.add_column(column)
     for item in found:
         cursor = item["cursor"]
@@ -215,7 +218,8 @@ def list_(tenant: Annotated[str | None, typer.Option("--tenant", help="Only this
                       item["state"] + (f" ({item['last_error']})" if item["last_error"]
                                        and item["state"] == "error" else ""),
                       f"{cursor['uidvalidity']}:{cursor['highest_uid']}" if cursor else "-",
-                      (item["last_stored_at"] or "-")[:19])
+                      (item["last_stored_at"] or "-")[:19],
+                      (item["last_checked_at"] or "-")[:19])
     out.print(table)
 
 

@@ -42,67 +42,36 @@ def _acting_reviewer(settings: Settings, workflow_id: str) -> Any:
 def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
             evidence: str | None, wait_id: str | None, corrections: list[str] | None = None,
             send_followup: bool = True, as_json: bool = False) -> None:
-    """Send a decision as a Temporal update and wait for the workflow's answer: accepted (the
-    new state is printed) or refused (the reason on stderr, exit 1)."""
-    from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
-    from temporalio.service import RPCError
-
-    from inboxcrm.operator.reviewer_auth import NotAuthorised, stamp
+    """Send a decision through the one decision client (`inboxcrm/platform/decisions.py`) and
+    print the workflow's answer: accepted (the new state) or refused (the reason on stderr,
+    exit 1)."""
     from inboxcrm.platform import temporal
-    from inboxcrm.schemas.contract import QUERY_STATUS
-    from inboxcrm.schemas.models import DecisionBody, ItemStatus
+    from inboxcrm.platform.decisions import DecisionRequest, send_decision
+    from inboxcrm.platform.reviewer_identity import PATH_CLI
 
     pairs = [c.partition("=") for c in corrections or []]
     if any(not sep or not key for key, sep, _ in pairs):
         fail("--set takes FIELD=VALUE")
     settings = settings_from_env()
     principal = _acting_reviewer(settings, workflow_id)
-
-    async def send() -> tuple[str, ItemStatus]:
-        client = await temporal.connect(settings)
-        handle = client.get_workflow_handle(workflow_id)
-        try:
-            description = await handle.describe()
-        except RPCError:
-            fail(f"no workflow with ID {workflow_id!r}")
-            raise
-        if description.status != WorkflowExecutionStatus.RUNNING:
-            fail(f"workflow {workflow_id!r} is not running "
-                 f"({description.status.name if description.status else 'unknown'})")
-        # Without --wait-id: the wait open now (the validator still refuses a stale one).
-        answered = wait_id
-        if answered is None:
-            current = await handle.query(QUERY_STATUS, result_type=ItemStatus)
-            answered = current.review.wait_id if current.review else ""
-        body = DecisionBody(reviewer=reviewer, wait_id=answered, note=note, evidence=evidence,
-                            corrections={key: value for key, _, value in pairs},
-                            send_followup=send_followup)
-        try:
-            stamp(body, principal, workflow_id, action.value, settings)
-        except NotAuthorised as exc:
-            fail(str(exc))
-        try:
-            result = await handle.execute_update(action.value, body, result_type=ItemStatus)
-        except WorkflowUpdateFailedError as exc:
-            cause = exc.cause
-            fail(getattr(cause, "message", None) or str(cause) or "refused")
-            raise
-        return answered, result
-
-    answered, result = asyncio.run(send())
+    request = DecisionRequest(
+        workflow_id=workflow_id, action=action, decider=principal, path=PATH_CLI,
+        reviewer=reviewer, note=note, evidence=evidence,
+        corrections={key: value for key, _, value in pairs}, send_followup=send_followup,
+        wait_id=wait_id)
+    secret = settings.decision_secret.get_secret_value() if settings.decision_secret else None
+    result = asyncio.run(send_decision(lambda: temporal.connect(settings), secret, request))
+    if not result.accepted or result.status is None:
+        fail(result.message)
+        return
     if as_json:
         import dataclasses
 
-        out.print_json(json.dumps({"decision": action.value, "wait_id": answered,
+        out.print_json(json.dumps({"decision": action.value, "wait_id": result.wait_id,
                                    "workflow_id": workflow_id,
-                                   "status": _jsonable(dataclasses.asdict(result))}))
+                                   "status": _jsonable(dataclasses.asdict(result.status))}))
         return
-    out.print(f"{action.value} accepted at wait {answered}: {workflow_id} is now "
-              f"{result.state}" + (f" ({result.reason})" if result.reason else ""),
-              highlight=False)
-    if result.review is not None:
-        out.print(f"open wait {result.review.wait_id}: {result.review.reason}; allowed: "
-                  f"{', '.join(result.review.allowed)}", highlight=False)
+    out.print(result.message, highlight=False, markup=False, soft_wrap=True)
 
 
 def _jsonable(value: Any) -> Any:

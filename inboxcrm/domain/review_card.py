@@ -170,9 +170,29 @@ def _short(contact_id: Any) -> str:
 
 async def build_card(conn: Conn, workflow_id: str,
                      runner: Runner = IN_PROCESS) -> ReviewCard | None:
-    """The card of one item (None if the store has no such item). The stored message is
-    read through `runner`: the relay's `WorkPool`, so a message that is expensive to read
-    costs a child process its time limit, never the relay's event loop."""
+    """The card of one item (None if the store has no such item), read on one connection:
+    for the CLI, which has nothing else waiting for it."""
+    facts = await card_facts(conn, workflow_id)
+    if facts is None:
+        return None
+    await read_message(facts, runner)
+    return facts.card
+
+
+@dataclass
+class CardFacts:
+    """A card with everything the store says, before the stored message is read: the relay
+    checks `card.tenant` against who asks, and gives back its connection, before it spends a
+    work child's time on the message (`read_message`)."""
+
+    card: ReviewCard
+    raw: bytes | None
+    extraction: dict[str, Any]
+
+
+async def card_facts(conn: Conn, workflow_id: str) -> CardFacts | None:
+    """Every store read of the card (the item, the planner's dry run, the operations, the
+    allowed decisions), with no work on the message."""
     row = await review.review_item(conn, workflow_id)
     if row is None:
         return None
@@ -188,7 +208,6 @@ async def build_card(conn: Conn, workflow_id: str,
         else None,
         overdue=bool(row["escalate_at"] and row["escalate_at"] <= now))
     extraction: dict[str, Any] = row["extraction"] or {}
-    await _message(card, row["raw"], reasons, extraction, runner)
     _fields(card, extraction)
     await _dry_run(conn, card, row, extraction)
     for op in await review.item_operations(conn, workflow_id):
@@ -198,7 +217,15 @@ async def build_card(conn: Conn, workflow_id: str,
     if waiting and row["wait_id"]:
         card.decisions = [DecisionOption(a, decision_body(a, row["wait_id"], row["needs_sender"]))
                           for a in sorted(row["allowed"] or [])]
-    return card
+    raw = bytes(row["raw"]) if row["raw"] is not None else None
+    return CardFacts(card, raw, extraction)
+
+
+async def read_message(facts: CardFacts, runner: Runner = IN_PROCESS) -> None:
+    """The stored message onto the card, read through `runner`: the relay's `WorkPool`, so a
+    message that is expensive to read costs a child process its time limit, never the
+    relay's event loop. Holds no database connection."""
+    await _message(facts.card, facts.raw, facts.card.reasons, facts.extraction, runner)
 
 
 async def _message(card: ReviewCard, raw: bytes | None, reasons: list[str],

@@ -64,7 +64,12 @@ def create_app(settings: Settings) -> FastAPI:
             await work.close()
             await pool.close()
 
-    app = FastAPI(title="inboxcrm relay", lifespan=lifespan)
+    # The interactive docs and the schema describe every route to whoever asks: the local
+    # stack only (docs/architecture.md §10 documents the interfaces).
+    local = settings.env == "local"
+    app = FastAPI(title="inboxcrm relay", lifespan=lifespan,
+                  docs_url="/docs" if local else None, redoc_url="/redoc" if local else None,
+                  openapi_url="/openapi.json" if local else None)
     if tracing.enabled():
         from inboxcrm.ingress.request_spans import RequestSpans
 

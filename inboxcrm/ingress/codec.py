@@ -2,7 +2,10 @@
 history for authorised people with the payload codec of `inboxcrm.platform.codec`
 (docs/architecture.md §7).
 
-A credential is required unless the relay listens on loopback with none configured: the static
+A credential is required unless the local stack's relay (`INBOXCRM_ENV=local`) listens on
+loopback with none configured, and then only for requests addressed to a loopback name (a
+page of another site that rebinds its DNS name to 127.0.0.1 sends its own name as `Host`, and
+is refused). Otherwise the credential is the static
 bearer token `INBOXCRM_CODEC_TOKEN` (the local stack, scripts), or the signed-in person's access
 token that a Temporal UI with single sign-on passes (`codec.passAccessToken`): a JWT of
 `INBOXCRM_OIDC_ISSUER` for `INBOXCRM_OIDC_AUDIENCE`, verified against the issuer's published
@@ -46,6 +49,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def host_name(header: str) -> str:
+    """The name of a `Host` header without its port (`[::1]:8080` -> `::1`)."""
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if ":" in header else header
+
+
 def codec_router(settings: Settings) -> APIRouter:
     """`POST /codec/encode` and `POST /codec/decode` (+ CORS preflight) for the relay."""
     codec = payload_codec(settings)
@@ -55,11 +65,12 @@ def codec_router(settings: Settings) -> APIRouter:
     token = settings.codec_token.get_secret_value() if settings.codec_token else ""
     verifier = oidc.verifier_from(settings.oidc_issuer, settings.oidc_audience,
                                   settings.oidc_tenants_claim, settings.oidc_jwks_cache_seconds)
-    open_access = not token and verifier is None and is_loopback(settings.relay_host)
+    open_access = (not token and verifier is None and settings.env == "local"
+                   and is_loopback(settings.relay_host))
     if not token and verifier is None and not open_access:
         log.warning("codec endpoint refuses every request: set INBOXCRM_CODEC_TOKEN or "
-                    "INBOXCRM_OIDC_ISSUER/_AUDIENCE (required when the relay listens on a "
-                    "non-loopback address)")
+                    "INBOXCRM_OIDC_ISSUER/_AUDIENCE (required outside the local stack's "
+                    "loopback relay)")
     router = APIRouter()
 
     def cors(request: Request, response: Response) -> Response:
@@ -76,7 +87,10 @@ def codec_router(settings: Settings) -> APIRouter:
     async def refusal(request: Request) -> Response | None:
         """None when the request may use the codec; else the 401/403 to answer."""
         if open_access:
-            return None
+            if is_loopback(host_name(request.headers.get("host", ""))):
+                return None
+            return _json_error(403, "the open local codec answers only requests to a loopback "
+                                    "address (Host)")
         scheme, _, presented = request.headers.get("authorization", "").partition(" ")
         presented = presented.strip()
         if scheme.lower() != "bearer" or not presented:

@@ -129,7 +129,29 @@ class _StoreCollector(Collector):
         for source, at in sorted((snap["last_delivery"] or {}).items()):
             last.add_metric([source], float(at or 0))
         yield last
+        yield from _mailbox_gauges(snap.get("mailboxes") or [])
         yield from _drift_gauges(snap["drift"])
+
+
+def _mailbox_gauges(rows: list[dict[str, Any]]) -> Iterator[GaugeMetricFamily]:
+    """Mailbox folders by kind and state, and how long the stalest watching one of each kind
+    has gone without a catch-up (docs/mailboxes.md, "Alerts")."""
+    folders = GaugeMetricFamily("inboxcrm_mailbox_folders",
+                                "Registered mailbox folders by kind and watcher state",
+                                labels=["kind", "state"])
+    stale = GaugeMetricFamily(
+        "inboxcrm_mailbox_oldest_check_age_seconds",
+        "Longest time since a watching mailbox folder of this kind was read up to date",
+        labels=["kind"])
+    ages: dict[str, float] = {}
+    for row in rows:
+        folders.add_metric([row["kind"], row["state"]], float(row["n"] or 0))
+        if row["oldest_check_age"] is not None:
+            ages[row["kind"]] = max(ages.get(row["kind"], 0.0), float(row["oldest_check_age"]))
+    for kind, age in sorted(ages.items()):
+        stale.add_metric([kind], age)
+    yield folders
+    yield stale
 
 
 def _drift_gauges(drift: dict[str, Any] | None) -> Iterator[GaugeMetricFamily]:

@@ -1,12 +1,16 @@
 """The relay's request as the root of an item's trace (docs/architecture.md §8): one SERVER
 span per HTTP request, named by the route's template (`POST /v1/inbound/standard`), never by
-the raw path (a token or an ID in it) or the query string; a `traceparent` sent by the caller
-is continued. Mounted only when tracing is on (inboxcrm/platform/tracing.py)."""
+the raw path (a token or an ID in it) or the query string. The callers are the public (a mail
+provider, anyone on the internet), so what they send is not trusted: a `traceparent` becomes
+a *link* of a new root span, never its parent, and `baggage` is dropped, so nothing a caller
+chooses reaches the spans or the Temporal headers the item's workflow carries. Mounted only
+when tracing is on (inboxcrm/platform/tracing.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -30,9 +34,13 @@ class RequestSpans:
                 status["code"] = message["status"]
             await send(message)
 
+        caller = trace.get_current_span(propagate.extract(carrier)).get_span_context()
+        links = [trace.Link(caller)] if caller.is_valid else []
+        # A fresh context: no parent and no baggage from the caller.
         with self.tracer.start_as_current_span(
-                method, context=propagate.extract(carrier), kind=trace.SpanKind.SERVER,
-                attributes={"http.request.method": method}, record_exception=False) as span:
+                method, context=otel_context.Context(), kind=trace.SpanKind.SERVER,
+                links=links, attributes={"http.request.method": method},
+                record_exception=False) as span:
             await self.app(scope, receive, record_status)
             route = getattr(scope.get("route"), "path", None)
             if route:

@@ -9,37 +9,38 @@ login form at `/review/login` (a token in a POST body, never in a URL); 401 othe
 tenants outside the reviewer's answer 404, whether read or decided.
 
 A decision is a plain HTML form (no JavaScript) bound to the wait ID, sent as the workflow's
-own Temporal Update with the authenticated decider and a proof (`reviewer_identity`); the page
-shows the workflow's answer (accepted, with the new state, or its refusal). Forms carry a CSRF
-token bound to the session; cross-site requests are refused by `Sec-Fetch-Site` / `Origin`;
-the cookie is `SameSite=Strict; HttpOnly`. No personal data in URLs, logs or metrics; every
-response is `no-store`.
+own Temporal Update by the one decision client (`inboxcrm/platform/decisions.py`: the body
+with the authenticated decider and its proof); the page shows the workflow's answer
+(accepted, with the new state, or its refusal). Forms carry a CSRF token bound to the
+session; cross-site requests are refused by `Sec-Fetch-Site` / `Origin`; the cookie is
+`SameSite=Strict; HttpOnly`. No personal data in URLs, logs or metrics; every response is
+`no-store`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
+from collections.abc import Awaitable, Callable, Mapping
 from html import escape
 from typing import Any
 from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from temporalio.client import Client
 
-from inboxcrm.domain.review_card import ReviewCard, age_text, build_card
+from inboxcrm.domain.review_card import ReviewCard, age_text, card_facts, read_message
 from inboxcrm.ingress.deps import IngestorDep, WorkDep
 from inboxcrm.ingress.intake import Ingestor
 from inboxcrm.ingress.reviewer_auth import COOKIE, DeskAuth, Visitor
 from inboxcrm.ingress.web import read_body
 from inboxcrm.platform.config import Settings
-from inboxcrm.platform.reviewer_identity import PATH_DESK, Principal, sign_decision
+from inboxcrm.platform.decisions import DecisionRequest, DecisionResult, send_decision
+from inboxcrm.platform.reviewer_identity import PATH_DESK, Principal
 from inboxcrm.platform.workpool import Runner
 from inboxcrm.schemas.contract import Decision
 from inboxcrm.store import reviewers as reviewer_store
-
-log = logging.getLogger("inboxcrm.ingress.review")
 
 MAX_LOGIN_BYTES = 4096
 MAX_FORM_BYTES = 16 * 1024
@@ -100,25 +101,71 @@ def _card_path(workflow_id: str) -> str:
     return "/review/" + quote(workflow_id, safe="")
 
 
-def _field(form: dict[str, list[str]], name: str) -> str:
+def _field(form: Mapping[str, list[str]], name: str) -> str:
     return (form.get(name) or [""])[0].strip()[:MAX_FIELD_CHARS]
 
 
-def review_router(settings: Settings) -> APIRouter:
-    router = APIRouter()
-    auth = DeskAuth(settings)
-    secure_cookie = settings.public_relay_base_url.startswith("https://")
+def decision_request(form: Mapping[str, list[str]], principal: Principal,
+                     workflow_id: str) -> DecisionRequest | str:
+    """A decision form as the decision client's request, or why it is refused as it stands.
+    The form names the wait it answers; the decider is the one signed in, never a field."""
+    action = _field(form, "action")
+    if action not in {d.value for d in Decision}:
+        return "refused: no such decision"
+    return DecisionRequest(
+        workflow_id=workflow_id, action=Decision(action), decider=principal, path=PATH_DESK,
+        reviewer=_field(form, "reviewer") or principal.name, wait_id=_field(form, "wait_id"),
+        note=_field(form, "note") or None, evidence=_field(form, "evidence") or None,
+        corrections={n: v for n in CORRECTABLE if (v := _field(form, n))},
+        send_followup=_field(form, "send_followup") != "no")
 
-    async def who(request: Request, ingestor: Ingestor) -> Visitor | None:
+
+async def send_form_decision(connect: Callable[[], Awaitable[Client]], secret: str | None,
+                             principal: Principal, workflow_id: str,
+                             form: Mapping[str, list[str]]) -> DecisionResult:
+    """The desk's decision path: the form, through the one decision client, to the workflow's
+    answer (a fast test calls it without a relay)."""
+    request = decision_request(form, principal, workflow_id)
+    if isinstance(request, str):
+        return DecisionResult(False, "refused", request, _field(form, "wait_id"))
+    result = await send_decision(connect, secret, request)
+    if result.accepted:
+        return dataclasses.replace(
+            result, message=result.message + "; the card below shows where the item is now")
+    return result
+
+
+class ReviewDesk:
+    """The desk's routes as methods over its credentials (`DeskAuth`), so a test can build one
+    from settings and call a handler; `router()` registers them."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.auth = DeskAuth(settings)
+        self.secure_cookie = settings.public_relay_base_url.startswith("https://")
+
+    def router(self) -> APIRouter:
+        router = APIRouter()
+        router.add_api_route("/review/login", self.login_form, methods=["GET"],
+                             response_class=HTMLResponse)
+        router.add_api_route("/review/login", self.login, methods=["POST"],
+                             response_model=None)
+        router.add_api_route("/review/logout", self.logout, methods=["POST"],
+                             response_model=None)
+        router.add_api_route("/review/{workflow_id:path}", self.review_page, methods=["GET"],
+                             response_model=None)
+        router.add_api_route("/review/{workflow_id:path}", self.decide, methods=["POST"],
+                             response_model=None)
+        return router
+
+    async def who(self, request: Request, ingestor: Ingestor) -> Visitor | None:
         async with ingestor.pool.acquire() as conn:
-            return await auth.visitor(request, conn)
+            return await self.auth.visitor(request, conn)
 
-    @router.get("/review/login")
-    async def login_form(request: Request) -> HTMLResponse:
+    async def login_form(self, request: Request) -> HTMLResponse:
         return _login_form(_safe_next(request.query_params.get("next")))
 
-    @router.post("/review/login", response_model=None)
-    async def login(request: Request, ingestor: IngestorDep) -> Response:
+    async def login(self, request: Request, ingestor: IngestorDep) -> Response:
+        auth = self.auth
         if auth.cross_site(request):
             return _page("refused", "<p>Cross-site sign-in refused.</p>", 403)
         body = await read_body(request, MAX_LOGIN_BYTES)
@@ -136,36 +183,34 @@ def review_router(settings: Settings) -> APIRouter:
                                     headers={"Cache-Control": "no-store"})
         response.set_cookie(COOKIE, value, max_age=max_age, path="/review", httponly=True,
                             samesite="strict",
-                            secure=secure_cookie or request.url.scheme == "https")
+                            secure=self.secure_cookie or request.url.scheme == "https")
         return response
 
-    @router.post("/review/logout", response_model=None)
-    async def logout(request: Request) -> Response:
-        if auth.cross_site(request):
+    async def logout(self, request: Request) -> Response:
+        if self.auth.cross_site(request):
             return _page("refused", "<p>Cross-site request refused.</p>", 403)
         response = RedirectResponse("/review/login", status_code=303,
                                     headers={"Cache-Control": "no-store"})
         response.delete_cookie(COOKIE, path="/review")
         return response
 
-    @router.get("/review/{workflow_id:path}", response_model=None)
-    async def review_page(workflow_id: str, request: Request, ingestor: IngestorDep,
+    async def review_page(self, workflow_id: str, request: Request, ingestor: IngestorDep,
                           work: WorkDep) -> Response:
-        visitor = await who(request, ingestor)
+        visitor = await self.who(request, ingestor)
         if visitor is None:
             target = _card_path(workflow_id) if workflow_id else "/review/"
             return _login_form(target, "sign in to the review desk", 401)
         if not workflow_id:
-            return await _queue(request, ingestor, visitor)
-        return await _card(request, ingestor, work, visitor, workflow_id)
+            return await self._queue(request, ingestor, visitor)
+        return await self._card(request, ingestor, work, visitor, workflow_id)
 
-    @router.post("/review/{workflow_id:path}", response_model=None)
-    async def decide(workflow_id: str, request: Request, ingestor: IngestorDep,
+    async def decide(self, workflow_id: str, request: Request, ingestor: IngestorDep,
                      work: WorkDep) -> Response:
+        auth = self.auth
         if auth.cross_site(request):
             return _page("refused", "<p>Cross-site request refused: decide from the desk's "
                          "own page.</p>", 403)
-        visitor = await who(request, ingestor)
+        visitor = await self.who(request, ingestor)
         if visitor is None:
             return _login_form(_card_path(workflow_id), "sign in to decide", 401)
         body = await read_body(request, MAX_FORM_BYTES)
@@ -179,12 +224,13 @@ def review_router(settings: Settings) -> APIRouter:
             tenant = await reviewer_store.item_tenant(conn, workflow_id)
         if not visitor.principal.may_see(tenant):
             return _not_found()
-        accepted, answer = await _send_decision(ingestor, visitor.principal, workflow_id, form)
-        return await _card(request, ingestor, work, visitor, workflow_id,
-                           answer=(accepted, answer),
-                           status=200 if accepted else 409)
+        result = await send_form_decision(ingestor.temporal.get, auth.decision_secret,
+                                          visitor.principal, workflow_id, form)
+        return await self._card(request, ingestor, work, visitor, workflow_id,
+                                answer=(result.accepted, result.message),
+                                status=200 if result.accepted else 409)
 
-    async def _queue(request: Request, ingestor: Ingestor, visitor: Visitor) -> Response:
+    async def _queue(self, request: Request, ingestor: Ingestor, visitor: Visitor) -> Response:
         tenants = visitor.principal.tenants
         async with ingestor.pool.acquire() as conn:
             items = await reviewer_store.review_queue(
@@ -193,74 +239,31 @@ def review_router(settings: Settings) -> APIRouter:
             return JSONResponse({"reviewer": visitor.principal.decider, "items": items},
                                 headers=SECURITY_HEADERS)
         return _page("review queue", render_queue(visitor.principal, items,
-                                                  auth.csrf_token(visitor)))
+                                                  self.auth.csrf_token(visitor)))
 
-    async def _card(request: Request, ingestor: Ingestor, work: Runner, visitor: Visitor,
-                    workflow_id: str, *, answer: tuple[bool, str] | None = None,
-                    status: int = 200) -> Response:
+    async def _card(self, request: Request, ingestor: Ingestor, work: Runner,
+                    visitor: Visitor, workflow_id: str, *,
+                    answer: tuple[bool, str] | None = None, status: int = 200) -> Response:
+        # The store's facts on a connection given back at once; the tenant check before any
+        # work on the message, which waits for a work child without holding a connection.
         async with ingestor.pool.acquire() as conn:
-            card = await build_card(conn, workflow_id, work)
-        if card is None or not visitor.principal.may_see(card.tenant):
+            facts = await card_facts(conn, workflow_id)
+        if facts is None or not visitor.principal.may_see(facts.card.tenant):
             return _not_found()
+        await read_message(facts, work)
+        card = facts.card
         if "application/json" in request.headers.get("accept", ""):
             data: dict[str, Any] = dataclasses.asdict(card)
             if answer is not None:
                 data["answer"] = {"accepted": answer[0], "message": answer[1]}
             return JSONResponse(data, status_code=status, headers=SECURITY_HEADERS)
-        forms = DeskForms(auth.csrf_token(visitor), visitor.principal,
-                          enabled=auth.decision_secret is not None)
+        forms = DeskForms(self.auth.csrf_token(visitor), visitor.principal,
+                          enabled=self.auth.decision_secret is not None)
         return _page(f"review {card.workflow_id}", render_html(card, forms, answer), status)
 
-    async def _send_decision(ingestor: Ingestor, principal: Principal, workflow_id: str,
-                             form: dict[str, list[str]]) -> tuple[bool, str]:
-        """The decision as the workflow's own Update; its answer, or its refusal."""
-        import asyncio
 
-        from temporalio.client import WorkflowUpdateFailedError
-        from temporalio.service import RPCError
-
-        from inboxcrm.schemas.models import DecisionBody, ItemStatus
-
-        secret = auth.decision_secret
-        if secret is None:
-            return False, ("refused: decisions on the desk need INBOXCRM_DECISION_SECRET "
-                           "(the relay has none)")
-        action = _field(form, "action")
-        if action not in {d.value for d in Decision}:
-            return False, "refused: no such decision"
-        wait_id = _field(form, "wait_id")
-        body = DecisionBody(
-            reviewer=_field(form, "reviewer") or principal.name, wait_id=wait_id,
-            note=_field(form, "note") or None, evidence=_field(form, "evidence") or None,
-            corrections={n: v for n in CORRECTABLE if (v := _field(form, n))},
-            send_followup=_field(form, "send_followup") != "no",
-            decider=principal.decider, path=PATH_DESK,
-            proof=sign_decision(secret, principal.decider, PATH_DESK, workflow_id, wait_id,
-                                action))
-        try:
-            client = await ingestor.temporal.get()
-            handle = client.get_workflow_handle(workflow_id)
-            result = await asyncio.wait_for(
-                handle.execute_update(action, body, result_type=ItemStatus), 60)
-        except WorkflowUpdateFailedError as exc:
-            cause = exc.cause
-            return False, str(getattr(cause, "message", None) or cause or "refused")
-        except RPCError as exc:
-            log.info("desk decision not delivered: %s", type(exc).__name__)
-            return False, ("refused: the workflow is not running (it finished, or never "
-                           "started); reload the card")
-        except (TimeoutError, OSError) as exc:
-            log.warning("desk decision: Temporal unavailable (%s)", type(exc).__name__)
-            return False, "not delivered: Temporal is unavailable; try again"
-        # The update answers as the workflow takes the decision, before the item moves on:
-        # the state it reports is the one at that moment (`held` for a hold).
-        text = (f"accepted: {action} at wait {wait_id} (the workflow's answer: state "
-                f"{result.state}" + (f", {result.reason}" if result.reason else "") + ")")
-        if result.review is not None and result.review.wait_id != wait_id:
-            text += f"; open wait {result.review.wait_id}: {result.review.reason}"
-        return True, text + "; the card below shows where the item is now"
-
-    return router
+def review_router(settings: Settings) -> APIRouter:
+    return ReviewDesk(settings).router()
 
 
 @dataclasses.dataclass

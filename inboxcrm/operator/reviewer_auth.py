@@ -1,24 +1,19 @@
 """Who the CLI's review commands act as (docs/architecture.md §6): the reviewer whose personal
 token is in `INBOXCRM_REVIEWER_TOKEN`, or, without one, the operator holding
-`INBOXCRM_REVIEW_TOKEN` (every tenant, recorded as `operator`). `--reviewer` is a label."""
+`INBOXCRM_REVIEW_TOKEN` (every tenant, recorded as `operator`). `--reviewer` is a label. The
+decision's body and proof are built by the one decision client
+(`inboxcrm/platform/decisions.py`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from inboxcrm.platform.reviewer_identity import (
-    PATH_CLI,
-    Principal,
-    operator,
-    sign_decision,
-    token_digest,
-)
+from inboxcrm.platform.reviewer_identity import Principal, operator, token_digest
 from inboxcrm.store import reviewers as store
 
 if TYPE_CHECKING:
     from inboxcrm.platform.config import Settings
-    from inboxcrm.schemas.models import DecisionBody
     from inboxcrm.store.db import Conn
 
 REVIEWER_TOKEN_VARIABLE = "INBOXCRM_REVIEWER_TOKEN"
@@ -42,14 +37,3 @@ async def cli_principal(conn: Conn, environ: Mapping[str, str], settings: Settin
         return operator()
     raise NotAuthorised(f"set {REVIEWER_TOKEN_VARIABLE} (your personal token from `inboxcrm "
                         "reviewer add`) or INBOXCRM_REVIEW_TOKEN (the operator's)")
-
-
-def stamp(body: DecisionBody, principal: Principal, workflow_id: str, action: str,
-          settings: Settings) -> None:
-    """Put the authenticated decider and its proof into a decision body."""
-    if settings.decision_secret is None or not settings.decision_secret.get_secret_value():
-        raise NotAuthorised("INBOXCRM_DECISION_SECRET is not set: the worker could not tell "
-                            "who decided (it is in .data/stack.env for the local stack)")
-    body.decider, body.path = principal.decider, PATH_CLI
-    body.proof = sign_decision(settings.decision_secret.get_secret_value(), principal.decider,
-                               PATH_CLI, workflow_id, body.wait_id, action)

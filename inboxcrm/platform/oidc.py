@@ -5,7 +5,11 @@ sign-on proxy passes it to the review desk.
 A token counts only if it is signed by one of the keys the issuer publishes (its JWKS, found
 through `{issuer}/.well-known/openid-configuration`, cached for `INBOXCRM_OIDC_JWKS_CACHE_SECONDS`
 and fetched again at most once a minute for an unknown key ID), with an asymmetric algorithm,
-for our audience, from that issuer, and not expired. The tenants a person may review come from
+for our audience, from that issuer (with or without a trailing `/`, as issuers write it),
+not expired, typed as a JWT or an access token (`at+jwt`, RFC 9068), and, when it names
+several audiences, authorised for ours (`azp`, OpenID Connect Core 3.1.3.7). A failed key
+fetch is not retried for a minute, so a down issuer does not put a five-second wait in front
+of every request. The tenants a person may review come from
 one claim (`INBOXCRM_OIDC_TENANTS_CLAIM`: a list, or a space- or comma-separated string).
 """
 
@@ -29,6 +33,9 @@ LEEWAY_SECONDS = 30
 FETCH_TIMEOUT_SECONDS = 5.0
 REFETCH_INTERVAL_SECONDS = 60.0
 MAX_TOKEN_CHARS = 16 * 1024
+# The JOSE `typ` of a JWT access token (RFC 9068 §2.1) or of a plain JWT; anything else (a
+# logout token, an encrypted or nested token) is not a person's access token.
+TOKEN_TYPES = {"jwt", "at+jwt", "application/at+jwt"}
 
 
 class TokenRefused(Exception):
@@ -52,9 +59,13 @@ def tenants_of(claims: dict[str, Any], claim: str) -> frozenset[str]:
 
 def principal_of(claims: dict[str, Any], tenants_claim: str) -> Principal:
     """The person a verified token names: recorded as `oidc:<email | preferred_username |
-    sub>`, limited to the tenants in the claim."""
-    who = next((str(claims[k]) for k in ("email", "preferred_username", "sub")
-                if isinstance(claims.get(k), str) and claims[k]), "unknown")
+    sub>`, limited to the tenants in the claim. An email counts only when the issuer says it
+    verified it (`email_verified`): otherwise anyone who may set their own address at the
+    issuer could sign decisions under a colleague's."""
+    email = claims.get("email") if claims.get("email_verified") is True else None
+    who = next((str(value) for value in (email, claims.get("preferred_username"),
+                                         claims.get("sub"))
+                if isinstance(value, str) and value), "unknown")
     return Principal(f"oidc:{who}"[:200], who[:200], tenants_of(claims, tenants_claim))
 
 
@@ -75,6 +86,7 @@ class OidcVerifier:
         self.tenants_claim = tenants_claim
         self._cache_seconds = cache_seconds
         self._keys: _Keys | None = None
+        self._failed_at: float | None = None  # when the last fetch failed
         self._lock = asyncio.Lock()
 
     async def _fetch_keys(self) -> _Keys:
@@ -106,14 +118,20 @@ class OidcVerifier:
             stale = keys is None or now - keys.fetched_at > self._cache_seconds
             unknown = keys is not None and kid not in keys.by_kid and (
                 now - keys.fetched_at > REFETCH_INTERVAL_SECONDS)
-            if stale or unknown:
+            may_fetch = self._failed_at is None or (
+                now - self._failed_at >= REFETCH_INTERVAL_SECONDS)
+            if (stale or unknown) and may_fetch:
                 try:
                     self._keys = keys = await self._fetch_keys()
-                except (httpx.HTTPError, ValueError) as exc:
+                    self._failed_at = None
+                except (httpx.HTTPError, ValueError, TokenRefused) as exc:
+                    # Keep the keys we have; ask again only after the interval.
+                    self._failed_at = now
                     if keys is None:
                         raise TokenRefused(f"issuer keys unavailable ({type(exc).__name__})"
                                            ) from exc
-            assert keys is not None
+            if keys is None:
+                raise TokenRefused("issuer keys unavailable (the last fetch failed)")
         key = keys.by_kid.get(kid)
         if key is None and not kid and len(keys.by_kid) == 1:
             key = next(iter(keys.by_kid.values()))
@@ -131,11 +149,13 @@ class OidcVerifier:
             raise TokenRefused("malformed token") from exc
         if header.get("alg") not in ALGORITHMS:
             raise TokenRefused("algorithm not accepted")
+        if str(header.get("typ", "JWT")).lower() not in TOKEN_TYPES:
+            raise TokenRefused("not an access token (typ)")
         key = await self._key_for(str(header.get("kid", "")))
         try:
             claims: dict[str, Any] = jwt.decode(
                 token, key=key, algorithms=ALGORITHMS, audience=self.audience,
-                issuer=self.issuer, leeway=LEEWAY_SECONDS,
+                issuer=[self.issuer, f"{self.issuer}/"], leeway=LEEWAY_SECONDS,
                 options={"require": ["exp", "iss", "aud"]})
         except jwt.ExpiredSignatureError as exc:
             raise TokenRefused("expired") from exc
@@ -147,6 +167,9 @@ class OidcVerifier:
             raise TokenRefused("bad signature") from exc
         except jwt.PyJWTError as exc:
             raise TokenRefused(f"invalid token ({type(exc).__name__})") from exc
+        audiences = claims["aud"] if isinstance(claims["aud"], list) else [claims["aud"]]
+        if len(audiences) > 1 and claims.get("azp") != self.audience:
+            raise TokenRefused("not authorised for this audience (azp)")
         return claims
 
     async def principal(self, token: str) -> Principal:

@@ -20,6 +20,17 @@ SELECT coalesce(jsonb_object_agg(source, (
 FROM sources WHERE source IS NOT NULL
 """
 
+# Registered mailbox folders by kind and state, and per kind the longest time since a
+# watching folder was last read up to date (its watcher's catch-up); no address leaves.
+MAILBOX_GAUGES = """
+SELECT coalesce(jsonb_agg(jsonb_build_object(
+    'kind', kind, 'state', state, 'n', n, 'oldest_check_age', oldest_check_age)), '[]')
+FROM (SELECT kind, state, count(*) AS n,
+             max(extract(epoch FROM now() - coalesce(last_checked_at, created_at)))
+               FILTER (WHERE state = 'watching') AS oldest_check_age
+      FROM mailboxes GROUP BY kind, state) m
+"""
+
 STORE_GAUGES = f"""
 SELECT
   (SELECT coalesce(jsonb_object_agg(state, n), '{{}}') FROM
@@ -45,5 +56,6 @@ SELECT
   (SELECT count(*) FROM review_tasks WHERE status = 'open' AND reason = 'ramp_limit')
      AS ramp_held,
   ({LAST_DELIVERY_PER_SOURCE}) AS last_delivery,
+  ({MAILBOX_GAUGES}) AS mailboxes,
   ({LATEST_SCHEDULED_GAUGES}) AS drift
 """

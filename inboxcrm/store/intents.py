@@ -36,7 +36,8 @@ FOLLOWUP_BLOCKERS = "SELECT " + blockers_sql(
 # The planned follow-up in ONE statement (the planner's last): the template version its words
 # are stored under (written once per tenant and version), the intent, the send operation and
 # its audit entry, and the cleared attempt count of the planning step
-# (inboxcrm/activities/step_attempts.py). The intent is inserted or (a re-run) the one already there:
+# (inboxcrm/activities/step_attempts.py). The intent is inserted or (a re-run) the one
+# already there:
 # that second branch reads the statement's snapshot, and a row a concurrent run committed
 # meanwhile is not in it, which cannot happen while this transaction holds the event row
 # (events.START_MATCHING). $1 event_id, $2 tenant, $3 contact_id, $4 rule_id,
@@ -81,7 +82,7 @@ WITH saved AS (
 SELECT intent_id, status, needs_approval, approval_reason FROM intent
 """
 
-# --- the send step (inboxcrm/activities/send.py) ----------------------------------------------------
+# --- the send step (inboxcrm/activities/send.py) -------------------------------------------
 # The contact row first (FOR SHARE): an opt-out locks it FOR UPDATE before it writes the
 # suppression, so eligibility and the lease below never interleave with one.
 LOCK_CONTACT_OF_INTENT = """
@@ -132,7 +133,7 @@ UPDATE followup_intents SET status = 'queued', lease_owner = NULL, lease_until =
 WHERE intent_id = $1::uuid AND status = 'sending' AND lease_owner = $2
 """
 
-# --- reviewer decisions (inboxcrm/activities/review.py, inboxcrm/activities/bookkeeping.py) ----------------
+# --- reviewer decisions (inboxcrm/activities/review.py, inboxcrm/activities/bookkeeping.py)
 # A reviewer's resolve of a send names the provider's message ($1 op key, $2 message ID).
 RECORD_RESOLVED_SEND = """
 UPDATE followup_intents SET status = 'sent', provider_message_id = $2,

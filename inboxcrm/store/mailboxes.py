@@ -36,7 +36,7 @@ SELECT * FROM mailboxes WHERE tenant = $1 AND kind = $2 AND address = $3 AND fol
 # Each folder with the cursor of its newest UIDVALIDITY.
 LIST_MAILBOXES = """
 SELECT m.tenant, m.address, m.kind, m.folder, m.state, m.last_error, m.last_stored_at,
-       m.max_connections, c.uidvalidity, c.highest_uid, c.highest_modseq
+       m.last_checked_at, m.max_connections, c.uidvalidity, c.highest_uid, c.highest_modseq
 FROM mailboxes m
 LEFT JOIN LATERAL (
     SELECT uidvalidity, highest_uid, highest_modseq FROM imap_cursors c
@@ -95,6 +95,11 @@ WHERE m.tenant = $1 AND m.address = $2 AND m.folder = $3 AND m.uidvalidity <> $4
   AND m.role <> 'too_large'
   AND NOT EXISTS (SELECT 1 FROM imap_messages r WHERE r.matched_from = m.message_row)
 ORDER BY m.uidvalidity, m.uid LIMIT 1
+"""
+
+MARK_CHECKED = """
+UPDATE mailboxes SET last_checked_at = now()
+WHERE tenant = $1 AND kind = $2 AND address = $3 AND folder = $4
 """
 
 # The first item the tenant has of this message elsewhere (another folder or mailbox).
@@ -201,6 +206,12 @@ async def remove_mailbox(conn: Conn, *, tenant: str, address: str) -> list[async
 async def set_state(conn: Conn, *, tenant: str, kind: str, address: str, folder: str,
                     state: str, last_error: str | None) -> None:
     await conn.execute(SET_STATE, tenant, kind, address, folder, state, last_error)
+
+
+async def mark_checked(conn: Conn, *, tenant: str, kind: str, address: str,
+                       folder: str) -> None:
+    """The watcher read its folder up to date just now (the stall alert's clock)."""
+    await conn.execute(MARK_CHECKED, tenant, kind, address, folder)
 
 
 async def cursor(conn: Conn, *, tenant: str, address: str, folder: str,

@@ -1,7 +1,8 @@
 """A tenant's mode (docs/architecture.md §6, "Going live"): the `settings` row `mode` holds
 `{"mode": "shadow"|"live", "since", "by"}`; without a row the tenant runs in the mode its
 policy starts in. The per-item path never calls these: extraction and planning read the row
-inside the statements they already run (`inboxcrm/activities/extract.py`, `inboxcrm/activities/match.py`)."""
+inside the statements they already run (`inboxcrm/activities/extract.py`,
+`inboxcrm/activities/match.py`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The steps' counters (inboxcrm/activities/counters.py) on a real Temporal runtime meter: bound once
-per label set, and every count still reaches the exporter with its labels."""
+"""The steps' counters (inboxcrm/activities/counters.py) on a real Temporal runtime meter:
+bound once per label set, and every count still reaches the exporter with its labels."""
 
 from __future__ import annotations
 

@@ -463,3 +463,18 @@ async def test_deeply_nested_json_from_an_authenticated_sender_is_a_422() -> Non
              "authorization": "Basic " + base64.b64encode(f"pm:{LONG}".encode()).decode()}
     status, answer, _ = await call(app, "/v1/inbound/postmark", basic, iter([body]))
     assert status == 422 and b"JSON" in answer
+
+
+async def test_the_api_docs_are_served_only_by_the_local_stack() -> None:
+    """`/docs` and `/openapi.json` describe every route to whoever asks: a deployment serves
+    neither (docs/architecture.md §10 documents the interfaces)."""
+    local = relay()
+    deployed = create_app(Settings(env="production", mail_from="Sales <sales@example.com>"))
+    deployed.state.metrics = RelayMetrics()
+    for path in ("/docs", "/openapi.json", "/redoc"):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=local),
+                                     base_url="http://relay") as http:
+            assert (await http.get(path)).status_code == 200, path
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=deployed),
+                                     base_url="http://relay") as http:
+            assert (await http.get(path)).status_code == 404, path

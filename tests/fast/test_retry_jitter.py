@@ -1,4 +1,5 @@
-"""Retry delays of the attempt protocol are jittered (inboxcrm/activities/outbox.py): a RetryPolicy has
+"""Retry delays of the attempt protocol are jittered (inboxcrm/activities/outbox.py): a
+RetryPolicy has
 none, so the outbox sets `next_retry_delay` itself. A provider's Retry-After is never
 shortened; without one, the step's backoff with equal jitter."""
 

@@ -99,6 +99,44 @@ async def test_the_verifier_accepts_the_issuers_tokens_only(issuer: LocalIssuer)
     assert issuer.fetches.count("/.well-known/openid-configuration") == 1
 
 
+async def test_the_verifier_holds_the_rest_of_the_oidc_rules(issuer: LocalIssuer) -> None:
+    """An unverified email names nobody; an issuer written with a trailing `/` is the same
+    issuer; a token that is not an access token, or that names several audiences without
+    being authorised for ours, proves nothing."""
+    verifier = oidc.OidcVerifier(issuer.url, AUDIENCE, TENANTS_CLAIM)
+    unverified = await verifier.principal(issuer.token(email_verified=False))
+    assert unverified.decider == "oidc:u-1"  # the subject, not the address the person typed
+    named = await verifier.principal(issuer.token(email_verified=False,
+                                                  preferred_username="dana"))
+    assert named.decider == "oidc:dana"
+    slashed = await verifier.verify(issuer.token(issuer=f"{issuer.url}/"))
+    assert slashed["iss"] == f"{issuer.url}/"
+    configured_with_slash = oidc.OidcVerifier(f"{issuer.url}/", AUDIENCE, TENANTS_CLAIM)
+    assert (await configured_with_slash.verify(issuer.token()))["aud"] == AUDIENCE
+    with pytest.raises(oidc.TokenRefused, match="typ"):
+        await verifier.verify(issuer.token(typ="logout+jwt"))
+    assert await verifier.verify(issuer.token(typ="at+jwt"))
+    several = [AUDIENCE, "another-app"]
+    with pytest.raises(oidc.TokenRefused, match="azp"):
+        await verifier.verify(issuer.token(audience=several))
+    with pytest.raises(oidc.TokenRefused, match="azp"):
+        await verifier.verify(issuer.token(audience=several,
+                                           azp="another-app"))
+    assert await verifier.verify(issuer.token(audience=several,
+                                              azp=AUDIENCE))
+
+
+async def test_a_failed_key_fetch_is_not_retried_on_every_request(issuer: LocalIssuer) -> None:
+    """An issuer that cannot be read costs one fetch a minute, not one per request behind
+    one lock."""
+    broken = oidc.OidcVerifier(f"{issuer.url}/missing", AUDIENCE, TENANTS_CLAIM)
+    before = len(issuer.fetches)
+    for _ in range(5):
+        with pytest.raises(oidc.TokenRefused, match="issuer keys unavailable"):
+            await broken.verify(issuer.token())
+    assert len(issuer.fetches) - before == 1
+
+
 def test_tenants_come_from_a_list_or_a_string_claim() -> None:
     assert oidc.tenants_of({"t": ["acme", 3, " globex "]}, "t") == {"acme", "globex"}
     assert oidc.tenants_of({"t": "acme globex,initech"}, "t") == {"acme", "globex", "initech"}

@@ -108,3 +108,44 @@ def test_what_leaves_the_process_carries_no_personal_data() -> None:
         StatusCode.ERROR, "UniqueViolationError")
     assert out.context == span.context and out.kind == span.kind
     assert scrub_span(out).attributes == out.attributes  # idempotent
+
+
+async def test_a_callers_trace_context_is_a_link_and_its_baggage_is_dropped() -> None:
+    """The relay's callers are the public: a `traceparent` they send must not make our item
+    a child of their trace, and their `baggage` must not reach what we propagate onward
+    (the Temporal headers of the item's workflow)."""
+    from opentelemetry import baggage, propagate
+    from opentelemetry import trace as otel_trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from inboxcrm.ingress import request_spans
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    seen: dict[str, object] = {}
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)  # what a workflow start would carry in its headers
+        seen.update(carrier=carrier, baggage=dict(baggage.get_all()))
+
+    middleware = request_spans.RequestSpans(app)  # type: ignore[arg-type]
+    middleware.tracer = provider.get_tracer("test")
+    caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    scope = {"type": "http", "method": "POST", "headers": [
+        (b"traceparent", f"00-{caller_trace}-00f067aa0ba902b7-01".encode()),
+        (b"baggage", b"tenant=globex,role=operator")]}
+    await middleware(scope, None, None)  # type: ignore[arg-type]
+
+    [span] = exporter.get_finished_spans()
+    assert span.parent is None
+    assert format(span.context.trace_id, "032x") != caller_trace
+    assert [format(link.context.trace_id, "032x") for link in span.links] == [caller_trace]
+    assert seen["baggage"] == {}
+    carrier = seen["carrier"]
+    assert isinstance(carrier, dict) and "baggage" not in carrier
+    assert caller_trace not in carrier.get("traceparent", "")
+    assert otel_trace.get_current_span().get_span_context().is_valid is False

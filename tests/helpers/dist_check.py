@@ -1,8 +1,9 @@
 """`make dist`'s check of the built artifacts: one wheel and one sdist of the same version,
 the wheel carrying what an installed inboxcrm needs at run time (the migrations, the
-extraction schema, the license) and the console script, no top-level name but `inboxcrm`, none of the local stack's tools
-among its unconditional requirements, and a CycloneDX bill of materials that names what
-installing the wheel brings and nothing of the local stack or the test tools.
+extraction schema, the license) and the console script, no top-level name but
+`inboxcrm`, none of the local stack's tools among its unconditional requirements, and a
+CycloneDX bill of materials that names what installing the wheel brings and nothing of the
+local stack or the test tools.
 
     python -m tests.helpers.dist_check dist/
 """

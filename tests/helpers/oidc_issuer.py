@@ -35,18 +35,19 @@ class LocalIssuer:
         public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(self.key.public_key()))
         return {"keys": [{**public, "kid": self.kid, "use": "sig", "alg": "RS256"}]}
 
-    def token(self, *, key: rsa.RSAPrivateKey | None = None, audience: str = AUDIENCE,
+    def token(self, *, key: rsa.RSAPrivateKey | None = None, audience: str | list[str] = AUDIENCE,
               expires_in: float = 300, tenants: list[str] | None = None,
               email: str = "dana@example.test", issuer: str | None = None,
-              kid: str | None = None, **claims: Any) -> str:
+              kid: str | None = None, typ: str = "JWT", **claims: Any) -> str:
         now = int(time.time())
         payload: dict[str, Any] = {"iss": issuer or self.url, "aud": audience, "sub": "u-1",
-                                   "email": email, "iat": now, "exp": now + int(expires_in)}
+                                   "email": email, "email_verified": True, "iat": now,
+                                   "exp": now + int(expires_in)}
         if tenants is not None:
             payload[TENANTS_CLAIM] = tenants
         payload.update(claims)
         return jwt.encode(payload, key or self.key, algorithm="RS256",
-                          headers={"kid": kid or self.kid})
+                          headers={"kid": kid or self.kid, "typ": typ})
 
 
 @contextmanager
