@@ -89,7 +89,8 @@ VALUES ($1, $2, $3, $4, 'replayed', $5)
 # waiting for a person in one of the states $2 (`blocked`, `ambiguous`), whose reason is $3
 # or starts with `$3:` (`http_401` names `http_401:INVALID_AUTHENTICATION`), blocked (the
 # open task first seen) at or after $4; oldest first, at most $5. The step a retry would
-# repeat is the item's latest operation not completed or cancelled, with its key.
+# repeat is the item's operation the failure stopped (blocked, ambiguous, or waiting with
+# its attempts spent), else its latest one not completed or cancelled; with its key.
 RECOVERY_CANDIDATES = """
 SELECT e.workflow_id, e.tenant, e.state, e.reason, t.first_seen AS blocked_at, t.wait_id,
        t.allowed, o.op_key, o.action, o.status AS op_status, o.attempts, o.max_attempts
@@ -98,7 +99,8 @@ JOIN review_tasks t ON t.workflow_id = e.workflow_id AND t.status = 'open'
 LEFT JOIN LATERAL (
     SELECT op_key, action, status, attempts, max_attempts FROM operations p
     WHERE p.workflow_id = e.workflow_id AND p.status NOT IN ('completed', 'cancelled')
-    ORDER BY p.last_transition DESC LIMIT 1
+    ORDER BY p.status IN ('blocked', 'ambiguous', 'waiting') DESC, p.last_transition DESC
+    LIMIT 1
 ) o ON true
 WHERE e.tenant = $1 AND e.state = ANY($2::text[])
   AND (e.reason = $3 OR split_part(e.reason, ':', 1) = $3)
