@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Annotated, Any
@@ -112,13 +113,18 @@ def _retry_one(item: Planned, reviewer: str, note: str) -> None:
     from inboxcrm.cli import review
     from inboxcrm.schemas.contract import Decision
 
-    code = 0
+    code, failure = 0, None
     with out.capture() as answer, err.capture() as complaint:
         try:
             review._decide(Decision.RETRY, item.workflow_id, reviewer, note, None, None,
                            as_json=True)
         except typer.Exit as exc:
             code = exc.exit_code
+        except Exception as exc:  # noqa: BLE001 - one item's failure must not end the batch
+            failure = type(exc).__name__
+    if failure is not None:
+        item.outcome, item.message = "error", f"{failure} (see `inboxcrm status`)"
+        return
     if code == 0:
         status = json.loads(Text.from_ansi(answer.get()).plain)["status"]
         item.outcome, item.new_state = "accepted", status.get("state")
@@ -134,6 +140,25 @@ def _line(item: Planned) -> str:
     if item.attempts:
         parts.append(f"attempts {item.attempts}")
     return "  ".join(parts)
+
+
+def render_text(chosen: Plan, header: dict[str, Any], *, ran: bool) -> list[str]:
+    """The table a person reads: one line per selected item (what it would do, or what it
+    did), one per item not retried with why, and the counts."""
+    lines = []
+    for item in chosen.selected:
+        tail = {"would_retry": "would retry", "accepted": f"accepted: now {item.new_state}",
+                }.get(item.outcome, f"{item.outcome}: {item.message}")
+        lines.append(f"{_line(item)}  -> {tail}")
+    lines += [f"{_line(item)}  -> not retried: {item.message}" for item in chosen.refused]
+    counts = Counter(item.outcome for item in chosen.selected)
+    summary = (f"{len(chosen.selected)} selected" if not ran else
+               f"{counts['accepted']} accepted, {counts['refused']} refused, "
+               f"{counts['error']} failed")
+    lines.append(f"{summary}; {len(chosen.refused)} not retried; {chosen.over_limit} over "
+                 f"--limit {header['limit']} (tenant {header['tenant']}, reason "
+                 f"{header['reason']}, since {header['since']})")
+    return lines
 
 
 def recover(
@@ -176,27 +201,12 @@ def recover(
 
     def report(ran: bool) -> None:
         if as_json:
-            out.print_json(json.dumps({
-                **header, "ran": ran, "over_limit": chosen.over_limit,
-                "items": [asdict(i) for i in chosen.selected],
-                "refused": [asdict(i) for i in chosen.refused]}))
+            out.print_json(json.dumps({**header, "ran": ran, "over_limit": chosen.over_limit,
+                                       "items": [asdict(i) for i in chosen.selected],
+                                       "refused": [asdict(i) for i in chosen.refused]}))
             return
-        for item in chosen.selected:
-            tail = {"would_retry": "would retry", "accepted": f"accepted: now {item.new_state}",
-                    }.get(item.outcome, f"{item.outcome}: {item.message}")
-            out.print(f"{_line(item)}  -> {tail}", highlight=False, markup=False,
-                      soft_wrap=True)
-        for item in chosen.refused:
-            out.print(f"{_line(item)}  -> not retried: {item.message}", highlight=False,
-                      markup=False, soft_wrap=True)
-        counts = {o: sum(i.outcome == o for i in chosen.selected)
-                  for o in ("would_retry", "accepted", "refused", "error")}
-        summary = (f"{len(chosen.selected)} selected" if not ran else
-                   f"{counts['accepted']} accepted, {counts['refused']} refused, "
-                   f"{counts['error']} failed")
-        out.print(f"{summary}; {len(chosen.refused)} not retried; {chosen.over_limit} over "
-                  f"--limit {limit} (tenant {tenant}, reason {reason}, since "
-                  f"{moment.isoformat()})", highlight=False, markup=False, soft_wrap=True)
+        for line in render_text(chosen, header, ran=ran):
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
 
     if chosen.refused and not as_json:
         progress(f"{len(chosen.refused)} matching item(s) will not be retried in bulk; see "

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from inboxcrm.cli.recover import AMBIGUOUS_SEND_WHY, plan
+from inboxcrm.cli.recover import AMBIGUOUS_SEND_WHY, plan, render_text
 
 NOWHERE_DB = "postgresql://postgres@127.0.0.1:9/none"
 BASE = ("recover", "--tenant", "acme", "--reason", "http_401", "--since", "1h")
@@ -86,3 +86,20 @@ def test_the_limit_caps_the_selection_and_keys_are_shown_unchanged() -> None:
     assert capped.over_limit == 2
     assert [i.workflow_id for i in capped.refused] == ["wf-9"]
     assert "retry is not allowed" in (capped.refused[0].message or "")
+
+
+def test_the_table_shows_step_key_and_outcome_per_item() -> None:
+    chosen = plan([_row(1), _row(2), _row(3, "ambiguous", "send")], limit=1,
+                  include_ambiguous=False)
+    header = {"tenant": "acme", "reason": "http_401", "since": "2026-12-02T09:00:00+00:00",
+              "limit": 1}
+    before = render_text(chosen, header, ran=False)
+    assert before[0] == ("wf-1  blocked  http_401:X  step crm-upsert  key wf-1:crm-upsert  "
+                         "attempts 1/6  -> would retry")
+    assert before[1].startswith("wf-3  ambiguous") and "not retried: ambiguous" in before[1]
+    assert before[-1] == ("1 selected; 1 not retried; 1 over --limit 1 (tenant acme, reason "
+                          "http_401, since 2026-12-02T09:00:00+00:00)")
+    chosen.selected[0].outcome, chosen.selected[0].new_state = "accepted", "crm_pending"
+    after = render_text(chosen, header, ran=True)
+    assert after[0].endswith("-> accepted: now crm_pending")
+    assert after[-1].startswith("1 accepted, 0 refused, 0 failed; 1 not retried")
