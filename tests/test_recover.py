@@ -16,6 +16,7 @@ from typing import Any
 
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
+from tests.helpers.cli import cli
 
 N = 40  # the issue's "40 http_401 items of acme"
 OPS = """SELECT op_key, action, first_seen FROM operations WHERE workflow_id = ANY($1::text[])
@@ -121,3 +122,7 @@ async def test_recover_retries_exactly_the_selected_items_keeping_their_keys(
     # The others were not touched: still blocked, with their own reasons.
     assert await _blocked(env, other_reason) == {"http_400:VALIDATION_ERROR"}
     assert len(await _blocked(env, other_tenant)) == 1
+    for workflow_id in other_reason + other_tenant:  # leave the session's stack without them
+        rejected = cli(stack, "review", "reject", workflow_id, "--reviewer", "test",
+                       "--note", "test_recover cleanup")
+        assert rejected.returncode == 0, rejected.stderr
