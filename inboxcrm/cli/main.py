@@ -10,7 +10,17 @@ from typing import Annotated
 
 import typer
 
-from inboxcrm.cli import extract, golive, items, review, reviewer, stack, templates, verify
+from inboxcrm.cli import (
+    extract,
+    golive,
+    items,
+    recover,
+    review,
+    reviewer,
+    stack,
+    templates,
+    verify,
+)
 from inboxcrm.cli.mailbox import mailbox_app
 
 # typer's own `--install-completion` / `--show-completion` (bash, zsh, fish, PowerShell).
@@ -56,6 +66,7 @@ app.command()(items.pause)
 app.command()(items.resume)
 app.command()(items.audit)
 app.command()(items.replay)
+app.command()(recover.recover)
 app.command()(items.purge)
 app.command()(items.forget)
 app.command()(verify.rehearse)

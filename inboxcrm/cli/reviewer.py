@@ -1,5 +1,8 @@
-"""`inboxcrm reviewer add|list|revoke` (docs/architecture.md §10): reviewers as people, each
-with a personal token (shown once, stored as its SHA-256) and the tenants they review."""
+"""`inboxcrm reviewer add|list|rotate|revoke` (docs/architecture.md §10): reviewers as people,
+each with a personal token (shown once, stored as its SHA-256) and the tenants they review. A
+name is a person's for good: the audit and every decision proof say `reviewer:NAME`, so the
+name of a revoked reviewer is never given to anyone else; `rotate` gives the same person a
+new token."""
 
 from __future__ import annotations
 
@@ -44,7 +47,12 @@ def add(name: str,
     try:
         row = _run(insert)
     except reviewers.NameTaken:
-        fail(f"a reviewer named {name!r} already exists (revoke it first)")
+        fail(f"a reviewer named {name!r} already exists (`inboxcrm reviewer rotate {name}` "
+             "gives them a new token)")
+        return
+    except reviewers.NameRetired:
+        fail(f"the name {name!r} belonged to a revoked reviewer and is not reused (the audit "
+             "names them by it); choose another name")
         return
     except Exception as exc:  # noqa: BLE001 - a CHECK on the name: say what is allowed
         if "reviewers_name_check" in str(exc):
@@ -75,6 +83,29 @@ def list_(as_json: JsonOpt = False
         table.add_row(row["name"], ", ".join(row["tenants"]), row["created_at"][:19],
                       row["created_by"], (row["revoked_at"] or "")[:19])
     out.print(table)
+
+
+@reviewer_app.command("rotate")
+def rotate(name: str, as_json: JsonOpt = False) -> None:
+    """A new personal token for a reviewer (the old one and their desk sessions end at once);
+    the same person, name and tenants. Prints the token ONCE (the last line, or {"token": …})."""
+    token = new_token()
+
+    async def apply(conn: Any) -> dict[str, Any] | None:
+        return await reviewers.rotate_token(conn, name=name, token_sha256=token_digest(token),
+                                            actor=_actor())
+
+    row = _run(apply)
+    if row is None:
+        fail(f"no active reviewer named {name!r}")
+        return
+    if as_json:
+        out.print_json(json.dumps({"name": row["name"], "tenants": row["tenants"],
+                                   "token": token}))
+        return
+    out.print(f"reviewer {name}: new token (the old one no longer works; shown once):",
+              highlight=False)
+    print(token)  # noqa: T201 - the last line, exactly the token
 
 
 @reviewer_app.command("revoke")

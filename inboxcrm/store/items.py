@@ -85,6 +85,36 @@ INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
 VALUES ($1, $2, $3, $4, 'replayed', $5)
 """
 
+# `inboxcrm recover` (docs/architecture.md §6, bounded batch recovery): one tenant's items
+# waiting for a person in one of the states $2 (`blocked`, `ambiguous`), whose reason is $3
+# or starts with `$3:` (`http_401` names `http_401:INVALID_AUTHENTICATION`), blocked (the
+# open task first seen) at or after $4; oldest first, at most $5. The step a retry would
+# repeat is the item's operation the failure stopped (blocked, ambiguous, or waiting with
+# its attempts spent), else its latest one not completed or cancelled; with its key.
+RECOVERY_CANDIDATES = """
+SELECT e.workflow_id, e.tenant, e.state, e.reason, t.first_seen AS blocked_at, t.wait_id,
+       t.allowed, o.op_key, o.action, o.status AS op_status, o.attempts, o.max_attempts
+FROM inbound_events e
+JOIN review_tasks t ON t.workflow_id = e.workflow_id AND t.status = 'open'
+LEFT JOIN LATERAL (
+    SELECT op_key, action, status, attempts, max_attempts FROM operations p
+    WHERE p.workflow_id = e.workflow_id AND p.status NOT IN ('completed', 'cancelled')
+    ORDER BY p.status IN ('blocked', 'ambiguous', 'waiting') DESC, p.last_transition DESC
+    LIMIT 1
+) o ON true
+WHERE e.tenant = $1 AND e.state = ANY($2::text[])
+  AND (e.reason = $3 OR split_part(e.reason, ':', 1) = $3)
+  AND t.first_seen >= $4
+ORDER BY t.first_seen, e.workflow_id
+LIMIT $5
+"""
+
+# The operation keys of a set of items, to show a recovery kept them.
+OPERATION_KEYS = """
+SELECT workflow_id, op_key, action, status FROM operations
+WHERE workflow_id = ANY($1::text[]) ORDER BY workflow_id, first_seen
+"""
+
 SCOPES = ("crm", "send", "all")
 
 
@@ -170,3 +200,16 @@ async def record_replayed(conn: asyncpg.Connection[Any], *, tenant: str, event_i
     await conn.execute(RECORD_REPLAYED, tenant, event_id, workflow_id, actor,
                        {"reason": reason, "typed_reviewer": label},
                        list(failed_runs.REASONS))
+
+
+async def recovery_candidates(conn: asyncpg.Connection[Any], *, tenant: str,
+                              states: list[str], reason: str, since: datetime,
+                              limit: int) -> list[dict[str, Any]]:
+    """The items `inboxcrm recover` may retry (RECOVERY_CANDIDATES), as plain dicts."""
+    rows = await conn.fetch(RECOVERY_CANDIDATES, tenant, states, reason, since, limit)
+    return [record_dict(r) for r in rows]
+
+
+async def operation_keys(conn: asyncpg.Connection[Any], *,
+                         workflow_ids: list[str]) -> list[dict[str, Any]]:
+    return [record_dict(r) for r in await conn.fetch(OPERATION_KEYS, workflow_ids)]

@@ -21,6 +21,9 @@ INSERT INTO reviewers (name, token_sha256, tenants, created_by) VALUES ($1, $2, 
 RETURNING reviewer_id, name, tenants, created_at
 """
 
+# The name is claimed for good: a second claim (the name of a revoked reviewer) conflicts.
+CLAIM_NAME = "INSERT INTO reviewer_names (name, reviewer_id) VALUES ($1, $2)"
+
 LIST_REVIEWERS = """
 SELECT reviewer_id, name, tenants, created_at, created_by, revoked_at, revoked_by
 FROM reviewers ORDER BY name, reviewer_id
@@ -61,6 +64,10 @@ class NameTaken(Exception):
     """An active reviewer already has this name."""
 
 
+class NameRetired(Exception):
+    """A revoked reviewer had this name: it is never given to someone else."""
+
+
 async def add_reviewer(conn: Conn, name: str, token_sha256: bytes, tenants: Sequence[str],
                        actor: str) -> dict[str, Any]:
     """One reviewer (and its audit entry) in one transaction."""
@@ -70,8 +77,29 @@ async def add_reviewer(conn: Conn, name: str, token_sha256: bytes, tenants: Sequ
         except asyncpg.UniqueViolationError as exc:
             raise NameTaken(name) from exc
         assert row is not None
+        try:
+            await conn.execute(CLAIM_NAME, name, row["reviewer_id"])
+        except asyncpg.UniqueViolationError as exc:
+            raise NameRetired(name) from exc
         await conn.execute(RECORD_REVIEWER_CHANGE, actor, "reviewer_added",
                            {"reviewer": name, "tenants": list(tenants)})
+    return record_dict(row)
+
+
+async def rotate_token(conn: Conn, *, name: str, token_sha256: bytes,
+                       actor: str) -> dict[str, Any] | None:
+    """A new token for the active reviewer `name`, the same person under the same name: the
+    old row is revoked (its token and desk sessions end) and a new one holds the new token
+    and the same tenants. None when no active reviewer has the name."""
+    async with conn.transaction():
+        old = await conn.fetchrow(REVOKE_REVIEWER, name, actor)
+        if old is None:
+            return None
+        row = await conn.fetchrow(ADD_REVIEWER, name, token_sha256, list(old["tenants"]),
+                                  actor)
+        assert row is not None
+        await conn.execute(RECORD_REVIEWER_CHANGE, actor, "reviewer_token_rotated",
+                           {"reviewer": name})
     return record_dict(row)
 
 
