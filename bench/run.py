@@ -5,8 +5,9 @@ Temporal dev server with the stack's WAL pragmas, sandbox, worker, relay; free l
 ports), plus two processes of its own: the engine-floor worker (bench/floor_worker.py) and
 the bare ingress endpoint (bench/bare_endpoint.py). Then, on that one server:
 
-  1. throughput  end-to-end emails/s of the product vs the bare-workflow engine floor,
-                 with p50/p95/p99 time from webhook POST to completed;
+  1. throughput  end-to-end emails/s and CPU per email of the product vs the same-work
+                 floor (bench/samework.py: the required work, nothing more) and the
+                 bare-workflow engine floors, with p50/p95/p99 time from POST to completed;
   2. parked      worker and Temporal RSS with P workflows waiting in review, and the wall
                  time of `inboxcrm queue --json`;
   3. ingress     p50/p99 and requests/s of POST /v1/inbound/standard, new deliveries and
@@ -18,7 +19,9 @@ the bare ingress endpoint (bench/bare_endpoint.py). Then, on that one server:
 Prints a table; writes bench/results/<timestamp>.json, bench/results/latest.json and
 bench/results/latest.png. See bench/README.md.
 
-    python -m bench.run [--quick] [--n 500] [--requests 2000] [--parked 1000] [--repeat 3]
+The noisy-neighbour benchmark is bench/neighbour.py (`make bench-neighbour`).
+
+    python -m bench.run [--quick] [--n 300] [--requests 2000] [--parked 1000] [--repeat 3]
 """
 
 from __future__ import annotations
