@@ -174,7 +174,10 @@ def same_work_rows(same: dict[str, Any] | None) -> list[tuple[str, str, str]]:
         ("product's extra CPU ms per email by process (vs same-work floor)", extra, ""),
         ("history events per item (product, same-work floor)",
          f"{same['history_events_per_item'].get('product')}, "
-         f"{same['history_events_per_item'].get('samework')}", ""),
+         f"{same['history_events_per_item'].get('samework')}"
+         + ("; differ: " + ", ".join(f"{k} {v['product']}/{v['samework']}"
+                                     for k, v in same.get("history_event_types", {}).items())
+            if same.get("history_event_types") else ""), ""),
     ]
 
 

@@ -661,7 +661,19 @@ def same_work_summary(runs: list[dict[str, Any]], cpu: dict[str, Any]) -> dict[s
     steps = {r["kind"]: (r.get("steps_per_item") or {}).get("history_events") for r in runs
              if r["kind"] in ("product", "samework") and r.get("steps_per_item")}
     out["history_events_per_item"] = steps
+    out["history_event_types"] = event_type_diff(runs)
     return out
+
+
+def event_type_diff(runs: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """History events of one item by type, product and same-work floor side by side (the
+    per-step view that costs nothing: each event is a server write and a worker round trip)."""
+    types = {r["kind"]: (r.get("steps_per_item") or {}).get("event_types") or {}
+             for r in runs if r["kind"] in ("product", "samework") and not r.get("error")}
+    product, same = types.get("product", {}), types.get("samework", {})
+    return {name: {"product": product.get(name, 0), "samework": same.get(name, 0)}
+            for name in sorted(set(product) | set(same))
+            if product.get(name, 0) != same.get(name, 0)}
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

@@ -70,7 +70,7 @@ def test_result_file_names_the_floor_of_every_ratio() -> None:
     assert set(out) == {"floor", "what", "cpu_ms_per_email", "per_second", "cpu_ratio",
                         "throughput_ratio", "target_cpu_ratio", "target_throughput_ratio",
                         "extra_cpu_ms_by_process", "throughput_ratio_by_round",
-                        "history_events_per_item"}
+                        "history_events_per_item", "history_event_types"}
     labels = [row[0] for row in same_work_rows(out)]
     assert labels[:2] == ["CPU per email, product / same-work floor",
                           "emails/s, product / same-work floor"]
@@ -88,3 +88,14 @@ def test_the_floor_parses_the_sender_and_keys_the_crm_record_by_tenant_and_addre
     assert samework.parse_sender(raw) == ("maria@example.com", "Maria Lopez")
     assert samework.external_id("acme", "a@x.test") != samework.external_id("beta", "a@x.test")
     assert len(samework.external_id("acme", "a@x.test")) == 32
+
+
+def test_event_types_that_differ_side_by_side() -> None:
+    both = runs()
+    both[1]["steps_per_item"] = {"history_events": 8, "event_types": {
+        "MARKER_RECORDED": 3, "WORKFLOW_TASK_COMPLETED": 2}}
+    both[2]["steps_per_item"] = {"history_events": 13, "event_types": {
+        "MARKER_RECORDED": 6, "WORKFLOW_TASK_COMPLETED": 2, "UPSERT_SEARCH_ATTRIBUTES": 1}}
+    assert throughput.event_type_diff(both) == {
+        "MARKER_RECORDED": {"product": 6, "samework": 3},
+        "UPSERT_SEARCH_ATTRIBUTES": {"product": 1, "samework": 0}}
