@@ -74,6 +74,8 @@ class Handles:
     restart_relay: Callable[[], None]
     worker_metrics_urls: list[str] = field(default_factory=list)
     sandbox_url: str = ""
+    samework_url: str = ""          # the same-work floor's relay (bench/samework.py)
+    samework_task_queue: str = ""
     statements: bool = False        # pg_stat_statements is available
     sandbox_db: asyncpg.Pool | None = None  # the sandbox's own server, if it has statements
 

@@ -80,6 +80,7 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
                         f"{speed['min_ms']} to {speed['max_ms']} ms over {speed['probes']} "
                         f"probes: spread {speed['spread']:.0%}", "<= 10 %"))
         out += cpu_rows(tp.get("cpu_per_item"))
+        out += same_work_rows(tp.get("same_work_floor"))
         out += profile_rows(tp.get("profiled_run"))
     pk = result.get("parked")
     if pk and pk.get("error"):
@@ -131,7 +132,7 @@ def cpu_rows(cpu: dict[str, Any] | None) -> list[tuple[str, str, str]]:
     if not cpu:
         return []
     out: list[tuple[str, str, str]] = []
-    for kind in ("product", "floor-same-shape", "floor"):
+    for kind in ("product", "samework", "floor-same-shape", "floor"):
         roles = cpu.get(kind)
         if not roles:
             continue
@@ -154,6 +155,30 @@ def cpu_rows(cpu: dict[str, Any] | None) -> list[tuple[str, str, str]]:
                     f"{cpu.get('own_ratio_vs_same_shape')}, / plain floor "
                     f"{cpu.get('own_ratio_vs_plain_floor')}", ""))
     return out
+
+
+def same_work_rows(same: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """The product against the same-work floor (bench/samework.py): the two ratios of the
+    issue-38 target and the extra CPU by process."""
+    if not same:
+        return []
+    cpu, rates = same["cpu_ms_per_email"], same["per_second"]
+    extra = ", ".join(f"{k} {v:+}" for k, v in same["extra_cpu_ms_by_process"].items())
+    return [
+        ("CPU per email, product / same-work floor",
+         f"{same['cpu_ratio']} ({cpu['product']} / {cpu['samework']} ms, every process)",
+         f"<= {same['target_cpu_ratio']}"),
+        ("emails/s, product / same-work floor",
+         f"{same['throughput_ratio']} ({rates['product']} / {rates['samework']} per s)",
+         f">= {same['target_throughput_ratio']}"),
+        ("product's extra CPU ms per email by process (vs same-work floor)", extra, ""),
+        ("history events per item (product, same-work floor)",
+         f"{same['history_events_per_item'].get('product')}, "
+         f"{same['history_events_per_item'].get('samework')}"
+         + ("; differ: " + ", ".join(f"{k} {v['product']}/{v['samework']}"
+                                     for k, v in same.get("history_event_types", {}).items())
+            if same.get("history_event_types") else ""), ""),
+    ]
 
 
 def profile_rows(prof: dict[str, Any] | None) -> list[tuple[str, str, str]]:

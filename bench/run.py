@@ -5,8 +5,9 @@ Temporal dev server with the stack's WAL pragmas, sandbox, worker, relay; free l
 ports), plus two processes of its own: the engine-floor worker (bench/floor_worker.py) and
 the bare ingress endpoint (bench/bare_endpoint.py). Then, on that one server:
 
-  1. throughput  end-to-end emails/s of the product vs the bare-workflow engine floor,
-                 with p50/p95/p99 time from webhook POST to completed;
+  1. throughput  end-to-end emails/s and CPU per email of the product vs the same-work
+                 floor (bench/samework.py: the required work, nothing more) and the
+                 bare-workflow engine floors, with p50/p95/p99 time from POST to completed;
   2. parked      worker and Temporal RSS with P workflows waiting in review, and the wall
                  time of `inboxcrm queue --json`;
   3. ingress     p50/p99 and requests/s of POST /v1/inbound/standard, new deliveries and
@@ -18,7 +19,9 @@ the bare ingress endpoint (bench/bare_endpoint.py). Then, on that one server:
 Prints a table; writes bench/results/<timestamp>.json, bench/results/latest.json and
 bench/results/latest.png. See bench/README.md.
 
-    python -m bench.run [--quick] [--n 500] [--requests 2000] [--parked 1000] [--repeat 3]
+The noisy-neighbour benchmark is bench/neighbour.py (`make bench-neighbour`).
+
+    python -m bench.run [--quick] [--n 300] [--requests 2000] [--parked 1000] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: n=60, 300 requests, warm-up 30, 100 parked")
     parser.add_argument("--n", type=int, help="distinct emails (and floor workflows) per "
-                        "throughput run (default 500)")
+                        "throughput run (default 300, with 20 %% redeliveries: 60)")
     parser.add_argument("--requests", type=int, help="ingress requests per case (default 2000)")
     parser.add_argument("--warmup", type=int, help="ingress warm-up requests (default 100)")
     parser.add_argument("--parked", type=int, help="workflows left in review (default 1000)")
@@ -117,7 +120,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         parser.error(f"--phases: choose from {', '.join(PHASES)}")
     quick = args.quick
     opts = Options(
-        n=args.n or (60 if quick else 500),
+        n=args.n or (60 if quick else 300),
         requests=args.requests or (300 if quick else 2000),
         warmup=args.warmup if args.warmup is not None else (30 if quick else 100),
         parked=args.parked or (100 if quick else 1000),
@@ -131,7 +134,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         seed=args.seed, phases=phases, throughput_timeout=args.throughput_timeout,
         quick=quick,
         profile_n=max(0, args.profile_n if args.profile_n is not None
-                      else min(args.n or (60 if quick else 500), 300)),
+                      else min(args.n or (60 if quick else 300), 300)),
         same_shape_local_activities=max(0, args.same_shape_local_activities),
     )
     for name in ("n", "requests", "parked", "concurrency", "post_concurrency"):
@@ -199,10 +202,11 @@ def postmaster_pid(pg_dir: Path) -> int | None:
         return None
 
 
-def start_bench_processes(stack: Any, workers: int) -> tuple[str, str]:
-    """The floor worker and the bare endpoint, with the stack's environment, registered
-    among the stack's processes (so that stack.stop() stops them too). Returns (floor task
-    queue, bare endpoint URL)."""
+def start_bench_processes(stack: Any, workers: int) -> tuple[str, str, str, str]:
+    """The floor worker, the same-work floor (its relay and workers, bench/samework.py) and
+    the bare endpoint, with the stack's environment, registered among the stack's processes
+    (so that stack.stop() stops them too). Returns (floor task queue, bare endpoint URL,
+    same-work task queue, same-work relay URL)."""
     from inboxcrm.stack.processes import ManagedProcess, free_port, http_ok, python
 
     def start(name: str, argv: list[str]) -> ManagedProcess:
@@ -217,11 +221,24 @@ def start_bench_processes(stack: Any, workers: int) -> tuple[str, str]:
             "--task-queue", queue, "--metrics-address", f"127.0.0.1:{free_port()}"])
         floor.wait_ready(floor.log_has("floor worker running on task queue",
                                        since=floor.log_offset))
+    same_queue = f"bench-samework-{uuid.uuid4().hex[:6]}"
+    for k in range(workers):
+        name = "samework-worker" if k == 0 else f"samework-worker-{k + 1}"
+        same = start(name, python("bench.samework") + [
+            "worker", "--task-queue", same_queue,
+            "--metrics-address", f"127.0.0.1:{free_port()}"])
+        same.wait_ready(same.log_has("same-work worker running on task queue",
+                                     since=same.log_offset))
+    same_port = free_port()
+    same_url = f"http://127.0.0.1:{same_port}"
+    start("samework-relay", python("bench.samework") + [
+        "relay", "--port", str(same_port), "--task-queue", same_queue]).wait_ready(
+        http_ok(f"{same_url}/healthz"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     start("bare-endpoint", python("bench.bare_endpoint") + ["--port", str(port)]).wait_ready(
         http_ok(f"{url}/healthz"))
-    return queue, url
+    return queue, url, same_queue, same_url
 
 
 SANDBOX_PG_DIR = DATA_DIR / "sandbox-pg"
@@ -264,8 +281,11 @@ async def run_phases(stack: Any, opts: Options, result: dict[str, Any],
         sandbox_pool = await inboxcrm_db.create_pool(sandbox_server, max_size=2)
     for k in range(1, opts.workers):  # replicas beyond the stack's own worker
         stack.start_worker(k + 1)
-    floor_queue, bare_url = start_bench_processes(stack, opts.workers)
     pool = await inboxcrm_db.create_pool(stack.database_url, max_size=4)
+    from bench import samework
+
+    await pool.execute(samework.SCHEMA)  # before its relay and workers start
+    floor_queue, bare_url, same_queue, same_url = start_bench_processes(stack, opts.workers)
     http = LaneClients(max(opts.concurrency, opts.post_concurrency))
     pids = {name: proc.pid for name, proc in stack.processes.items()}
     pg_pid = postmaster_pid(DATA_DIR / "pg")
@@ -292,7 +312,7 @@ async def run_phases(stack: Any, opts: Options, result: dict[str, Any],
         temporal_address=stack.temporal_address, secret=stack.env["INBOXCRM_WEBHOOK_SECRET"],
         db=pool, http=http, floor_task_queue=floor_queue, pids=pids, cli_env=cli_env,
         stop_worker=stop_workers, restart_relay=restart_relay,
-        sandbox_url=stack.sandbox_url,
+        sandbox_url=stack.sandbox_url, samework_url=same_url, samework_task_queue=same_queue,
         worker_metrics_urls=[f"http://{stack.worker_metrics_address(k + 1)}/metrics"
                              for k in range(opts.workers)],
         statements=bool(opts.profile_n) and await profile.enable_statements(pool),

@@ -24,7 +24,7 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from bench import profile
+from bench import profile, samework
 from bench.common import (
     PARKED,
     TERMINAL,
@@ -91,11 +91,19 @@ def plan_product(opts: Options, n: int, prefix: str, seed: int
     return posts, len(duplicates), len(shared)
 
 
-async def run_product(h: Handles, opts: Options, round_no: int, n: int) -> dict[str, Any]:
-    """round_no -1: the warm-up."""
-    prefix = f"tp-{h.run_id}-{round_no if round_no >= 0 else 'w'}-"
+async def run_product(h: Handles, opts: Options, round_no: int, n: int,
+                      kind: str = "product") -> dict[str, Any]:
+    """round_no -1: the warm-up. kind "samework": the same posts (same plan, same seed) to
+    the same-work floor's relay (bench/samework.py), settled in its own table."""
+    same = kind == "samework"
+    prefix = (f"{'sw' if same else 'tp'}-{h.run_id}-{round_no if round_no >= 0 else 'w'}-")
     posts, duplicates, shared = plan_product(opts, n, prefix, opts.seed + round_no)
-    url = f"{h.relay_url}/v1/inbound/standard"
+    url = f"{h.samework_url if same else h.relay_url}/v1/inbound/standard"
+
+    async def progress() -> list[Any]:
+        if same:
+            return list(await h.db.fetch(samework.PROGRESS, prefix + "%"))
+        return list(await h.db.fetch(PRODUCT_PROGRESS, "acme", prefix + "%"))
     msg_ids = {delivery_id: f"msg_{prefix}{k}" for k, (delivery_id, _) in enumerate(posts)}
     answers: Counter[str] = Counter()
     post_latencies: list[float] = []
@@ -127,7 +135,7 @@ async def run_product(h: Handles, opts: Options, round_no: int, n: int) -> dict[
     try:
         await run_bounded(len(posts), opts.post_concurrency, one, opts.throughput_timeout)
     except (Stalled, TimeoutError) as exc:
-        return {"kind": "product", "round": round_no, "emails": n, "posts": len(posts),
+        return {"kind": kind, "round": round_no, "emails": n, "posts": len(posts),
                 "error": f"posting to the relay: {exc}", "answers": dict(answers),
                 "per_second": None, "latency_ms": {"count": 0}}
     posted = time.perf_counter() - started
@@ -135,7 +143,7 @@ async def run_product(h: Handles, opts: Options, round_no: int, n: int) -> dict[
     states: dict[str, int] = {}
     settled_count, progress_at = -1, time.perf_counter()
     while time.perf_counter() < deadline:
-        rows = await h.db.fetch(PRODUCT_PROGRESS, "acme", prefix + "%")
+        rows = await progress()
         states = {r["state"]: r["n"] for r in rows}
         if sum(states.values()) >= n and all(s in SETTLED for s in states):
             break
@@ -148,17 +156,23 @@ async def run_product(h: Handles, opts: Options, round_no: int, n: int) -> dict[
     observed = time.perf_counter() - started
     cpu = cpu_delta(cpu_before, cpu_snapshot(h.pids))
 
-    rows = await h.db.fetch(PRODUCT_TIMES, "acme", prefix + "%")
+    rows = (await h.db.fetch(samework.TIMES, prefix + "%") if same
+            else await h.db.fetch(PRODUCT_TIMES, "acme", prefix + "%"))
     settled = [r for r in rows if r["state"] in SETTLED and r["settled"] is not None]
     completed = [r["settled"] - r["received"] for r in settled if r["state"] == "completed"]
     last = max((r["settled"] for r in settled), default=started_wall + observed)
     elapsed = last - started_wall
     states = dict(Counter(r["state"] for r in rows))
     # A happy-path item (follow-up sent) shows the full step count; else any completed one.
-    sample = next((r["workflow_id"] for r in rows if r["reason"] == "followup_sent"),
-                  next((r["workflow_id"] for r in rows if r["state"] == "completed"), None))
+    sample: str | None
+    if same:
+        sample = f"samework/{prefix}00000"
+    else:
+        sample = next((r["workflow_id"] for r in rows if r["reason"] == "followup_sent"),
+                      next((r["workflow_id"] for r in rows if r["state"] == "completed"),
+                           None))
     return {
-        "kind": "product",
+        "kind": kind,
         "round": round_no,
         "emails": n,
         "posts": len(posts),
@@ -174,7 +188,9 @@ async def run_product(h: Handles, opts: Options, round_no: int, n: int) -> dict[
         "elapsed_seconds": round(elapsed, 2),
         "per_second": round(len(settled) / elapsed, 2) if elapsed > 0 else 0.0,
         "latency_ms": summary_ms(completed),
-        "latency_of": "completed items: received_at -> state_changed(completed) audit row",
+        "latency_of": ("completed items: samework.deliveries received_at -> done_at" if same
+                       else "completed items: received_at -> state_changed(completed) "
+                       "audit row"),
         "sample_workflow_id": sample,
         "cpu_seconds": cpu,
     }
@@ -353,6 +369,8 @@ async def run_phase(h: Handles, opts: Options, log: Any) -> dict[str, Any]:
            f"{sampled['history_events']} history events") if sampled else "unknown"
     log(f"  product item ran {ran}; floor runs {shape[0]} activities + {shape[1]} local"
         + (f"; floor in the product's shape {own[0]} + {own[1]} local" if own else ""))
+    if h.samework_url:
+        await run_product(h, opts, -1, warm_n, "samework")
     closed = 0
     await run_floor(h, client, opts, -1, warm_n, shape, closed)
     closed += warm_n
@@ -363,11 +381,27 @@ async def run_phase(h: Handles, opts: Options, log: Any) -> dict[str, Any]:
     for round_no in range(opts.repeat):
         # The server's history store grows with every run, so whoever runs first in a round
         # has the lighter server: even rounds start with the floor, odd ones with the product.
-        sides = ["floor", "product"] if round_no % 2 == 0 else ["product", "floor"]
+        sides = ["floor", "samework", "product"] if h.samework_url else ["floor", "product"]
+        if round_no % 2:
+            sides.reverse()
         for side in sides:
             if side == "floor":
                 closed = await floor_runs(h, client, opts, round_no, shape, own, closed, runs,
                                           log)
+                continue
+            if side == "samework":
+                log(f"throughput round {round_no + 1}/{opts.repeat}: same-work floor, "
+                    f"{opts.n} emails")
+                same = await on_quiet_machine(run_product(h, opts, round_no, opts.n,
+                                                          "samework"))
+                runs.append(same)
+                if same.get("error"):
+                    log(f"  same-work floor: {same['error']}")
+                    continue
+                same["steps_per_item"] = await steps_of(client, same.get("sample_workflow_id"))
+                log(f"  same-work floor: {same['per_second']}/s over "
+                    f"{same['elapsed_seconds']}s, states {same['states']}, answers "
+                    f"{same['answers']}")
                 continue
             log(f"throughput round {round_no + 1}/{opts.repeat}: product, {opts.n} emails")
             product = await on_quiet_machine(run_product(h, opts, round_no, opts.n))
@@ -380,10 +414,11 @@ async def run_phase(h: Handles, opts: Options, log: Any) -> dict[str, Any]:
                                                        product.get("sample_workflow_id"))
             log(f"  product: {product['per_second']}/s over {product['elapsed_seconds']}s, "
                 f"states {product['states']}, answers {product['answers']}")
-        if runs and runs[-1].get("error"):
+        if runs and runs[-1].get("error") and runs[-1]["kind"] == "product":
             break
     profiled = None
-    if opts.profile_n and not (runs and runs[-1].get("error")):
+    if opts.profile_n and not (runs and runs[-1].get("error")
+                               and runs[-1]["kind"] == "product"):
         profiled = await profiled_run(h, client, opts, log)
     floor_rates = sorted(r["per_second"] for r in runs
                          if r["kind"] == "floor" and r.get("per_second") is not None)
@@ -410,7 +445,8 @@ async def run_phase(h: Handles, opts: Options, log: Any) -> dict[str, Any]:
             "ratio": round(product_rate / same_rate, 3) if same_rate and product_rate
             else None},
         "target_ratio": 1.0,
-        "cpu_per_item": cpu_per_item(runs),
+        "cpu_per_item": (cpu := cpu_per_item(runs)),
+        "same_work_floor": same_work_summary(runs, cpu),
         "machine_speed": speed_spread([r["speed_probe_ms"] for r in runs
                                        if r.get("speed_probe_ms") is not None]),
         "profiled_run": profiled,
@@ -435,10 +471,33 @@ STAND_IN_ROLES = frozenset({"sandbox", "sandbox-postgres"})
 
 
 def _group(process: str) -> str:
-    """Processes by role: every worker process of either side is `workers`."""
-    if process.startswith(("worker", "floor-worker")):
+    """Processes by role: every worker process of any side is `workers`, the same-work
+    floor's relay is `relay`."""
+    if process.startswith(("worker", "floor-worker", "samework-worker")):
         return "workers"
+    if process == "samework-relay":
+        return "relay"
     return process
+
+
+# Processes that belong to one side only: a run is charged its own side's and the shared
+# ones' (PostgreSQL, Temporal, the sandbox), never another side's idle pollers.
+def _side(process: str) -> str | None:
+    if process.startswith("floor-worker"):
+        return "floor"
+    if process.startswith("samework-"):
+        return "samework"
+    if process == "relay" or process.startswith("worker"):
+        return "product"
+    return None
+
+
+def counts_for(kind: str, process: str) -> bool:
+    """Whether a run of `kind` is charged `process`'s CPU."""
+    if process in ("bench", "bare-endpoint"):
+        return False
+    side = _side(process)
+    return side is None or side == ("floor" if kind.startswith("floor") else kind)
 
 
 def cpu_per_item(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -453,7 +512,7 @@ def cpu_per_item(runs: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         roles: dict[str, float] = {}
         for process, seconds in cpu.items():
-            if process in ("bench", "bare-endpoint"):
+            if not counts_for(run["kind"], process):
                 continue
             # A negative delta is a measuring artefact (children that exited before
             # bench.common.cpu_seconds counted the waited-for ones), never work done.
@@ -467,8 +526,9 @@ def cpu_per_item(runs: list[dict[str, Any]]) -> dict[str, Any]:
         ordered = sorted(values)
         return round(ordered[len(ordered) // 2], 1) if ordered else float("nan")
 
-    out: dict[str, Any] = {"unit": "CPU ms per item (product: per settled email; floors: "
-                                   "per workflow); load generator excluded"}
+    out: dict[str, Any] = {"unit": "CPU ms per item (product, samework: per settled email; "
+                                   "floors: per workflow); load generator excluded; each "
+                                   "run charged its own side's processes and the shared ones"}
     for kind, rounds in per_kind.items():
         roles = sorted({k for r in rounds for k in r if k != "round"})
         out[kind] = {role: median([r.get(role, 0.0) for r in rounds]) for role in roles}
@@ -553,3 +613,80 @@ async def profiled_run(h: Handles, client: Client, opts: Options, log: Any
         f"{(out.get('postgres') or {}).get('product', {}).get('round_trips_per_item')} round "
         f"trips per item; codec {out['codec_bytes_per_item']} bytes per item")
     return out
+
+
+def _median(values: list[float]) -> float | None:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else None
+
+
+def same_work_summary(runs: list[dict[str, Any]], cpu: dict[str, Any]) -> dict[str, Any] | None:
+    """The product against the same-work floor (bench/samework.py, issue 38): CPU per email
+    summed over every process (relay, workers, PostgreSQL, Temporal, the sandbox and its
+    PostgreSQL), throughput, both as product / floor (medians over the rounds, and by round),
+    and where the product's extra CPU goes, by process (ms per email, product minus floor).
+    None when no same-work run settled."""
+    product, same = cpu.get("product"), cpu.get("samework")
+    rates = {kind: _median([r["per_second"] for r in runs if r["kind"] == kind
+                            and not r.get("error") and r.get("per_second")])
+             for kind in ("product", "samework")}
+    if not same or not rates["samework"]:
+        return None
+    out: dict[str, Any] = {
+        "floor": "samework",
+        "what": "the same required work on the same Temporal server, PostgreSQL and sandbox: "
+                "signature, delivery insert ON CONFLICT DO NOTHING, one workflow per delivery "
+                "ID (REJECT_DUPLICATE), sender parse, one transaction (contact + intent + "
+                "outbox), CRM upsert + note + association, send with an idempotency key, each "
+                "result recorded; local activities, no workflow sandbox",
+        "cpu_ms_per_email": {"product": product.get("total") if product else None,
+                             "samework": same.get("total")},
+        "per_second": rates,
+        "cpu_ratio": ratio(product.get("total") if product else None, same.get("total")),
+        "throughput_ratio": ratio(rates["product"], rates["samework"]),
+        "target_cpu_ratio": 1.10,
+        "target_throughput_ratio": 0.95,
+        "extra_cpu_ms_by_process": extra_by_role(product or {}, same),
+    }
+    by_round = []
+    for run in runs:
+        if run["kind"] != "product" or run.get("error"):
+            continue
+        twin = next((r for r in runs if r["kind"] == "samework" and r["round"] == run["round"]
+                     and not r.get("error")), None)
+        if twin:
+            by_round.append({"round": run["round"] + 1,
+                             "throughput_ratio": ratio(run["per_second"], twin["per_second"])})
+    out["throughput_ratio_by_round"] = by_round
+    steps = {r["kind"]: (r.get("steps_per_item") or {}).get("history_events") for r in runs
+             if r["kind"] in ("product", "samework") and r.get("steps_per_item")}
+    out["history_events_per_item"] = steps
+    out["history_event_types"] = event_type_diff(runs)
+    return out
+
+
+def event_type_diff(runs: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """History events of one item by type, product and same-work floor side by side (the
+    per-step view that costs nothing: each event is a server write and a worker round trip)."""
+    types = {r["kind"]: (r.get("steps_per_item") or {}).get("event_types") or {}
+             for r in runs if r["kind"] in ("product", "samework") and not r.get("error")}
+    product, same = types.get("product", {}), types.get("samework", {})
+    return {name: {"product": product.get(name, 0), "samework": same.get(name, 0)}
+            for name in sorted(set(product) | set(same))
+            if product.get(name, 0) != same.get(name, 0)}
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator to 3 places; None when either is missing or the floor is 0."""
+    if numerator is None or not denominator:
+        return None
+    return round(numerator / denominator, 3)
+
+
+def extra_by_role(product: dict[str, float], floor: dict[str, float]) -> dict[str, float]:
+    """Product minus floor, CPU ms per email, by role (largest first); `total` last."""
+    roles = sorted((set(product) | set(floor)) - {"total", "round"})
+    extra = {role: round(product.get(role, 0.0) - floor.get(role, 0.0), 1) for role in roles}
+    ordered = dict(sorted(extra.items(), key=lambda kv: -kv[1]))
+    ordered["total"] = round(product.get("total", 0.0) - floor.get("total", 0.0), 1)
+    return ordered
