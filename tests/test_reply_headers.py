@@ -1,10 +1,12 @@
 """What the answer to a message takes from its headers: the CRM note's time (its Date) and
 the follow-up's language (Content-Language, Accept-Language). Extraction reads them once, in
 its work pool, and stores them (migration 041); an item extracted before that migration has
-them read from the head of its message, as before. Both counted at the destination."""
+them read from the head of its message, as before. Both counted at the destination, as is
+the note's body: the sender's delivery ID in it shows as text, never as HTML."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,3 +73,15 @@ async def test_an_item_extracted_before_041_reads_them_from_its_message(
     assert (await _note_of(env, email))["properties"]["hs_timestamp"] == WRITTEN_AT
     assert await env.db.fetchval(
         "SELECT languages FROM inbound_events WHERE workflow_id = $1", workflow_id) is None
+
+
+async def test_a_delivery_id_with_markup_reaches_the_note_as_text(env: StackClient) -> None:
+    """HubSpot renders a note's body as HTML and the delivery ID is the sender's (Mailgun's
+    Message-Id): markup in it is escaped, never rendered."""
+    email = unique_email("markup")
+    delivery = f"<img/src=x/onerror=alert(1)>{uuid.uuid4().hex}"
+    workflow_id = await env.deliver(message_from(email), delivery)
+    await env.wait_state(workflow_id, "completed")
+    body = (await _note_of(env, email))["properties"]["hs_note_body"]
+    assert "<img" not in body
+    assert f"&lt;img/src=x/onerror=alert(1)&gt;{delivery[-32:]}" in body

@@ -15,6 +15,7 @@ a short wait; DAILY parks the tenant's CRM scope until the reset (`inboxcrm.adap
 
 from __future__ import annotations
 
+import html
 import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -128,11 +129,13 @@ class HubSpotCrm:
                        occurred_at: datetime) -> str:
         """Upsert the note by the unique `inboxcrm_note_id` property (created by `inboxcrm
         hubspot-setup`), then associate it with the contact: a retry repeats both and
-        changes nothing."""
+        changes nothing. HubSpot renders `hs_note_body` as HTML, and the text carries what a
+        sender chose (a delivery's `Message-Id`): it is escaped, so it shows as written."""
         stamp = occurred_at.astimezone(UTC).isoformat(timespec="milliseconds")
         body = {"inputs": [{
             "idProperty": NOTE_ID_PROPERTY, "id": note_key,
-            "properties": {"hs_note_body": text, "hs_timestamp": stamp.replace("+00:00", "Z"),
+            "properties": {"hs_note_body": html.escape(text),
+                           "hs_timestamp": stamp.replace("+00:00", "Z"),
                            NOTE_ID_PROPERTY: note_key},
         }]}
         response = await send_request(self._client, "POST", "/crm/v3/objects/notes/batch/upsert",
