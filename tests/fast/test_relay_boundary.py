@@ -5,11 +5,13 @@ routes called at the ASGI level, where the bytes the app pulls from the request 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
 import json
 import shutil
+import threading
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -478,3 +480,42 @@ async def test_the_api_docs_are_served_only_by_the_local_stack() -> None:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=deployed),
                                      base_url="http://relay") as http:
             assert (await http.get(path)).status_code == 404, path
+
+
+async def test_large_bodies_are_hashed_a_bounded_number_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each large body is hashed once per configured secret before anything is decided:
+    at most HASH_SLOTS of them at once per relay, and a delivery that finds no room in time
+    is answered 503 with Retry-After (a provider retries it), not queued without end."""
+    from inboxcrm.ingress.sources import standard
+    from inboxcrm.ingress.sources.base import Busy
+
+    monkeypatch.setattr(standard, "HASH_WAIT_SECONDS", 0.5)
+    running, most = 0, 0
+    release = threading.Event()
+    real = standard.matching_keys
+
+    def counted(*args: Any) -> Any:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        release.wait(5)
+        running -= 1
+        return real(*args)
+
+    monkeypatch.setattr(standard, "matching_keys", counted)
+    source = standard.StandardSource(Settings(env="local", webhook_secret=SHARED,
+                                              webhook_tenant_secrets={"globex": GLOBEX}))
+    now = int(time.time())
+    body = b"x" * (1024 * 1024)
+    signed = standard.signature_headers(
+        {"webhook-id": "msg_1", "webhook-timestamp": str(now),
+         "webhook-signature": sign(SHARED, "msg_1", now, body)}, 300)
+    assert signed is not None
+    tasks = [asyncio.create_task(source.verify(signed, body)) for _ in range(6)]
+    done = await asyncio.gather(*tasks[2:], return_exceptions=True)
+    assert all(isinstance(result, Busy) for result in done)  # no room within the wait
+    release.set()
+    proofs = await asyncio.gather(*tasks[:2])
+    assert most == standard.HASH_SLOTS
+    assert all(len(proof.bindings) == 1 for proof in proofs)

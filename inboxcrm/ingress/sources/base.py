@@ -8,7 +8,8 @@ gives every answer of §10:
 1. the credential the request presents, from its headers alone: none (or no credential
    configured for the source) is a 401 and the body is never read;
 2. the body, read under the cap while it arrives: 413 (a malformed form: 422);
-3. the credential checked against the body: 401;
+3. the credential checked against the body: 401, or 503 with `Retry-After` when there is no
+   room to check it now (`Busy`: large bodies are hashed a bounded number at a time);
 4. the body parsed into a `Delivery`: 422 malformed, 413 when the rebuilt message is too
    large, 403 when it names a tenant outside the credential's binding;
 5. the tenant checked against the bindings that authenticated it: 403, nothing stored;
@@ -46,6 +47,15 @@ from inboxcrm.platform.config import Settings
 from inboxcrm.store import replay_tokens
 
 log = logging.getLogger("inboxcrm.ingress.sources")
+
+# Seconds a caller is asked to wait before it retries a delivery the relay had no room to
+# authenticate (every provider honours `Retry-After` on a 503).
+BUSY_RETRY_AFTER_SECONDS = 5
+
+
+class Busy(Exception):
+    """No room to do the work of authenticating now: answered 503 with `Retry-After`."""
+
 
 Headers = Mapping[str, str]  # case-insensitive in a request (Starlette's Headers)
 Presented = TypeVar("Presented")
@@ -146,6 +156,11 @@ async def receive(source: PushSource[Presented, Body], headers: Headers,
         proof = await source.verify(presented, body)
     except Unauthenticated as exc:
         return _unauthenticated(source, intake, str(exc))
+    except Busy as exc:
+        log.info("%s delivery deferred: %s", source.name, exc)
+        response = error_response(503, str(exc))
+        response.headers["Retry-After"] = str(BUSY_RETRY_AFTER_SECONDS)
+        return response
     try:
         delivery = source.parse(body, proof)
         check_tenant(proof.bindings, delivery.tenant)

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from inboxcrm.domain.policy import UnknownTenant, get_policy
 from inboxcrm.ingress.intake import DELIVERY_ID, BadRequest, Delivery, Unauthenticated
-from inboxcrm.ingress.sources.base import BodySource, Headers, Proof, json_body
+from inboxcrm.ingress.sources.base import BodySource, Busy, Headers, Proof, json_body
 from inboxcrm.ingress.tenancy import Binding, warn_unbound
 from inboxcrm.platform.config import Settings
 
@@ -33,6 +33,11 @@ MAX_WEBHOOK_ID = 256
 MAX_SIGNATURE_HEADER = 4096
 # Hash a large body off the event loop (hashlib releases the GIL), a small one inline.
 THREAD_HASH_BYTES = 256 * 1024
+# Large bodies are hashed (once per configured secret) in threads, at most this many at once
+# per relay process; a request that finds no slot within HASH_WAIT_SECONDS is answered 503
+# with Retry-After, so a flood of large signed-looking bodies costs bounded CPU.
+HASH_SLOTS = 2
+HASH_WAIT_SECONDS = 10.0
 
 
 def parse_standard_body(payload: Any, max_raw_bytes: int) -> Delivery:
@@ -153,6 +158,7 @@ class StandardSource(BodySource[SignatureHeaders]):
         super().__init__(settings)
         self.keys = configured_keys(settings)
         self.tolerance_seconds = settings.webhook_tolerance_seconds
+        self.hashing = asyncio.Semaphore(HASH_SLOTS)
         if not self.keys:
             log.warning("standard source disabled: neither INBOXCRM_WEBHOOK_SECRET nor any "
                         "INBOXCRM_WEBHOOK_SECRET_<TENANT> is set (every request is a 401)")
@@ -164,7 +170,14 @@ class StandardSource(BodySource[SignatureHeaders]):
 
     async def verify(self, presented: SignatureHeaders, body: bytes) -> Proof:
         if len(body) * len(self.keys) > THREAD_HASH_BYTES:
-            matched = await asyncio.to_thread(matching_keys, self.keys, presented, body)
+            try:
+                await asyncio.wait_for(self.hashing.acquire(), HASH_WAIT_SECONDS)
+            except TimeoutError:
+                raise Busy("too many large deliveries being verified; retry later") from None
+            try:
+                matched = await asyncio.to_thread(matching_keys, self.keys, presented, body)
+            finally:
+                self.hashing.release()
         else:
             matched = matching_keys(self.keys, presented, body)
         if not matched:
