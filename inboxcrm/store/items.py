@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from inboxcrm.store import events, failed_runs
+from inboxcrm.store import copies, events, failed_runs
 
 ITEM_STATUS = """
 SELECT e.event_id, e.workflow_id, e.tenant, e.source, e.mailbox, e.delivery_id, e.state,
@@ -112,6 +112,11 @@ async def item_status(conn: asyncpg.Connection[Any], workflow_id: str) -> dict[s
     status["operations"] = [record_dict(r) for r in await conn.fetch(ITEM_OPERATIONS, workflow_id)]
     review = await conn.fetchrow(ITEM_REVIEW, workflow_id)
     status["review"] = record_dict(review) if review else None
+    # Further deliveries of the same message (other mailboxes, folders or sources): one item.
+    found = await copies.copies_of_event(conn, event_id=str(row["event_id"]))
+    status["copies"] = {"count": len(found),
+                        "sources": sorted({c["source"] for c in found}),
+                        "deliveries": found}
     return status
 
 
