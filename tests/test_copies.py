@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import tempfile
@@ -106,6 +107,27 @@ async def test_a_webhook_and_a_postmark_copy_are_one_item(
     assert len(await copies_of(db, workflow_id)) == 1
 
 
+async def test_copies_arriving_at_once_make_one_item(
+        env: StackClient, db: asyncpg.Pool) -> None:
+    """Six deliveries of one message under six delivery IDs, posted at the same moment:
+    the lock per (tenant, Message-ID) lets exactly one become the item."""
+    email = unique_email("copyrace")
+    message_id = f"<{uuid.uuid4().hex}@initech.example>"
+    raw = crlf(message_from(email).replace("Message-ID: <", "X-Was: <", 1)
+               .replace("\r\nDate:", f"\r\nMessage-ID: {message_id}\r\nDate:", 1))
+    responses = await asyncio.gather(*(env.post(raw, f"race-{n}-{uuid.uuid4().hex[:8]}")
+                                       for n in range(6)))
+    assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+    statuses = sorted(r.json()["status"] for r in responses)
+    assert statuses == ["accepted"] + ["duplicate"] * 5
+    workflow_ids = {r.json()["workflow_id"] for r in responses}
+    assert len(workflow_ids) == 1
+    workflow_id = workflow_ids.pop()
+    await env.wait_state(workflow_id, "completed")
+    assert len(await copies_of(db, workflow_id)) == 5
+    await assert_one_of_everything(env, db, email, message_id)
+
+
 async def test_a_colleagues_forward_goes_to_review_with_the_original_sender(
         env: StackClient, db: asyncpg.Pool) -> None:
     original = unique_email("forwarded")
@@ -125,6 +147,7 @@ async def test_a_colleagues_forward_goes_to_review_with_the_original_sender(
     assert state == "awaiting_review", reason
     row = await db.fetchrow("SELECT route_reasons, canonical_email, extraction"
                             " FROM inbound_events WHERE workflow_id = $1", workflow_id)
+    assert row is not None
     assert row["route_reasons"][0] == "internal_forward"
     assert row["canonical_email"] == original
     extraction = row["extraction"]
@@ -197,3 +220,24 @@ async def test_a_webhook_item_filed_into_two_watched_folders_is_one_item(
     await assert_one_of_everything(env, db, email, message_id)
     done = cli(stack, "status", workflow_id)
     assert json.loads(done.stdout)["copies"]["sources"] == ["imap"]
+
+    # The other order: the watcher stores a message first, then a webhook brings it.
+    email = unique_email("imapfirst")
+    message_id = f"<{uuid.uuid4().hex}@initech.example>"
+    raw = crlf(message_from(email).replace("Message-ID: <", "X-Was: <", 1)
+               .replace("\r\nDate:", f"\r\nMessage-ID: {message_id}\r\nDate:", 1))
+    dovecot.deliver(USER, raw.encode(), mailbox.folder)
+
+    async def imap_item() -> str | None:
+        value = await db.fetchval(
+            "SELECT workflow_id FROM inbound_events WHERE source = 'imap' AND message_id = $1"
+            " AND state = 'completed'", message_id)
+        return str(value) if value else None
+
+    imap_workflow = await env.wait_for(imap_item, timeout=90, what="the IMAP item done")
+    answer = await env.post(raw)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"status": "duplicate", "workflow_id": imap_workflow,
+                             "state": "completed"}
+    assert [c["source"] for c in await copies_of(db, imap_workflow)] == ["standard"]
+    await assert_one_of_everything(env, db, email, message_id)
