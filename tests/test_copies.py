@@ -23,6 +23,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from inboxcrm.schemas.models import inbound_workflow_id
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers import dovecot as dovecot_helper
@@ -98,6 +99,11 @@ async def test_a_webhook_and_a_postmark_copy_are_one_item(
     status = json.loads(done.stdout)
     assert status["copies"]["count"] == 1 and status["copies"]["sources"] == ["postmark"]
     assert status["copies"]["deliveries"][0]["delivery_id"] == postmark_id
+    # The copy's own workflow ID (never started) shows the item it is a copy of.
+    copy_workflow = inbound_workflow_id("acme", "postmark", "sales@acme.test", postmark_id)
+    assert status["copies"]["deliveries"][0]["workflow_id"] == copy_workflow
+    shown = json.loads(cli(stack, "status", copy_workflow).stdout)
+    assert shown["workflow_id"] == workflow_id and shown["copy"]["source"] == "postmark"
 
     # Different bytes under the same Message-ID are not a copy: a message of its own.
     edited = raw.replace("20 seats", "25 seats")

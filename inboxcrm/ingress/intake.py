@@ -182,7 +182,8 @@ class Ingestor:
                 conn, tenant=delivery.tenant, event_id=str(first["event_id"]),
                 workflow_id=first["workflow_id"], source=delivery.source,
                 mailbox=delivery.mailbox, delivery_id=delivery.delivery_id,
-                message_id=message_id, content_sha256=digest,
+                copy_workflow_id=delivery.workflow_id, message_id=message_id,
+                content_sha256=digest,
                 actor=f"relay:{delivery.source}")
         return first
 

@@ -45,12 +45,13 @@ ORDER BY e.received_at LIMIT 1
 
 # The copy row and its audit entry, in one statement; a second call for the same delivery
 # key records nothing. $1 tenant, $2 event_id, $3 source, $4 mailbox, $5 delivery_id,
-# $6 message_id, $7 content_sha256, $8 the audit actor, $9 the first item's workflow ID.
+# $6 message_id, $7 content_sha256, $8 the audit actor, $9 the first item's workflow ID,
+# $10 the copy's own (never started) workflow ID.
 RECORD_COPY = """
 WITH inserted AS (
-    INSERT INTO inbound_copies (tenant, event_id, source, mailbox, delivery_id, message_id,
-                                content_sha256)
-    VALUES ($1, $2, $3, $4, $5, $6, $7)
+    INSERT INTO inbound_copies (tenant, event_id, source, mailbox, delivery_id, workflow_id,
+                                message_id, content_sha256)
+    VALUES ($1, $2, $3, $4, $5, $10, $6, $7)
     ON CONFLICT (tenant, source, mailbox, delivery_id) DO NOTHING
     RETURNING copy_row
 )
@@ -63,8 +64,16 @@ RETURNING 1
 """
 
 COPIES_OF_EVENT = """
-SELECT source, mailbox, delivery_id, received_at FROM inbound_copies
+SELECT source, mailbox, delivery_id, workflow_id, received_at FROM inbound_copies
 WHERE event_id = $1 ORDER BY received_at, copy_row
+"""
+
+# The item a copy's own workflow ID stands for, and the copy.
+ITEM_OF_COPY = """
+SELECT e.workflow_id, c.source, c.mailbox, c.delivery_id, c.workflow_id AS copy_workflow_id,
+       c.received_at
+FROM inbound_copies c JOIN inbound_events e ON e.event_id = c.event_id
+WHERE c.workflow_id = $1
 """
 
 
@@ -84,12 +93,14 @@ async def copy_target(conn: Conn, *, tenant: str, source: str, mailbox: str,
 
 
 async def record_copy(conn: Conn, *, tenant: str, event_id: str, workflow_id: str,
-                      source: str, mailbox: str, delivery_id: str, message_id: str,
-                      content_sha256: str, actor: str) -> bool:
-    """Record the delivery as a copy of the item `event_id`, with its audit entry. False:
-    it was recorded before."""
+                      source: str, mailbox: str, delivery_id: str, copy_workflow_id: str,
+                      message_id: str, content_sha256: str, actor: str) -> bool:
+    """Record the delivery as a copy of the item `event_id` (`workflow_id`), with its audit
+    entry; `copy_workflow_id` is the ID the delivery would have had. False: it was recorded
+    before."""
     value = await conn.fetchval(RECORD_COPY, tenant, event_id, source, mailbox, delivery_id,
-                                message_id, content_sha256, actor, workflow_id)
+                                message_id, content_sha256, actor, workflow_id,
+                                copy_workflow_id)
     return value is not None
 
 
@@ -97,4 +108,11 @@ async def copies_of_event(conn: Conn, *, event_id: str) -> list[dict[str, Any]]:
     """An item's copies, oldest first, for its status."""
     rows = await conn.fetch(COPIES_OF_EVENT, event_id)
     return [{"source": r["source"], "mailbox": r["mailbox"], "delivery_id": r["delivery_id"],
-             "received_at": r["received_at"].isoformat()} for r in rows]
+             "workflow_id": r["workflow_id"], "received_at": r["received_at"].isoformat()}
+            for r in rows]
+
+
+async def item_of_copy(conn: Conn, *, workflow_id: str) -> asyncpg.Record | None:
+    """The item a copy's own workflow ID stands for (None: no copy has that ID)."""
+    row: asyncpg.Record | None = await conn.fetchrow(ITEM_OF_COPY, workflow_id)
+    return row

@@ -106,9 +106,21 @@ def record_dict(record: asyncpg.Record) -> dict[str, Any]:
 
 async def item_status(conn: asyncpg.Connection[Any], workflow_id: str) -> dict[str, Any] | None:
     row = await conn.fetchrow(ITEM_STATUS, workflow_id)
+    copy_of = None
     if row is None:
-        return None
+        # A copy's own workflow ID (never started): the item it is a copy of.
+        copy_of = await copies.item_of_copy(conn, workflow_id=workflow_id)
+        if copy_of is None:
+            return None
+        row = await conn.fetchrow(ITEM_STATUS, copy_of["workflow_id"])
+        if row is None:
+            return None
     status = record_dict(row)
+    if copy_of is not None:
+        status["copy"] = {"workflow_id": copy_of["copy_workflow_id"],
+                          "source": copy_of["source"], "mailbox": copy_of["mailbox"],
+                          "delivery_id": copy_of["delivery_id"],
+                          "received_at": copy_of["received_at"].isoformat()}
     status["operations"] = [record_dict(r) for r in await conn.fetch(ITEM_OPERATIONS, workflow_id)]
     review = await conn.fetchrow(ITEM_REVIEW, workflow_id)
     status["review"] = record_dict(review) if review else None

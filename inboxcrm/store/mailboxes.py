@@ -247,7 +247,8 @@ async def store_imap_message(conn: Conn, *, tenant: str, address: str, folder: s
             await copies.record_copy(
                 conn, tenant=tenant, event_id=str(copy_of["event_id"]),
                 workflow_id=copy_of["workflow_id"], source=SOURCE, mailbox=address,
-                delivery_id=key, message_id=message_id, content_sha256=content_sha256,
+                delivery_id=key, copy_workflow_id=workflow_id, message_id=message_id,
+                content_sha256=content_sha256,
                 actor=f"mailbox:{SOURCE}")
     return StoredMessage(role, True, event_id, item_workflow, False)
 

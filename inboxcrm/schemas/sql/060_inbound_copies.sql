@@ -24,9 +24,13 @@ CREATE TABLE inbound_copies (
     source         text        NOT NULL,
     mailbox        text        NOT NULL,
     delivery_id    text        NOT NULL,
+    -- The workflow ID this delivery would have had (`inbound/{tenant}/{source}/{mailbox}/
+    -- {delivery_id}`): `inboxcrm status` of it shows the item it is a copy of.
+    workflow_id    text        NOT NULL,
     message_id     text        NOT NULL,
     content_sha256 text        NOT NULL,
     received_at    timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT inbound_copies_delivery UNIQUE (tenant, source, mailbox, delivery_id)
 );
 CREATE INDEX inbound_copies_event ON inbound_copies (event_id);
+CREATE INDEX inbound_copies_workflow ON inbound_copies (workflow_id);
