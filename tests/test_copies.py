@@ -99,6 +99,9 @@ async def test_a_webhook_and_a_postmark_copy_are_one_item(
     status = json.loads(done.stdout)
     assert status["copies"]["count"] == 1 and status["copies"]["sources"] == ["postmark"]
     assert status["copies"]["deliveries"][0]["delivery_id"] == postmark_id
+    story = cli(stack, "audit", "--workflow", workflow_id)
+    assert story.returncode == 0, story.stderr
+    assert "recorded as a copy of this item" in story.stdout
     # The copy's own workflow ID (never started) shows the item it is a copy of.
     copy_workflow = inbound_workflow_id("acme", "postmark", "sales@acme.test", postmark_id)
     assert status["copies"]["deliveries"][0]["workflow_id"] == copy_workflow
