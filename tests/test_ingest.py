@@ -37,7 +37,7 @@ async def _ingest(pool: asyncpg.Pool, delivery_id: str, start: asyncio.Event) ->
     async with pool.acquire() as conn:
         await start.wait()
         row = await conn.fetchrow(INSERT_EVENT, *key, inbound_workflow_id(*key), b"raw",
-                                  "sha", 3, "relay:standard")
+                                  "sha", 3, "relay:standard", None)
         row = row or await conn.fetchrow(FIND_EVENT, *key)
     assert row is not None
     return bool(row.get("new"))

@@ -17,7 +17,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import asyncpg
 from fastapi.responses import JSONResponse
@@ -26,12 +26,16 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from inboxcrm.adapters.imap import message_id_of
 from inboxcrm.ingress.metrics import RelayMetrics
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
 from inboxcrm.schemas.contract import WORKFLOW_TYPE, start_search_attributes
 from inboxcrm.schemas.models import InboundEmailInput, inbound_workflow_id
-from inboxcrm.store import audit, events
+from inboxcrm.store import audit, copies, events
+
+if TYPE_CHECKING:
+    from inboxcrm.store.db import Conn
 
 log = logging.getLogger("inboxcrm.ingress")
 
@@ -107,21 +111,33 @@ class Ingestor:
 
     async def ingest(self, delivery: Delivery) -> IngestResult:
         digest = hashlib.sha256(delivery.raw).hexdigest()
+        message_id = message_id_of(delivery.raw)
         workflow_id = delivery.workflow_id
+        first: asyncpg.Record | None = None
+        row: asyncpg.Record | None = None
         # The connection goes back to the pool before the workflow start: a request never
         # holds one connection while it waits for another (that deadlocks a full pool).
         async with self.pool.acquire(timeout=POOL_TIMEOUT_SECONDS) as conn:
-            # One round trip: the new event with its "received" audit entry, or the existing
-            # one. Its snapshot cannot see a row a concurrent request committed while this
-            # statement waited on the unique key; then one more read finds it.
-            row = await events.insert_event(
-                conn, tenant=delivery.tenant, source=delivery.source, mailbox=delivery.mailbox,
-                delivery_id=delivery.delivery_id, workflow_id=workflow_id, raw=delivery.raw,
-                content_sha256=digest, size_bytes=len(delivery.raw),
-                actor=f"relay:{delivery.source}",
-            ) or await events.find_event(conn, tenant=delivery.tenant, source=delivery.source,
-                                         mailbox=delivery.mailbox,
-                                         delivery_id=delivery.delivery_id)
+            if message_id is None:
+                row = await self._insert(conn, delivery, workflow_id, digest, None)
+            else:
+                # Item or copy, decided under the lock every source takes for this message
+                # of this tenant (store/copies.py): one item whichever source comes first.
+                async with conn.transaction():
+                    await copies.lock_message(conn, tenant=delivery.tenant, key=message_id)
+                    first = await self._copy_of(conn, delivery, message_id, digest)
+                    if first is None:
+                        row = await self._insert(conn, delivery, workflow_id, digest,
+                                                 message_id)
+                        if row is None:  # refused by the one-item-per-message index
+                            first = await self._copy_of(conn, delivery, message_id, digest)
+        if first is not None:
+            # A copy: answered as a redelivery of the first item, which it is; nothing new
+            # starts (a first item whose start failed is healed, as a redelivery would).
+            if not first["started"]:
+                await self.start(str(first["event_id"]), delivery.tenant,
+                                 first["workflow_id"])
+            return IngestResult("duplicate", first["workflow_id"], first["state"])
         assert row is not None
         if row.get("new"):
             started = await self.start(str(row["event_id"]), delivery.tenant, workflow_id)
@@ -139,6 +155,37 @@ class Ingestor:
             # The first delivery was stored but its start failed: heal it now.
             await self.start(str(row["event_id"]), delivery.tenant, workflow_id)
         return IngestResult("duplicate", workflow_id, row["state"])
+
+    async def _insert(self, conn: Conn, delivery: Delivery, workflow_id: str,
+                      digest: str, message_id: str | None) -> asyncpg.Record | None:
+        # One round trip: the new event with its "received" audit entry, or the existing
+        # one. Its snapshot cannot see a row a concurrent request committed while this
+        # statement waited on the unique key; then one more read finds it.
+        return await events.insert_event(
+            conn, tenant=delivery.tenant, source=delivery.source, mailbox=delivery.mailbox,
+            delivery_id=delivery.delivery_id, workflow_id=workflow_id, raw=delivery.raw,
+            content_sha256=digest, size_bytes=len(delivery.raw),
+            actor=f"relay:{delivery.source}", message_id=message_id,
+        ) or await events.find_event(conn, tenant=delivery.tenant, source=delivery.source,
+                                     mailbox=delivery.mailbox,
+                                     delivery_id=delivery.delivery_id)
+
+    async def _copy_of(self, conn: Conn, delivery: Delivery, message_id: str,
+                       digest: str) -> asyncpg.Record | None:
+        """The tenant's first item of this message when this delivery is a copy of it, the
+        copy recorded (once per delivery key, with its audit entry); else None."""
+        first = await copies.copy_target(
+            conn, tenant=delivery.tenant, source=delivery.source, mailbox=delivery.mailbox,
+            delivery_id=delivery.delivery_id, message_id=message_id, content_sha256=digest)
+        if first is not None and not first["recorded"]:
+            await copies.record_copy(
+                conn, tenant=delivery.tenant, event_id=str(first["event_id"]),
+                workflow_id=first["workflow_id"], source=delivery.source,
+                mailbox=delivery.mailbox, delivery_id=delivery.delivery_id,
+                copy_workflow_id=delivery.workflow_id, message_id=message_id,
+                content_sha256=digest,
+                actor=f"relay:{delivery.source}")
+        return first
 
     async def start(self, event_id: str, tenant: str, workflow_id: str) -> bool:
         """Start the item's workflow (idempotent). False when Temporal is unavailable."""

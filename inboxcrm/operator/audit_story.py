@@ -72,6 +72,9 @@ SENTENCES: dict[str, Callable[[Detail], str]] = {
     "received": _received,
     "redelivery_content_differs": lambda d: (
         f"redelivery of {d.get('delivery_id')} with DIFFERENT content (not processed)"),
+    "copy_recorded": lambda d: (
+        f"the same message again by {d.get('source')} to {d.get('mailbox')} "
+        f"({d.get('delivery_id')}): recorded as a copy of this item, nothing run"),
     "extracted": _extracted,
     "match_needs_review": lambda d: (
         f"matching needs review: {d.get('reason')} ({len(d.get('candidates') or [])} "

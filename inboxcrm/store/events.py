@@ -23,12 +23,14 @@ UPDATE inbound_events SET state = $2, reason = $3, updated_at = now() WHERE even
 # constraint. Naming only the delivery key made the workflow-ID index raise a unique
 # violation under concurrent redeliveries (the request got a 503).
 # $1 tenant, $2 source, $3 mailbox, $4 delivery_id, $5 workflow_id, $6 raw,
-# $7 content_sha256, $8 size_bytes, $9 the audit actor.
+# $7 content_sha256, $8 size_bytes, $9 the audit actor, $10 the Message-ID (or NULL; the
+# tenant's one item per Message-ID and content hash is a unique index too: a copy the caller
+# did not see under its lock is a no-op here, never a second item, see store/copies.py).
 INSERT_EVENT = """
 WITH inserted AS (
     INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, raw,
-                                content_sha256, size_bytes)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                                content_sha256, size_bytes, message_id)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $10)
     ON CONFLICT DO NOTHING
     RETURNING event_id
 ), received AS (
@@ -191,11 +193,12 @@ async def state_of_workflow(conn: Conn | asyncpg.Pool, *, workflow_id: str
 # --- intake (the relay): for inboxcrm/ingress/intake.py to call in place of the constants
 async def insert_event(conn: Conn, *, tenant: str, source: str, mailbox: str,
                        delivery_id: str, workflow_id: str, raw: bytes, content_sha256: str,
-                       size_bytes: int, actor: str) -> asyncpg.Record | None:
+                       size_bytes: int, actor: str, message_id: str | None = None
+                       ) -> asyncpg.Record | None:
     """The new event with its `received` audit entry, or the existing one (INSERT_EVENT)."""
     row: asyncpg.Record | None = await conn.fetchrow(
         INSERT_EVENT, tenant, source, mailbox, delivery_id, workflow_id, raw, content_sha256,
-        size_bytes, actor)
+        size_bytes, actor, message_id)
     return row
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from inboxcrm.store import events, failed_runs
+from inboxcrm.store import copies, events, failed_runs
 
 ITEM_STATUS = """
 SELECT e.event_id, e.workflow_id, e.tenant, e.source, e.mailbox, e.delivery_id, e.state,
@@ -136,12 +136,29 @@ def record_dict(record: asyncpg.Record) -> dict[str, Any]:
 
 async def item_status(conn: asyncpg.Connection[Any], workflow_id: str) -> dict[str, Any] | None:
     row = await conn.fetchrow(ITEM_STATUS, workflow_id)
+    copy_of = None
     if row is None:
-        return None
+        # A copy's own workflow ID (never started): the item it is a copy of.
+        copy_of = await copies.item_of_copy(conn, workflow_id=workflow_id)
+        if copy_of is None:
+            return None
+        row = await conn.fetchrow(ITEM_STATUS, copy_of["workflow_id"])
+        if row is None:
+            return None
     status = record_dict(row)
+    if copy_of is not None:
+        status["copy"] = {"workflow_id": copy_of["copy_workflow_id"],
+                          "source": copy_of["source"], "mailbox": copy_of["mailbox"],
+                          "delivery_id": copy_of["delivery_id"],
+                          "received_at": copy_of["received_at"].isoformat()}
     status["operations"] = [record_dict(r) for r in await conn.fetch(ITEM_OPERATIONS, workflow_id)]
     review = await conn.fetchrow(ITEM_REVIEW, workflow_id)
     status["review"] = record_dict(review) if review else None
+    # Further deliveries of the same message (other mailboxes, folders or sources): one item.
+    found = await copies.copies_of_event(conn, event_id=str(row["event_id"]))
+    status["copies"] = {"count": len(found),
+                        "sources": sorted({c["source"] for c in found}),
+                        "deliveries": found}
     return status
 
 

@@ -10,9 +10,9 @@ neither; the next one reads it again and the unique keys answer "already stored"
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from inboxcrm.store import events
+from inboxcrm.store import copies, events
 
 if TYPE_CHECKING:
     import asyncpg
@@ -82,10 +82,6 @@ WHERE m.tenant = $1 AND m.address = $2 AND m.folder = $3 AND m.uidvalidity = $4
   AND m.uid = $5
 """
 
-# Serialises the decision item / copy / re-seen for one message across every watcher of the
-# tenant (two folders receiving the same message at once), for this transaction only.
-LOCK_MESSAGE = "SELECT pg_advisory_xact_lock(hashtext($1 || '/' || $2))"
-
 # The same message seen in this folder under an earlier UIDVALIDITY, not yet matched by a
 # message of the current one. Without a Message-ID the content hash alone decides.
 EARLIER_SIGHTING = """
@@ -100,13 +96,6 @@ ORDER BY m.uidvalidity, m.uid LIMIT 1
 MARK_CHECKED = """
 UPDATE mailboxes SET last_checked_at = now()
 WHERE tenant = $1 AND kind = $2 AND address = $3 AND folder = $4
-"""
-
-# The first item the tenant has of this message elsewhere (another folder or mailbox).
-FIRST_ITEM = """
-SELECT m.event_id FROM imap_messages m
-WHERE m.tenant = $1 AND m.message_id = $2 AND m.content_sha256 = $3 AND m.role = 'item'
-ORDER BY m.stored_at, m.message_row LIMIT 1
 """
 
 INSERT_MESSAGE = """
@@ -135,13 +124,6 @@ AFTER_STORE_DONE = """
 UPDATE imap_messages SET after_store_at = now()
 WHERE tenant = $1 AND address = $2 AND folder = $3 AND uidvalidity = $4 AND uid = ANY($5)
   AND after_store_at IS NULL
-"""
-
-COPIES_OF_EVENT = """
-SELECT 'imap' AS source, m.address AS mailbox, m.folder,
-       m.folder || ':' || m.uidvalidity || ':' || m.uid AS delivery_id, m.stored_at
-FROM imap_messages m WHERE m.event_id = $1 AND m.role = 'copy'
-ORDER BY m.stored_at, m.message_row
 """
 
 # Session-level, on a connection of its own (never a pooled one): the slot is held while
@@ -238,18 +220,22 @@ async def store_imap_message(conn: Conn, *, tenant: str, address: str, folder: s
         if seen is not None:
             return StoredMessage(seen["role"], False, _str(seen["event_id"]),
                                  seen["workflow_id"], bool(seen["started"]))
-        await conn.execute(LOCK_MESSAGE, tenant, message_id or content_sha256 or workflow_id)
-        role, event_id, matched_from = await _classify(
+        # Item, copy or re-seen, decided under the lock every source takes for this message
+        # of this tenant (store/copies.py): a webhook delivery of it waits here too.
+        await copies.lock_message(conn, tenant=tenant,
+                                  key=message_id or content_sha256 or workflow_id)
+        key = delivery_id(folder, uidvalidity, uid)
+        role, event_id, matched_from, copy_of = await _classify(
             conn, tenant=tenant, address=address, folder=folder, uidvalidity=uidvalidity,
-            raw=raw, message_id=message_id, content_sha256=content_sha256)
+            raw=raw, message_id=message_id, content_sha256=content_sha256, key=key)
         item_workflow: str | None = None
         if role == "item":
             assert raw is not None and content_sha256 is not None
             row = await events.insert_event(
                 conn, tenant=tenant, source=SOURCE, mailbox=address,
-                delivery_id=delivery_id(folder, uidvalidity, uid), workflow_id=workflow_id,
-                raw=raw, content_sha256=content_sha256, size_bytes=size,
-                actor=f"mailbox:{SOURCE}")
+                delivery_id=key, workflow_id=workflow_id, raw=raw,
+                content_sha256=content_sha256, size_bytes=size, actor=f"mailbox:{SOURCE}",
+                message_id=message_id)
             assert row is not None
             if not row["new"]:
                 # Stored before under the same delivery key by an attempt whose identity
@@ -267,23 +253,36 @@ async def store_imap_message(conn: Conn, *, tenant: str, address: str, folder: s
             return StoredMessage(role, False, event_id, None, True)
         if role == "item":
             await conn.execute(TOUCH_MAILBOX, tenant, address, folder)
+        elif role == "copy" and copy_of is not None:
+            assert message_id is not None and content_sha256 is not None
+            await copies.record_copy(
+                conn, tenant=tenant, event_id=str(copy_of["event_id"]),
+                workflow_id=copy_of["workflow_id"], source=SOURCE, mailbox=address,
+                delivery_id=key, copy_workflow_id=workflow_id, message_id=message_id,
+                content_sha256=content_sha256,
+                actor=f"mailbox:{SOURCE}")
     return StoredMessage(role, True, event_id, item_workflow, False)
 
 
 async def _classify(conn: Conn, *, tenant: str, address: str, folder: str, uidvalidity: int,
-                    raw: bytes | None, message_id: str | None, content_sha256: str | None
-                    ) -> tuple[str, str | None, int | None]:
+                    raw: bytes | None, message_id: str | None, content_sha256: str | None,
+                    key: str) -> tuple[str, str | None, int | None, asyncpg.Record | None]:
+    """(role, event_id, matched_from, the first item when a copy)."""
     if raw is None:
-        return "too_large", None, None
+        return "too_large", None, None, None
     earlier = await conn.fetchrow(EARLIER_SIGHTING, tenant, address, folder, uidvalidity,
                                   message_id, content_sha256)
     if earlier is not None:
-        return "reseen", _str(earlier["event_id"]), int(earlier["message_row"])
-    if message_id is not None:
-        first = await conn.fetchval(FIRST_ITEM, tenant, message_id, content_sha256)
+        return "reseen", _str(earlier["event_id"]), int(earlier["message_row"]), None
+    if message_id is not None and content_sha256 is not None:
+        # The tenant's first item of this message from any source: another folder or
+        # mailbox, or a webhook (the same key the relay's intake looks up).
+        first = await copies.copy_target(conn, tenant=tenant, source=SOURCE, mailbox=address,
+                                         delivery_id=key, message_id=message_id,
+                                         content_sha256=content_sha256)
         if first is not None:
-            return "copy", str(first), None
-    return "item", None, None
+            return "copy", str(first["event_id"]), None, first
+    return "item", None, None, None
 
 
 async def after_store_pending(conn: Conn, *, tenant: str, address: str, folder: str,
@@ -303,14 +302,6 @@ async def mark_started(conn: Conn, *, event_id: str) -> None:
 
 async def count_start_failure(conn: Conn, *, event_id: str) -> None:
     await events.count_start_failure(conn, event_id=event_id)
-
-
-async def copies_of_event(conn: Conn, *, event_id: str) -> list[dict[str, Any]]:
-    """The copies of an item found in other folders or mailboxes, for its status."""
-    rows = await conn.fetch(COPIES_OF_EVENT, event_id)
-    return [{"source": r["source"], "mailbox": r["mailbox"], "folder": r["folder"],
-             "delivery_id": r["delivery_id"], "received_at": r["stored_at"].isoformat()}
-            for r in rows]
 
 
 async def try_claim_slot(conn: Conn, *, account: str, max_connections: int) -> int | None:

@@ -508,7 +508,11 @@ def _forwarded_from(block: list[str]) -> list[Mailbox]:
     for line in block[:12]:
         match = _HEADER_FROM.match(line)
         if match:
-            return _parse_mailboxes([match.group(1).strip()])
+            # Outlook writes a sender without a display name as "addr <addr>": one sender.
+            found: dict[str, Mailbox] = {}
+            for mailbox in _parse_mailboxes([match.group(1).strip()]):
+                found.setdefault(mailbox.address.lower(), mailbox)
+            return list(found.values())
     return []
 
 
