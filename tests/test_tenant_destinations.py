@@ -42,8 +42,9 @@ def _policy(tenant: str, url: str, *, sender: str, reply_to: str, postal: str,
         "sender_authentication": "off", "default_language": language,
         "sender": {"from": sender, "reply_to": reply_to, "postal_address": postal,
                    "signature": f"The {tenant.title()} team"},
-        "destinations": {"crm": crm, "mail": {"provider": "sandbox", "url": url,
-                                              "token": {"env": f"{tenant.upper()}_KEY"}}},
+        "destinations": {"crm": crm, "mail": {
+            "provider": "sandbox", "url": url,
+            "token": {"env": f"INBOXCRM_TENANT_{tenant.upper()}_KEY"}}},
     }
 
 
@@ -76,12 +77,13 @@ def policy_dir(orgs: dict[str, SandboxProcess], tmp_path_factory: pytest.TempPat
     north = _policy("north", orgs["north"].url, sender="North Sales <sales@north.test>",
                     reply_to="deals@north.test", postal="North AS, Fjordveien 1, 0150 Oslo",
                     crm={"provider": "sandbox", "url": orgs["north"].url,
-                         "token": {"env": "NORTH_KEY"}}, language="en")
+                         "token": {"env": "INBOXCRM_TENANT_NORTH_KEY"}}, language="en")
     south = _policy("south", orgs["south"].url, sender="Süd Vertrieb <vertrieb@south.test>",
                     reply_to="team@south.test", postal="Süd GmbH, Hauptstraße 5, 80331 München",
                     crm={"provider": "salesforce", "url": orgs["south"].url,
                          "oauth": {"client_id": "south-connected-app",
-                                   "client_secret": {"env": "SOUTH_KEY"}}}, language="de")
+                                   "client_secret": {"env": "INBOXCRM_TENANT_SOUTH_KEY"}}},
+                    language="de")
     for data in (north, south):
         (directory / f"{data['tenant']}.json").write_text(json.dumps(data), encoding="utf-8")
     _templates(directory / "north" / "templates", {
@@ -100,8 +102,9 @@ def policy_dir(orgs: dict[str, SandboxProcess], tmp_path_factory: pytest.TempPat
 
 @pytest.fixture(scope="module")
 def worker(stack: Stack, policy_dir: Path) -> Iterator[OwnWorker]:
-    own = OwnWorker(stack, INBOXCRM_POLICY_DIR=str(policy_dir), NORTH_KEY=KEYS["north"],
-                    SOUTH_KEY=KEYS["south"])
+    own = OwnWorker(stack, INBOXCRM_POLICY_DIR=str(policy_dir),
+                    INBOXCRM_TENANT_NORTH_KEY=KEYS["north"],
+                    INBOXCRM_TENANT_SOUTH_KEY=KEYS["south"])
     own.start()
     yield own
     own.stop_all()

@@ -186,9 +186,14 @@ class HubSpotDestination(CrmDestination):
     """A tenant's HubSpot portal (`destinations.crm` with `"provider": "hubspot"`)."""
 
     token_required: ClassVar[bool] = True
+    # HubSpot's API host (developers.hubspot.com/docs/api/overview).
+    documented_hosts: ClassVar[tuple[str, ...]] = ("api.hubapi.com",)
     url: str | None = None             # API base URL (default: the public API)
     token: SecretRef | None = None     # the private app token
     id_property: str | None = None     # our unique contact property (default: the global one)
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        return [("url", self.url)] if self.url else []
 
     @field_validator("id_property")
     @classmethod
@@ -207,6 +212,8 @@ class SandboxCrmDestination(HubSpotDestination):
     token is its API key, where it has one."""
 
     token_required: ClassVar[bool] = False
+    # None: a sandbox URL in a policy must be one the operator allows (unset: theirs).
+    documented_hosts: ClassVar[tuple[str, ...]] = ()
 
 
 @register

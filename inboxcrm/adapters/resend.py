@@ -98,8 +98,13 @@ class ResendDestination(MailDestination):
     fallback."""
 
     token_required: ClassVar[bool] = True
+    # Resend's API host (resend.com/docs/api-reference/introduction).
+    documented_hosts: ClassVar[tuple[str, ...]] = ("api.resend.com",)
     url: str | None = None           # API base URL (default: the public API)
     token: SecretRef | None = None   # the API key
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        return [("url", self.url)] if self.url else []
 
     @model_validator(mode="after")
     def _complete(self) -> ResendDestination:
@@ -112,6 +117,8 @@ class SandboxMailDestination(ResendDestination):
     """An account on the Resend-compatible sandbox (default: the global sandbox URL)."""
 
     token_required: ClassVar[bool] = False
+    # None: a sandbox URL in a policy must be one the operator allows (unset: theirs).
+    documented_hosts: ClassVar[tuple[str, ...]] = ()
 
 
 @register

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from urllib.parse import quote
 
 import httpx
@@ -338,6 +338,9 @@ class SalesforceDestination(CrmDestination):
     """A tenant's Salesforce org (`destinations.crm` with `"provider": "salesforce"`); unset
     fields: the global `INBOXCRM_SALESFORCE_*` settings."""
 
+    # Salesforce's hosts: an org's My Domain (`<name>.my.salesforce.com`, sandboxes
+    # `<name>--<box>.sandbox.my.salesforce.com`) and login/test.salesforce.com for tokens.
+    documented_hosts: ClassVar[tuple[str, ...]] = ("*.my.salesforce.com", "*.salesforce.com")
     url: str | None = None           # the instance (My Domain) URL: required
     token: SecretRef | None = None   # a fixed access token (no renewal; prefer `oauth`)
     oauth: SalesforceOAuth | None = None
@@ -350,6 +353,12 @@ class SalesforceDestination(CrmDestination):
     @classmethod
     def _field_name(cls, value: str | None) -> str | None:
         return field_name(value)
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        found = [("url", self.url)] if self.url else []
+        if self.oauth is not None and self.oauth.token_url:
+            found.append(("oauth.token_url", self.oauth.token_url))
+        return found
 
     @model_validator(mode="after")
     def _complete(self) -> SalesforceDestination:

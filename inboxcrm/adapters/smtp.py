@@ -33,7 +33,7 @@ import smtplib
 import ssl
 import time
 from email.message import EmailMessage
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -237,6 +237,14 @@ class SmtpDestination(MailDestination):
     smtp_tls: Security = "starttls"
     smtp_username: str | None = None
     smtp_password: SecretRef | None = None
+
+    # An SMTP server is the tenant's own: no provider documents it, so the operator must
+    # allow its host (INBOXCRM_DESTINATION_HOSTS_ALLOWED).
+    documented_hosts: ClassVar[tuple[str, ...]] = ()
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        scheme = "smtp" if self.smtp_tls == "none" else "smtps"
+        return [("smtp_host", f"{scheme}://{self.smtp_host}:{self.smtp_port}")]
 
     @model_validator(mode="after")
     def _complete(self) -> SmtpDestination:
