@@ -33,7 +33,7 @@ from inboxcrm.adapters.registry import (
     register,
     secret_value,
 )
-from inboxcrm.adapters.transport import new_client
+from inboxcrm.adapters.transport import AddressGuard, new_client
 from inboxcrm.schemas.destinations import CrmDestination, SecretRef, field_name
 
 if TYPE_CHECKING:
@@ -78,9 +78,10 @@ def _split_name(name: str | None) -> tuple[str | None, str | None]:
 class HubSpotCrm:
     name = "hubspot"
 
-    def __init__(self, base_url: str, token: str | None, id_property: str, timeout: float) -> None:
+    def __init__(self, base_url: str, token: str | None, id_property: str, timeout: float,
+                 guard: AddressGuard | None = None) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = new_client(base_url, headers, timeout)
+        self._client = new_client(base_url, headers, timeout, guard)
         self._id_property = id_property
 
     async def upsert_contact(self, external_id: str, fields: ContactFields) -> CrmRecord:
@@ -239,7 +240,7 @@ class HubSpotProvider(CrmProvider[HubSpotDestination]):
                          secrets: Secrets) -> HubSpotCrm:
         return HubSpotCrm(spec.url or self._url(settings), secrets.optional(spec.token, "token"),
                           spec.id_property or settings.crm_id_property,
-                          settings.http_timeout_seconds)
+                          settings.http_timeout_seconds, secrets.guard)
 
 
 @register

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 from inboxcrm.adapters.base import CrmClient, MailClient
+from inboxcrm.adapters.transport import AddressGuard
 from inboxcrm.schemas.destinations import (
     CrmDestination,
     DestinationRefused,
@@ -98,6 +99,8 @@ class Secrets:
         self.what = what  # e.g. "tenant 'north' destinations.crm"
         self.tenant = tenant
         self.rules = rules or DestinationRules()
+        # A tenant's clients check every address they connect to (transport.AddressGuard).
+        self.guard = AddressGuard(self.rules) if tenant is not None else None
 
     def get(self, ref: SecretRef, field: str) -> str:
         path = None
