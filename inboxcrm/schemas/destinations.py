@@ -290,8 +290,8 @@ class ProviderDestination(SettingsBlock):
 
     def endpoints(self) -> list[tuple[str, str]]:
         """(field, URL) of every endpoint this block names (unset ones are the provider's
-        documented default or the operator's settings). An SMTP host is `smtps://host`
-        when the session is encrypted, `smtp://host` when not."""
+        documented default or the operator's settings). A protocol other than HTTP names
+        its scheme, with an `s` at its end when the session is encrypted."""
         return []
 
     @classmethod
@@ -402,8 +402,10 @@ def check_block(tenant: str, kind: str, block: ProviderDestination,
     for field, ref in secret_refs(block):
         check_secret(tenant, ref, rules, f"destinations.{kind}.{field}")
     for field, url in block.endpoints():
+        scheme = url.partition(":")[0].lower()
+        secure = ("https",) if scheme in ("http", "https") else (scheme.rstrip("s") + "s",)
         check_endpoint(f"destinations.{kind}.{field}", url, type(block).documented_hosts,
-                       rules, secure=("smtps",) if url.startswith("smtp") else ("https",))
+                       rules, secure=secure)
 
 
 def check_destinations(tenant: str, destinations: TenantDestinations,
