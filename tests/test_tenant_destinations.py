@@ -222,3 +222,25 @@ async def test_an_expired_salesforce_session_does_not_block_the_next_item(
                            "USING (event_id) JOIN contacts c ON c.contact_id = e.contact_id "
                            "WHERE c.email = $1 AND o.action = 'crm-upsert'", after)
     assert op is not None and (op["status"], op["attempts"]) == ("completed", 1)
+
+
+async def test_each_tenants_destinations_are_audited_once(
+        db: asyncpg.Pool, worker: OwnWorker, orgs: dict[str, SandboxProcess]) -> None:
+    """The worker audits the destinations it runs with: one entry per tenant naming the
+    providers, hosts and where the secrets are read from, never a secret's value."""
+    rows: list[Any] = []
+    for _ in range(300):  # the worker's first pass runs as it starts polling
+        rows = await db.fetch("SELECT tenant, detail FROM audit_log WHERE action = "
+                              "'destinations_changed' AND tenant = ANY($1::text[]) "
+                              "ORDER BY audit_id", list(KEYS))
+        if {r["tenant"] for r in rows} == set(KEYS):
+            break
+        await asyncio.sleep(0.1)
+    by_tenant = {r["tenant"]: json.loads(r["detail"]) if isinstance(r["detail"], str)
+                 else r["detail"] for r in rows}
+    assert sorted(r["tenant"] for r in rows) == sorted(KEYS)  # once each, not per pass
+    assert by_tenant["south"]["crm"]["provider"] == "salesforce"
+    assert by_tenant["north"]["crm"]["hosts"] == ["127.0.0.1"]
+    assert by_tenant["north"]["mail"]["secrets"] == [
+        "token: environment variable INBOXCRM_TENANT_NORTH_KEY"]
+    assert not any(key in json.dumps(by_tenant) for key in KEYS.values())

@@ -430,6 +430,30 @@ def current_policies() -> dict[str, TenantPolicy]:
     return policies
 
 
+def destinations_audit(policy: TenantPolicy) -> tuple[dict[str, Any], bool]:
+    """What the audit records of a tenant's destinations: a fingerprint of the whole block,
+    each part's provider, endpoint hosts and where its secrets are read from (names and
+    paths, never values); and whether the tenant has none of its own."""
+    import hashlib
+    from urllib.parse import urlsplit
+
+    from inboxcrm.schemas.destinations import secret_refs
+
+    dumped = policy.destinations.model_dump(mode="json", exclude_none=True)
+    detail: dict[str, Any] = {"fingerprint": hashlib.sha256(
+        json.dumps(dumped, sort_keys=True).encode()).hexdigest()}
+    for kind in ("crm", "mail"):
+        block = getattr(policy.destinations, kind)
+        if block is None:
+            continue
+        detail[kind] = {
+            "provider": block.provider,
+            "hosts": sorted({urlsplit(url).hostname or "" for _, url in block.endpoints()}),
+            "secrets": sorted(f"{field}: {ref.describe()}" for field, ref in secret_refs(block)),
+        }
+    return detail, not dumped
+
+
 def get_policy(tenant: str) -> TenantPolicy:
     policies = current_policies()
     try:
