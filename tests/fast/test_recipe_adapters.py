@@ -218,7 +218,7 @@ def test_a_new_provider_is_one_module(tmp_path: Path) -> None:
     (tmp_path / "acmecrm.py").write_text(textwrap.dedent(NEW_PROVIDER), encoding="utf-8")
     result = subprocess.run(
         [sys.executable, "-c", DRIVE, str(tmp_path)], cwd=ROOT, capture_output=True,
-        text=True, timeout=120, check=False, env={"INBOXCRM_TENANT_NORTH_T": "tenant-token", "PATH": "/usr/bin",
-                                                   "INBOXCRM_MAIL_FROM": "Acme <a@acme.invalid>",
-                                                   "PYTHONPATH": str(ROOT)})
+        text=True, timeout=120, check=False,
+        env={"INBOXCRM_TENANT_NORTH_T": "tenant-token", "PATH": "/usr/bin",
+             "INBOXCRM_MAIL_FROM": "Acme <a@acme.invalid>", "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
