@@ -207,3 +207,16 @@ def test_sessions_csrf_and_proofs_each_have_their_own_key() -> None:
     # ... and a proof made before the split, held by a running workflow, still verifies.
     assert verify_decision(SECRET_VALUE, legacy, "reviewer:dana", "desk", "wf", "w1",
                            "approve")
+
+
+async def test_an_smtp_server_resolving_to_an_internal_address_is_never_connected() -> None:
+    from inboxcrm.adapters.base import AdapterError, OutgoingEmail
+    from inboxcrm.adapters.smtp import SmtpMail
+    from inboxcrm.adapters.transport import AddressGuard
+    from inboxcrm.schemas.destinations import DestinationRules
+
+    mail = SmtpMail("localhost", 9, sender="North <sales@north.test>", security="none",
+                    timeout=2, guard=AddressGuard(DestinationRules()))
+    with pytest.raises(AdapterError) as info:
+        await mail.send("k1", OutgoingEmail(to="ada@example.com", subject="s", text="t"))
+    assert info.value.classified.reason == "destination_address_refused"
