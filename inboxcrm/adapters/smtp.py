@@ -170,6 +170,8 @@ class SmtpMail:
         else:
             client = _GuardedSMTP(timeout=self._timeout, local_hostname=self._local_hostname)
         client.guard = self._guard
+        # What TLS checks the certificate against (smtplib sets it only in __init__).
+        client._host = self._host  # type: ignore[attr-defined]
         code, reply = client.connect(self._host, self._port)
         if code != 220:
             client.close()
