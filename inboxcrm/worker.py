@@ -37,7 +37,13 @@ from inboxcrm.adapters.base import CrmClient, MailClient
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
 from inboxcrm.domain.extraction import Extractor, build_extractor, work_pool
 from inboxcrm.domain.extraction.rules import RulesExtractor
-from inboxcrm.domain.policy import PolicyError, UnknownTenant, get_policy
+from inboxcrm.domain.policy import (
+    PolicyError,
+    UnknownTenant,
+    current_policies,
+    destinations_audit,
+    get_policy,
+)
 from inboxcrm.domain.shadow import comparison_extractor
 from inboxcrm.platform import temporal, tracing
 from inboxcrm.platform.call_budget import CallBudget
@@ -45,7 +51,7 @@ from inboxcrm.platform.config import InsecureSetting, Settings, get_settings
 from inboxcrm.platform.logs import configure_logging
 from inboxcrm.platform.workpool import IN_PROCESS, Runner
 from inboxcrm.schemas.destinations import TenantDestinations
-from inboxcrm.store import db
+from inboxcrm.store import audit, db
 from inboxcrm.workflows.drift_check import DriftCheckWorkflow
 from inboxcrm.workflows.inbound_email import (
     CRM_MAX_ATTEMPTS,
@@ -180,6 +186,29 @@ def worker_options(settings: Settings) -> dict[str, Any]:
     }
 
 
+DESTINATION_AUDIT_SECONDS = 5.0
+
+
+async def audit_destination_changes(pool: asyncpg.Pool, stop: asyncio.Event,
+                                    interval: float = DESTINATION_AUDIT_SECONDS) -> None:
+    """A policy change that touches a tenant's destinations is audited
+    (`destinations_changed`: fingerprint, providers, hosts, secret locations), once, by
+    whichever worker sees it first; a policy that fails to load changes nothing."""
+    while not stop.is_set():
+        try:
+            policies = current_policies()
+            async with pool.acquire() as conn:
+                for tenant, policy in sorted(policies.items()):
+                    detail, empty = destinations_audit(policy)
+                    if await audit.record_destinations(conn, tenant=tenant, actor="policy",
+                                                       detail=detail, empty=empty):
+                        log.info("tenant %s: destinations changed (audited)", tenant)
+        except Exception as exc:  # a bad policy or a store outage: try again later
+            log.warning("destination audit skipped: %s", type(exc).__name__)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=interval)
+
+
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     client = await temporal.connect(
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
@@ -234,7 +263,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                 log.info("model calls on task queue %s (%s/s)", models,
                          settings.model_calls_per_second)
             log.info("worker running on task queue %s", settings.task_queue)
-            await stop.wait()
+            await audit_destination_changes(pool, stop)
     finally:
         await destinations.aclose()
         await work.close()

@@ -42,8 +42,9 @@ def _policy(tenant: str, url: str, *, sender: str, reply_to: str, postal: str,
         "sender_authentication": "off", "default_language": language,
         "sender": {"from": sender, "reply_to": reply_to, "postal_address": postal,
                    "signature": f"The {tenant.title()} team"},
-        "destinations": {"crm": crm, "mail": {"provider": "sandbox", "url": url,
-                                              "token": {"env": f"{tenant.upper()}_KEY"}}},
+        "destinations": {"crm": crm, "mail": {
+            "provider": "sandbox", "url": url,
+            "token": {"env": f"INBOXCRM_TENANT_{tenant.upper()}_KEY"}}},
     }
 
 
@@ -76,12 +77,13 @@ def policy_dir(orgs: dict[str, SandboxProcess], tmp_path_factory: pytest.TempPat
     north = _policy("north", orgs["north"].url, sender="North Sales <sales@north.test>",
                     reply_to="deals@north.test", postal="North AS, Fjordveien 1, 0150 Oslo",
                     crm={"provider": "sandbox", "url": orgs["north"].url,
-                         "token": {"env": "NORTH_KEY"}}, language="en")
+                         "token": {"env": "INBOXCRM_TENANT_NORTH_KEY"}}, language="en")
     south = _policy("south", orgs["south"].url, sender="Süd Vertrieb <vertrieb@south.test>",
                     reply_to="team@south.test", postal="Süd GmbH, Hauptstraße 5, 80331 München",
                     crm={"provider": "salesforce", "url": orgs["south"].url,
                          "oauth": {"client_id": "south-connected-app",
-                                   "client_secret": {"env": "SOUTH_KEY"}}}, language="de")
+                                   "client_secret": {"env": "INBOXCRM_TENANT_SOUTH_KEY"}}},
+                    language="de")
     for data in (north, south):
         (directory / f"{data['tenant']}.json").write_text(json.dumps(data), encoding="utf-8")
     _templates(directory / "north" / "templates", {
@@ -100,8 +102,9 @@ def policy_dir(orgs: dict[str, SandboxProcess], tmp_path_factory: pytest.TempPat
 
 @pytest.fixture(scope="module")
 def worker(stack: Stack, policy_dir: Path) -> Iterator[OwnWorker]:
-    own = OwnWorker(stack, INBOXCRM_POLICY_DIR=str(policy_dir), NORTH_KEY=KEYS["north"],
-                    SOUTH_KEY=KEYS["south"])
+    own = OwnWorker(stack, INBOXCRM_POLICY_DIR=str(policy_dir),
+                    INBOXCRM_TENANT_NORTH_KEY=KEYS["north"],
+                    INBOXCRM_TENANT_SOUTH_KEY=KEYS["south"])
     own.start()
     yield own
     own.stop_all()
@@ -219,3 +222,25 @@ async def test_an_expired_salesforce_session_does_not_block_the_next_item(
                            "USING (event_id) JOIN contacts c ON c.contact_id = e.contact_id "
                            "WHERE c.email = $1 AND o.action = 'crm-upsert'", after)
     assert op is not None and (op["status"], op["attempts"]) == ("completed", 1)
+
+
+async def test_each_tenants_destinations_are_audited_once(
+        db: asyncpg.Pool, worker: OwnWorker, orgs: dict[str, SandboxProcess]) -> None:
+    """The worker audits the destinations it runs with: one entry per tenant naming the
+    providers, hosts and where the secrets are read from, never a secret's value."""
+    rows: list[Any] = []
+    for _ in range(300):  # the worker's first pass runs as it starts polling
+        rows = await db.fetch("SELECT tenant, detail FROM audit_log WHERE action = "
+                              "'destinations_changed' AND tenant = ANY($1::text[]) "
+                              "ORDER BY audit_id", list(KEYS))
+        if {r["tenant"] for r in rows} == set(KEYS):
+            break
+        await asyncio.sleep(0.1)
+    by_tenant = {r["tenant"]: json.loads(r["detail"]) if isinstance(r["detail"], str)
+                 else r["detail"] for r in rows}
+    assert sorted(r["tenant"] for r in rows) == sorted(KEYS)  # once each, not per pass
+    assert by_tenant["south"]["crm"]["provider"] == "salesforce"
+    assert by_tenant["north"]["crm"]["hosts"] == ["127.0.0.1"]
+    assert by_tenant["north"]["mail"]["secrets"] == [
+        "token: environment variable INBOXCRM_TENANT_NORTH_KEY"]
+    assert not any(key in json.dumps(by_tenant) for key in KEYS.values())

@@ -178,7 +178,14 @@ def classify_smtp_code(code: int) -> Classified:
     return Classified(Category.UNKNOWN, f"smtp_{code}", None, code)
 
 
+class AddressRefused(httpx.ConnectError):
+    """A tenant destination's host resolved to an internal address the operator does not
+    allow (inboxcrm/adapters/transport.py): nothing was sent, and retrying cannot help."""
+
+
 def _classify_exception(exc: BaseException) -> Classified:
+    if isinstance(exc, AddressRefused):
+        return Classified(Category.PERMANENT, "destination_address_refused")
     if isinstance(exc, httpx.HTTPStatusError):
         return classify_response(exc.response)
     if isinstance(exc, _NOT_SENT):

@@ -29,7 +29,14 @@ from inboxcrm.adapters.registry import (
     mail_provider,
     resolve_secret,
 )
-from inboxcrm.schemas.destinations import CrmDestination, MailDestination, TenantDestinations
+from inboxcrm.schemas.destinations import (
+    CrmDestination,
+    DestinationRefused,
+    MailDestination,
+    ProviderDestination,
+    TenantDestinations,
+    check_block,
+)
 
 if TYPE_CHECKING:
     from inboxcrm.platform.config import Settings
@@ -50,20 +57,32 @@ def build_mail(settings: Settings) -> MailClient:
     return client
 
 
+def _tenant_secrets(tenant: str, kind: str, spec: ProviderDestination,
+                    settings: Settings) -> Secrets:
+    """The block checked against the rules (again: the policy load did, but a destination
+    may come from elsewhere), and its secrets' reader, bound to the tenant."""
+    rules = settings.destination_rules()
+    try:
+        check_block(tenant, kind, spec, rules)
+    except DestinationRefused as exc:
+        raise ConfigurationError(f"tenant {tenant!r} {exc}") from None
+    return Secrets(f"tenant {tenant!r} destinations.{kind}", tenant, rules)
+
+
 def build_tenant_crm(tenant: str, spec: CrmDestination, settings: Settings) -> CrmClient:
     """A tenant's own CRM client from its policy (unset details: the global settings')."""
-    what = f"tenant {tenant!r} destinations.crm"
-    client: CrmClient = crm_provider(spec.provider, f"{what}.provider").for_tenant(
-        spec, settings, Secrets(what))
+    secrets = _tenant_secrets(tenant, "crm", spec, settings)
+    client: CrmClient = crm_provider(spec.provider, f"{secrets.what}.provider").for_tenant(
+        spec, settings, secrets)
     return client
 
 
 def build_tenant_mail(tenant: str, spec: MailDestination, settings: Settings) -> MailClient:
     """A tenant's own mail client. Its From is the policy's `sender.from`, given per message
     (`OutgoingEmail.sender`); INBOXCRM_MAIL_FROM stays the fallback."""
-    what = f"tenant {tenant!r} destinations.mail"
-    client: MailClient = mail_provider(spec.provider, f"{what}.provider").for_tenant(
-        spec, settings, Secrets(what))
+    secrets = _tenant_secrets(tenant, "mail", spec, settings)
+    client: MailClient = mail_provider(spec.provider, f"{secrets.what}.provider").for_tenant(
+        spec, settings, secrets)
     return client
 
 

@@ -34,7 +34,7 @@ from inboxcrm.adapters.registry import (
     register,
     secret_value,
 )
-from inboxcrm.adapters.transport import new_client
+from inboxcrm.adapters.transport import AddressGuard, new_client
 from inboxcrm.schemas.destinations import CrmDestination, SecretRef, field_name
 
 if TYPE_CHECKING:
@@ -79,9 +79,10 @@ def _split_name(name: str | None) -> tuple[str | None, str | None]:
 class HubSpotCrm:
     name = "hubspot"
 
-    def __init__(self, base_url: str, token: str | None, id_property: str, timeout: float) -> None:
+    def __init__(self, base_url: str, token: str | None, id_property: str, timeout: float,
+                 guard: AddressGuard | None = None) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = new_client(base_url, headers, timeout)
+        self._client = new_client(base_url, headers, timeout, guard)
         self._id_property = id_property
 
     async def upsert_contact(self, external_id: str, fields: ContactFields) -> CrmRecord:
@@ -189,9 +190,14 @@ class HubSpotDestination(CrmDestination):
     """A tenant's HubSpot portal (`destinations.crm` with `"provider": "hubspot"`)."""
 
     token_required: ClassVar[bool] = True
+    # HubSpot's API host (developers.hubspot.com/docs/api/overview).
+    documented_hosts: ClassVar[tuple[str, ...]] = ("api.hubapi.com",)
     url: str | None = None             # API base URL (default: the public API)
     token: SecretRef | None = None     # the private app token
     id_property: str | None = None     # our unique contact property (default: the global one)
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        return [("url", self.url)] if self.url else []
 
     @field_validator("id_property")
     @classmethod
@@ -210,6 +216,8 @@ class SandboxCrmDestination(HubSpotDestination):
     token is its API key, where it has one."""
 
     token_required: ClassVar[bool] = False
+    # None: a sandbox URL in a policy must be one the operator allows (unset: theirs).
+    documented_hosts: ClassVar[tuple[str, ...]] = ()
 
 
 @register
@@ -235,7 +243,7 @@ class HubSpotProvider(CrmProvider[HubSpotDestination]):
                          secrets: Secrets) -> HubSpotCrm:
         return HubSpotCrm(spec.url or self._url(settings), secrets.optional(spec.token, "token"),
                           spec.id_property or settings.crm_id_property,
-                          settings.http_timeout_seconds)
+                          settings.http_timeout_seconds, secrets.guard)
 
 
 @register

@@ -38,11 +38,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 from inboxcrm.adapters.base import CrmClient, MailClient
+from inboxcrm.adapters.transport import AddressGuard
 from inboxcrm.schemas.destinations import (
     CrmDestination,
+    DestinationRefused,
+    DestinationRules,
     MailDestination,
     ProviderDestination,
     SecretRef,
+    check_secret,
 )
 
 if TYPE_CHECKING:
@@ -67,14 +71,14 @@ def secret_value(value: object) -> str | None:
     return str(text) or None
 
 
-def resolve_secret(ref: SecretRef, what: str) -> str:
-    """The secret a policy refers to, read now. The error names where it was looked for,
-    never a value."""
+def resolve_secret(ref: SecretRef, what: str, path: Path | None = None) -> str:
+    """The secret a policy refers to, read now (a file from `path`, its checked real path,
+    when given). The error names where it was looked for, never a value."""
     if ref.env is not None:
         value = os.environ.get(ref.env, "")
     else:
         try:
-            value = Path(str(ref.file)).read_text(encoding="utf-8").strip()
+            value = (path or Path(str(ref.file))).read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigurationError(f"{what}: cannot read {ref.describe()}: "
                                      f"{getattr(exc, 'strerror', None) or type(exc).__name__}"
@@ -86,13 +90,26 @@ def resolve_secret(ref: SecretRef, what: str) -> str:
 
 class Secrets:
     """Reads a tenant's secret references for one destination block; errors name the
-    tenant, the field and where it was looked for."""
+    tenant, the field and where it was looked for. Given the tenant, a reference outside
+    its namespace is refused here too (a file's symlinks are followed at read time, so one
+    pointing out of the tenant's directory since the policy loaded is caught)."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, tenant: str | None = None,
+                 rules: DestinationRules | None = None) -> None:
         self.what = what  # e.g. "tenant 'north' destinations.crm"
+        self.tenant = tenant
+        self.rules = rules or DestinationRules()
+        # A tenant's clients check every address they connect to (transport.AddressGuard).
+        self.guard = AddressGuard(self.rules) if tenant is not None else None
 
     def get(self, ref: SecretRef, field: str) -> str:
-        return resolve_secret(ref, f"{self.what}.{field}")
+        path = None
+        if self.tenant is not None:
+            try:
+                path = check_secret(self.tenant, ref, self.rules, f"{self.what}.{field}")
+            except DestinationRefused as exc:
+                raise ConfigurationError(str(exc)) from None
+        return resolve_secret(ref, f"{self.what}.{field}", path)
 
     def optional(self, ref: SecretRef | None, field: str) -> str | None:
         return self.get(ref, field) if ref is not None else None

@@ -29,7 +29,7 @@ from inboxcrm.adapters.registry import (
     register,
     secret_value,
 )
-from inboxcrm.adapters.transport import new_client
+from inboxcrm.adapters.transport import AddressGuard, new_client
 from inboxcrm.schemas.destinations import MailDestination, SecretRef
 
 if TYPE_CHECKING:
@@ -50,9 +50,10 @@ class ResendMail:
     reconcilable = True
     key_window_seconds: float | None = KEY_WINDOW_SECONDS
 
-    def __init__(self, base_url: str, token: str | None, sender: str, timeout: float) -> None:
+    def __init__(self, base_url: str, token: str | None, sender: str, timeout: float,
+                 guard: AddressGuard | None = None) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = new_client(base_url, headers, timeout)
+        self._client = new_client(base_url, headers, timeout, guard)
         self._sender = sender
 
     async def send(self, idempotency_key: str, message: OutgoingEmail) -> SentEmail:
@@ -98,8 +99,13 @@ class ResendDestination(MailDestination):
     fallback."""
 
     token_required: ClassVar[bool] = True
+    # Resend's API host (resend.com/docs/api-reference/introduction).
+    documented_hosts: ClassVar[tuple[str, ...]] = ("api.resend.com",)
     url: str | None = None           # API base URL (default: the public API)
     token: SecretRef | None = None   # the API key
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        return [("url", self.url)] if self.url else []
 
     @model_validator(mode="after")
     def _complete(self) -> ResendDestination:
@@ -112,6 +118,8 @@ class SandboxMailDestination(ResendDestination):
     """An account on the Resend-compatible sandbox (default: the global sandbox URL)."""
 
     token_required: ClassVar[bool] = False
+    # None: a sandbox URL in a policy must be one the operator allows (unset: theirs).
+    documented_hosts: ClassVar[tuple[str, ...]] = ()
 
 
 @register
@@ -136,7 +144,7 @@ class ResendProvider(MailProvider[ResendDestination]):
     def from_destination(self, spec: ResendDestination, settings: Settings,
                          secrets: Secrets) -> ResendMail:
         return ResendMail(spec.url or self._url(settings), secrets.optional(spec.token, "token"),
-                          settings.mail_from, settings.http_timeout_seconds)
+                          settings.mail_from, settings.http_timeout_seconds, secrets.guard)
 
 
 @register

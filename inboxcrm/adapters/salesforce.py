@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from urllib.parse import quote
 
 import httpx
@@ -51,7 +51,7 @@ from inboxcrm.adapters.registry import (
     register,
     secret_value,
 )
-from inboxcrm.adapters.transport import new_client
+from inboxcrm.adapters.transport import AddressGuard, new_client
 from inboxcrm.schemas.destinations import CrmDestination, SecretRef, SettingsBlock, field_name
 
 if TYPE_CHECKING:
@@ -104,11 +104,11 @@ class ClientCredentials:
     calls met the expired one (the lock, and the stale token each caller presents)."""
 
     def __init__(self, token_url: str, client_id: str, client_secret: str,
-                 timeout: float = 10.0) -> None:
+                 timeout: float = 10.0, guard: AddressGuard | None = None) -> None:
         self._token_url = token_url
         self._form = {"grant_type": "client_credentials", "client_id": client_id,
                       "client_secret": client_secret}
-        self._client = new_client(token_url, {}, timeout)
+        self._client = new_client(token_url, {}, timeout, guard)
         self._token: str | None = None
         self._lock = asyncio.Lock()
         self.fetched = 0  # tokens fetched (for tests and the adapter's own accounting)
@@ -174,6 +174,7 @@ class SalesforceCrm:
         api_version: str = DEFAULT_API_VERSION,
         timeout: float = 10.0,
         oauth: ClientCredentials | None = None,
+        guard: AddressGuard | None = None,
     ) -> None:
         version = api_version.removeprefix("v")
         if not _API_VERSION.match(version):
@@ -186,7 +187,7 @@ class SalesforceCrm:
             raise ValueError(f"invalid Salesforce note ID field {note_external_id_field!r}")
         # With OAuth the Bearer token is set per call (it is renewed); else a fixed one.
         headers = {"Authorization": f"Bearer {token}"} if token and oauth is None else {}
-        self._client = new_client(instance_url, headers, timeout)
+        self._client = new_client(instance_url, headers, timeout, guard)
         self._oauth = oauth
         self._field = external_id_field
         self._company_field = company_field
@@ -338,6 +339,9 @@ class SalesforceDestination(CrmDestination):
     """A tenant's Salesforce org (`destinations.crm` with `"provider": "salesforce"`); unset
     fields: the global `INBOXCRM_SALESFORCE_*` settings."""
 
+    # Salesforce's hosts: an org's My Domain (`<name>.my.salesforce.com`, sandboxes
+    # `<name>--<box>.sandbox.my.salesforce.com`) and login/test.salesforce.com for tokens.
+    documented_hosts: ClassVar[tuple[str, ...]] = ("*.my.salesforce.com", "*.salesforce.com")
     url: str | None = None           # the instance (My Domain) URL: required
     token: SecretRef | None = None   # a fixed access token (no renewal; prefer `oauth`)
     oauth: SalesforceOAuth | None = None
@@ -350,6 +354,12 @@ class SalesforceDestination(CrmDestination):
     @classmethod
     def _field_name(cls, value: str | None) -> str | None:
         return field_name(value)
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        found = [("url", self.url)] if self.url else []
+        if self.oauth is not None and self.oauth.token_url:
+            found.append(("oauth.token_url", self.oauth.token_url))
+        return found
 
     @model_validator(mode="after")
     def _complete(self) -> SalesforceDestination:
@@ -393,13 +403,15 @@ class SalesforceProvider(CrmProvider[SalesforceDestination]):
         return self._build(
             spec.url, secrets.optional(spec.token, "token"), oauth, settings,
             external_id_field=spec.external_id_field, company_field=spec.company_field,
-            note_external_id_field=spec.note_external_id_field, api_version=spec.api_version)
+            note_external_id_field=spec.note_external_id_field, api_version=spec.api_version,
+            guard=secrets.guard)
 
     @staticmethod
     def _build(url: str, token: str | None, oauth: tuple[str | None, str, str] | None,
                settings: Settings, *, external_id_field: str | None = None,
                company_field: str | None = None, note_external_id_field: str | None = None,
-               api_version: str | None = None) -> SalesforceCrm:
+               api_version: str | None = None, guard: AddressGuard | None = None
+               ) -> SalesforceCrm:
         """The one construction of the adapter: unset fields are the global settings'."""
         timeout = settings.http_timeout_seconds
         credentials = None
@@ -407,7 +419,7 @@ class SalesforceProvider(CrmProvider[SalesforceDestination]):
             token_url, client_id, client_secret = oauth
             credentials = ClientCredentials(
                 token_url or f"{url.rstrip('/')}/services/oauth2/token", client_id,
-                client_secret, timeout)
+                client_secret, timeout, guard)
         return SalesforceCrm(
             url, token,
             external_id_field=external_id_field or settings.salesforce_external_id_field,
@@ -416,4 +428,4 @@ class SalesforceProvider(CrmProvider[SalesforceDestination]):
             note_external_id_field=(note_external_id_field
                                     or settings.salesforce_note_external_id_field),
             api_version=api_version or settings.salesforce_api_version, timeout=timeout,
-            oauth=credentials)
+            oauth=credentials, guard=guard)

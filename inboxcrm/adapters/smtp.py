@@ -30,10 +30,11 @@ import email.policy
 import email.utils
 import re
 import smtplib
+import socket
 import ssl
 import time
 from email.message import EmailMessage
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -44,7 +45,7 @@ from inboxcrm.adapters.base import (
     SentRecord,
     Unverifiable,
 )
-from inboxcrm.adapters.errors import Category, Classified, classify_exception
+from inboxcrm.adapters.errors import AddressRefused, Category, Classified, classify_exception
 from inboxcrm.adapters.registry import (
     ConfigurationError,
     MailProvider,
@@ -52,6 +53,7 @@ from inboxcrm.adapters.registry import (
     register,
     secret_value,
 )
+from inboxcrm.adapters.transport import AddressGuard
 from inboxcrm.platform import tracing
 from inboxcrm.schemas.destinations import MailDestination, SecretRef
 
@@ -95,6 +97,7 @@ class SmtpMail:
         timeout: float = 30.0,
         local_hostname: str | None = None,
         tls_context: ssl.SSLContext | None = None,
+        guard: AddressGuard | None = None,
     ) -> None:
         if security not in SECURITY_MODES:
             raise ValueError(f"SMTP security must be one of {SECURITY_MODES}, got {security!r}")
@@ -108,6 +111,7 @@ class SmtpMail:
         self._timeout = timeout
         self._local_hostname = local_hostname
         self._tls = tls_context or ssl.create_default_context()
+        self._guard = guard
 
     def build(self, idempotency_key: str, message: OutgoingEmail) -> EmailMessage:
         """The RFC 5322 message for one intent. Raises ValueError on an unusable header."""
@@ -159,11 +163,20 @@ class SmtpMail:
 
     # --- the blocking part, in a worker thread ------------------------------------------
     def _connect(self) -> smtplib.SMTP:
+        client: _GuardedSMTP
         if self._security == "ssl":
-            return smtplib.SMTP_SSL(self._host, self._port, timeout=self._timeout,
-                                    local_hostname=self._local_hostname, context=self._tls)
-        return smtplib.SMTP(self._host, self._port, timeout=self._timeout,
-                            local_hostname=self._local_hostname)
+            client = _GuardedSMTPSSL(timeout=self._timeout, local_hostname=self._local_hostname,
+                                     context=self._tls)
+        else:
+            client = _GuardedSMTP(timeout=self._timeout, local_hostname=self._local_hostname)
+        client.guard = self._guard
+        # What TLS checks the certificate against (smtplib sets it only in __init__).
+        client._host = self._host  # type: ignore[attr-defined]
+        code, reply = client.connect(self._host, self._port)
+        if code != 220:
+            client.close()
+            raise smtplib.SMTPConnectError(code, reply)
+        return client
 
     def _deliver(self, msg: EmailMessage, envelope_from: str, recipient: str,
                  deliver_by: float | None) -> None:
@@ -194,7 +207,7 @@ class SmtpMail:
             if code != 250:
                 raise smtplib.SMTPDataError(code, reply)
             delivered = True
-        except (smtplib.SMTPException, OSError) as exc:
+        except (smtplib.SMTPException, OSError, AddressRefused) as exc:
             raise AdapterError(classify_exception(exc, sent=sent)) from None
         finally:
             if client is not None:
@@ -227,6 +240,28 @@ def _fit_data_into(client: smtplib.SMTP, deliver_by: float | None, timeout: floa
     client.sock.settimeout(wait)
 
 
+class _GuardedSMTP(smtplib.SMTP):
+    """smtplib's client, connecting only to addresses a tenant's guard allows: the host is
+    resolved here, every address checked, then one of them connected to (TLS still checks
+    the certificate against the host name)."""
+
+    guard: AddressGuard | None = None
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        if self.guard is None:
+            plain: socket.socket = super()._get_socket(host, port, timeout)  # type: ignore[misc]
+            return plain
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = [str(info[4][0]) for info in infos]
+        if not addresses or any(self.guard.refuses(host, a) for a in addresses):
+            raise AddressRefused(f"{host} resolves to an internal address")
+        return socket.create_connection((addresses[0], port), timeout, self.source_address)
+
+
+class _GuardedSMTPSSL(smtplib.SMTP_SSL, _GuardedSMTP):
+    """SMTP_SSL wraps the socket `_GuardedSMTP` connected (its `super()._get_socket`)."""
+
+
 # --- the provider ----------------------------------------------------------------------------
 class SmtpDestination(MailDestination):
     """A tenant's own SMTP submission server (`destinations.mail` with
@@ -237,6 +272,14 @@ class SmtpDestination(MailDestination):
     smtp_tls: Security = "starttls"
     smtp_username: str | None = None
     smtp_password: SecretRef | None = None
+
+    # An SMTP server is the tenant's own: no provider documents it, so the operator must
+    # allow its host (INBOXCRM_DESTINATION_HOSTS_ALLOWED).
+    documented_hosts: ClassVar[tuple[str, ...]] = ()
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        scheme = "smtp" if self.smtp_tls == "none" else "smtps"
+        return [("smtp_host", f"{scheme}://{self.smtp_host}:{self.smtp_port}")]
 
     @model_validator(mode="after")
     def _complete(self) -> SmtpDestination:
@@ -269,4 +312,4 @@ class SmtpProvider(MailProvider[SmtpDestination]):
         return SmtpMail(spec.smtp_host, spec.smtp_port, sender=settings.mail_from,
                         security=spec.smtp_tls, username=spec.smtp_username,
                         password=secrets.optional(spec.smtp_password, "smtp_password"),
-                        timeout=settings.smtp_timeout_seconds)
+                        timeout=settings.smtp_timeout_seconds, guard=secrets.guard)

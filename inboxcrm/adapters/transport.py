@@ -17,11 +17,16 @@ Unrecognised errors are deliberately mapped to "maybe sent".
 
 from __future__ import annotations
 
+import socket
 from http.cookiejar import Cookie, CookieJar
 from typing import Any
 
 import aiohttp
 import httpx
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from inboxcrm.adapters.errors import AddressRefused
+from inboxcrm.schemas.destinations import DestinationRules, address_is_internal
 
 # Response headers that describe the wire encoding aiohttp already undid.
 _WIRE_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
@@ -29,9 +34,47 @@ _WIRE_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encod
 _COMPUTED_HEADERS = frozenset({"content-length", "transfer-encoding", "accept-encoding"})
 
 
+class _Refused(OSError):
+    """A resolved address the guard refuses (raised inside aiohttp's connect)."""
+
+
+class AddressGuard:
+    """The connect-time check of a tenant's destination (schemas/destinations.py): every
+    address a host resolves to must be public, unless the operator allows the host (or the
+    address) in INBOXCRM_DESTINATION_HOSTS_ALLOWED. Checked on what DNS answers when the
+    connection is made, so a name that resolves to 169.254.169.254 or 10.x is refused before
+    anything is sent."""
+
+    def __init__(self, rules: DestinationRules) -> None:
+        self.rules = rules
+
+    def refuses(self, host: str, address: str) -> bool:
+        if self.rules.host_allowed(host):
+            return False
+        return address_is_internal(address) and not self.rules.address_allowed(address)
+
+
+class _GuardedResolver(AbstractResolver):
+    def __init__(self, guard: AddressGuard) -> None:
+        self._guard = guard
+        self._inner = aiohttp.DefaultResolver()
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        found = await self._inner.resolve(host, port, family)
+        if any(self._guard.refuses(host, r["host"]) for r in found):
+            raise _Refused(f"{host} resolves to an internal address")
+        return found
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
 def to_httpx_error(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
     """The httpx exception that says as much as we know about whether `request` was sent."""
     message = type(exc).__name__
+    if isinstance(getattr(exc, "os_error", None), _Refused):
+        return AddressRefused(message, request=request)
     not_sent: type[httpx.TransportError] | None = None
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         not_sent = httpx.ConnectTimeout  # connect (or waiting for a pooled connection)
@@ -54,16 +97,19 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     keep-alive connections, whole responses read before they are returned (API answers
     are small), no redirects, no retries: a retry is the ledger's decision."""
 
-    def __init__(self, *, max_connections: int = 100) -> None:
+    def __init__(self, *, max_connections: int = 100,
+                 guard: AddressGuard | None = None) -> None:
         self._max_connections = max_connections
+        self._guard = guard
         self._session: aiohttp.ClientSession | None = None
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             # httpx's TLS defaults (certifi CAs, SSL_CERT_FILE / SSL_CERT_DIR honoured), so
             # certificate verification is what it was before this transport.
-            connector = aiohttp.TCPConnector(limit=self._max_connections,
-                                             ssl=httpx.create_ssl_context())
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections, ssl=httpx.create_ssl_context(),
+                resolver=_GuardedResolver(self._guard) if self._guard else None)
             # Cookies are httpx's business, and its jar keeps none (NoCookies).
             self._session = aiohttp.ClientSession(
                 connector=connector, auto_decompress=True, skip_auto_headers=("User-Agent",),
@@ -77,6 +123,10 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             sock_read=timeouts.get("read"))
         headers = [(k, v) for k, v in request.headers.multi_items()
                    if k.lower() not in _COMPUTED_HEADERS]
+        host = request.url.host
+        if self._guard is not None and self._guard.refuses(host, host):
+            # An address literal never reaches the resolver: checked here, nothing sent.
+            raise AddressRefused("internal address", request=request)
         body = await request.aread()
         try:
             async with self._session_now().request(
@@ -112,7 +162,9 @@ class NoCookies(CookieJar):
 
 
 def new_client(base_url: str, headers: dict[str, str], timeout: float,
-               **options: Any) -> httpx.AsyncClient:
-    """The httpx client every HTTP adapter uses (see the module docstring)."""
+               guard: AddressGuard | None = None, **options: Any) -> httpx.AsyncClient:
+    """The httpx client every HTTP adapter uses (see the module docstring); a tenant's own
+    destination passes its `guard`."""
     return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout,
-                             transport=AiohttpTransport(), cookies=NoCookies(), **options)
+                             transport=AiohttpTransport(guard=guard), cookies=NoCookies(),
+                             **options)

@@ -30,7 +30,13 @@ from pydantic import (
 )
 
 from inboxcrm.domain.templates import Template, TemplateRefused, load_templates, rule_version
-from inboxcrm.schemas.destinations import TenantDestinations
+from inboxcrm.schemas.destinations import (
+    DestinationRefused,
+    DestinationRules,
+    TenantDestinations,
+    check_destinations,
+    tenant_env_suffix,
+)
 from inboxcrm.schemas.sources import SourceName
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -297,7 +303,8 @@ def policy_dir() -> Path:
     return Path(env) if env else ROOT / "policies"
 
 
-_cache: dict[tuple[str, tuple[tuple[str, int, int], ...]], dict[str, TenantPolicy]] = {}
+_cache: dict[tuple[str, tuple[tuple[str, int, int], ...], DestinationRules],
+             dict[str, TenantPolicy]] = {}
 
 
 def _policy_files(directory: Path) -> list[Path]:
@@ -321,7 +328,7 @@ def _template_files(policy_file: Path) -> list[Path]:
         return []
 
 
-def _load_file(path: Path) -> TenantPolicy:
+def _load_file(path: Path, rules: DestinationRules | None = None) -> TenantPolicy:
     try:
         text = path.read_text(encoding="utf-8")
         data: Any = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
@@ -341,6 +348,11 @@ def _load_file(path: Path) -> TenantPolicy:
         raise PolicyError(
             f"policy file {path}: tenant {policy.tenant!r} does not match the file name"
         )
+    try:
+        check_destinations(policy.tenant, policy.destinations,
+                           rules or DestinationRules.from_environ())
+    except DestinationRefused as exc:
+        raise PolicyError(f"policy file {path}: {exc}") from None
     try:
         templates = load_templates(template_dir(path))
     except TemplateRefused as exc:
@@ -372,15 +384,25 @@ def load_policies(directory: Path | None = None) -> dict[str, TenantPolicy]:
         for part in (path, *_template_files(path)):
             st = part.stat()
             stamp.append((str(part.relative_to(directory)), st.st_mtime_ns, st.st_size))
-    key = (str(directory.resolve()), tuple(stamp))
+    rules = DestinationRules.from_environ()
+    key = (str(directory.resolve()), tuple(stamp), rules)
     cached = _cache.get(key)
     if cached is not None:
         return dict(cached)
     policies: dict[str, TenantPolicy] = {}
+    namespaces: dict[str, str] = {}
     for path in files:
-        policy = _load_file(path)
+        policy = _load_file(path, rules)
         if policy.tenant in policies:
             raise PolicyError(f"policy file {path}: duplicate tenant {policy.tenant!r}")
+        # Secrets, credentials and bindings are named by INBOXCRM_*_<TENANT>: two tenants
+        # whose names differ only by `-`/`_` would share them.
+        other = namespaces.setdefault(tenant_env_suffix(policy.tenant), policy.tenant)
+        if other != policy.tenant:
+            raise PolicyError(f"policy file {path}: tenant {policy.tenant!r} and tenant "
+                              f"{other!r} share the namespace "
+                              f"{tenant_env_suffix(policy.tenant)} (names differing only by "
+                              "'-' and '_' are refused)")
         policies[policy.tenant] = policy
     _cache.clear()
     _cache[key] = policies
@@ -406,6 +428,30 @@ def current_policies() -> dict[str, TenantPolicy]:
     policies = load_policies(Path(directory))
     _recent = (directory, now, policies)
     return policies
+
+
+def destinations_audit(policy: TenantPolicy) -> tuple[dict[str, Any], bool]:
+    """What the audit records of a tenant's destinations: a fingerprint of the whole block,
+    each part's provider, endpoint hosts and where its secrets are read from (names and
+    paths, never values); and whether the tenant has none of its own."""
+    import hashlib
+    from urllib.parse import urlsplit
+
+    from inboxcrm.schemas.destinations import secret_refs
+
+    dumped = policy.destinations.model_dump(mode="json", exclude_none=True)
+    detail: dict[str, Any] = {"fingerprint": hashlib.sha256(
+        json.dumps(dumped, sort_keys=True).encode()).hexdigest()}
+    for kind in ("crm", "mail"):
+        block = getattr(policy.destinations, kind)
+        if block is None:
+            continue
+        detail[kind] = {
+            "provider": block.provider,
+            "hosts": sorted({urlsplit(url).hostname or "" for _, url in block.endpoints()}),
+            "secrets": sorted(f"{field}: {ref.describe()}" for field, ref in secret_refs(block)),
+        }
+    return detail, not dumped
 
 
 def get_policy(tenant: str) -> TenantPolicy:

@@ -30,7 +30,7 @@ from inboxcrm.domain.policy import (
     tenants_accepting,
 )
 from inboxcrm.ingress.intake import BadRequest
-from inboxcrm.platform.config import tenant_env_suffix
+from inboxcrm.schemas.destinations import tenant_env_suffix
 
 
 class Forbidden(Exception):

@@ -12,6 +12,7 @@ from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from inboxcrm.schemas.contract import DEFAULT_TASK_QUEUE
+from inboxcrm.schemas.destinations import DestinationRules, tenant_env_suffix
 from inboxcrm.schemas.sources import SOURCE_NAMES, SourceName
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (or install) root
@@ -31,7 +32,7 @@ SOURCE_SECRETS: dict[SourceName, tuple[str, ...]] = {
     "mailgun": ("mailgun_signing_key",),
 }
 # Credentials that are not an inbound source's, held to the same length rule.
-OTHER_SECRETS = ("unsubscribe_secret", "review_token", "codec_token")
+OTHER_SECRETS = ("unsubscribe_secret", "review_token", "codec_token", "decision_secret")
 # The demo tenant's sender: the From of the local stack when INBOXCRM_MAIL_FROM is unset.
 LOCAL_MAIL_FROM = "Acme Sales <sales@acme.test>"
 
@@ -44,11 +45,6 @@ class InsecureSetting(RuntimeError):
 class MissingSetting(InsecureSetting):
     """A setting production must be given (it has a default only on the local stack). An
     InsecureSetting, so whatever refuses to start on one refuses on this too."""
-
-
-def tenant_env_suffix(tenant: str) -> str:
-    """`globex` -> `GLOBEX`, `north-east` -> `NORTH_EAST` (the name of its secret's variable)."""
-    return tenant.upper().replace("-", "_")
 
 
 class Settings(BaseSettings):
@@ -152,6 +148,13 @@ class Settings(BaseSettings):
     # refuses to start (a real tenant must never mail as the demo company).
     mail_from: str = ""
     http_timeout_seconds: float = 10.0
+    # A tenant's own destinations (schemas/destinations.py): the hosts beyond each provider's
+    # documented ones a policy may name (comma-separated names, `*.domain`, IP addresses or
+    # networks; these may be plain http and internal addresses: the local stack lists its
+    # loopback sandbox), and the directory whose `<tenant>/` holds that tenant's secret
+    # files (unset: tenants' secrets come only from INBOXCRM_TENANT_<TENANT>_* variables).
+    destination_hosts_allowed: str = ""
+    tenant_secrets_dir: str | None = None
     # A provider's Retry-After up to this is waited out by the step's own retry (an attempt
     # spent); longer, the operation parks until then, spending none (docs/architecture.md §4)
     # up to max_park_seconds; a delay longer than that blocks the item for a person.
@@ -302,6 +305,9 @@ class Settings(BaseSettings):
         else:  # the Standard Webhooks secret: `whsec_<base64>`
             text = (value or "").removeprefix("whsec_")
         return {f"INBOXCRM_{field.upper()}": text} if text else {}
+
+    def destination_rules(self) -> DestinationRules:
+        return DestinationRules.parse(self.destination_hosts_allowed, self.tenant_secrets_dir)
 
     @property
     def crm_base_url(self) -> str:

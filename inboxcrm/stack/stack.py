@@ -270,6 +270,10 @@ class Stack:
             "TEMPORAL_ADDRESS": self.temporal_address,
             "INBOXCRM_SANDBOX_URL": self.sandbox_url,
             "INBOXCRM_ENV": "local",
+            # The local sandbox (and a test's own sandboxes) listen on loopback over http:
+            # the operator's allow-list lets tenants' destinations use them.
+            "INBOXCRM_DESTINATION_HOSTS_ALLOWED": env.get("INBOXCRM_DESTINATION_HOSTS_ALLOWED")
+            or "127.0.0.1,localhost",
             "INBOXCRM_RELAY_PORT": str(self.config.relay_port),
             "INBOXCRM_RELAY_METRICS_ADDRESS": f"127.0.0.1:{self.config.relay_metrics_port}",
             "RELAY_URL": self.relay_url,

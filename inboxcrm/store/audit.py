@@ -37,3 +37,28 @@ def json_safe(detail: dict[str, Any]) -> dict[str, Any]:
     """An audit detail as plain JSON values (dates, UUIDs and the like as strings)."""
     value: dict[str, Any] = json.loads(json.dumps(detail, default=str))
     return value
+
+
+# A tenant's destinations as a policy states them (inboxcrm/worker.py audits each change): a
+# new entry only when the configuration differs from the tenant's last one (its
+# fingerprint), and none for a tenant that never had destinations of its own.
+RECORD_DESTINATIONS = """
+WITH last AS (
+    SELECT detail->>'fingerprint' AS fingerprint FROM audit_log
+    WHERE tenant = $1 AND action = 'destinations_changed' AND workflow_id IS NULL
+    ORDER BY audit_id DESC LIMIT 1)
+INSERT INTO audit_log (tenant, actor, action, detail)
+SELECT $1, $2, 'destinations_changed', $3
+WHERE ($3::jsonb)->>'fingerprint' IS DISTINCT FROM (SELECT fingerprint FROM last)
+  AND (EXISTS (SELECT 1 FROM last) OR NOT $4::boolean)
+RETURNING audit_id
+"""
+
+
+async def record_destinations(conn: Conn, *, tenant: str, actor: str, detail: dict[str, Any],
+                              empty: bool) -> bool:
+    """Audit a tenant's destinations if they changed since its last entry (`detail` holds
+    the fingerprint, providers, hosts and where secrets are read from; never a value).
+    True when an entry was written."""
+    written = await conn.fetchval(RECORD_DESTINATIONS, tenant, actor, json_safe(detail), empty)
+    return written is not None

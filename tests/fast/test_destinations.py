@@ -32,9 +32,9 @@ from inboxcrm.schemas.destinations import (
 from tests.helpers.stack import ROOT
 
 
-def _settings() -> Settings:
+def _settings(**extra: Any) -> Settings:
     return Settings(sandbox_url="http://global.invalid", crm_provider="sandbox",
-                    mail_provider="sandbox")
+                    mail_provider="sandbox", destination_hosts_allowed="*.invalid", **extra)
 
 
 def _url(client: object) -> str:
@@ -43,21 +43,24 @@ def _url(client: object) -> str:
 
 async def test_each_tenant_gets_its_own_accounts(monkeypatch: pytest.MonkeyPatch,
                                                  tmp_path: Path) -> None:
-    monkeypatch.setenv("NORTH_CRM_TOKEN", "north-crm-token")
-    (tmp_path / "south-mail").write_text("south-mail-key\n", encoding="utf-8")
+    monkeypatch.setenv("INBOXCRM_TENANT_NORTH_CRM_TOKEN", "north-crm-token")
+    (tmp_path / "south").mkdir()
+    south_file = tmp_path / "south" / "mail"
+    south_file.write_text("south-mail-key\n", encoding="utf-8")
     specs = {
         "north": TenantDestinations.model_validate({
             "crm": {"provider": "sandbox", "url": "http://north.invalid",
-                    "token": {"env": "NORTH_CRM_TOKEN"}},
+                    "token": {"env": "INBOXCRM_TENANT_NORTH_CRM_TOKEN"}},
             "mail": {"provider": "sandbox", "url": "http://north.invalid"}}),
         "south": TenantDestinations.model_validate({
             "crm": {"provider": "salesforce", "url": "http://south.invalid",
                     "oauth": {"client_id": "south-app",
-                              "client_secret": {"file": str(tmp_path / "south-mail")}}},
+                              "client_secret": {"file": str(south_file)}}},
             "mail": {"provider": "resend", "url": "http://south.invalid",
-                     "token": {"file": str(tmp_path / "south-mail")}}}),
+                     "token": {"file": str(south_file)}}}),
     }
-    destinations = Destinations(_settings(), lambda t: specs.get(t, TenantDestinations()))
+    destinations = Destinations(_settings(tenant_secrets_dir=str(tmp_path)),
+                                lambda t: specs.get(t, TenantDestinations()))
     try:
         north, south, other = (destinations.crm(t) for t in ("north", "south", "other"))
         assert isinstance(north, HubSpotCrm) and _url(north) == "http://north.invalid"
@@ -81,14 +84,15 @@ async def test_each_tenant_gets_its_own_accounts(monkeypatch: pytest.MonkeyPatch
 
 def test_a_secret_that_resolves_to_nothing_names_where_it_looked(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("NORTH_MISSING", raising=False)
+    monkeypatch.delenv("INBOXCRM_TENANT_NORTH_MISSING", raising=False)
     spec = TenantDestinations.model_validate(
-        {"mail": {"provider": "resend", "token": {"env": "NORTH_MISSING"}}})
+        {"mail": {"provider": "resend", "token": {"env": "INBOXCRM_TENANT_NORTH_MISSING"}}})
     destinations = Destinations(_settings(), lambda t: spec)
     with pytest.raises(ConfigurationError) as info:
         destinations.mail("north")
     assert "tenant 'north'" in str(info.value)
-    assert "environment variable NORTH_MISSING is empty or not set" in str(info.value)
+    assert ("environment variable INBOXCRM_TENANT_NORTH_MISSING is empty or not set"
+            in str(info.value))
     with pytest.raises(ConfigurationError):
         Destinations(_settings(), lambda t: TenantDestinations.model_validate(
             {"crm": {"provider": "hubspot", "token": {"file": "/nonexistent/token"}}})

@@ -196,9 +196,10 @@ assert "acmecrm" in CrmDestination.known(), CrmDestination.known()
 client = build_crm(Settings(crm_provider="acmecrm", crm_url="https://acme.invalid"))
 assert (type(client).__name__, client.url) == ("AcmeCrm", "https://acme.invalid")
 spec = TenantDestinations.model_validate(
-    {"crm": {"provider": "acmecrm", "url": "https://t.invalid", "token": {"env": "ACME_T"}}})
+    {"crm": {"provider": "acmecrm", "url": "https://t.invalid",
+             "token": {"env": "INBOXCRM_TENANT_NORTH_T"}}})
 assert spec.crm is not None
-tenant = build_tenant_crm("north", spec.crm, Settings())
+tenant = build_tenant_crm("north", spec.crm, Settings(destination_hosts_allowed="t.invalid"))
 assert (tenant.url, tenant.token) == ("https://t.invalid", "tenant-token")
 try:
     TenantDestinations.model_validate({"crm": {"provider": "acmecrm", "url": "u",
@@ -217,7 +218,7 @@ def test_a_new_provider_is_one_module(tmp_path: Path) -> None:
     (tmp_path / "acmecrm.py").write_text(textwrap.dedent(NEW_PROVIDER), encoding="utf-8")
     result = subprocess.run(
         [sys.executable, "-c", DRIVE, str(tmp_path)], cwd=ROOT, capture_output=True,
-        text=True, timeout=120, check=False, env={"ACME_T": "tenant-token", "PATH": "/usr/bin",
-                                                   "INBOXCRM_MAIL_FROM": "Acme <a@acme.invalid>",
-                                                   "PYTHONPATH": str(ROOT)})
+        text=True, timeout=120, check=False,
+        env={"INBOXCRM_TENANT_NORTH_T": "tenant-token", "PATH": "/usr/bin",
+             "INBOXCRM_MAIL_FROM": "Acme <a@acme.invalid>", "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]

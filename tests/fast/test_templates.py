@@ -158,15 +158,18 @@ def test_a_secret_written_into_the_policy_refuses_to_load(
     assert "SECRET-VALUE" not in message
 
 
-def test_destinations_by_reference_load(tmp_path: Path) -> None:
+def test_destinations_by_reference_load(tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INBOXCRM_TENANT_SECRETS_DIR", "/run/secrets")
     _tenant(tmp_path, policy={"destinations": {
         "crm": {"provider": "salesforce", "url": "https://north.my.salesforce.com",
-                "oauth": {"client_id": "3MVG9", "client_secret": {"env": "NORTH_SF_SECRET"}}},
-        "mail": {"provider": "resend", "token": {"file": "/run/secrets/north-resend"}}}})
+                "oauth": {"client_id": "3MVG9",
+                          "client_secret": {"env": "INBOXCRM_TENANT_NORTH_SF_SECRET"}}},
+        "mail": {"provider": "resend", "token": {"file": "/run/secrets/north/resend"}}}})
     north = load_policies(tmp_path)["north"]
     assert north.destinations.crm is not None and north.destinations.crm.oauth is not None
     assert north.destinations.mail is not None and north.destinations.mail.token is not None
-    assert north.destinations.mail.token.file == "/run/secrets/north-resend"
+    assert north.destinations.mail.token.file == "/run/secrets/north/resend"
 
 
 # --- versions ------------------------------------------------------------------------------
