@@ -529,6 +529,7 @@ async def query_contacts(pool: asyncpg.Pool, version: str, fields: list[str], wh
 
 
 @router.get("/{version}/query")
+@router.get("/{version}/query/")  # simple-salesforce asks for `query/`
 async def query(request: Request, version: str, sandbox: SandboxDep,
                 q: str | None = None) -> Response:
     """`GET …/query?q=SELECT Id, Email FROM Contact WHERE Email = 'a@b.example'`: a record
