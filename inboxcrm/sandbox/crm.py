@@ -1,4 +1,6 @@
-"""HubSpot-compatible contacts subset: batch upsert by unique idProperty, search, get.
+"""HubSpot-compatible contacts subset: batch upsert by unique idProperty, search, get, and
+update by record ID (`PATCH /crm/v3/objects/contacts/{id}`: how an adapter writes its unique
+property onto a contact a salesperson created).
 
 Upsert identity is a unique constraint and email uniqueness is a unique index, so the
 database, not a read-then-write, decides between "new" and "existing". Search only sees

@@ -15,8 +15,14 @@ uniqueness constraints arbitrates both, and `/_sandbox/state` (and the invariant
 count them alike: `id_property` is the external ID field, `Email`/`FirstName`/`LastName`
 are stored as HubSpot's `email`/`firstname`/`lastname`, other fields under their API
 names. Record Ids are the sandbox's numeric ids (real Salesforce Ids are 18-character
-strings; the adapter treats them as opaque). Email is unique here (as with an active
-duplicate rule): another record's email is a 400 `DUPLICATES_DETECTED`.
+strings; the adapter treats them as opaque). A create whose email another Contact holds
+meets the org's duplicate rule (`salesforce_duplicate_rule` in `/_sandbox/config`): `none`
+creates the second Contact, `alert` (the default, Salesforce's standard rule) answers 400
+`DUPLICATES_DETECTED` with `duplicateResult` unless `Sforce-Duplicate-Rule-Header:
+allowSave=true`, `block` always refuses. `GET …/query?q=` answers one SOQL shape
+(`SELECT … FROM Contact WHERE F = '…' [LIMIT n]`) and `PATCH …/sobjects/Contact/{Id}`
+updates by record Id, so an adapter can find and adopt a Contact a salesperson created
+(`POST /_sandbox/seed`).
 
 Any custom field (`…__c`) is accepted as an external ID field; a field that is not custom is
 a 404 `NOT_FOUND`, as Salesforce answers for a field that is not an external ID.
