@@ -253,3 +253,33 @@ async def test_a_person_already_in_the_crm_is_adopted_end_to_end(
     assert props[owner_field] == "owner-7" and props["lastname"] == "Seeded"
     assert props.get("Department", props.get("department")) == "Key accounts"
     assert len(_emails(account, email)) == 1
+
+
+async def test_two_salesforce_contacts_with_the_email_send_the_item_to_review(
+        env: StackClient, db: asyncpg.Pool, worker: OwnWorker,
+        orgs: dict[str, SandboxProcess]) -> None:
+    """Two existing Contacts hold the address: none is adopted, none created, nothing sent;
+    the item waits for a person with both as candidates."""
+    email = unique_email("south-two")
+    async with httpx.AsyncClient(base_url=orgs["south"].url, timeout=10) as control:
+        seeded = [c["id"] for c in (await control.post("/_sandbox/seed", json={
+            "crm": "salesforce", "contacts": [{"email": email, "owner": "005A"},
+                                              {"email": email, "owner": "005B"}]})
+        ).json()["contacts"]]
+    event_id, workflow_id = await _store(db, "south", email)
+    handle = await worker.run_item(env, event_id, workflow_id, tenant="south")
+    try:
+        assert await env.wait_state(workflow_id, "awaiting_review") == (
+            "awaiting_review", "crm_candidates")
+        detail = await db.fetchval(
+            "SELECT detail FROM audit_log WHERE workflow_id = $1 AND "
+            "action = 'crm_match_needs_review'", workflow_id)
+        candidates = (detail if isinstance(detail, dict) else json.loads(detail))["candidates"]
+        assert candidates == seeded
+        account = await _account(orgs["south"], "south")
+        held = _contacts(account, email)
+        assert sorted(c["id"] for c in held) == sorted(seeded)
+        assert all("Inboxcrm_Contact_Id__c" not in c["properties"] for c in held)
+        assert _emails(account, email) == []
+    finally:
+        await handle.terminate("test over")
