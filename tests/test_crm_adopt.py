@@ -144,4 +144,5 @@ async def test_two_salesforce_contacts_with_the_email_go_to_review(
     assert all(SF_FIELD not in c["properties"] for c in held)  # nothing adopted
     row = await store.fetchrow("SELECT status, last_error FROM operations WHERE op_key = $1",
                                item.op("crm-upsert").op_key)
+    assert row is not None
     assert (row["status"], row["last_error"]) == ("waiting", "crm_candidates")
