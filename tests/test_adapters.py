@@ -351,13 +351,25 @@ async def test_hubspot_multi_status_is_classified_by_its_error(
 
 
 async def test_hubspot_multi_status_conflict_adopts_the_owner() -> None:
-    crm = _hubspot_with(lambda request: httpx.Response(207, json={
-        "status": "COMPLETE", "results": [], "numErrors": 1, "errors": [{
-            "status": "error", "category": "CONFLICT",
-            "message": "Contact already exists. Existing ID: 4242"}]}))
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.method == "PATCH":
+            return httpx.Response(200, json={"id": "4242", "properties": {}})
+        return httpx.Response(207, json={
+            "status": "COMPLETE", "results": [], "numErrors": 1, "errors": [{
+                "status": "error", "category": "CONFLICT",
+                "message": "Contact already exists. Existing ID: 4242"}]})
+
+    crm = _hubspot_with(answer)
     record = await crm.upsert_contact("c-1", ContactFields("a@example.com"))
     await crm.aclose()
-    assert (record.record_id, record.adopted) == ("4242", True)
+    assert (record.record_id, record.adopted, record.marked) == ("4242", True, True)
+    # Our external ID, and nothing else, is written onto the adopted contact.
+    patch = seen[-1]
+    assert (patch.method, patch.url.path) == ("PATCH", "/crm/v3/objects/contacts/4242")
+    assert json.loads(patch.content) == {"properties": {"inboxcrm_contact_id": "c-1"}}
 
 
 # --- HubSpot setup: the unique property, idempotently ----------------------------------------

@@ -213,10 +213,11 @@ async def test_an_expired_salesforce_session_does_not_block_the_next_item(
     account = await _account(orgs["south"], "south")
     assert len(_contacts(account, after)) == 1 and len(_emails(account, after)) == 1
     outcomes = [(c["target"], c["outcome"]) for c in account["calls"]]
-    assert ("crm.upsert", "session_expired") in outcomes
+    # Match before create reads first: the expired session is met by that read.
+    assert ("crm.search", "session_expired") in outcomes
     # Renewed: a second token, and the upsert after the refusal went through.
     assert outcomes.count(("crm.oauth", "ok")) >= 2
-    refused = outcomes.index(("crm.upsert", "session_expired"))
+    refused = outcomes.index(("crm.search", "session_expired"))
     assert ("crm.upsert", "ok") in outcomes[refused:]
     op = await db.fetchrow("SELECT o.status, o.attempts FROM operations o JOIN inbound_events e "
                            "USING (event_id) JOIN contacts c ON c.contact_id = e.contact_id "
@@ -244,3 +245,66 @@ async def test_each_tenants_destinations_are_audited_once(
     assert by_tenant["north"]["mail"]["secrets"] == [
         "token: environment variable INBOXCRM_TENANT_NORTH_KEY"]
     assert not any(key in json.dumps(by_tenant) for key in KEYS.values())
+
+
+@pytest.mark.parametrize("tenant, rule", [("north", None), ("south", "none"),
+                                          ("south", "alert"), ("south", "block")])
+async def test_a_person_already_in_the_crm_is_adopted_end_to_end(
+        env: StackClient, db: asyncpg.Pool, worker: OwnWorker,
+        orgs: dict[str, SandboxProcess], tenant: str, rule: str | None) -> None:
+    """Issue 35: the contact a salesperson created (owner, a field, no ID of ours) is the one
+    record afterwards, carrying our external ID, owner and field untouched, one follow-up."""
+    email = unique_email(f"{tenant}-seeded")
+    crm = "hubspot" if tenant == "north" else "salesforce"
+    owner_field, ours = (("hubspot_owner_id", "inboxcrm_contact_id") if crm == "hubspot"
+                         else ("OwnerId", "Inboxcrm_Contact_Id__c"))
+    async with httpx.AsyncClient(base_url=orgs[tenant].url, timeout=10) as control:
+        if rule is not None:
+            (await control.post("/_sandbox/config", json={"salesforce_duplicate_rule": rule})
+             ).raise_for_status()
+        seeded = (await control.post("/_sandbox/seed", json={"crm": crm, "contacts": [
+            {"email": email, "lastname": "Seeded", "owner": "owner-7",
+             "properties": {"Department": "Key accounts"}}]})).json()["contacts"][0]["id"]
+    try:
+        result = await _run(env, db, worker, tenant, email)
+    finally:
+        async with httpx.AsyncClient(base_url=orgs[tenant].url, timeout=10) as control:
+            await control.post("/_sandbox/config", json={"salesforce_duplicate_rule": "alert"})
+    assert (result.state, result.reason) == ("completed", "followup_sent")
+    account = await _account(orgs[tenant], tenant)
+    [held] = _contacts(account, email)
+    props = held["properties"]
+    assert held["id"] == seeded and props.get(ours)
+    assert props[owner_field] == "owner-7" and props["lastname"] == "Seeded"
+    assert props.get("Department", props.get("department")) == "Key accounts"
+    assert len(_emails(account, email)) == 1
+
+
+async def test_two_salesforce_contacts_with_the_email_send_the_item_to_review(
+        env: StackClient, db: asyncpg.Pool, worker: OwnWorker,
+        orgs: dict[str, SandboxProcess]) -> None:
+    """Two existing Contacts hold the address: none is adopted, none created, nothing sent;
+    the item waits for a person with both as candidates."""
+    email = unique_email("south-two")
+    async with httpx.AsyncClient(base_url=orgs["south"].url, timeout=10) as control:
+        seeded = [c["id"] for c in (await control.post("/_sandbox/seed", json={
+            "crm": "salesforce", "contacts": [{"email": email, "owner": "005A"},
+                                              {"email": email, "owner": "005B"}]})
+        ).json()["contacts"]]
+    event_id, workflow_id = await _store(db, "south", email)
+    handle = await worker.run_item(env, event_id, workflow_id, tenant="south")
+    try:
+        assert await env.wait_state(workflow_id, "awaiting_review") == (
+            "awaiting_review", "crm_candidates")
+        detail = await db.fetchval(
+            "SELECT detail FROM audit_log WHERE workflow_id = $1 AND "
+            "action = 'crm_match_needs_review'", workflow_id)
+        candidates = (detail if isinstance(detail, dict) else json.loads(detail))["candidates"]
+        assert candidates == seeded
+        account = await _account(orgs["south"], "south")
+        held = _contacts(account, email)
+        assert sorted(c["id"] for c in held) == sorted(seeded)
+        assert all("Inboxcrm_Contact_Id__c" not in c["properties"] for c in held)
+        assert _emails(account, email) == []
+    finally:
+        await handle.terminate("test over")

@@ -3,6 +3,11 @@
 The CRM is called with our contact ID as its unique external ID, so a repeated request
 updates the same record. After an uncertain attempt the record is looked up by that ID
 first (read-after-write consistent, not the lagging search index).
+
+Match before create (the adapter's `upsert_contact`): a record the CRM already held for the
+email is adopted, audited (`crm_record_adopted`) and counted
+(`inboxcrm_crm_adoptions_total{provider}`); several such records send the item to review
+(`crm_candidates`, the CRM's record IDs in the audit and on the card) with nothing written.
 """
 
 from __future__ import annotations
@@ -14,14 +19,23 @@ from datetime import datetime, timedelta
 import asyncpg
 from temporalio import activity
 
+from inboxcrm.activities.counters import count
 from inboxcrm.activities.failures import missing_row
 from inboxcrm.activities.outbox import MAX_PARK_SECONDS, Attempt, OutboxRunner, Recorded
-from inboxcrm.adapters.base import AdapterError, ContactFields, CrmClient
+from inboxcrm.adapters.base import (
+    AdapterError,
+    ContactFields,
+    CrmClient,
+    CrmRecord,
+    MatchCandidates,
+)
 from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
 from inboxcrm.domain.extraction.minimise import date_written
 from inboxcrm.schemas.models import Action, ItemState, OperationInput, OperationResult
-from inboxcrm.store import contacts, ledger
+from inboxcrm.store import audit, contacts, ledger
+
+CANDIDATES_REASON = "crm_candidates"
 
 # A Date header further ahead of the receipt than clock skew explains is not believed.
 MAX_DATE_AHEAD = timedelta(hours=1)
@@ -103,16 +117,56 @@ class CrmActivities:
         record = await self._crm(attempt.op.item.tenant).find_contact(_contact_id(attempt))
         return record.record_id if record else None
 
-    async def _upsert(self, attempt: Attempt) -> str:
+    async def _upsert(self, attempt: Attempt) -> str | OperationResult:
         async with self._pool.acquire() as conn:
             row = await contacts.load_contact(conn, contact_id=_contact_id(attempt))
         if row is None:
             raise missing_row("contact")
-        record = await self._crm(attempt.op.item.tenant).upsert_contact(
-            str(row["contact_id"]),
-            ContactFields(email=row["email"], name=row["name"], company=row["company"]),
-        )
+        crm = self._crm(attempt.op.item.tenant)
+        try:
+            record = await crm.upsert_contact(
+                str(row["contact_id"]),
+                ContactFields(email=row["email"], name=row["name"], company=row["company"]),
+            )
+        except MatchCandidates as many:
+            return await self._to_review(attempt, crm.name, many.record_ids)
+        if record.adopted:
+            await self._adopted(attempt, crm.name, record)
         return record.record_id
+
+    async def _adopted(self, attempt: Attempt, provider: str, record: CrmRecord) -> None:
+        """An existing record (created outside inboxcrm) is now ours: audited, counted."""
+        count("inboxcrm_crm_adoptions", "Existing CRM records adopted by email",
+              provider=provider)
+        item = attempt.op.item
+        async with self._pool.acquire() as conn:
+            await audit.append(
+                conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+                contact_id=_contact_id(attempt), actor="crm", action="crm_record_adopted",
+                detail={"op_key": attempt.op.op_key, "crm": provider,
+                        "crm_record_id": record.record_id, "external_id_written": record.marked,
+                        "attempt": attempt.claim.attempts})
+
+    async def _to_review(self, attempt: Attempt, provider: str,
+                         record_ids: tuple[str, ...]) -> OperationResult:
+        """Several existing records match: nothing was written, so the attempt is given back
+        as refused (no key window) and a person picks; the workflow waits in review and
+        tries again after the decision (e.g. once the records were merged in the CRM)."""
+        op, claim, item = attempt.op, attempt.claim, attempt.op.item
+        count("inboxcrm_crm_match_reviews", "CRM upserts sent to review: several matches",
+              provider=provider)
+        async with self._pool.acquire() as conn, conn.transaction():
+            owned = await ledger.record_failure(
+                conn, op.op_key, claim.attempts, "waiting", Category.PERMANENT.value,
+                CANDIDATES_REASON, refused=True, window_before=claim.key_window_from)
+            if owned:
+                await audit.append(
+                    conn, tenant=item.tenant, event_id=item.event_id,
+                    workflow_id=item.workflow_id, contact_id=_contact_id(attempt), actor="crm",
+                    action="crm_match_needs_review",
+                    detail={"op_key": op.op_key, "crm": provider, "reason": CANDIDATES_REASON,
+                            "candidates": list(record_ids), "attempt": claim.attempts})
+        return OperationResult(status="review", reason=CANDIDATES_REASON)
 
     def _record(self, attempt: Attempt, record_id: str, reconciled: bool) -> Recorded:
         """The record ID goes onto the contact (`AlsoRecord.CRM_RECORD_ON_CONTACT`) with this

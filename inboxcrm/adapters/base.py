@@ -28,7 +28,19 @@ class ContactFields:
 class CrmRecord:
     record_id: str
     created: bool | None = None  # None when the destination does not say
-    adopted: bool = False        # an existing record with that email was adopted (409)
+    adopted: bool = False        # an existing record with that email was adopted
+    # The adopted record now carries our external ID (a lookup by it finds the record).
+    marked: bool = False
+
+
+class MatchCandidates(Exception):  # noqa: N818 - an outcome, not an error
+    """Several records in the CRM hold the contact's email and none carries our external ID:
+    which one is the person is a person's choice (never ours), and creating another would be
+    a duplicate. Nothing was written. `record_ids`: the CRM's IDs of the candidates."""
+
+    def __init__(self, record_ids: tuple[str, ...]) -> None:
+        super().__init__(f"{len(record_ids)} existing records match the email")
+        self.record_ids = record_ids
 
 
 @dataclass(frozen=True)
@@ -47,7 +59,9 @@ class CrmClient(Protocol):
     name: str
 
     async def upsert_contact(self, external_id: str, fields: ContactFields) -> CrmRecord:
-        """Create or update the contact keyed by our unique external ID. Safe to repeat."""
+        """Create or update the contact keyed by our unique external ID. Safe to repeat.
+        Match before create: a record the CRM already holds for the email (created outside
+        inboxcrm) is adopted (`adopted=True`); several raise `MatchCandidates`."""
         ...
 
     async def find_contact(self, external_id: str) -> CrmRecord | None:

@@ -9,6 +9,14 @@ contact's timeline) and no `associations` (the batch-upsert input has none), the
 default association `PUT /crm/v4/objects/notes/{noteId}/associations/default/contacts/
 {contactId}`, which is safe to repeat. Both run under the note's one operation key.
 
+Adoption: HubSpot keeps email unique, so a contact a salesperson created (no ID of ours)
+answers our upsert with 409 naming it. It is adopted, and our external ID property is
+written onto it (`PATCH /crm/v3/objects/contacts/{id}`, only that property: the owner and
+every field a person set are left alone), so later lookups by our ID find it without the
+409. What no lookup rules out: a person creating the contact in HubSpot's UI in the same
+second as our create; HubSpot's email uniqueness then makes one of the two creates a 409,
+which is adopted the same way.
+
 A 429 names its limit in `policyName`: SECONDLY and TEN_SECONDLY_ROLLING are retried after
 a short wait; DAILY parks the tenant's CRM scope until the reset (`inboxcrm.adapters.errors`).
 """
@@ -102,20 +110,27 @@ class HubSpotCrm:
             match = _EXISTING_ID.search(json_field(response, "message") or "")
             if match is None:
                 raise AdapterError(Classified(Category.PERMANENT, "http_409:CONFLICT", None, 409))
-            return CrmRecord(record_id=match.group(1), created=False, adopted=True)
+            return await self._adopt(match.group(1), external_id)
         error = _batch_error(response) if response.status_code == 207 else {}
         if error:
             # Multi-status: our one input failed. A conflict names the owner (adopt it);
             # anything else is classified by its category like any error answer.
             match = _EXISTING_ID.search(str(error.get("message") or ""))
             if error.get("category") == "CONFLICT" and match is not None:
-                return CrmRecord(record_id=match.group(1), created=False, adopted=True)
+                return await self._adopt(match.group(1), external_id)
             raise AdapterError(classify_response(response, _reason(response)))
         results = response.json().get("results") or []
         if len(results) != 1 or "id" not in results[0]:
             # The CRM answered success without the record: we cannot tell what it did.
             raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None, 200))
         return CrmRecord(record_id=str(results[0]["id"]), created=results[0].get("new"))
+
+    async def _adopt(self, record_id: str, external_id: str) -> CrmRecord:
+        """Write our external ID onto the existing contact, nothing else."""
+        await send_request(
+            self._client, "PATCH", f"/crm/v3/objects/contacts/{quote(record_id, safe='')}",
+            json={"properties": {self._id_property: external_id}}, reason=_reason)
+        return CrmRecord(record_id=record_id, created=False, adopted=True, marked=True)
 
     async def find_contact(self, external_id: str) -> CrmRecord | None:
         response = await send_request(

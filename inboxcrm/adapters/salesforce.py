@@ -28,6 +28,18 @@ Answers (all classification in `inboxcrm.adapters.errors`):
   External ID is idempotent, and a 401 did nothing); a second 401, or a fixed token, is
   permanent: blocked until the credential is replaced;
 - 403 `REQUEST_LIMIT_EXCEEDED`: the org's API limit, transient with a long delay.
+
+Match before create. A Contact a salesperson created has no external ID of ours, so the
+upsert alone would create a second one (an org without a duplicate rule) or be refused with
+`DUPLICATES_DETECTED` (the standard rule). When no record has our ID, the Contacts with the
+canonical email are read with SOQL (`GET …/query?q=SELECT … FROM Contact WHERE Email = '…'`,
+a record read, not a search index): none → the upsert creates ours; one → adopted: our
+External ID is written onto it by `PATCH …/sobjects/Contact/{Id}`, with only the name and
+company fields that are empty on it (`ADOPT_FILLS`), never `OwnerId` or a field a person set;
+several → `MatchCandidates` (a person picks). Records that carry another of our IDs are not
+candidates. Our own writers are serialised by the contact row lock; what this read cannot
+rule out is a person creating the same Contact in Salesforce's UI between the read and the
+write (docs/architecture.md §5, "Activities").
 """
 
 from __future__ import annotations
@@ -41,7 +53,13 @@ from urllib.parse import quote
 import httpx
 from pydantic import field_validator, model_validator
 
-from inboxcrm.adapters.base import AdapterError, ContactFields, CrmRecord, CrmRecordView
+from inboxcrm.adapters.base import (
+    AdapterError,
+    ContactFields,
+    CrmRecord,
+    CrmRecordView,
+    MatchCandidates,
+)
 from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.http import send_request
 from inboxcrm.adapters.registry import (
@@ -152,6 +170,17 @@ class ClientCredentials:
         await self._client.aclose()
 
 
+_SOQL_ESCAPES = {"\\": "\\\\", "'": "\\'", '"': '\\"', "\n": "\\n", "\r": "\\r",
+                 "\t": "\\t", "\b": "\\b", "\f": "\\f"}
+MAX_CANDIDATES = 10
+
+
+def soql_quote(value: str) -> str:
+    """A SOQL string literal: backslash, quotes and control characters escaped as SOQL's
+    grammar requires, so no value can end the literal."""
+    return "'" + "".join(_SOQL_ESCAPES.get(char, char) for char in value) + "'"
+
+
 def _split_name(name: str | None) -> tuple[str | None, str]:
     if not name or not name.strip():
         return None, LAST_NAME_PLACEHOLDER
@@ -192,7 +221,8 @@ class SalesforceCrm:
         self._field = external_id_field
         self._company_field = company_field
         self._note_field = note_external_id_field
-        self._sobjects = f"/services/data/v{version}/sobjects"
+        self._api = f"/services/data/v{version}"
+        self._sobjects = f"{self._api}/sobjects"
 
     def _path(self, external_id: str) -> str:
         return f"{self._sobjects}/Contact/{self._field}/{quote(external_id, safe='')}"
@@ -211,7 +241,52 @@ class SalesforceCrm:
         return body
 
     async def upsert_contact(self, external_id: str, fields: ContactFields) -> CrmRecord:
-        return await self._upsert(self._path(external_id), self.fields(fields))
+        """Match before create: ours by External ID, else one Contact with the email adopted,
+        else created (several: `MatchCandidates`)."""
+        path, body = self._path(external_id), self.fields(fields)
+        if await self._find(path) is None:
+            adopted = await self._adopt(external_id, body)
+            if adopted is not None:
+                return adopted
+        return await self._upsert(path, body)
+
+    def _adopt_fills(self) -> tuple[str, ...]:
+        """The fields an adoption may fill, and only where the record has them empty."""
+        return ("FirstName", "LastName", *((self._company_field,) if self._company_field
+                                           else ()))
+
+    async def existing_by_email(self, email: str) -> list[dict[str, Any]]:
+        """The Contacts holding `email` (Salesforce compares it case-insensitively)."""
+        select = ", ".join(dict.fromkeys(("Id", "Email", self._field, *self._adopt_fills())))
+        # SOQL for Salesforce's query resource (not our store's SQL): built from words.
+        query = " ".join(("SELECT", select, "FROM", "Contact", "WHERE", "Email", "=",
+                          soql_quote(email), "LIMIT", str(MAX_CANDIDATES + 1)))
+        response = await self._call("GET", f"{self._api}/query", params={"q": query})
+        records = _json(response).get("records")
+        if not isinstance(records, list):
+            raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None,
+                                          response.status_code))
+        return [r for r in records if isinstance(r, dict) and isinstance(r.get("Id"), str)]
+
+    async def _adopt(self, external_id: str, body: dict[str, Any]) -> CrmRecord | None:
+        """Adopt the one Contact with the email that carries no ID of ours; None: there is
+        none, create."""
+        found = await self.existing_by_email(str(body["Email"]))
+        free = [r for r in found if not r.get(self._field)]
+        if len(free) > 1:
+            raise MatchCandidates(tuple(str(r["Id"]) for r in free[:MAX_CANDIDATES]))
+        if not free:
+            return None
+        record = free[0]
+        update: dict[str, Any] = {self._field: external_id}
+        for name in self._adopt_fills():
+            empty = record.get(name) in (None, "")
+            if empty and body.get(name) and body[name] != LAST_NAME_PLACEHOLDER:
+                update[name] = body[name]
+        record_id = str(record["Id"])
+        await self._call("PATCH", f"{self._sobjects}/Contact/{quote(record_id, safe='')}",
+                         json=update)
+        return CrmRecord(record_id=record_id, created=False, adopted=True, marked=True)
 
     async def find_contact(self, external_id: str) -> CrmRecord | None:
         """GET by external ID: a record read, consistent right after a write (no search

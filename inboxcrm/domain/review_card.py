@@ -210,6 +210,13 @@ async def card_facts(conn: Conn, workflow_id: str) -> CardFacts | None:
     extraction: dict[str, Any] = row["extraction"] or {}
     _fields(card, extraction)
     await _dry_run(conn, card, row, extraction)
+    crm, existing = await review.crm_candidates(conn, workflow_id=workflow_id)
+    for record_id in existing:
+        card.candidates.append(Candidate(
+            f"{crm}:{record_id}", row["canonical_email"] or "", None, None,
+            f"an existing {crm} record with this email (created outside inboxcrm): several "
+            "match, so none is adopted and none created; merge them in the CRM, then retry "
+            "(approve), or reject"))
     for op in await review.item_operations(conn, workflow_id):
         card.operations.append(OperationLine(
             op["action"], op["status"], f"{op['attempts']}/{op['max_attempts']}",

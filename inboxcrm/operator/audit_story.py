@@ -98,6 +98,14 @@ SENTENCES: dict[str, Callable[[Detail], str]] = {
         f"CRM ({d.get('crm')}) record {d.get('crm_record_id')} written, attempt "
         f"{d.get('attempt')}" + (" (found by reconciliation, not re-sent)"
                                  if d.get("reconciled") else "")),
+    "crm_record_adopted": lambda d: (
+        f"CRM ({d.get('crm')}) record {d.get('crm_record_id')} existed (created outside "
+        "inboxcrm) and was adopted" + (": our external ID written onto it"
+                                       if d.get("external_id_written") else "")),
+    "crm_match_needs_review": lambda d: (
+        f"CRM ({d.get('crm')}) holds several records with this email "
+        f"({', '.join(str(c) for c in d.get('candidates') or [])}): none adopted, none "
+        "created; a person decides"),
     "followup_sent": lambda d: (
         f"follow-up sent via {d.get('provider')}: message {d.get('provider_message_id')}, "
         f"idempotency key {_short(d.get('idempotency_key'))}, attempt {d.get('attempt')}"

@@ -10,7 +10,7 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import asyncpg
 from fastapi import FastAPI, Request
@@ -86,6 +86,56 @@ class ConfigIn(BaseModel):
     hang_seconds: float | None = Field(default=None, ge=0, le=3600)
     # Salesforce OAuth: how long an access token issued from now on is valid.
     session_seconds: float | None = Field(default=None, gt=0, le=30 * 86400)
+    # The org's duplicate rule for Contacts (default `alert`, as Salesforce's standard rule).
+    salesforce_duplicate_rule: Literal["none", "alert", "block"] | None = None
+
+
+class SeedRecord(BaseModel):
+    """A record as a salesperson creates it: no external ID of ours, an owner, and fields
+    they set (`properties`, stored under the names given)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    email: str = Field(min_length=3, max_length=254, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+    firstname: str | None = Field(default=None, max_length=255)
+    lastname: str | None = Field(default=None, max_length=255)
+    owner: str | None = Field(default=None, max_length=64)
+    opted_out: bool = False
+    properties: dict[str, str] = Field(default_factory=dict, max_length=50)
+
+
+class SeedIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    crm: Literal["hubspot", "salesforce", "pipedrive"]
+    contacts: list[SeedRecord] = Field(default_factory=list, max_length=1000)
+    leads: list[SeedRecord] = Field(default_factory=list, max_length=1000)
+
+
+# Where each CRM keeps the owner and the email opt-out.
+_OWNER_FIELD = {"hubspot": "hubspot_owner_id", "salesforce": "OwnerId"}
+_OPT_OUT_FIELD = {"hubspot": "hs_email_optout", "salesforce": "HasOptedOutOfEmail"}
+_SEED_CONTACT = """
+INSERT INTO sandbox.contacts (id_property, id_value, properties, email_dup)
+VALUES (NULL, NULL, $1::jsonb,
+        $2 AND EXISTS (SELECT 1 FROM sandbox.contacts WHERE email_lower = lower($3)))
+RETURNING id
+"""
+
+
+def _seed_properties(crm_name: str, record: SeedRecord) -> dict[str, str]:
+    given = record.properties
+    if crm_name == "salesforce":  # Salesforce API names, kept as the Salesforce surface does
+        given = {salesforce.STANDARD_FIELDS.get(k, k): v for k, v in given.items()}
+    props = {**given, "email": record.email}
+    if record.firstname:
+        props["firstname"] = record.firstname
+    if record.lastname or crm_name == "salesforce":  # LastName is required on a Contact
+        props["lastname"] = record.lastname or "[not provided]"
+    if record.owner:
+        props[_OWNER_FIELD[crm_name]] = record.owner
+    props[_OPT_OUT_FIELD[crm_name]] = "true" if record.opted_out else "false"
+    return props
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -197,6 +247,7 @@ def create_app(
             )
         return {
             "contacts": [crm.contact_json(r) for r in contacts],
+            "leads": [],
             "notes": [notes.state_json(r) for r in note_rows],
             "emails": [
                 {
@@ -232,30 +283,55 @@ def create_app(
         }
 
     @app.get("/_sandbox/config")
-    async def get_config(sandbox: SandboxDep) -> dict[str, float]:
+    async def get_config(sandbox: SandboxDep) -> dict[str, Any]:
         config = await sandbox.config()
-        session = await sandbox.pool.fetchval("SELECT session_seconds FROM sandbox.config "
-                                              "WHERE id")
+        row = await sandbox.pool.fetchrow("SELECT session_seconds, salesforce_duplicate_rule "
+                                          "FROM sandbox.config WHERE id")
+        assert row is not None
         return {
             "search_lag_seconds": config.search_lag_seconds,
             "hang_seconds": config.hang_seconds,
-            "session_seconds": float(session),
+            "session_seconds": float(row["session_seconds"]),
+            "salesforce_duplicate_rule": row["salesforce_duplicate_rule"],
         }
 
     @app.post("/_sandbox/config")
-    async def set_config(request: Request, sandbox: SandboxDep) -> dict[str, float]:
+    async def set_config(request: Request, sandbox: SandboxDep) -> dict[str, Any]:
         """Change runtime settings for every sandbox process on this database."""
         update = await _control_body(request, ConfigIn)
         await sandbox.pool.execute(
             "UPDATE sandbox.config SET "
             "search_lag_seconds = coalesce($1, search_lag_seconds), "
             "hang_seconds = coalesce($2, hang_seconds), "
-            "session_seconds = coalesce($3, session_seconds) WHERE id",
+            "session_seconds = coalesce($3, session_seconds), "
+            "salesforce_duplicate_rule = coalesce($4, salesforce_duplicate_rule) WHERE id",
             update.search_lag_seconds,
             update.hang_seconds,
             update.session_seconds,
+            update.salesforce_duplicate_rule,
         )
         return await get_config(sandbox)
+
+    @app.post("/_sandbox/seed", response_model=None)
+    async def seed(request: Request, sandbox: SandboxDep) -> dict[str, Any] | JSONResponse:
+        """Records that were in the CRM before inboxcrm, as a salesperson created them."""
+        body = await _control_body(request, SeedIn)
+        if body.crm == "pipedrive" or body.leads:
+            return JSONResponse({"detail": "not modelled yet: pipedrive persons and "
+                                 "salesforce leads"}, status_code=422)
+        created: list[dict[str, str]] = []
+        try:
+            async with sandbox.pool.acquire() as conn, conn.transaction():
+                for record in body.contacts:
+                    record_id = await conn.fetchval(
+                        _SEED_CONTACT, _seed_properties(body.crm, record),
+                        body.crm == "salesforce", record.email)
+                    created.append({"id": str(record_id), "email": record.email})
+        except asyncpg.UniqueViolationError:
+            # HubSpot keeps email unique: a second contact with an email is refused.
+            return JSONResponse({"detail": "a hubspot contact with that email exists"},
+                                status_code=409)
+        return {"contacts": created, "leads": []}
 
     @app.get("/_sandbox/clock")
     async def get_clock(sandbox: SandboxDep) -> dict[str, Any]:

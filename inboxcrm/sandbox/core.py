@@ -19,7 +19,8 @@ import asyncpg
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-Target = Literal["crm.upsert", "crm.search", "crm.note", "crm.association", "mail.send"]
+Target = Literal["crm.upsert", "crm.update", "crm.search", "crm.note", "crm.association",
+                 "mail.send"]
 # HubSpot's 429 `policyName`s: which limit was hit (the daily one resets at midnight).
 Policy = Literal["SECONDLY", "TEN_SECONDLY_ROLLING", "DAILY"]
 Mode = Literal[

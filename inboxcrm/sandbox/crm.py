@@ -1,4 +1,6 @@
-"""HubSpot-compatible contacts subset: batch upsert by unique idProperty, search, get.
+"""HubSpot-compatible contacts subset: batch upsert by unique idProperty, search, get, and
+update by record ID (`PATCH /crm/v3/objects/contacts/{id}`: how an adapter writes its unique
+property onto a contact a salesperson created).
 
 Upsert identity is a unique constraint and email uniqueness is a unique index, so the
 database, not a read-then-write, decides between "new" and "existing". Search only sees
@@ -130,7 +132,12 @@ RETURNING c.id, c.properties, c.created_at, c.updated_at, (c.xmax = 0) AS create
 """
 
 _OWNER_OF_EMAIL = """
-SELECT id, id_property, id_value FROM sandbox.contacts WHERE email_lower = $1
+SELECT id, id_property, id_value FROM sandbox.contacts WHERE email_lower = $1 AND NOT email_dup
+"""
+
+# An upsert's idProperty is a unique property of the account from then on (as if created).
+REGISTER_ID_PROPERTIES = """
+INSERT INTO sandbox.id_properties (name) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING
 """
 
 
@@ -195,6 +202,8 @@ async def batch_upsert(request: Request, sandbox: SandboxDep) -> Response:
         parsed = parse_upsert(await read_json(request))
         if isinstance(parsed, str):
             return Outcome(validation_error(parsed), "invalid")
+        await sandbox.pool.execute(REGISTER_ID_PROPERTIES,
+                                   sorted({i.id_property for i in parsed}))
         return await upsert(sandbox.pool, parsed)
 
     return await sandbox.run(request, "crm.upsert", operation)
@@ -318,7 +327,9 @@ async def get_contact(
             if record_id.isdigit() and len(record_id) < 19:
                 row = await sandbox.pool.fetchrow(f"{select} WHERE id = $1", int(record_id))
         elif idProperty == "email":
-            row = await sandbox.pool.fetchrow(f"{select} WHERE email_lower = $1", record_id.lower())
+            row = await sandbox.pool.fetchrow(
+                f"{select} WHERE email_lower = $1 ORDER BY email_dup, id LIMIT 1",
+                record_id.lower())
         else:
             row = await sandbox.pool.fetchrow(
                 f"{select} WHERE id_property = $1 AND id_value = $2", idProperty, record_id
@@ -328,3 +339,75 @@ async def get_contact(
         return Outcome(JSONResponse(contact_json(row)))
 
     return await sandbox.run(request, "crm.search", operation)
+
+
+# --- update by record ID ----------------------------------------------------------------
+
+_LOCK_CONTACT = """
+SELECT id, id_property, id_value FROM sandbox.contacts WHERE id = $1 FOR UPDATE
+"""
+
+_UPDATE_CONTACT = """
+UPDATE sandbox.contacts SET properties = properties || $2::jsonb,
+    id_property = coalesce(id_property, $3), id_value = coalesce(id_value, $4),
+    updated_at = clock_timestamp()
+WHERE id = $1
+RETURNING id, properties, created_at, updated_at
+"""
+
+
+async def update_contact(pool: asyncpg.Pool, record_id: int,
+                         properties: dict[str, str]) -> Outcome:
+    """Merge `properties` into the record. A unique property of the account (one used as an
+    upsert's idProperty) written onto a record that has none becomes its unique ID, so a
+    later read by that idProperty finds it; a value another record holds is a 409."""
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(_LOCK_CONTACT, record_id)
+            if row is None:
+                return Outcome(not_found("Object not found."), "not_found")
+            id_property = id_value = None
+            if row["id_property"] is None:
+                unique = {r["name"] for r in await conn.fetch(
+                    "SELECT name FROM sandbox.id_properties WHERE name = ANY($1::text[])",
+                    list(properties))}
+                for name in sorted(unique):
+                    if properties[name]:
+                        id_property, id_value = name, properties[name]
+                        break
+            elif properties.get(row["id_property"], row["id_value"]) != row["id_value"]:
+                return Outcome(validation_error(
+                    f"{row['id_property']} is this record's unique ID and cannot change."),
+                    "invalid")
+            updated = await conn.fetchrow(_UPDATE_CONTACT, record_id, properties,
+                                          id_property, id_value)
+    except asyncpg.UniqueViolationError as exc:
+        what = "email" if exc.constraint_name == "contacts_email_key" else "unique property"
+        return Outcome(crm_error(409, "CONFLICT", f"A contact with that {what} already exists."),
+                       "conflict")
+    assert updated is not None
+    return Outcome(JSONResponse(contact_json(updated)))
+
+
+@router.patch("/{record_id}")
+async def patch_contact(request: Request, record_id: str, sandbox: SandboxDep) -> Response:
+    """`PATCH /crm/v3/objects/contacts/{contactId}` `{"properties": {...}}`: update by ID."""
+
+    async def operation() -> Outcome:
+        body = await read_json(request)
+        props = body.get("properties") if isinstance(body, dict) else None
+        if not isinstance(props, dict) or set(body) - {"properties"}:
+            return Outcome(validation_error("Request body must be {\"properties\": {...}}."),
+                           "invalid")
+        if any(not isinstance(v, str | int | float | bool | None) for v in props.values()):
+            return Outcome(validation_error("properties values must be scalars."), "invalid")
+        properties = {str(k): _as_text(v) for k, v in props.items()}
+        email = properties.get("email", "")
+        if email and not _EMAIL.match(email):
+            return Outcome(validation_error("Property values were not valid: email is invalid."),
+                           "invalid")
+        if not (record_id.isdigit() and len(record_id) < 19):
+            return Outcome(not_found("Object not found."), "not_found")
+        return await update_contact(sandbox.pool, int(record_id), properties)
+
+    return await sandbox.run(request, "crm.update", operation)

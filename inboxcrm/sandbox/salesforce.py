@@ -15,8 +15,14 @@ uniqueness constraints arbitrates both, and `/_sandbox/state` (and the invariant
 count them alike: `id_property` is the external ID field, `Email`/`FirstName`/`LastName`
 are stored as HubSpot's `email`/`firstname`/`lastname`, other fields under their API
 names. Record Ids are the sandbox's numeric ids (real Salesforce Ids are 18-character
-strings; the adapter treats them as opaque). Email is unique here (as with an active
-duplicate rule): another record's email is a 400 `DUPLICATES_DETECTED`.
+strings; the adapter treats them as opaque). A create whose email another Contact holds
+meets the org's duplicate rule (`salesforce_duplicate_rule` in `/_sandbox/config`): `none`
+creates the second Contact, `alert` (the default, Salesforce's standard rule) answers 400
+`DUPLICATES_DETECTED` with `duplicateResult` unless `Sforce-Duplicate-Rule-Header:
+allowSave=true`, `block` always refuses. `GET …/query?q=` answers one SOQL shape
+(`SELECT … FROM Contact WHERE F = '…' [LIMIT n]`) and `PATCH …/sobjects/Contact/{Id}`
+updates by record Id, so an adapter can find and adopt a Contact a salesperson created
+(`POST /_sandbox/seed`).
 
 Any custom field (`…__c`) is accepted as an external ID field; a field that is not custom is
 a 404 `NOT_FOUND`, as Salesforce answers for a field that is not an external ID.
@@ -78,6 +84,8 @@ STANDARD_FIELDS = {
     "Title": "jobtitle",
     "Department": "department",
     "Description": "description",
+    "OwnerId": "OwnerId",
+    "HasOptedOutOfEmail": "HasOptedOutOfEmail",
 }
 STORED_AS = {stored: api for api, stored in STANDARD_FIELDS.items()}
 READ_ONLY_FIELDS = frozenset({"Id", "CreatedDate", "LastModifiedDate", "SystemModstamp"})
@@ -211,7 +219,7 @@ def record_json(row: asyncpg.Record, version: str, fields: list[str] | None) -> 
             **record}
 
 
-def parse_fields(body: Any, field: str, value: str) -> dict[str, str] | Response:
+def parse_fields(body: Any, field: str | None, value: str | None) -> dict[str, str] | Response:
     """The body's fields in storage names, or the error Salesforce answers."""
     if not isinstance(body, dict):
         return sf_error(400, "JSON_PARSER_ERROR", "The request body must be a JSON object.")
@@ -233,7 +241,7 @@ def parse_fields(body: Any, field: str, value: str) -> dict[str, str] | Response
         if len(text) > 255:
             return sf_error(400, "STRING_TOO_LONG", f"{name}: data value too large", [name])
         stored[STANDARD_FIELDS.get(name) or str(name)] = text
-    if stored.get(field, value) != value:
+    if field is not None and stored.get(field, value) != value:
         return sf_error(400, "INVALID_FIELD",
                         f"The external ID field {field} in the body differs from the URL.",
                         [field])
@@ -243,7 +251,8 @@ def parse_fields(body: Any, field: str, value: str) -> dict[str, str] | Response
                         ["Email"])
     if "lastname" in stored and not stored["lastname"].strip():
         return _missing_last_name()
-    stored[field] = value
+    if field is not None and value is not None:
+        stored[field] = value
     return stored
 
 
@@ -275,26 +284,83 @@ UPDATE sandbox.contacts SET properties = properties || $2::jsonb, updated_at = c
 WHERE id = $1
 """
 
-_OWNER_OF_EMAIL = "SELECT id_property, id_value FROM sandbox.contacts WHERE email_lower = $1"
+_OWNER_OF_EMAIL = ("SELECT id_property, id_value FROM sandbox.contacts "
+                   "WHERE email_lower = $1 AND NOT email_dup")
+REGISTER_ID_FIELD = "INSERT INTO sandbox.id_properties (name) VALUES ($1) ON CONFLICT DO NOTHING"
+_SAME_EMAIL = ("SELECT id, properties, created_at, updated_at FROM sandbox.contacts "
+               "WHERE email_lower = $1 ORDER BY id LIMIT 10")
+_INSERT_DUPLICATE = """
+INSERT INTO sandbox.contacts (id_property, id_value, properties, email_dup)
+VALUES ($1, $2, $3::jsonb, true) RETURNING id, true AS created
+"""
+DUPLICATE_RULE = "Standard_Contact_Duplicate_Rule"
+MATCH_RULE = "Standard_Contact_Match_Rule_v1_1"
+DUPLICATE_MESSAGE = ("You're creating a duplicate record. We recommend you use an existing "
+                     "record instead.")
+BLOCKED_MESSAGE = "Use one of these records?"
+
+
+def duplicate_rule_header(request: Request) -> dict[str, bool]:
+    """`Sforce-Duplicate-Rule-Header: allowSave=true, includeRecordDetails=true, …`."""
+    flags: dict[str, bool] = {}
+    for part in request.headers.get("sforce-duplicate-rule-header", "").split(","):
+        key, _, value = part.strip().partition("=")
+        if key:
+            flags[key.strip()] = value.strip().lower() == "true"
+    return flags
+
+
+def duplicates_detected(version: str, rows: list[asyncpg.Record], allow_save: bool,
+                        details: bool) -> JSONResponse:
+    """Salesforce's refusal by a duplicate rule: 400 `DUPLICATES_DETECTED` with the
+    `duplicateResult` naming the matching records (their fields with includeRecordDetails)."""
+    message = DUPLICATE_MESSAGE if allow_save else BLOCKED_MESSAGE
+    records = [record_json(r, version, None if details else ["Id"]) for r in rows]
+    match_records = [{"additionalInformation": [], "fieldDiffs": [], "matchConfidence": 100.0,
+                      "record": record} for record in records]
+    result = {"allowSave": allow_save, "duplicateRule": DUPLICATE_RULE,
+              "duplicateRuleEntityType": "Contact", "errorMessage": message,
+              "matchResults": [{"entityType": "Contact", "errors": [],
+                                "matchEngine": "ExactMatchEngine",
+                                "matchRecords": match_records, "rule": MATCH_RULE,
+                                "size": len(match_records), "success": True}]}
+    return JSONResponse([{"duplicateResult": result, "errorCode": "DUPLICATES_DETECTED",
+                          "fields": [], "message": message}], status_code=400)
 
 
 async def upsert(pool: asyncpg.Pool, version: str, field: str, value: str,
-                 fields: dict[str, str]) -> Outcome:
-    """Match by external ID, then create, update, or refuse (300) in one transaction."""
+                 fields: dict[str, str], rule: str = "alert",
+                 header: dict[str, bool] | None = None) -> Outcome:
+    """Match by external ID, then create, update, or refuse (300) in one transaction.
+
+    A create whose email another Contact holds meets the org's duplicate rule: `none` creates
+    the second record; `alert` refuses (400 DUPLICATES_DETECTED, allowSave true) unless the
+    request's duplicate rule header says allowSave=true; `block` always refuses."""
+    header = header or {}
     body_on_update = (_version(version) or (0, 0)) >= BODY_VERSION
+    email = fields.get("email", "").lower()
     for attempt in range(UPSERT_ATTEMPTS):
+        updating = False
         try:
             async with pool.acquire() as conn, conn.transaction():
                 rows = await conn.fetch(_MATCHES + " FOR UPDATE", field, value)
                 if len(rows) > 1:
                     return Outcome(_multiple(version, rows), "multiple_matches")
                 if rows:
+                    updating = True
                     record_id, created = rows[0]["id"], False
                     await conn.execute(_UPDATE, record_id, fields)
                 else:
                     if not fields.get("lastname", "").strip():
                         return Outcome(_missing_last_name(), "invalid")
-                    row = await conn.fetchrow(_INSERT, field, value, fields)
+                    same = await conn.fetch(_SAME_EMAIL, email) if email else []
+                    allowed = rule == "none" or (rule == "alert" and header.get("allowSave"))
+                    if same and not allowed:
+                        return Outcome(duplicates_detected(
+                            version, same, rule == "alert",
+                            bool(header.get("includeRecordDetails"))), "conflict")
+                    row = await conn.fetchrow(_INSERT_DUPLICATE if same else _INSERT,
+                                              field, value, fields)
                     if row is None:
                         raise RuntimeError("INSERT ... RETURNING returned no row")
                     record_id, created = row["id"], bool(row["created"])
@@ -304,11 +370,14 @@ async def upsert(pool: asyncpg.Pool, version: str, field: str, value: str,
         except asyncpg.UniqueViolationError as exc:
             if exc.constraint_name != "contacts_email_key":
                 continue  # lost an insert race on the external ID: the retry updates
-            owner = await pool.fetchrow(_OWNER_OF_EMAIL, fields.get("email", "").lower())
-            if owner is None or (owner["id_property"], owner["id_value"]) == (field, value):
+            # On a create, a record with the email appeared meanwhile: the retry meets the
+            # duplicate rule. On an update, the record took an email another one holds.
+            owner = await pool.fetchrow(_OWNER_OF_EMAIL, email)
+            if (not updating or owner is None
+                    or (owner["id_property"], owner["id_value"]) == (field, value)):
                 continue
-            return Outcome(sf_error(400, "DUPLICATES_DETECTED",
-                                    "Use one of these records?", ["Email"]), "conflict")
+            return Outcome(sf_error(400, "DUPLICATES_DETECTED", BLOCKED_MESSAGE, ["Email"]),
+                           "conflict")
         url = _record_url(version, record_id)
         if created:
             body = {"id": str(record_id), "success": True, "errors": [], "created": True}
@@ -341,7 +410,11 @@ async def upsert_by_external_id(
         parsed = parse_fields(await read_json(request), field, value)
         if isinstance(parsed, Response):
             return Outcome(parsed, "invalid")
-        return await upsert(sandbox.pool, version, field, value, parsed)
+        await sandbox.pool.execute(REGISTER_ID_FIELD, field)
+        rule = await sandbox.pool.fetchval(
+            "SELECT salesforce_duplicate_rule FROM sandbox.config WHERE id")
+        return await upsert(sandbox.pool, version, field, value, parsed, rule,
+                            duplicate_rule_header(request))
 
     return await run(request, sandbox, "crm.upsert", operation)
 
@@ -386,6 +459,152 @@ async def get_by_id(
         return Outcome(JSONResponse(record_json(row, version, wanted)))
 
     return await run(request, sandbox, "crm.search", operation)
+
+
+# --- SOQL query and update by Id (finding and adopting an existing Contact) ----------------
+_SOQL = re.compile(
+    r"^\s*SELECT\s+(?P<fields>[A-Za-z0-9_]+(?:\s*,\s*[A-Za-z0-9_]+)*)\s+FROM\s+Contact"
+    r"\s+WHERE\s+(?P<field>[A-Za-z0-9_]+)\s*=\s*'(?P<value>(?:[^'\\]|\\.)*)'"
+    r"(?:\s+ORDER\s+BY\s+(?P<order>[A-Za-z0-9_]+)(?:\s+(?:ASC|DESC))?)?"
+    r"(?:\s+LIMIT\s+(?P<limit>\d{1,4}))?\s*$", re.IGNORECASE)
+_SOQL_ESCAPES = {"'": "'", '"': '"', "\\": "\\", "n": "\n", "r": "\r", "t": "\t",
+                 "b": "\b", "f": "\f", "%": "%", "_": "_"}
+QUERYABLE = frozenset(STANDARD_FIELDS) | READ_ONLY_FIELDS
+
+
+def _soql_literal(raw: str) -> str | None:
+    """A SOQL string literal's value (backslash escapes as SOQL's), None if malformed."""
+    out, chars = [], iter(raw)
+    for char in chars:
+        if char != "\\":
+            out.append(char)
+            continue
+        nxt = next(chars, "")
+        if nxt not in _SOQL_ESCAPES:
+            return None
+        out.append(_SOQL_ESCAPES[nxt])
+    return "".join(out)
+
+
+def _queryable(name: str) -> bool:
+    return name in QUERYABLE or bool(_CUSTOM_FIELD.match(name))
+
+
+def parse_soql(query: str) -> tuple[list[str], str, str, int] | Response:
+    """(fields, WHERE field, value, limit) of `SELECT … FROM Contact WHERE F = '…'`, the one
+    query shape this subset answers, or Salesforce's error."""
+    match = _SOQL.match(query)
+    if match is None:
+        return sf_error(400, "MALFORMED_QUERY", "unexpected token: the sandbox answers "
+                        "SELECT fields FROM Contact WHERE Field = 'value' [LIMIT n]")
+    fields = [f.strip() for f in match.group("fields").split(",")]
+    where = match.group("field")
+    for name in [*fields, where]:
+        if not _queryable(name):
+            return sf_error(400, "INVALID_FIELD",
+                            f"No such column '{name}' on entity 'Contact'.")
+    value = _soql_literal(match.group("value"))
+    if value is None:
+        return sf_error(400, "MALFORMED_QUERY", "invalid escape sequence in a string literal")
+    return fields, where, value, int(match.group("limit") or 2000)
+
+
+_SELECT_CONTACTS = "SELECT id, properties, created_at, updated_at FROM sandbox.contacts"
+
+
+async def query_contacts(pool: asyncpg.Pool, version: str, fields: list[str], where: str,
+                         value: str, limit: int) -> dict[str, Any]:
+    if where == "Email":
+        rows = await pool.fetch(f"{_SELECT_CONTACTS} WHERE email_lower = lower($1) "
+                                "ORDER BY id LIMIT $2", value, limit)
+    elif where == "Id":
+        rows = (await pool.fetch(f"{_SELECT_CONTACTS} WHERE id = $1", int(value))
+                if _RECORD_ID.match(value) else [])
+    else:
+        stored = STANDARD_FIELDS.get(where, where)
+        rows = await pool.fetch(f"{_SELECT_CONTACTS} WHERE properties ->> $1 = $2 OR "
+                                "(id_property = $1 AND id_value = $2) ORDER BY id LIMIT $3",
+                                stored, value, limit)
+    records = []
+    for row in rows:
+        record = record_json(row, version, fields)
+        for name in fields:
+            record.setdefault(name, None)  # Salesforce answers an empty field as null
+        records.append(record)
+    return {"totalSize": len(records), "done": True, "records": records}
+
+
+@router.get("/{version}/query")
+@router.get("/{version}/query/")  # simple-salesforce asks for `query/`
+async def query(request: Request, version: str, sandbox: SandboxDep,
+                q: str | None = None) -> Response:
+    """`GET …/query?q=SELECT Id, Email FROM Contact WHERE Email = 'a@b.example'`: a record
+    read (no search lag), Email compared case-insensitively as Salesforce does."""
+
+    async def operation() -> Outcome:
+        if (error := _path_error(version)) is not None:
+            return Outcome(error, "not_found")
+        parsed = parse_soql(q or "")
+        if isinstance(parsed, Response):
+            return Outcome(parsed, "invalid")
+        body = await query_contacts(sandbox.pool, version, *parsed)
+        return Outcome(JSONResponse(body))
+
+    return await run(request, sandbox, "crm.search", operation)
+
+
+_UPDATE_BY_ID = """
+UPDATE sandbox.contacts SET properties = properties || $2::jsonb,
+    id_property = coalesce(id_property, $3), id_value = coalesce(id_value, $4),
+    updated_at = clock_timestamp()
+WHERE id = $1
+"""
+
+
+async def update_by_id(pool: asyncpg.Pool, record_id: int, fields: dict[str, str]) -> Outcome:
+    """Merge `fields` into the Contact. An External ID field written onto a record that has
+    none (one the org uses: an upsert went through it) becomes the record's external ID."""
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow("SELECT id_property FROM sandbox.contacts WHERE id = $1 "
+                                      "FOR UPDATE", record_id)
+            if row is None:
+                return Outcome(_not_found(), "not_found")
+            id_field = id_value = None
+            if row["id_property"] is None:
+                known = await conn.fetch("SELECT name FROM sandbox.id_properties "
+                                         "WHERE name = ANY($1::text[]) ORDER BY name",
+                                         [k for k, v in fields.items() if v])
+                if known:
+                    id_field = known[0]["name"]
+                    id_value = fields[id_field]
+            await conn.execute(_UPDATE_BY_ID, record_id, fields, id_field, id_value)
+    except asyncpg.UniqueViolationError as exc:
+        if exc.constraint_name == "contacts_email_key":
+            return Outcome(sf_error(400, "DUPLICATES_DETECTED", BLOCKED_MESSAGE, ["Email"]),
+                           "conflict")
+        return Outcome(sf_error(400, "DUPLICATE_VALUE", "duplicate value found: an external "
+                                "ID field value another record holds", list(fields)[:1]),
+                       "conflict")
+    return Outcome(Response(status_code=204))
+
+
+@router.patch("/{version}/sobjects/Contact/{record_id}")
+async def patch_by_id(request: Request, version: str, record_id: str,
+                      sandbox: SandboxDep) -> Response:
+    """Update a Contact by its record Id: 204 No Content, as Salesforce answers."""
+
+    async def operation() -> Outcome:
+        if (error := _path_error(version)) is not None:
+            return Outcome(error, "not_found")
+        parsed = parse_fields(await read_json(request), None, None)
+        if isinstance(parsed, Response):
+            return Outcome(parsed, "invalid")
+        if not _RECORD_ID.match(record_id):
+            return Outcome(_not_found(), "not_found")
+        return await update_by_id(sandbox.pool, int(record_id), parsed)
+
+    return await run(request, sandbox, "crm.update", operation)
 
 
 # --- Task (the inbound email logged on the Contact) ----------------------------------------

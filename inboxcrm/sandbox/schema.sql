@@ -129,3 +129,32 @@ CREATE TABLE IF NOT EXISTS sandbox.oauth_tokens (
 
 -- Resend's `reply_to` (string or list), kept and shown like the other fields.
 ALTER TABLE sandbox.emails ADD COLUMN IF NOT EXISTS reply_to jsonb;
+
+-- Records that exist before inboxcrm (`POST /_sandbox/seed`: created by a salesperson) carry
+-- no external ID of ours. `email_dup`: a second record with an email another record already
+-- holds, which only Salesforce allows (duplicate rule `none`, or `alert` with allowSave);
+-- email stays unique among the others, so the HubSpot surface keeps it unique as HubSpot does.
+ALTER TABLE sandbox.contacts ALTER COLUMN id_property DROP NOT NULL;
+ALTER TABLE sandbox.contacts ALTER COLUMN id_value DROP NOT NULL;
+ALTER TABLE sandbox.contacts ADD COLUMN IF NOT EXISTS email_dup boolean NOT NULL DEFAULT false;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_indexes WHERE schemaname = 'sandbox'
+                   AND indexname = 'contacts_email_key' AND indexdef LIKE '%WHERE%') THEN
+        DROP INDEX IF EXISTS sandbox.contacts_email_key;
+        CREATE UNIQUE INDEX contacts_email_key ON sandbox.contacts (email_lower)
+            WHERE NOT email_dup;
+    END IF;
+END $$;
+CREATE INDEX IF NOT EXISTS contacts_email_lower_idx ON sandbox.contacts (email_lower);
+
+-- The unique properties / external ID fields the account has been used with (an upsert's
+-- idProperty or External ID field registers it, as creating the property would): an update
+-- by record ID that writes one onto a record without one makes it that record's external ID.
+CREATE TABLE IF NOT EXISTS sandbox.id_properties (
+    name text PRIMARY KEY
+);
+
+-- Salesforce's duplicate rule for Contacts: none | alert (the standard rule) | block.
+ALTER TABLE sandbox.config ADD COLUMN IF NOT EXISTS salesforce_duplicate_rule text
+    NOT NULL DEFAULT 'alert' CHECK (salesforce_duplicate_rule IN ('none', 'alert', 'block'));

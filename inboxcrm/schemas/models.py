@@ -14,7 +14,9 @@ from typing import Literal, get_args
 # wire: the payloads in stored histories stay byte-identical).
 Route = Literal["auto", "review", "ignore", "opt_out"]
 PlanOutcome = Literal["planned", "review", "suppressed", "opted_out"]
-OperationOutcome = Literal["completed", "parked", "cancelled"]
+# `review`: the operation wrote nothing and needs a person's decision first (a CRM upsert
+# that met several existing records with the contact's email).
+OperationOutcome = Literal["completed", "parked", "cancelled", "review"]
 DecisionAction = Literal["approve", "hold", "reject", "retry", "resolve"]
 
 ROUTES: tuple[Route, ...] = get_args(Route)

@@ -31,6 +31,12 @@ SELECT action, status, attempts, max_attempts, last_error_category, last_error,
 FROM operations WHERE workflow_id = $1 ORDER BY first_seen
 """
 
+# The CRM records the item's last CRM upsert met (several with the contact's email).
+CRM_CANDIDATES = """
+SELECT detail -> 'candidates' AS candidates, detail ->> 'crm' AS crm FROM audit_log
+WHERE workflow_id = $1 AND action = 'crm_match_needs_review' ORDER BY audit_id DESC LIMIT 1
+"""
+
 EVENT_INTENT = """
 SELECT i.intent_id, i.rule_id, i.rule_version, i.template_id, i.status, i.needs_approval,
        i.approved_by, c.email, c.name, c.company, c.contact_id
@@ -71,6 +77,15 @@ async def review_item(conn: Conn, workflow_id: str) -> asyncpg.Record | None:
 
 async def item_operations(conn: Conn, workflow_id: str) -> list[asyncpg.Record]:
     return list(await conn.fetch(ITEM_OPERATIONS, workflow_id))
+
+
+async def crm_candidates(conn: Conn, *, workflow_id: str) -> tuple[str | None, list[str]]:
+    """(provider, record IDs) of the existing CRM records the item's upsert met; (None, [])
+    when it met none."""
+    row = await conn.fetchrow(CRM_CANDIDATES, workflow_id)
+    if row is None or not isinstance(row["candidates"], list):
+        return None, []
+    return row["crm"], [str(c) for c in row["candidates"]]
 
 
 async def event_intent(conn: Conn, event_id: Any) -> asyncpg.Record | None:

@@ -353,6 +353,12 @@ class InboundEmailWorkflow:
                 await self._sleep_unless_woken(_park_wait(pause_poll, result.retry_at))
                 pause_poll = min(pause_poll * 2, PAUSE_FALLBACK_MAX)
                 continue
+            if result.status == "review":
+                # Nothing was written (several existing CRM records match): a person
+                # decides, then the operation is tried again (reject ends the item).
+                self._state.operations[action].status = "review"
+                await self._review(result.reason or "operation_review")
+                continue
             self._state.operations[action].status = result.status
             self._state.operations[action].destination_id = result.destination_id
             return result

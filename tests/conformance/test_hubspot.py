@@ -88,6 +88,27 @@ async def test_contact_upsert_by_unique_property_then_read_and_search(client: An
     assert found.total in (0, 1)  # the search index lags; the answer still fits the model
 
 
+async def test_a_seeded_contact_is_marked_by_update_and_read_by_our_id(
+        client: Any, sandbox: SandboxProcess) -> None:
+    """Adoption as the adapter does it: the 409 names the salesperson's contact, the basic
+    update writes our unique property onto it, a read by our ID finds it."""
+    from hubspot.crm.contacts.models import SimplePublicObjectInput
+
+    async with httpx.AsyncClient(base_url=sandbox.url) as control:
+        seeded = (await control.post("/_sandbox/seed", json={"crm": "hubspot", "contacts": [
+            {"email": "sam@example.com", "owner": "7001"}]})).json()["contacts"][0]["id"]
+    external = str(uuid.uuid4())
+    with pytest.raises(ContactsApiException) as conflict:
+        upsert_contact(client, external, "sam@example.com")
+    assert conflict.value.status == 409 and seeded in json.loads(conflict.value.body)["message"]
+    updated = client.crm.contacts.basic_api.update(
+        contact_id=seeded, simple_public_object_input=SimplePublicObjectInput(
+            properties={ID_PROP: external}))
+    assert updated.id == seeded and updated.properties["hubspot_owner_id"] == "7001"
+    read = client.crm.contacts.basic_api.get_by_id(contact_id=external, id_property=ID_PROP)
+    assert read.id == seeded
+
+
 async def test_contact_errors_fit_the_error_model(client: Any) -> None:
     with pytest.raises(ContactsApiException) as missing:
         client.crm.contacts.basic_api.get_by_id(contact_id="nobody", id_property=ID_PROP)

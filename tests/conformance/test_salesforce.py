@@ -76,3 +76,27 @@ async def test_errors_are_the_sdk_exceptions(sf: Any, tls_sandbox: SandboxProces
     with pytest.raises(SalesforceRefusedRequest) as limited:
         sf.Contact.upsert(f"{FIELD}/{uuid.uuid4()}", {"LastName": "X"})
     assert limited.value.content[0]["errorCode"] == "REQUEST_LIMIT_EXCEEDED"
+
+
+async def test_an_existing_contact_is_queried_and_adopted_by_id(
+        sf: Any, tls_sandbox: SandboxProcess, certificate: tuple[Path, Path]) -> None:
+    """Match before create as the adapter does it, through simple-salesforce: the duplicate
+    rule refuses a second Contact, SOQL finds the salesperson's one, an update by Id writes
+    our External ID onto it, a read by External ID finds it with its owner."""
+    email = f"kim.{uuid.uuid4().hex[:8]}@example.com"
+    trusted = ssl.create_default_context(cafile=str(certificate[0]))
+    async with httpx.AsyncClient(base_url=tls_sandbox.url, verify=trusted) as c:
+        seeded = (await c.post("/_sandbox/seed", json={"crm": "salesforce", "contacts": [
+            {"email": email, "lastname": "Kim", "owner": "005A"}]})).json()["contacts"][0]["id"]
+    external = str(uuid.uuid4())
+    with pytest.raises(SalesforceMalformedRequest) as refused:
+        sf.Contact.upsert(f"{FIELD}/{external}", {"Email": email, "LastName": "Kim"})
+    [error] = refused.value.content
+    assert error["errorCode"] == "DUPLICATES_DETECTED"
+    records = error["duplicateResult"]["matchResults"][0]["matchRecords"]
+    assert [r["record"]["Id"] for r in records] == [seeded]
+    found = sf.query(f"SELECT Id, OwnerId, {FIELD} FROM Contact WHERE Email = '{email}'")
+    assert found["totalSize"] == 1 and found["records"][0][FIELD] is None
+    assert sf.Contact.update(seeded, {FIELD: external}) == 204
+    adopted = sf.Contact.get_by_custom_id(FIELD, external)
+    assert adopted["Id"] == seeded and adopted["OwnerId"] == "005A"

@@ -46,5 +46,6 @@ async def anon(sandbox_process: SandboxProcess) -> AsyncIterator[httpx.AsyncClie
 async def clean_sandbox(anon: httpx.AsyncClient) -> None:
     """Empty sandbox, no faults, known timings: tests never see each other's records."""
     (await anon.post("/_sandbox/reset")).raise_for_status()
-    config = {"search_lag_seconds": SEARCH_LAG, "hang_seconds": HANG}
+    config = {"search_lag_seconds": SEARCH_LAG, "hang_seconds": HANG,
+              "salesforce_duplicate_rule": "alert"}
     (await anon.post("/_sandbox/config", json=config)).raise_for_status()

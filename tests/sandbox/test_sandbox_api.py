@@ -541,10 +541,13 @@ async def test_config_is_runtime_and_validated(anon) -> None:
         "search_lag_seconds": SEARCH_LAG,
         "hang_seconds": HANG,
         "session_seconds": 7200.0,
+        "salesforce_duplicate_rule": "alert",
     }
     changed = await anon.post("/_sandbox/config", json={"hang_seconds": 3})
     assert changed.json() == {"search_lag_seconds": SEARCH_LAG, "hang_seconds": 3.0,
-                              "session_seconds": 7200.0}
+                              "session_seconds": 7200.0, "salesforce_duplicate_rule": "alert"}
+    rule = {"salesforce_duplicate_rule": "sometimes"}
+    assert (await anon.post("/_sandbox/config", json=rule)).status_code == 422
     assert (await anon.post("/_sandbox/config", json={"session_seconds": 0})).status_code == 422
     assert (await anon.post("/_sandbox/config", json={"hang_seconds": -1})).status_code == 422
     assert (await anon.post("/_sandbox/config", json={"lag": 1})).status_code == 422
@@ -556,7 +559,7 @@ async def test_reset_forgets_everything_but_config(client, anon) -> None:
     await send(client, "k-r")
     await add_fault(anon, "crm.search", "server_error")
     assert (await anon.post("/_sandbox/reset")).json() == {"ok": True}
-    assert await state(anon) == {"contacts": [], "notes": [], "emails": []}
+    assert await state(anon) == {"contacts": [], "leads": [], "notes": [], "emails": []}
     assert await calls(anon) == []
     assert (await anon.get("/_sandbox/faults")).json()["faults"] == []
     assert (await anon.get("/_sandbox/config")).json()["search_lag_seconds"] == 0.5
