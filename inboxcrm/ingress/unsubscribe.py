@@ -81,19 +81,22 @@ _CONFIRM_PAGE = """<!doctype html>
 """
 
 
-def unsubscribe_router(settings: Settings) -> APIRouter:
-    """POST /v1/unsubscribe/{token} (one-click) and GET (a confirmation form only)."""
-    router = APIRouter()
-    secret = settings.unsubscribe_secret.get_secret_value() if settings.unsubscribe_secret \
-        else None
+def _not_found() -> JSONResponse:
+    return JSONResponse({"status": "error", "message": "unknown unsubscribe link"},
+                        status_code=404)
 
-    def _not_found() -> JSONResponse:
-        return JSONResponse({"status": "error", "message": "unknown unsubscribe link"},
-                            status_code=404)
 
-    @router.post("/v1/unsubscribe/{token}")
-    async def unsubscribe(token: str, request: Request, pool: PoolDep) -> JSONResponse:
-        ref = read_token(secret, token) if secret else None  # the link is the credential
+class UnsubscribeLinks:
+    """The one-click links of follow-ups (RFC 8058): the link is the credential, signed with
+    INBOXCRM_UNSUBSCRIBE_SECRET. Handlers are methods, so a test can call them."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.secret = (settings.unsubscribe_secret.get_secret_value()
+                       if settings.unsubscribe_secret else None)
+
+    async def unsubscribe(self, token: str, request: Request, pool: PoolDep) -> JSONResponse:
+        """POST /v1/unsubscribe/{token}: record the opt-out (no body needed)."""
+        ref = read_token(self.secret, token) if self.secret else None
         if ref is None:
             return _not_found()
         if await read_body(request, MAX_BODY_BYTES) is None:
@@ -109,10 +112,21 @@ def unsubscribe_router(settings: Settings) -> APIRouter:
             return _not_found()
         return JSONResponse({"status": "unsubscribed"})
 
-    @router.get("/v1/unsubscribe/{token}", response_model=None)
-    async def confirm(token: str) -> HTMLResponse | JSONResponse:
-        if not secret or read_token(secret, token) is None:
+    async def confirm(self, token: str) -> HTMLResponse | JSONResponse:
+        """GET /v1/unsubscribe/{token}: a confirmation form only (a link scanner that
+        follows the link changes nothing)."""
+        if not self.secret or read_token(self.secret, token) is None:
             return _not_found()
         return HTMLResponse(_CONFIRM_PAGE, headers={"Cache-Control": "no-store"})
 
-    return router
+    def router(self) -> APIRouter:
+        router = APIRouter()
+        router.add_api_route("/v1/unsubscribe/{token}", self.unsubscribe, methods=["POST"])
+        router.add_api_route("/v1/unsubscribe/{token}", self.confirm, methods=["GET"],
+                             response_model=None)
+        return router
+
+
+def unsubscribe_router(settings: Settings) -> APIRouter:
+    """POST /v1/unsubscribe/{token} (one-click) and GET (a confirmation form only)."""
+    return UnsubscribeLinks(settings).router()

@@ -519,3 +519,22 @@ async def test_large_bodies_are_hashed_a_bounded_number_at_a_time(
     proofs = await asyncio.gather(*tasks[:2])
     assert most == standard.HASH_SLOTS
     assert all(len(proof.bindings) == 1 for proof in proofs)
+
+
+async def test_the_unsubscribe_handlers_are_callable_without_a_relay() -> None:
+    """The link's handlers are methods (issue 33): a forged or foreign link is "unknown",
+    a valid one gets the confirmation form (a GET changes nothing), all without a database
+    or a running relay."""
+    import uuid
+
+    from inboxcrm.domain.unsubscribe_links import make_token
+    from inboxcrm.ingress.unsubscribe import UnsubscribeLinks
+
+    links = UnsubscribeLinks(Settings(env="local", unsubscribe_secret=SecretStr(LONG)))
+    valid = make_token(LONG, "acme", uuid.uuid4())
+    assert (await links.confirm(valid)).status_code == 200
+    assert (await links.confirm(valid[:-2] + "xx")).status_code == 404
+    foreign = make_token("y" * 40, "acme", uuid.uuid4())
+    assert (await links.confirm(foreign)).status_code == 404
+    unconfigured = UnsubscribeLinks(Settings(env="local"))
+    assert (await unconfigured.confirm(valid)).status_code == 404
