@@ -126,7 +126,21 @@ class HubSpotCrm:
         return CrmRecord(record_id=str(results[0]["id"]), created=results[0].get("new"))
 
     async def _adopt(self, record_id: str, external_id: str) -> CrmRecord:
-        """Write our external ID onto the existing contact, nothing else."""
+        """Write our external ID onto the existing contact, nothing else. A contact that
+        already carries another ID of ours (two tenants sharing one HubSpot account, where
+        each holds its own contact for one address) is adopted as it is: its ID is the
+        other's, and overwriting it would take the record away from them."""
+        path = f"/crm/v3/objects/contacts/{quote(record_id, safe='')}"
+        current = await send_request(self._client, "GET", path,
+                                     params={"properties": self._id_property}, reason=_reason)
+        try:
+            properties = current.json().get("properties") or {}
+        except (ValueError, AttributeError):
+            properties = {}
+        held = properties.get(self._id_property) if isinstance(properties, dict) else None
+        if held:
+            return CrmRecord(record_id=record_id, created=False, adopted=True,
+                             marked=held == external_id)
         await send_request(
             self._client, "PATCH", f"/crm/v3/objects/contacts/{quote(record_id, safe='')}",
             json={"properties": {self._id_property: external_id}}, reason=_reason)
