@@ -141,9 +141,9 @@ class HubSpotCrm:
         if held:
             return CrmRecord(record_id=record_id, created=False, adopted=True,
                              marked=held == external_id)
-        await send_request(
-            self._client, "PATCH", f"/crm/v3/objects/contacts/{quote(record_id, safe='')}",
-            json={"properties": {self._id_property: external_id}}, reason=_reason)
+        await send_request(self._client, "PATCH", path,
+                           json={"properties": {self._id_property: external_id}},
+                           reason=_reason)
         return CrmRecord(record_id=record_id, created=False, adopted=True, marked=True)
 
     async def find_contact(self, external_id: str) -> CrmRecord | None:
