@@ -32,8 +32,8 @@ from temporalio.service import TLSConfig
 from inboxcrm.platform import tracing
 from inboxcrm.platform.config import Settings
 from inboxcrm.schemas import contract
-from inboxcrm.schemas.drift import DriftCheckInput
 from inboxcrm.schemas.consent import ConsentSyncInput
+from inboxcrm.schemas.drift import DriftCheckInput
 from inboxcrm.schemas.notices import ReviewNoticesInput
 
 log = logging.getLogger("inboxcrm.platform.temporal")
