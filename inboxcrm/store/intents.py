@@ -173,14 +173,14 @@ WHERE event_id = $1 AND status IN ('queued', 'awaiting_approval')
 
 async def followup_blockers(conn: Conn, *, tenant: str, canonical_email: str,
                             contact_id: Any, event_id: Any,
-                            quiet_period_hours: float) -> tuple[bool, bool]:
-    """(suppressed, recent) for a follow-up to this identity and contact
+                            quiet_period_hours: float) -> tuple[bool, bool, bool]:
+    """(suppressed, recent, marketing_suppressed) for a follow-up to this identity and contact
     (`FOLLOWUP_BLOCKERS`): asked by the planner in its transaction and by the review card,
     so both see the same facts. `contact_id` None: a new contact, which has no intents."""
     row = await conn.fetchrow(FOLLOWUP_BLOCKERS, tenant, canonical_email, contact_id, event_id,
                               float(quiet_period_hours * 3600))
-    assert row is not None  # one row always (two EXISTS)
-    return bool(row["suppressed"]), bool(row["recent"])
+    assert row is not None  # one row always (three EXISTS)
+    return bool(row["suppressed"]), bool(row["recent"]), bool(row["marketing_suppressed"])
 
 
 async def plan_followup(
