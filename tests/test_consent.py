@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -82,6 +84,15 @@ def _crm(org: SandboxProcess, provider: str) -> CrmClient:
     return SalesforceCrm(org.url, API_KEY)
 
 
+def _audit_cli(stack: Stack, *args: str) -> str:
+    """`inboxcrm audit …` as an operator runs it: the story in sentences."""
+    done = subprocess.run([sys.executable, "-m", "inboxcrm.cli", "audit", *args],
+                          env=stack.env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def _detail(raw: Any) -> dict[str, Any]:
     return raw if isinstance(raw, dict) else dict(json.loads(raw))
 
@@ -124,6 +135,9 @@ async def test_hubspot_opt_out_set_before_the_email_arrives_stops_the_follow_up(
     assert refused["crm_field"] == "hs_email_optout"
     assert refused["consent"]["crm_record_id"] == record["id"]
     assert refused["consent"]["lawful_basis"] == "reply_to_inquiry"
+    story = _audit_cli(stack, "--workflow", workflow_id)
+    assert "NOT eligible (crm_opt_out): the CRM's hs_email_optout says opted out" in story
+    assert "consent record: lawful basis reply_to_inquiry (service)" in story
     # Nothing of ours was written onto the CRM's opt-out (it came from the CRM).
     assert await env.count("SELECT count(*) FROM crm_consent_writes w JOIN contacts c ON "
                            "(c.tenant, c.canonical_email) = (w.tenant, w.canonical_email) "
@@ -214,6 +228,9 @@ async def test_one_click_unsubscribe_appears_in_the_crm_field(
                                        contact_id=props[0][HS_PROPERTY])
                if d["op_key"] == write["op_key"]]
     assert len(written) == 1 and written[0]["crm_field"] == "hs_email_optout"
+    story = _audit_cli(stack, "--email", email)
+    assert "opt-out recorded (list_unsubscribe, scope all)" in story
+    assert "opt-out written to CRM (hubspot) hs_email_optout" in story
 
 
 @pytest.mark.parametrize("provider", ["hubspot", "salesforce"])
