@@ -25,6 +25,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from pydantic import SecretStr
 from temporalio.testing import ActivityEnvironment
 
 from inboxcrm.activities.consent import ConsentActivities
@@ -48,8 +49,9 @@ from tests.helpers.outbox import planned_item, step_env
 from tests.helpers.sandbox_process import API_KEY, SandboxProcess, free_port, running
 
 HS_PROPERTY = "inboxcrm_contact_id"
-ONE_CLICK = {"content": b"List-Unsubscribe=One-Click",
-             "headers": {"content-type": "application/x-www-form-urlencoded"}}
+SECRET = "test-unsubscribe-secret-of-32-bytes-or-more"
+ONE_CLICK_BODY = b"List-Unsubscribe=One-Click"
+ONE_CLICK_HEADERS = {"content-type": "application/x-www-form-urlencoded"}
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +201,8 @@ async def test_one_click_unsubscribe_appears_in_the_crm_field(
     headers = (await env.http.get(f"{stack.sandbox_url}/emails/{sent['id']}")).json()["headers"]
     match = re.fullmatch(r"<(https?://[^>]+)>", headers["List-Unsubscribe"])
     assert match is not None
-    assert (await env.http.post(match.group(1), **ONE_CLICK)).status_code == 200
+    assert (await env.http.post(match.group(1), content=ONE_CLICK_BODY,
+                                headers=ONE_CLICK_HEADERS)).status_code == 200
 
     [write] = await env.db.fetch(
         "SELECT w.op_key, w.scope FROM crm_consent_writes w JOIN contacts c ON "
@@ -282,3 +285,38 @@ async def test_a_fault_on_the_write_back_is_retried_and_lands_once(
     [written] = await _audit(store, "crm_opt_out_written", contact_id=item.contact_id)
     assert written["crm_field"] == field and written["crm_record_ids"] == [seeded["id"]]
     assert written["attempt"] == 2
+
+
+async def test_a_failed_opt_out_read_never_sends_and_the_retry_does(
+        org: SandboxProcess, control: httpx.AsyncClient, store: asyncpg.Pool) -> None:
+    """The CRM cannot be asked: the attempt fails (transient, nothing sent) rather than
+    assume consent; the next attempt reads it and sends once."""
+    item = await planned_item(store)
+    crm = _crm(org, "hubspot")
+    mail = ResendMail(org.url, API_KEY, "Acme Sales <sales@acme.test>", 10)
+    send = SendActivities(store, Destinations.fixed(crm=crm, mail=mail), 300,
+                          Settings(unsubscribe_secret=SecretStr(SECRET),
+                                   public_relay_url="https://relay.example"))
+    try:
+        await step_env().run(CrmActivities(store, crm, 300).upsert_contact_in_crm,
+                             item.op("crm-upsert"))
+        (await control.post("/_sandbox/faults", json={"target": "crm.search",
+                                                      "mode": "server_error", "count": 1})
+         ).raise_for_status()
+        with pytest.raises(Exception, match="consent_read"):
+            await step_env().run(send.submit_followup_email, item.op("send"))
+        assert (await control.get("/_sandbox/state")).json()["emails"] == []
+        row = await store.fetchrow("SELECT status, last_error_category, last_error FROM "
+                                   "operations WHERE op_key = $1", item.op("send").op_key)
+        assert row is not None and row["last_error_category"] == "transient"
+        result = await step_env().run(send.submit_followup_email, item.op("send"))
+    finally:
+        await crm.aclose()
+        await mail.aclose()
+    assert result.status == "completed"
+    emails = (await control.get("/_sandbox/state")).json()["emails"]
+    assert [e["to"] for e in emails] == [[item.email]]
+    checked = await _audit(store, "eligibility_checked", workflow_id=item.item.workflow_id)
+    assert [c["eligible"] for c in checked] == [True]
+    assert checked[0]["consent"]["crm_field"] == "hs_email_optout"
+    assert checked[0]["consent"]["crm_opted_out"] is False
