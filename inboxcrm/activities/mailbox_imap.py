@@ -42,6 +42,7 @@ from inboxcrm.adapters.imap import (
     classify_imap,
     message_id_of,
 )
+from inboxcrm.domain.policy import tenant_priority
 from inboxcrm.schemas.contract import WORKFLOW_TYPE, start_search_attributes
 from inboxcrm.schemas.mailboxes import MailboxWatch, WatchSummary
 from inboxcrm.schemas.models import InboundEmailInput, inbound_workflow_id
@@ -82,6 +83,7 @@ async def start_item(event_id: str, tenant: str, workflow_id: str) -> bool:
             id=workflow_id, task_queue=activity.info().task_queue,
             static_summary=f"inbound email · tenant {tenant} · source imap",
             search_attributes=start_search_attributes(tenant),
+            priority=tenant_priority(tenant),
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             rpc_timeout=START_RPC_TIMEOUT)

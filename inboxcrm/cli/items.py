@@ -25,6 +25,7 @@ from inboxcrm.cli.common import (
     settings_from_env,
     with_db,
 )
+from inboxcrm.domain.policy import tenant_priority
 from inboxcrm.domain.review_card import age_text
 from inboxcrm.schemas.contract import WORKFLOW_TYPE, start_search_attributes
 from inboxcrm.store import db, items, retention
@@ -240,6 +241,7 @@ def replay(workflow_id: str, reviewer: ReviewerOpt,
                 InboundEmailInput(event_id=str(row["event_id"]), tenant=row["tenant"]),
                 id=workflow_id, task_queue=settings.task_queue,
                 search_attributes=start_search_attributes(row["tenant"]),
+                priority=tenant_priority(row["tenant"]),
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
             )
             await items.record_replayed(conn, tenant=row["tenant"], event_id=row["event_id"],

@@ -28,6 +28,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from temporalio.common import Priority
 
 from inboxcrm.domain.templates import Template, TemplateRefused, load_templates, rule_version
 from inboxcrm.schemas.destinations import (
@@ -158,6 +159,18 @@ class Ramp(_Strict):
     max_auto_followups_per_hour: int = Field(ge=0, le=100_000)
 
 
+class Capacity(_Strict):
+    """The tenant's share of a shared installation (docs/capacity.md, "Fair across tenants").
+    `fairness_weight`: the tenant's weight in Temporal's task-queue fairness (its workflow
+    and activity tasks are dispatched in proportion to it; 0.001 to 1000, as Temporal
+    allows). `intake_per_second` / `intake_burst`: the relay's token bucket for the tenant's
+    push deliveries, per relay process (over it: 429 with Retry-After); None: no limit."""
+
+    fairness_weight: float = Field(default=1.0, ge=0.001, le=1000)
+    intake_per_second: float | None = Field(default=None, gt=0, le=100_000)
+    intake_burst: int = Field(default=100, ge=1, le=1_000_000)
+
+
 class WebhookChannel(_Strict):
     """An incoming webhook (Slack message format). Its URL is a secret, so the policy names
     where to find it: an environment variable of the worker, or a file (a path relative to
@@ -231,6 +244,8 @@ class TenantPolicy(_Strict):
     destinations: TenantDestinations = TenantDestinations()
     _templates: dict[str, Template] = PrivateAttr(default_factory=dict)
     spam_action: Literal["ignore", "review"] = "ignore"
+    # Its share of the installation: Temporal fairness weight and relay intake rate.
+    capacity: Capacity = Capacity()
     # The scope of each kind of suppression (docs/consent.md), e.g.
     # {"list_unsubscribe": "marketing"}: unset reasons are `all`.
     suppression_scopes: dict[str, SuppressionScope] = {}
@@ -550,3 +565,15 @@ def canonical_email(address: str, policy: TenantPolicy) -> str:
     if not local:
         raise InvalidAddress("invalid email address: empty local part after folding")
     return f"{local}@{domain}"
+
+
+def tenant_priority(tenant: str) -> Priority:
+    """The Temporal priority an item of the tenant's is started with: its fairness key is
+    the tenant, its weight the policy's `capacity.fairness_weight` (1.0 when the policy
+    cannot be read: the item is then refused by its own first step). Activities inherit it,
+    so one tenant's backlog cannot hold another's tasks (docs/capacity.md)."""
+    try:
+        weight = get_policy(tenant).capacity.fairness_weight
+    except (UnknownTenant, PolicyError):
+        weight = 1.0
+    return Priority(fairness_key=tenant, fairness_weight=weight)

@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from inboxcrm.domain.extraction import work_pool
+from inboxcrm.ingress.admission import Admission
 from inboxcrm.ingress.codec import codec_router
 from inboxcrm.ingress.failed_runs import FailedRuns, check_forever
 from inboxcrm.ingress.intake import Ingestor, TemporalHandle, sweep_forever
@@ -38,6 +39,7 @@ def create_app(settings: Settings) -> FastAPI:
                                     max_size=settings.relay_pool_size)
         app.state.ingestor = Ingestor(pool, handle, settings.task_queue)
         app.state.metrics = metrics
+        app.state.admission = Admission()
         listener = metrics.serve(settings.relay_metrics_address) \
             if settings.relay_metrics_address else None
         # The review card reads stored messages in a child process under the work budget,

@@ -11,6 +11,7 @@ from typing import Annotated, cast
 import asyncpg
 from fastapi import Depends, Request
 
+from inboxcrm.ingress.admission import Admission
 from inboxcrm.ingress.intake import Ingestor, Intake
 from inboxcrm.ingress.metrics import RelayMetrics
 from inboxcrm.platform.workpool import Runner
@@ -41,9 +42,13 @@ def get_pool(ingestor: IngestorDep) -> asyncpg.Pool:
     return ingestor.pool
 
 
-def get_intake(ingestor: IngestorDep, metrics: MetricsDep) -> Intake:
-    """The one ingest path (`Intake.ingest`) over this relay's ledger and counters."""
-    return Intake(ingestor, metrics)
+def get_intake(request: Request, ingestor: IngestorDep, metrics: MetricsDep) -> Intake:
+    """The one ingest path (`Intake.ingest`) over this relay's ledger, counters and
+    per-tenant intake rates."""
+    admission = getattr(request.app.state, "admission", None)
+    if admission is None:  # an app assembled without the relay's lifespan (a test's)
+        admission = request.app.state.admission = Admission()
+    return Intake(ingestor, metrics, cast(Admission, admission))
 
 
 PoolDep = Annotated[asyncpg.Pool, Depends(get_pool)]

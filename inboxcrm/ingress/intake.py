@@ -27,6 +27,8 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from inboxcrm.adapters.imap import message_id_of
+from inboxcrm.domain.policy import tenant_priority
+from inboxcrm.ingress.admission import Admission
 from inboxcrm.ingress.metrics import RelayMetrics
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
@@ -198,6 +200,8 @@ class Ingestor:
                 # address, never personal data); the review card says the rest.
                 static_summary=static_summary(workflow_id),
                 search_attributes=start_search_attributes(tenant),
+                # Its activities inherit it: the tenant's share of the task queues.
+                priority=tenant_priority(tenant),
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 rpc_timeout=START_RPC_TIMEOUT,
@@ -251,6 +255,9 @@ class Intake:
 
     ledger: Ledger
     metrics: RelayMetrics
+    # The relay's per-tenant intake rates (one per process; a fresh one admits everything
+    # a policy does not limit).
+    admission: Admission = field(default_factory=Admission)
 
     async def ingest(self, delivery: Delivery) -> IngestResult:
         try:
@@ -264,6 +271,10 @@ class Intake:
     def count_auth_failure(self, source: str) -> None:
         """Every source feeds the same signature-failure metric (and its spike alert)."""
         self.metrics.signature_failures.labels(source).inc()
+
+    def count_rate_limited(self, source: str) -> None:
+        """Over the tenant's intake rate (a 429; the provider redelivers)."""
+        self.metrics.deliveries.labels(source, "rate_limited").inc()
 
     def count_forbidden(self, source: str) -> None:
         """Authenticated, but not for the delivery's tenant (a 403)."""

@@ -143,15 +143,27 @@ def _mailbox_gauges(rows: list[dict[str, Any]]) -> Iterator[GaugeMetricFamily]:
         "inboxcrm_mailbox_oldest_check_age_seconds",
         "Longest time since a watching mailbox folder of this kind was read up to date",
         labels=["kind"])
+    expiry = GaugeMetricFamily(
+        "inboxcrm_mailbox_subscription_expiry_seconds",
+        "Shortest time left before a watching push mailbox's subscription (Gmail watch, "
+        "Graph subscription) of this kind lapses; negative: lapsed", labels=["kind"])
     ages: dict[str, float] = {}
+    expiries: dict[str, float] = {}
     for row in rows:
-        folders.add_metric([row["kind"], row["state"]], float(row["n"] or 0))
+        kind = row["kind"]
+        folders.add_metric([kind, row["state"]], float(row["n"] or 0))
         if row["oldest_check_age"] is not None:
-            ages[row["kind"]] = max(ages.get(row["kind"], 0.0), float(row["oldest_check_age"]))
+            ages[kind] = max(ages.get(kind, 0.0), float(row["oldest_check_age"]))
+        if row.get("soonest_expiry") is not None:
+            left = float(row["soonest_expiry"])
+            expiries[kind] = min(expiries.get(kind, left), left)
     for kind, age in sorted(ages.items()):
         stale.add_metric([kind], age)
+    for kind, left in sorted(expiries.items()):
+        expiry.add_metric([kind], left)
     yield folders
     yield stale
+    yield expiry
 
 
 def _drift_gauges(drift: dict[str, Any] | None) -> Iterator[GaugeMetricFamily]:

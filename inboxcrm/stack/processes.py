@@ -178,7 +178,10 @@ def temporal_dev_server_argv(
     # which may be ports already handed out to a worker or relay that has not bound them yet.
     argv = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port),
             "--http-port", str(free_port()), "--metrics-port", str(free_port()),
-            "--log-level", "warn", "--ui-disable-news-fetch"]
+            "--log-level", "warn", "--ui-disable-news-fetch",
+            # Task-queue fairness (docs/capacity.md): each tenant's tasks in a queue of
+            # their own, dispatched in proportion to the tenant's weight.
+            "--dynamic-config-value", "matching.enableFairness=true"]
     argv += ["--headless"] if ui_port is None else ["--ui-port", str(ui_port)]
     if db_file is not None:
         argv += ["--db-filename", str(db_file), "--sqlite-pragma", "journal_mode=wal",

@@ -20,15 +20,21 @@ SELECT coalesce(jsonb_object_agg(source, (
 FROM sources WHERE source IS NOT NULL
 """
 
-# Registered mailbox folders by kind and state, and per kind the longest time since a
-# watching folder was last read up to date (its watcher's catch-up); no address leaves.
+# Registered mailbox folders by kind and state, per kind the longest time since a watching
+# folder was last read up to date (its watcher's catch-up) and the shortest time left before
+# a watching push source's subscription lapses; no address leaves.
 MAILBOX_GAUGES = """
 SELECT coalesce(jsonb_agg(jsonb_build_object(
-    'kind', kind, 'state', state, 'n', n, 'oldest_check_age', oldest_check_age)), '[]')
-FROM (SELECT kind, state, count(*) AS n,
-             max(extract(epoch FROM now() - coalesce(last_checked_at, created_at)))
-               FILTER (WHERE state = 'watching') AS oldest_check_age
-      FROM mailboxes GROUP BY kind, state) m
+    'kind', kind, 'state', state, 'n', n, 'oldest_check_age', oldest_check_age,
+    'soonest_expiry', soonest_expiry)), '[]')
+FROM (SELECT m.kind, m.state, count(*) AS n,
+             max(extract(epoch FROM now() - coalesce(m.last_checked_at, m.created_at)))
+               FILTER (WHERE m.state = 'watching') AS oldest_check_age,
+             min(extract(epoch FROM s.expires_at - now()))
+               FILTER (WHERE m.state = 'watching') AS soonest_expiry
+      FROM mailboxes m
+      LEFT JOIN mailbox_subscriptions s USING (tenant, kind, address, folder)
+      GROUP BY m.kind, m.state) m
 """
 
 STORE_GAUGES = f"""

@@ -13,6 +13,7 @@ gives every answer of §10:
 4. the body parsed into a `Delivery`: 422 malformed, 413 when the rebuilt message is too
    large, 403 when it names a tenant outside the credential's binding;
 5. the tenant checked against the bindings that authenticated it: 403, nothing stored;
+   then its intake rate (`Admission`): 429 with `Retry-After`, nothing stored;
 6. a signature that does not cover the body is accepted once (`OnceToken`): a reuse is a 401;
 7. `Intake.ingest`: 200 accepted / duplicate, 503 ledger or Temporal unavailable.
 """
@@ -172,6 +173,12 @@ async def receive(source: PushSource[Presented, Body], headers: Headers,
         intake.count_forbidden(source.name)
         log.info("%s delivery refused: %s", source.name, exc)
         return error_response(403, str(exc))
+    wait = intake.admission.retry_after(delivery.tenant)
+    if wait is not None:
+        intake.count_rate_limited(source.name)
+        response = error_response(429, "the tenant's intake rate is exceeded; retry later")
+        response.headers["Retry-After"] = str(wait)
+        return response
     if proof.once is None:
         return answer(await intake.ingest(delivery))
     return await _ingest_once(source, proof.once, delivery, intake)
