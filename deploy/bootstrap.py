@@ -40,6 +40,8 @@ async def bootstrap(skip_search_attributes: bool, migrations_only: bool = False)
     print(f"drift check schedule: {outcome}")  # noqa: T201
     outcome = await temporal.ensure_review_notices_schedule(client, settings)
     print(f"review notices schedule: {outcome}")  # noqa: T201
+    outcome = await temporal.ensure_consent_sync_schedule(client, settings)
+    print(f"consent sync schedule: {outcome}")  # noqa: T201
 
 
 def main() -> None:

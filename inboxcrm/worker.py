@@ -22,6 +22,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from inboxcrm.activities.bookkeeping import BookkeepingActivities
+from inboxcrm.activities.consent import ConsentActivities
 from inboxcrm.activities.crm import CrmActivities
 from inboxcrm.activities.drift import DriftActivities
 from inboxcrm.activities.extract import ExtractActivities
@@ -52,6 +53,7 @@ from inboxcrm.platform.logs import configure_logging
 from inboxcrm.platform.workpool import IN_PROCESS, Runner
 from inboxcrm.schemas.destinations import TenantDestinations
 from inboxcrm.store import audit, db
+from inboxcrm.workflows.consent_sync import ConsentSyncWorkflow
 from inboxcrm.workflows.drift_check import DriftCheckWorkflow
 from inboxcrm.workflows.inbound_email import (
     CRM_MAX_ATTEMPTS,
@@ -230,7 +232,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         client,
         task_queue=settings.task_queue,
         workflows=[InboundEmailWorkflow, DriftCheckWorkflow, ReviewNoticesWorkflow,
-                   MailboxWatchWorkflow],
+                   MailboxWatchWorkflow, ConsentSyncWorkflow],
         activities=[*activity_functions(pool, destinations, None, extractor,
                                         settings.max_retry_after_seconds,
                                         settings.public_relay_base_url,
@@ -241,6 +243,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                     DriftActivities(pool, destinations).check_destination_drift,
                     NoticeActivities(pool, settings.public_relay_base_url,
                                      settings.http_timeout_seconds).send_review_notices,
+                    ConsentActivities(pool, destinations).sync_consent_writes,
                     *mailbox_activities(pool, settings.database_url, settings.max_body_bytes)],
         # A PostgreSQL outage is reported as `StoreUnavailable` by every activity.
         interceptors=[StoreOutageInterceptor()],

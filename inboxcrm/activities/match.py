@@ -122,8 +122,9 @@ async def _gather(conn: Conn, plan: PlanInput, policy: TenantPolicy) -> _Gathere
         # A re-run: the contact this run sees was made by the earlier one.
         contact = planning.ExistingContact(row["name"], row["company"], row["status"])
     facts = replace(base, contact=contact, earlier=earlier, ramp=ramp,
-                    followup=planning.FollowupFacts(bool(known["suppressed"]),
-                                                    bool(known["recent"])))
+                    followup=planning.FollowupFacts(
+                        bool(known["suppressed"]), bool(known["recent"]),
+                        bool(known["marketing_suppressed"])))
     return _Gathered(facts, row["contact_id"])
 
 
@@ -176,15 +177,19 @@ class _Writer:
         (the contact row is locked already: `_gather`)."""
         identity = self.gathered.facts.identity
         assert identity is not None and decided.match is not None
+        policy = self.gathered.facts.policy
         suppression = await suppress_identity(
             self.conn, self.item.tenant, identity, reason="opt_out_request",
-            source=f"event:{self.item.event_id}", cancel_reason="opt_out", locked=True)
+            source=f"event:{self.item.event_id}", cancel_reason="opt_out", locked=True,
+            scope=policy.suppression_scope("opt_out_request"),
+            marketing_rules=policy.marketing_rule_ids())
         await matches.record_match_decision(
             self.conn, event_id=self.item.event_id, tenant=self.item.tenant,
             decision=decided.match, rule="opt_out", contact_id=self.contact_id, candidates=[])
         await self.audit("suppression_recorded", {
             "reason": "opt_out_request",
             "cancelled_intents": suppression.cancelled_intents,
+            "scope": suppression.scope, "crm_write": suppression.crm_write,
         })
         return PlanResult(outcome="opted_out", reason=decided.reason,
                           contact_id=str(self.contact_id) if self.contact_id else None)

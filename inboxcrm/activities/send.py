@@ -22,6 +22,7 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from inboxcrm.activities.consent import INBOXCRM_ONLY, ConsentView, CrmOptOutCheck
 from inboxcrm.activities.failures import missing_row
 from inboxcrm.activities.outbox import (
     MAX_PARK_SECONDS,
@@ -45,6 +46,7 @@ from inboxcrm.domain.templates import (
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.schemas.models import Action, ItemState, OperationInput, OperationResult
 from inboxcrm.store import audit, intents, ledger
+from inboxcrm.store import consent as consent_store
 from inboxcrm.store import templates as template_store
 
 if TYPE_CHECKING:
@@ -73,6 +75,7 @@ class SendActivities:
                                     also_record=ledger.AlsoRecord.INTENT_SENT)
         # Attempts that repeat an unconfirmed one: their lease is kept on any failure.
         self._uncertain: set[str] = set()
+        self._crm_opt_out = CrmOptOutCheck()
 
     @activity.defn(name="submit_followup_email")
     async def submit_followup_email(self, op: OperationInput) -> OperationResult:
@@ -123,6 +126,9 @@ class SendActivities:
         deliver_by = time.monotonic() + lease
         if lease < MIN_LEASE_SECONDS:
             raise Deferred("step_time_exhausted", 0.5)
+        # The CRM's own opt-out, read now, right before the eligibility check and the call
+        # (docs/consent.md); a read that fails stops this attempt, never assumes consent.
+        consent = await self._crm_consent(item.tenant, intent_id)
         held: str | None = None
         async with self._pool.acquire() as conn, conn.transaction():
             await intents.lock_contact_of_intent(conn, intent_id=intent_id)
@@ -139,13 +145,19 @@ class SendActivities:
             # this attempt repeats it with the same key, as a reconciliation.
             uncertain = (row["status"] == "sending" and owner != attempt_name
                          and owner.rpartition("#")[0] == attempt.op.op_key)
-            refusal = _ineligible(row)
+            record = _consent_record(row)
+            refusal = _ineligible(row, record["purpose"], consent)
+            consent_detail = {**record, **consent.detail(),
+                              "suppression_scope": row["suppression_scope"]}
             if refusal is not None:
                 await audit.append(
                     conn, tenant=item.tenant, event_id=item.event_id,
                     workflow_id=item.workflow_id, actor="send", action="eligibility_checked",
                     detail={"intent_id": intent_id, "eligible": False, "reason": refusal,
-                            "previous_attempt_unconfirmed": uncertain},
+                            "previous_attempt_unconfirmed": uncertain,
+                            "consent": consent_detail,
+                            # The CRM field that stopped it, by name (docs/consent.md).
+                            "crm_field": consent.field if refusal == CRM_OPT_OUT else None},
                 )
                 if uncertain:
                     # Repeating could send to someone who may no longer be written to, and
@@ -181,7 +193,8 @@ class SendActivities:
                     conn, intent_id=intent_id, lease_owner=attempt_name, lease_seconds=lease,
                     tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                     audit_detail={"intent_id": intent_id, "eligible": True, "reason": None,
-                                  "previous_attempt_unconfirmed": uncertain})
+                                  "previous_attempt_unconfirmed": uncertain,
+                                  "consent": consent_detail})
         if held is not None:
             raise ApplicationError("previous send unconfirmed and the intent is no longer "
                                    "eligible", type=ErrorType.AMBIGUOUS.value,
@@ -197,6 +210,22 @@ class SendActivities:
         )
         self._uncertain.discard(attempt_name)
         return sent.message_id
+
+    async def _crm_consent(self, tenant: str, intent_id: str) -> ConsentView:
+        """The CRM record's opt-out (`CrmConsent`), or `inboxcrm_only` where the CRM has no
+        such field or the contact has no CRM record; skipped for an intent that is no longer
+        going to be sent (sent or cancelled: the check below answers from the store)."""
+        async with self._pool.acquire() as conn:
+            facts = await consent_store.intent_crm_record(conn, intent_id=intent_id)
+        if facts is None or facts["status"] in ("sent", "cancelled"):
+            return INBOXCRM_ONLY
+        try:
+            crm = self._destinations.crm(tenant)
+        except ConfigurationError as exc:
+            activity.logger.error("crm destination unusable for the consent check: %s", exc)
+            raise ApplicationError("permanent: destination_config",
+                                   type=ErrorType.PERMANENT.value, non_retryable=True) from None
+        return await self._crm_opt_out.read(tenant, crm, facts["crm_record_id"])
 
     async def _compose(self, conn: Conn, row: asyncpg.Record) -> Followup:
         """The follow-up of this intent: the planned words, the tenant's sender, the
@@ -258,14 +287,35 @@ async def _planned_template(conn: Conn, row: asyncpg.Record, policy: TenantPolic
     return policy.template_for(rule)
 
 
-def _ineligible(row: asyncpg.Record) -> str | None:
+CRM_OPT_OUT = "crm_opt_out"
+
+
+def _ineligible(row: asyncpg.Record, purpose: str = "service",
+                consent: ConsentView = INBOXCRM_ONLY) -> str | None:
+    """Why this intent may not be sent now, or None. A suppression of scope `marketing`
+    stops only a marketing rule's follow-up; the CRM's opt-out field stops any."""
     if row["status"] == "cancelled":
         return "intent_cancelled"
-    if row["suppressed"]:
+    if row["suppressed"] and (row["suppression_scope"] != "marketing"
+                              or purpose == "marketing"):
         return "suppressed"
     if row["contact_status"] != "active":
         return f"contact_{row['contact_status']}"
+    if consent.opted_out:
+        return CRM_OPT_OUT
     return None
+
+
+def _consent_record(row: asyncpg.Record) -> dict[str, str]:
+    """The consent record of this send: its rule's purpose and lawful basis (the tenant's
+    policy; a rule no longer in it is recorded as the default service reply)."""
+    try:
+        rule = get_policy(row["tenant"]).rule_by_id(row["rule_id"])
+    except (UnknownTenant, PolicyError):
+        rule = None
+    if rule is None:
+        return {"purpose": "service", "lawful_basis": "reply_to_inquiry"}
+    return {"purpose": rule.purpose, "lawful_basis": rule.lawful_basis}
 
 
 def _lease_seconds() -> float:

@@ -85,7 +85,11 @@ class ShadowActivities:
             if plan["suppression"] == "recorded" and identity is not None:
                 suppressed = await suppress_identity(
                     conn, item.tenant, identity, reason="opt_out_request",
-                    source=f"event:{item.event_id}", cancel_reason="opt_out")
+                    source=f"event:{item.event_id}", cancel_reason="opt_out",
+                    scope=policy.suppression_scope("opt_out_request"),
+                    marketing_rules=policy.marketing_rule_ids(),
+                    # Shadow mode writes nothing to a destination (docs/consent.md).
+                    write_back=False)
                 await audit.append(
                     conn, tenant=item.tenant, event_id=item.event_id,
                     workflow_id=item.workflow_id, actor="planner",

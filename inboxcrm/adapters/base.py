@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from inboxcrm.adapters.errors import Classified
 
@@ -88,6 +88,43 @@ class CrmClient(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class OptOut:
+    """A CRM record's email opt-out as the CRM holds it now (`field` names the CRM's own
+    field: HubSpot `hs_email_optout`, Salesforce `HasOptedOutOfEmail`)."""
+
+    record_id: str
+    field: str
+    opted_out: bool
+
+
+@dataclass(frozen=True)
+class OptOutWritten:
+    """What writing an opt-out changed: the CRM field and the records it was set on (none
+    when the CRM holds no record for the address)."""
+
+    field: str
+    record_ids: tuple[str, ...]
+
+
+@runtime_checkable
+class CrmConsent(Protocol):
+    """Optional: a CRM whose records carry an email opt-out (docs/consent.md). The send reads
+    it right before the call; inboxcrm's own suppressions are written to it as an operation of
+    their own. A CRM client without it falls back to inboxcrm's suppression list alone."""
+
+    consent_field: str
+
+    async def read_opt_out(self, record_id: str) -> OptOut:
+        """The record's opt-out, read from the CRM now (a record read, no search index)."""
+        ...
+
+    async def write_opt_out(self, email: str, record_id: str | None) -> OptOutWritten:
+        """Set the opt-out for the address (on `record_id` when we know it). Safe to repeat:
+        it only ever sets the field to opted out."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,14 @@ from urllib.parse import quote
 import httpx
 from pydantic import field_validator, model_validator
 
-from inboxcrm.adapters.base import AdapterError, ContactFields, CrmRecord, CrmRecordView
+from inboxcrm.adapters.base import (
+    AdapterError,
+    ContactFields,
+    CrmRecord,
+    CrmRecordView,
+    OptOut,
+    OptOutWritten,
+)
 from inboxcrm.adapters.errors import Category, Classified, classify_response
 from inboxcrm.adapters.http import json_field, send_request
 from inboxcrm.adapters.registry import (
@@ -51,6 +58,9 @@ if TYPE_CHECKING:
 HUBSPOT_API = "https://api.hubapi.com"
 
 NOTE_ID_PROPERTY = "inboxcrm_note_id"
+# "Unsubscribed from all email": read-only on the contact, set through the communication
+# preferences API (v4 `unsubscribe-all` on the EMAIL channel).
+OPT_OUT_PROPERTY = "hs_email_optout"
 _EXISTING_ID = re.compile(r"Existing ID:\s*(\d+)")
 
 
@@ -209,6 +219,35 @@ class HubSpotCrm:
                                           response.status_code)) from None
         owner = properties.get(self._id_property) if isinstance(properties, dict) else None
         return CrmRecordView(record_id=found, external_id=str(owner) if owner else None)
+
+    consent_field = OPT_OUT_PROPERTY
+
+    async def read_opt_out(self, record_id: str) -> OptOut:
+        """`hs_email_optout` of the contact, read by ID (custom and non-default properties
+        come only when asked for). Subscription types (per-topic statuses of the
+        communication preferences API) are not read: docs/consent.md."""
+        response = await send_request(
+            self._client, "GET", f"/crm/v3/objects/contacts/{quote(record_id, safe='')}",
+            params={"properties": OPT_OUT_PROPERTY}, reason=_reason)
+        try:
+            properties = response.json().get("properties") or {}
+        except (ValueError, AttributeError):
+            raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None,
+                                          response.status_code)) from None
+        value = properties.get(OPT_OUT_PROPERTY) if isinstance(properties, dict) else None
+        return OptOut(record_id=record_id, field=OPT_OUT_PROPERTY,
+                      opted_out=str(value).lower() == "true")
+
+    async def write_opt_out(self, email: str, record_id: str | None) -> OptOutWritten:
+        """`POST /communication-preferences/v4/statuses/{email}/unsubscribe-all?channel=EMAIL`:
+        the address is opted out of all email, which HubSpot shows as `hs_email_optout` on
+        its contact (the property itself is read-only). Repeating it changes nothing."""
+        await send_request(
+            self._client, "POST",
+            f"/communication-preferences/v4/statuses/{quote(email, safe='@')}/unsubscribe-all",
+            params={"channel": "EMAIL"}, reason=_reason)
+        return OptOutWritten(field=OPT_OUT_PROPERTY,
+                             record_ids=(record_id,) if record_id else ())
 
     async def aclose(self) -> None:
         await self._client.aclose()

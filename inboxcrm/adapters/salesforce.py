@@ -59,6 +59,8 @@ from inboxcrm.adapters.base import (
     CrmRecord,
     CrmRecordView,
     MatchCandidates,
+    OptOut,
+    OptOutWritten,
 )
 from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.http import send_request
@@ -76,6 +78,8 @@ if TYPE_CHECKING:
     from inboxcrm.platform.config import Settings
 
 LAST_NAME_PLACEHOLDER = "[unknown]"
+# The Contact's standard "Email Opt Out" checkbox.
+OPT_OUT_FIELD = "HasOptedOutOfEmail"
 NOTE_SUBJECT = "Inbound email (inboxcrm)"
 DEFAULT_API_VERSION = "62.0"
 SESSION_EXPIRED = "http_401:INVALID_SESSION_ID"
@@ -322,6 +326,31 @@ class SalesforceCrm:
                                           response.status_code))
         owner = body.get(self._field)
         return CrmRecordView(record_id=found, external_id=str(owner) if owner else None)
+
+    consent_field = OPT_OUT_FIELD
+
+    async def read_opt_out(self, record_id: str) -> OptOut:
+        """`HasOptedOutOfEmail` of the Contact, read by Id (a record read)."""
+        response = await self._call(
+            "GET", f"{self._sobjects}/Contact/{quote(record_id, safe='')}",
+            params={"fields": f"Id,{OPT_OUT_FIELD}"})
+        value = _json(response).get(OPT_OUT_FIELD)
+        return OptOut(record_id=record_id, field=OPT_OUT_FIELD,
+                      opted_out=value is True or str(value).lower() == "true")
+
+    async def write_opt_out(self, email: str, record_id: str | None) -> OptOutWritten:
+        """`PATCH …/sobjects/Contact/{Id}` `{"HasOptedOutOfEmail": true}` on our Contact, or,
+        when we never reached the CRM with this person, on every Contact holding the address
+        (an opt-out is the person's, whichever record a salesperson keeps). Only that field
+        is sent; repeating it changes nothing."""
+        if record_id:
+            targets = [record_id]
+        else:
+            targets = [str(r["Id"]) for r in await self.existing_by_email(email)]
+        for target in targets[:MAX_CANDIDATES]:
+            await self._call("PATCH", f"{self._sobjects}/Contact/{quote(target, safe='')}",
+                             json={OPT_OUT_FIELD: True})
+        return OptOutWritten(field=OPT_OUT_FIELD, record_ids=tuple(targets[:MAX_CANDIDATES]))
 
     async def _upsert(self, path: str, body: dict[str, Any]) -> CrmRecord:
         response = await self._call("PATCH", path, json=body)

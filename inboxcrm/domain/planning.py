@@ -53,6 +53,8 @@ class FollowupFacts:
 
     suppressed: bool
     recent: bool
+    # Suppressed for marketing only (docs/consent.md): stops a rule whose purpose is that.
+    marketing_suppressed: bool = False
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,8 @@ def _followup(facts: Facts, new_contact: bool) -> FollowupDecision:
         return FollowupDecision("no_rule")
     status = facts.contact.status if facts.contact is not None else "active"
     blockers = facts.followup
-    if status != "active" or blockers is None or blockers.suppressed:
+    if (status != "active" or blockers is None or blockers.suppressed
+            or (blockers.marketing_suppressed and rule.purpose == "marketing")):
         return FollowupDecision("suppressed", rule)
     if blockers.recent:
         return FollowupDecision("quiet_period", rule)

@@ -65,6 +65,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+SendPurpose = Literal["service", "marketing"]
+SuppressionScope = Literal["all", "marketing"]
+# The suppression reasons a policy may narrow to `marketing`; a bounce or an abuse report
+# always stops every send (the address cannot, or must not, be written to).
+NARROWABLE_SUPPRESSIONS = ("opt_out_request", "list_unsubscribe")
+
+
 class FollowupRule(_Strict):
     rule_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     version: int = Field(ge=1)
@@ -73,6 +80,11 @@ class FollowupRule(_Strict):
     # The template's name in policies/<tenant>/templates/ (<name>.<lang>.subject|txt|html).
     template_id: str = Field(default="ack", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
     new_prospect_requires_approval: bool = False
+    # What the follow-up is (docs/consent.md): a `service` reply (the acknowledgment of an
+    # inquiry the person sent) or `marketing`; a suppression of scope `marketing` stops only
+    # the latter. The lawful basis is the consent record each send of the rule carries.
+    purpose: SendPurpose = "service"
+    lawful_basis: str = Field(default="reply_to_inquiry", pattern=r"^[a-z][a-z0-9_]{0,63}$")
 
     @field_validator("intents")
     @classmethod
@@ -234,6 +246,26 @@ class TenantPolicy(_Strict):
     spam_action: Literal["ignore", "review"] = "ignore"
     # Its share of the installation: Temporal fairness weight and relay intake rate.
     capacity: Capacity = Capacity()
+    # The scope of each kind of suppression (docs/consent.md), e.g.
+    # {"list_unsubscribe": "marketing"}: unset reasons are `all`.
+    suppression_scopes: dict[str, SuppressionScope] = {}
+
+    @field_validator("suppression_scopes")
+    @classmethod
+    def _scopes(cls, scopes: dict[str, SuppressionScope]) -> dict[str, SuppressionScope]:
+        unknown = sorted(set(scopes) - set(NARROWABLE_SUPPRESSIONS))
+        if unknown:
+            raise ValueError(f"suppression_scopes: {unknown} cannot be set; allowed: "
+                             f"{list(NARROWABLE_SUPPRESSIONS)} (bounces and complaints stop "
+                             "every send)")
+        return scopes
+
+    def suppression_scope(self, reason: str) -> SuppressionScope:
+        """The scope a suppression recorded for `reason` gets under this policy."""
+        return self.suppression_scopes.get(reason, "all")
+
+    def marketing_rule_ids(self) -> list[str]:
+        return [r.rule_id for r in self.followup_rules if r.purpose == "marketing"]
 
     @field_validator("trusted_authserv_ids")
     @classmethod

@@ -41,6 +41,7 @@ from inboxcrm.domain.templates import Template, TemplateRefused, from_sources, r
 from inboxcrm.platform.config import get_settings
 from inboxcrm.platform.workpool import IN_PROCESS, BudgetExceeded, Runner, WorkFailed
 from inboxcrm.schemas.contract import decision_body
+from inboxcrm.store import consent as consent_store
 from inboxcrm.store import intents, review
 from inboxcrm.store import templates as template_store
 
@@ -307,12 +308,19 @@ async def _dry_run(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str,
                             "to give one")
     else:
         suppressed = await review.suppression(conn, tenant, identity)
-        card.consent.append(f"suppressed ({suppressed['reason']}): no follow-up is sent"
-                            if suppressed else "not suppressed")
+        card.consent.append(suppression_line(suppressed) if suppressed else "not suppressed")
         if contact is not None and contact["status"] != "active":
             card.consent.append(f"contact status {contact['status']}: no follow-up is sent")
+        for write in await consent_store.writes_of_identity(conn, tenant=tenant,
+                                                            canonical_email=identity):
+            card.consent.append(crm_write_line(write))
     if row["route"] == "opt_out":
-        card.consent.append("opt-out request: approving records the suppression")
+        scope = policy.suppression_scope("opt_out_request")
+        card.consent.append(f"opt-out request: approving records the suppression (scope "
+                            f"{scope})")
+    rule = decided.followup.rule if decided.followup is not None else None
+    if rule is not None:
+        card.consent.append(consent_record_line(rule.rule_id, rule.purpose, rule.lawful_basis))
     await _followup(conn, card, row, extraction, policy, contact, decided)
 
 
@@ -409,6 +417,30 @@ async def _words(conn: Conn, policy: TenantPolicy, ref: str, rule_id: str, *, to
     except (TemplateRefused, PolicyError):
         return ("", ""), "template_unusable"
     return (followup.subject, followup.text), None
+
+
+def suppression_line(suppressed: Any) -> str:
+    """A suppression and what its scope stops (docs/consent.md)."""
+    if suppressed["scope"] == "marketing":
+        return (f"suppressed ({suppressed['reason']}, scope marketing): no marketing "
+                "follow-up is sent; service replies still go")
+    return f"suppressed ({suppressed['reason']}, scope all): no follow-up is sent"
+
+
+def crm_write_line(write: Any) -> str:
+    """The write-back of inboxcrm's own opt-out to the CRM's field, and where it stands."""
+    where = write["crm_field"] or "the CRM's opt-out field"
+    text = f"opt-out written back to {where}: {write['status']} (attempt {write['attempts']})"
+    if write["last_error"] and write["status"] != "completed":
+        text += f", last error {write['last_error']}"
+    return text
+
+
+def consent_record_line(rule_id: str, purpose: str, lawful_basis: str) -> str:
+    """The consent record the proposed send would carry; the CRM's own opt-out is read right
+    before the send, never here."""
+    return (f"consent record: lawful basis {lawful_basis} ({purpose} reply, rule {rule_id}); "
+            "the CRM record's opt-out field is checked right before sending")
 
 
 def proposed_status(decided: planning.Plan, contact: Any) -> str:

@@ -21,6 +21,7 @@ import asyncpg
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
+from inboxcrm.domain.policy import PolicyError, UnknownTenant, get_policy
 from inboxcrm.domain.unsubscribe_links import read_token
 from inboxcrm.ingress.deps import PoolDep
 from inboxcrm.ingress.web import read_body
@@ -55,9 +56,11 @@ async def _record_unsubscribe(pool: asyncpg.Pool, tenant: str,
         contact = await contacts.lock_contact(conn, tenant=tenant, contact_id=contact_id)
         if contact is None:
             return None
+        scope, marketing_rules = _scope_of(tenant)
         suppression = await suppress_identity(
             conn, tenant, contact["canonical_email"], reason=SUPPRESSION_REASON,
-            source=f"unsubscribe:{contact_id}", cancel_reason="unsubscribed")
+            source=f"unsubscribe:{contact_id}", cancel_reason="unsubscribed",
+            scope=scope, marketing_rules=marketing_rules)
         changed, cancelled = suppression.changed, suppression.cancelled_intents
         if changed:
             await audit.append(
@@ -65,9 +68,20 @@ async def _record_unsubscribe(pool: asyncpg.Pool, tenant: str,
                 contact_id=str(contact_id), actor="unsubscribe",
                 action="suppression_recorded",
                 detail={"reason": SUPPRESSION_REASON, "suppression_added": suppression.added,
-                        "cancelled_intents": cancelled},
+                        "cancelled_intents": cancelled, "scope": suppression.scope,
+                        "crm_write": suppression.crm_write},
             )
     return {"changed": changed, "cancelled_intents": cancelled}
+
+
+def _scope_of(tenant: str) -> tuple[str, list[str]]:
+    """The tenant's scope for a one-click unsubscribe and its marketing rules; a policy that
+    cannot be read narrows nothing (`all`: the safe side)."""
+    try:
+        policy = get_policy(tenant)
+    except (UnknownTenant, PolicyError):
+        return "all", []
+    return policy.suppression_scope(SUPPRESSION_REASON), policy.marketing_rule_ids()
 
 
 _CONFIRM_PAGE = """<!doctype html>

@@ -49,6 +49,47 @@ def _action_of(d: Detail) -> str:
     return str(d.get("op_key", "")).rsplit(":", 1)[-1] or "operation"
 
 
+def _suppressed(d: Detail) -> str:
+    text = (f"opt-out recorded ({d.get('reason') or 'opt-out'}, scope {d.get('scope') or 'all'}"
+            f"); cancelled {len(d.get('cancelled_intents') or [])} queued follow-up(s)")
+    if d.get("crm_write"):
+        text += f"; write-back to the CRM queued as {d['crm_write']}"
+    return text
+
+
+def _eligibility(d: Detail) -> str:
+    text = (f"send eligibility for {_short(d.get('intent_id'))}: "
+            + ("eligible" if d.get("eligible") else f"NOT eligible ({d.get('reason')})"))
+    consent = d.get("consent") or {}
+    if d.get("crm_field"):
+        text += f": the CRM's {d['crm_field']} says opted out"
+    if consent.get("lawful_basis"):
+        text += (f"; consent record: lawful basis {consent['lawful_basis']} "
+                 f"({consent.get('purpose')})")
+    if consent.get("checked") == "inboxcrm_only":
+        text += "; checked against inboxcrm's suppressions only (no CRM opt-out field)"
+    elif consent.get("crm_field"):
+        state = "opted out" if consent.get("crm_opted_out") else "not opted out"
+        text += (f"; CRM {consent.get('crm')} {consent['crm_field']} {state}"
+                 + (" (cached)" if consent.get("cached") else ""))
+    return text
+
+
+def _crm_opt_out(outcome: str) -> Callable[[Detail], str]:
+    def describe(d: Detail) -> str:
+        where = f"CRM ({d.get('crm')}) {d.get('crm_field') or 'opt-out field'}"
+        if outcome == "written":
+            if d.get("supported") is False:
+                return (f"CRM ({d.get('crm')}) has no opt-out field inboxcrm writes: the "
+                        "opt-out is honoured by inboxcrm's suppression list alone")
+            records = ", ".join(d.get("crm_record_ids") or []) or "no record held yet"
+            return f"opt-out written to {where} ({records}), attempt {d.get('attempt')}"
+        verb = "blocked" if outcome == "blocked" else "failed, retried later"
+        return (f"opt-out write to {where} attempt {d.get('attempt')} {verb}: "
+                f"{d.get('category')} {d.get('error')}")
+    return describe
+
+
 def _signal(action: str) -> Callable[[Detail], str]:
     def describe(d: Detail) -> str:
         verb = action.split("_", 1)[1]
@@ -83,17 +124,16 @@ SENTENCES: dict[str, Callable[[Detail], str]] = {
         f"matched: {str(d.get('decision')).replace('_', ' ')} by {d.get('rule')}"
         + (f", approved by {d['approved_by']}" if d.get("approved_by") else "")),
     "contact_updated": lambda d: f"contact fields updated: {', '.join(d.get('fields') or [])}",
-    "suppression_recorded": lambda d: (
-        f"opt-out recorded; cancelled {len(d.get('cancelled_intents') or [])} queued "
-        "follow-up(s)"),
+    "suppression_recorded": _suppressed,
+    "crm_opt_out_written": _crm_opt_out("written"),
+    "crm_opt_out_failed": _crm_opt_out("failed"),
+    "crm_opt_out_blocked": _crm_opt_out("blocked"),
     "intent_created": lambda d: (
         f"follow-up intent {_short(d.get('intent_id'))} created (rule {d.get('rule_id')} "
         f"v{d.get('rule_version')}" + (", needs approval)" if d.get("needs_approval") else ")")),
     "followup_not_planned": lambda d: f"no follow-up planned: {d.get('reason')}",
     "followup_approved": lambda d: f"follow-up {_short(d.get('intent_id'))} approved",
-    "eligibility_checked": lambda d: (
-        f"send eligibility for {_short(d.get('intent_id'))}: "
-        + ("eligible" if d.get("eligible") else f"NOT eligible ({d.get('reason')})")),
+    "eligibility_checked": _eligibility,
     "crm_upserted": lambda d: (
         f"CRM ({d.get('crm')}) record {d.get('crm_record_id')} written, attempt "
         f"{d.get('attempt')}" + (" (found by reconciliation, not re-sent)"

@@ -235,6 +235,9 @@ class Settings(BaseSettings):
     # told about new and overdue review tasks (one message per tenant per run at most,
     # unless a backlog needs several).
     review_notice_interval_seconds: int = Field(60, ge=5, le=86_400)
+    # How often the scheduled consent sync writes inboxcrm's own opt-outs to the CRMs'
+    # opt-out fields (docs/consent.md); a failed write waits for its backoff, not this.
+    consent_sync_interval_seconds: int = Field(15, ge=1, le=86_400)
 
     # Payload encryption (docs/architecture.md §7; inboxcrm/platform/codec.py).
     # No key file: codec off.

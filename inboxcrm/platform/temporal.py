@@ -32,6 +32,7 @@ from temporalio.service import TLSConfig
 from inboxcrm.platform import tracing
 from inboxcrm.platform.config import Settings
 from inboxcrm.schemas import contract
+from inboxcrm.schemas.consent import ConsentSyncInput
 from inboxcrm.schemas.drift import DriftCheckInput
 from inboxcrm.schemas.notices import ReviewNoticesInput
 
@@ -213,6 +214,29 @@ def review_notices_schedule(settings: Settings) -> Schedule:
         spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=interval)]),
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=interval),
     )
+
+
+def consent_sync_schedule(settings: Settings) -> Schedule:
+    """The consent sync's Schedule (docs/consent.md): one run at a time, no catch-up burst;
+    the rows it works off are durable, so a skipped run loses nothing."""
+    interval = timedelta(seconds=settings.consent_sync_interval_seconds)
+    return Schedule(
+        action=ScheduleActionStartWorkflow(
+            contract.CONSENT_SYNC_WORKFLOW_TYPE, ConsentSyncInput(),
+            id=contract.consent_sync_schedule_id(settings.task_queue),
+            task_queue=settings.task_queue,
+            execution_timeout=max(interval, timedelta(minutes=5)),
+        ),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=interval)]),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=interval),
+    )
+
+
+async def ensure_consent_sync_schedule(client: Client, settings: Settings) -> str:
+    """Create the consent sync's Schedule or bring it to the current settings, as
+    `ensure_drift_check_schedule` does. Returns "created" or "updated"."""
+    return await _ensure_schedule(client, contract.consent_sync_schedule_id(settings.task_queue),
+                                  consent_sync_schedule(settings))
 
 
 async def ensure_review_notices_schedule(client: Client, settings: Settings) -> str:

@@ -189,6 +189,7 @@ def create_app(
 
     app = FastAPI(title="inboxcrm sandbox", lifespan=lifespan, docs_url="/_sandbox/docs")
     app.include_router(crm.router)
+    app.include_router(crm.preferences)  # HubSpot's opt-out of all email
     app.include_router(mail.router)
     app.include_router(notes.router)
     app.include_router(notes.associations)

@@ -22,6 +22,8 @@ from fastapi.responses import JSONResponse, Response
 from inboxcrm.sandbox.core import Outcome, SandboxDep, crm_error, iso, now_iso, read_json
 
 router = APIRouter(prefix="/crm/v3/objects/contacts")
+# The communication preferences API (v4): how HubSpot's `hs_email_optout` is set.
+preferences = APIRouter(prefix="/communication-preferences/v4")
 
 MAX_BATCH = 100
 UPSERT_ATTEMPTS = 10
@@ -32,6 +34,17 @@ RESERVED_ID_PROPERTIES = frozenset({"email", "hs_object_id"})
 # field (e.g. `associations`) is rejected.
 UPSERT_FIELDS = frozenset({"id", "properties", "idProperty", "objectWriteTraceId"})
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+# Calculated by HubSpot ("Unsubscribed from all email"): no contact write may set it.
+READ_ONLY_PROPERTIES = frozenset({"hs_email_optout"})
+
+
+def read_only_error(name: str) -> JSONResponse:
+    """HubSpot's refusal of a write to a read-only property (`READ_ONLY_VALUE`)."""
+    return crm_error(400, "VALIDATION_ERROR",
+                     f'Property values were not valid: "{name}" is a read only property; '
+                     "its value cannot be set.",
+                     errors=[{"message": f"{name} is a read only property",
+                              "code": "READ_ONLY_VALUE", "context": {"propertyName": [name]}}])
 
 
 def validation_error(message: str) -> JSONResponse:
@@ -106,6 +119,9 @@ def parse_upsert(body: Any) -> list[UpsertInput] | str:
         if any(not isinstance(v, str | int | float | bool | None) for v in props.values()):
             return f"inputs[{n}].properties values must be scalars."
         properties = {str(k): _as_text(v) for k, v in props.items()}
+        if READ_ONLY_PROPERTIES & set(properties):
+            return (f"Property values were not valid: inputs[{n}].properties."
+                    f"{sorted(READ_ONLY_PROPERTIES & set(properties))[0]} is read only.")
         if properties.get(id_property, id_value) != id_value:
             return f"inputs[{n}].properties.{id_property} differs from inputs[{n}].id."
         properties[id_property] = id_value
@@ -402,6 +418,9 @@ async def patch_contact(request: Request, record_id: str, sandbox: SandboxDep) -
         if any(not isinstance(v, str | int | float | bool | None) for v in props.values()):
             return Outcome(validation_error("properties values must be scalars."), "invalid")
         properties = {str(k): _as_text(v) for k, v in props.items()}
+        if READ_ONLY_PROPERTIES & set(properties):
+            return Outcome(read_only_error(sorted(READ_ONLY_PROPERTIES & set(properties))[0]),
+                           "invalid")
         email = properties.get("email", "")
         if email and not _EMAIL.match(email):
             return Outcome(validation_error("Property values were not valid: email is invalid."),
@@ -411,3 +430,36 @@ async def patch_contact(request: Request, record_id: str, sandbox: SandboxDep) -
         return await update_contact(sandbox.pool, int(record_id), properties)
 
     return await sandbox.run(request, "crm.update", operation)
+
+
+# --- opt out of all email (communication preferences v4) -----------------------------------
+
+_OPT_OUT_ALL = """
+UPDATE sandbox.contacts SET properties = properties || '{"hs_email_optout": "true"}'::jsonb,
+    updated_at = clock_timestamp()
+WHERE email_lower = $1 AND properties ->> 'hs_email_optout' IS DISTINCT FROM 'true'
+"""
+
+
+@preferences.post("/statuses/{subscriber}/unsubscribe-all")
+async def unsubscribe_all(request: Request, subscriber: str, sandbox: SandboxDep,
+                          channel: str | None = None) -> Response:
+    """`POST /communication-preferences/v4/statuses/{subscriberIdString}/unsubscribe-all
+    ?channel=EMAIL`: the address is opted out of all email; its contact shows
+    `hs_email_optout` = "true" (the only way to set it, as in HubSpot). Idempotent."""
+
+    async def operation() -> Outcome:
+        if channel != "EMAIL":
+            return Outcome(validation_error("channel must be EMAIL."), "invalid")
+        if not _EMAIL.match(subscriber):
+            return Outcome(validation_error("subscriberIdString must be an email address."),
+                           "invalid")
+        started = now_iso()
+        await sandbox.pool.execute(_OPT_OUT_ALL, subscriber.lower())
+        body = {"status": "COMPLETE", "startedAt": started, "completedAt": now_iso(),
+                "results": [{"subscriberIdString": subscriber, "channel": "EMAIL",
+                             "status": "NOT_SUBSCRIBED", "source": "Public API",
+                             "timestamp": now_iso(), "wideStatusType": "PORTAL_WIDE"}]}
+        return Outcome(JSONResponse(body))
+
+    return await sandbox.run(request, "crm.consent", operation)

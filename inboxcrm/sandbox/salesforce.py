@@ -88,6 +88,7 @@ STANDARD_FIELDS = {
     "HasOptedOutOfEmail": "HasOptedOutOfEmail",
 }
 STORED_AS = {stored: api for api, stored in STANDARD_FIELDS.items()}
+BOOLEAN_FIELDS = ("HasOptedOutOfEmail",)
 READ_ONLY_FIELDS = frozenset({"Id", "CreatedDate", "LastModifiedDate", "SystemModstamp"})
 
 
@@ -212,6 +213,10 @@ def record_json(row: asyncpg.Record, version: str, fields: list[str] | None) -> 
         record[STORED_AS.get(key, key)] = value if value != "" else None
     record["CreatedDate"] = iso(row["created_at"])
     record["LastModifiedDate"] = iso(row["updated_at"])
+    for name in BOOLEAN_FIELDS:
+        # A checkbox is a JSON boolean, false until set (asked for by name, or present).
+        if name in record or (fields and name in fields):
+            record[name] = record.get(name) == "true"
     if fields:
         wanted = set(fields) | {"Id"}
         record = {k: v for k, v in record.items() if k in wanted}

@@ -91,6 +91,18 @@ def review_notices_schedule_id(task_queue: str) -> str:
     return f"{REVIEW_NOTICES_SCHEDULE_ID}/{task_queue}"
 
 
+CONSENT_SYNC_WORKFLOW_TYPE = "ConsentSyncWorkflow"
+CONSENT_SYNC_SCHEDULE_ID = "inboxcrm-consent-sync"
+CONSENT_SYNC_ACTIVITY = "sync_consent_writes"
+
+
+def consent_sync_schedule_id(task_queue: str) -> str:
+    """One schedule per task queue, as the drift check's."""
+    if task_queue == DEFAULT_TASK_QUEUE:
+        return CONSENT_SYNC_SCHEDULE_ID
+    return f"{CONSENT_SYNC_SCHEDULE_ID}/{task_queue}"
+
+
 def decision_body(action: str, wait_id: str, needs_sender: bool = False) -> dict[str, object]:
     """The exact body a decision needs at a wait (placeholders in angle brackets): shown in
     the UI's current details and on the review card, sent by the CLI."""

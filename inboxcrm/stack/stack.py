@@ -213,6 +213,7 @@ class Stack:
         async def register() -> str:
             client = await temporal.connect(settings)
             await temporal.ensure_review_notices_schedule(client, settings)
+            await temporal.ensure_consent_sync_schedule(client, settings)
             return await temporal.ensure_drift_check_schedule(client, settings)
 
         return asyncio.run(register())

@@ -19,8 +19,13 @@ def blockers_sql(*, tenant: str, canonical_email: str, contact_id: str, event_id
     """The two facts as SQL select-list items `suppressed` and `recent`, written once for
     FOLLOWUP_BLOCKERS and the planner's facts (`matches.PLAN_FACTS`). The arguments are the
     statement's parameter placeholders. A NULL quiet period (no rule) makes `recent` false."""
+    # A `marketing` suppression (docs/consent.md) stops only the tenant's marketing rules:
+    # `suppressed` is every other one, `marketing_suppressed` that one.
     return (f"EXISTS (SELECT 1 FROM suppressions WHERE tenant = {tenant} "
-            f"AND canonical_email = {canonical_email}) AS suppressed,\n"
+            f"AND canonical_email = {canonical_email} AND scope = 'all') AS suppressed,\n"
+            f"       EXISTS (SELECT 1 FROM suppressions WHERE tenant = {tenant} "
+            f"AND canonical_email = {canonical_email} AND scope = 'marketing') "
+            f"AS marketing_suppressed,\n"
             f"       EXISTS (SELECT 1 FROM followup_intents WHERE contact_id = {contact_id} "
             f"AND event_id <> {event_id} AND status <> 'cancelled' "
             f"AND created_at > now() - make_interval(secs => {quiet_seconds})) AS recent")
@@ -102,6 +107,9 @@ SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.rule_id, i.lease_ow
        EXISTS (SELECT 1 FROM suppressions s
                WHERE s.tenant = c.tenant AND s.canonical_email = c.canonical_email)
            AS suppressed,
+       (SELECT s.scope FROM suppressions s
+        WHERE s.tenant = c.tenant AND s.canonical_email = c.canonical_email)
+           AS suppression_scope,
        e.languages,
        CASE WHEN e.languages IS NULL THEN substring(e.raw FROM 1 FOR 65536) END AS head
 FROM followup_intents i JOIN contacts c ON c.contact_id = i.contact_id
@@ -165,14 +173,14 @@ WHERE event_id = $1 AND status IN ('queued', 'awaiting_approval')
 
 async def followup_blockers(conn: Conn, *, tenant: str, canonical_email: str,
                             contact_id: Any, event_id: Any,
-                            quiet_period_hours: float) -> tuple[bool, bool]:
-    """(suppressed, recent) for a follow-up to this identity and contact
+                            quiet_period_hours: float) -> tuple[bool, bool, bool]:
+    """(suppressed, recent, marketing_suppressed) for a follow-up to this identity and contact
     (`FOLLOWUP_BLOCKERS`): asked by the planner in its transaction and by the review card,
     so both see the same facts. `contact_id` None: a new contact, which has no intents."""
     row = await conn.fetchrow(FOLLOWUP_BLOCKERS, tenant, canonical_email, contact_id, event_id,
                               float(quiet_period_hours * 3600))
-    assert row is not None  # one row always (two EXISTS)
-    return bool(row["suppressed"]), bool(row["recent"])
+    assert row is not None  # one row always (three EXISTS)
+    return bool(row["suppressed"]), bool(row["recent"]), bool(row["marketing_suppressed"])
 
 
 async def plan_followup(

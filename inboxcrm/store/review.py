@@ -56,7 +56,7 @@ ORDER BY created_at LIMIT 10
 """
 
 SUPPRESSION = """
-SELECT reason, created_at FROM suppressions WHERE tenant = $1 AND canonical_email = $2
+SELECT reason, scope, created_at FROM suppressions WHERE tenant = $1 AND canonical_email = $2
 """
 
 

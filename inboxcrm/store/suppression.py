@@ -11,8 +11,11 @@ stops, or the suppression is recorded after the send finished — never interlea
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from inboxcrm.store import consent
 
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
@@ -28,17 +31,25 @@ WHERE c.tenant = $1 AND c.canonical_email = $2
   AND i.status = 'sending' AND i.lease_until > clock_timestamp()
 """
 
+# A suppression is recorded once per identity; a later one of scope `all` widens an earlier
+# `marketing` one (and counts as added: the contact is marked, the CRM written to). $5 scope.
 ADD_SUPPRESSION = """
-INSERT INTO suppressions (tenant, canonical_email, reason, source, created_at)
-VALUES ($1, $2, $3, $4, clock_timestamp()) ON CONFLICT DO NOTHING
+INSERT INTO suppressions AS s (tenant, canonical_email, reason, source, created_at, scope)
+VALUES ($1, $2, $3, $4, clock_timestamp(), $5)
+ON CONFLICT (tenant, canonical_email) DO UPDATE
+SET scope = 'all', reason = EXCLUDED.reason, source = EXCLUDED.source
+WHERE s.scope <> 'all' AND EXCLUDED.scope = 'all'
 RETURNING true
 """
 
+# The queued follow-ups a suppression stops: all of them (scope `all`), or those of the
+# tenant's marketing rules ($5) under a `marketing` one ($4).
 CANCEL_QUEUED_INTENTS = """
 UPDATE followup_intents AS i SET status = 'cancelled', cancel_reason = $3
 FROM contacts AS c
 WHERE i.contact_id = c.contact_id AND c.tenant = $1 AND c.canonical_email = $2
   AND i.status IN ('queued', 'awaiting_approval')
+  AND ($4 = 'all' OR i.rule_id = ANY($5::text[]))
 RETURNING i.intent_id
 """
 
@@ -74,6 +85,9 @@ class Suppression:
     added: bool
     cancelled_intents: list[str]
     contacts_marked: int
+    scope: str = "all"
+    # The CRM write-back queued with it (docs/consent.md), if any.
+    crm_write: str | None = None
 
     @property
     def changed(self) -> bool:
@@ -88,21 +102,38 @@ async def lock_identity(conn: Conn, *, tenant: str, canonical_email: str) -> Any
 
 
 async def suppress_identity(conn: Conn, tenant: str, canonical_email: str, *, reason: str,
-                            source: str, cancel_reason: str, locked: bool = False
-                            ) -> Suppression:
+                            source: str, cancel_reason: str, locked: bool = False,
+                            scope: str = "all", marketing_rules: Sequence[str] = (),
+                            write_back: bool = True) -> Suppression:
     """Idempotent: repeating it changes nothing and says so (`changed` is False).
     Raises SendInFlight (writing nothing) while a send to the identity holds its lease.
-    `locked`: the caller took `lock_identity` in this transaction already."""
+    `locked`: the caller took `lock_identity` in this transaction already.
+
+    `scope` (the tenant's policy for `reason`, docs/consent.md): `all` stops every follow-up
+    and marks the contact suppressed; `marketing` cancels only the follow-ups of
+    `marketing_rules` and leaves service replies alone. A new suppression of scope `all` is
+    written to the CRM's opt-out field as an operation of its own (`consent.queue_write`),
+    queued here, in the same transaction, unless `write_back` is False (shadow mode: nothing
+    is written to a destination). A `marketing` one is not: the CRM's field means "no email
+    at all", and subscription types are not modelled."""
     if not locked:
         await conn.fetch(LOCK_IDENTITY, tenant, canonical_email)
     in_flight = await conn.fetchval(SEND_IN_FLIGHT, tenant, canonical_email)
     if in_flight is not None and in_flight > 0:
         raise SendInFlight(float(in_flight) + 0.5)
-    added = bool(await conn.fetchval(ADD_SUPPRESSION, tenant, canonical_email, reason, source))
+    added = bool(await conn.fetchval(ADD_SUPPRESSION, tenant, canonical_email, reason, source,
+                                     scope))
     cancelled = [str(r["intent_id"]) for r in await conn.fetch(
-        CANCEL_QUEUED_INTENTS, tenant, canonical_email, cancel_reason)]
-    marked = await conn.fetch(MARK_CONTACT_SUPPRESSED, tenant, canonical_email)
-    return Suppression(added, cancelled, len(marked))
+        CANCEL_QUEUED_INTENTS, tenant, canonical_email, cancel_reason, scope,
+        list(marketing_rules))]
+    marked = (await conn.fetch(MARK_CONTACT_SUPPRESSED, tenant, canonical_email)
+              if scope == "all" else [])
+    crm_write = None
+    if added and scope == "all" and write_back:
+        crm_write = await consent.queue_write(conn, tenant=tenant,
+                                              canonical_email=canonical_email, reason=reason,
+                                              scope=scope)
+    return Suppression(added, cancelled, len(marked), scope, crm_write)
 
 
 async def suppress_reported(conn: Conn, tenant: str, identities: list[str], *, reason: str,

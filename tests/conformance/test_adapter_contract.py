@@ -15,7 +15,13 @@ from typing import Any
 import httpx
 import pytest
 
-from inboxcrm.adapters.base import ContactFields, CrmClient, MailClient, OutgoingEmail
+from inboxcrm.adapters.base import (
+    ContactFields,
+    CrmClient,
+    CrmConsent,
+    MailClient,
+    OutgoingEmail,
+)
 from inboxcrm.adapters.registry import Provider, Secrets, providers
 from inboxcrm.platform.config import Settings
 from inboxcrm.schemas.destinations import TenantDestinations
@@ -88,6 +94,28 @@ async def test_a_repeated_upsert_and_note_leave_one_of_each(
     assert await crm.find_note(note_key) == note
     assert await crm.find_contact(str(uuid.uuid4())) is None
     assert await crm.find_note(str(uuid.uuid4())) is None
+
+
+async def test_an_opt_out_written_twice_reads_back_once(
+        crm: CrmClient, sandbox: SandboxProcess) -> None:
+    """A CRM with an opt-out field (`CrmConsent`, docs/consent.md): written by our write,
+    read back by our read, repeatable; the record's other fields stay as they were."""
+    if not isinstance(crm, CrmConsent):
+        pytest.skip(f"{crm.name} has no CRM opt-out field (inboxcrm's list alone)")
+    email = f"contract-{uuid.uuid4().hex[:10]}@example.com"
+    record = await crm.upsert_contact(str(uuid.uuid4()), ContactFields(email=email,
+                                                                      name="Ada Lovelace"))
+    before = await crm.read_opt_out(record.record_id)
+    assert (before.opted_out, before.field) == (False, crm.consent_field)
+    for _ in range(2):
+        written = await crm.write_opt_out(email, record.record_id)
+        assert written.field == crm.consent_field and written.record_ids == (record.record_id,)
+    assert (await crm.read_opt_out(record.record_id)).opted_out is True
+    records = [c for c in (await _state(sandbox))["contacts"]
+               if str(c["properties"].get("email", "")).lower() == email]
+    assert len(records) == 1
+    assert records[0]["properties"][crm.consent_field] == "true"
+    assert records[0]["properties"].get("firstname") == "Ada"
 
 
 async def test_a_repeated_send_leaves_one_email(mail: MailClient,
