@@ -48,6 +48,7 @@ mail_gid = {gid}
 mail_plugins =
 protocol imap {{
   mail_max_userip_connections = {max_userip}
+  imap_idle_notify_interval = {idle_notify} secs
 }}
 service imap-login {{
   inet_listener imap {{
@@ -90,6 +91,9 @@ class Dovecot:
     # IMAP sessions one user may hold from one address (all of ours come from loopback):
     # a login beyond it is refused and logged, which `refused_logins` counts.
     max_userip_connections: int = 50
+    # How often the server says "* OK Still here" to a session in IDLE (Dovecot's default:
+    # 2 minutes). Each such line also wakes the watcher, which then reads the folder.
+    idle_notify_seconds: int = 120
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -110,7 +114,7 @@ class Dovecot:
         self.config.write_text(_CONFIG.format(
             root=self.root, port=self.port, user="dovecot", group="dovecot",
             uid=account.pw_uid, gid=account.pw_gid,
-            max_userip=self.max_userip_connections))
+            max_userip=self.max_userip_connections, idle_notify=self.idle_notify_seconds))
         self.process = subprocess.Popen([DOVECOT, "-F", "-c", str(self.config)],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
