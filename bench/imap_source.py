@@ -31,6 +31,7 @@ import imaplib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -234,6 +235,9 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
     b_imap, b_web = result["burst"]["imap"], result["burst"]["webhook"]
     for figure in ("stored_per_second", "settled_per_second"):
         out[f"burst_{figure}"] = ratio(b_imap.get(figure), b_web.get(figure))
+    for q in ("p50", "p95"):
+        out[f"burst_to_stored_ms_{q}"] = ratio(b_imap["to_stored_ms"].get(q),
+                                               b_web["to_stored_ms"].get(q))
     return out
 
 
@@ -313,8 +317,9 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
         table += [(f"{kind}: send -> stored, paced", lat(p[kind]["to_stored_ms"]), ""),
                   (f"{kind}: send -> done, paced", lat(p[kind]["to_done_ms"]), ""),
                   (f"{kind}: burst stored", rate(b[kind], "stored"), ""),
-                  (f"{kind}: burst settled", rate(b[kind], "settled"),
-                   f"states {b[kind]['states']}")]
+                  (f"{kind}: burst settled",
+                   f"{rate(b[kind], 'settled')}; states {b[kind]['states']}", ""),
+                  (f"{kind}: send -> stored, burst", lat(b[kind]["to_stored_ms"]), "")]
     table += [(f"imap / webhook: {k}", str(v), "") for k, v in r.items()]
     return table
 
@@ -327,6 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     from tests.helpers import dovecot
 
     args = parse_args(argv)
+
+    def terminate(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, terminate)  # the stack and Dovecot stopped, whatever
     if not dovecot.available():
         print(dovecot.MISSING, file=sys.stderr)
         return 1
