@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-fast test-stack lint typecheck chaos bench bench-neighbour test-ui clean-data dist
+.PHONY: up test test-fast test-stack lint typecheck chaos bench bench-neighbour bench-imap test-ui clean-data dist
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -88,8 +88,15 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 	$(BIN)/python -m bench.neighbour $(NEIGHBOUR_ARGS)
+	$(BIN)/python -m bench.imap_source $(IMAP_ARGS)
 
 ## bench-neighbour: tenant A's burst of 600 against tenant B's ordinary mail, on a fresh stack of
 ## its own (bench/neighbour.py; NEIGHBOUR_ARGS=--quick: burst 60). Also run by `make bench`.
 bench-neighbour: $(BENCH_STAMP)
 	$(BIN)/python -m bench.neighbour $(NEIGHBOUR_ARGS)
+
+## bench-imap: the IMAP source against the webhook source on a fresh stack of its own with a
+## real Dovecot (bench/imap_source.py; IMAP_ARGS=--quick: burst 60, paced 15). Also run by
+## `make bench`.
+bench-imap: $(BENCH_STAMP)
+	$(BIN)/python -m bench.imap_source $(IMAP_ARGS)

@@ -13,6 +13,7 @@ look: the sandbox's contacts and emails, and the `inbound_events` ledger.
 from __future__ import annotations
 
 import asyncio
+import imaplib
 import json
 import shutil
 import subprocess
@@ -55,7 +56,10 @@ def dovecot() -> Iterator[Dovecot]:
     # Not under pytest's tmp_path: its parents are private to root, and Dovecot's own
     # processes (user `dovecot`) must reach their files.
     root = Path(tempfile.mkdtemp(prefix="inboxcrm-dovecot-"))
-    server = Dovecot(root).start({USER: PASSWORD, OAUTH_USER: OAUTH_TOKEN})
+    # No keep-alive in IDLE for 15 minutes: a watcher that waits in IDLE after news it was
+    # already told of is not woken by one (test_mail_that_arrives_during_a_catch_up_...).
+    server = Dovecot(root, idle_notify_seconds=900).start(
+        {USER: PASSWORD, OAUTH_USER: OAUTH_TOKEN})
     yield server
     server.stop()
     shutil.rmtree(root, ignore_errors=True)
@@ -500,3 +504,39 @@ async def test_processed_mail_can_be_flagged_seen(
     await env.wait_for(flagged, timeout=60, what="the stored mail flagged")
     assert dovecot.status(USER, mailbox.folder)["messages"] == 2
     await assert_once_each(env, sent)
+
+
+
+async def test_mail_that_arrives_during_a_catch_up_is_read_without_waiting_for_idle(
+        env: StackClient, db: asyncpg.Pool, stack: Stack, dovecot: Dovecot) -> None:
+    """Twenty messages are APPENDed by another IMAP session while the watcher fetches a
+    backlog of 40. The server announces them once, among the answers to the watcher's
+    FETCH, and never again in the IDLE that follows: the watcher reads them straight after
+    the backlog, not an IDLE period (10 minutes here) later."""
+    box = Mailbox(stack, dovecot, INBOXCRM_IMAP_IDLE_SECONDS="600")
+    appender = imaplib.IMAP4("127.0.0.1", dovecot.port)
+    try:
+        appender.login(USER, PASSWORD)
+        backlog = box.deliver(40, padding=150_000)
+        box.worker.start()
+        box.add()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if await db.fetchval(
+                    "SELECT count(*) FROM imap_messages WHERE folder = $1", box.folder) >= 3:
+                break
+            await asyncio.sleep(0.02)
+        late = [unique_email("imaplate") for _ in range(20)]
+        for email in late:
+            assert appender.append(box.folder, None, None,
+                                   message_from(email).encode())[0] == "OK"
+        stored = await db.fetchval(
+            "SELECT count(*) FROM imap_messages WHERE folder = $1", box.folder)
+        assert stored < 40, f"the backlog was read before the late mail landed ({stored})"
+        rows = await wait_items_done(env, db, box.folder, 60, timeout=240)
+        assert len(rows) == 60
+        await assert_once_each(env, backlog + late)
+    finally:
+        appender.logout()
+        box.cli("mailbox", "remove", "--tenant", "acme", "--address", ADDRESS)
+        box.worker.stop_all()

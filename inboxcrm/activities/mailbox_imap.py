@@ -190,7 +190,10 @@ class MailboxImapActivities:
             await self._set_state(watch, "watching", None)
             await self._catch_up(session, watch, state, summary, after_store)
             while idle and time.monotonic() < deadline:
-                await self._idle(session, watch, deadline)
+                # Mail announced during the catch-up is read at once: IDLE would not
+                # announce it again, and it would wait a whole IDLE period.
+                if not await session.call(session.reader.announced_new_mail):
+                    await self._idle(session, watch, deadline)
                 state = await session.call(session.reader.examine, watch.folder, writable)
                 await self._catch_up(session, watch, state, summary, after_store)
             return not idle

@@ -117,6 +117,7 @@ class ImapFolderReader:
         self.timeout = timeout
         self._imap: imaplib.IMAP4 | None = None
         self._idle_tag: bytes | None = None
+        self._idle_news = False
         self.capabilities: frozenset[str] = frozenset()
 
     # --- connection ---------------------------------------------------------------------------
@@ -180,11 +181,15 @@ class ImapFolderReader:
             if not uidvalidity:
                 # No UIDs to trust (RFC 9051 requires it): never store under a guess.
                 raise ImapFailure(Classified(Category.PERMANENT, "imap_no_uidvalidity"))
-            return FolderState(
+            state = FolderState(
                 uidvalidity=uidvalidity,
                 uidnext=_untagged_int(imap, "UIDNEXT"),
                 exists=int(_first(data) or 0),
                 highest_modseq=_untagged_int(imap, "HIGHESTMODSEQ"))
+            # imaplib leaves SELECT's EXISTS among the untagged answers: only one that comes
+            # later announces new mail (`announced_new_mail`).
+            imap.untagged_responses.pop("EXISTS", None)
+            return state
         except ImapFailure:
             raise
         except Exception as exc:
@@ -234,6 +239,15 @@ class ImapFolderReader:
                 pending = None
         return found
 
+    def announced_new_mail(self) -> bool:
+        """Whether the server announced new mail (an untagged EXISTS) alongside the answers
+        to our own commands since the last EXAMINE, and forgets it. The server tells a
+        session of a new message once: mail that arrived during a catch-up is announced in
+        the middle of its FETCH answers, never again in the IDLE after it."""
+        imap = self._conn
+        _typ, data = imap.response("EXISTS")  # pops it
+        return any(item is not None for item in data or [])
+
     def mark_seen(self, uids: list[int]) -> None:
         """The after-store action `seen` (run only on stored messages)."""
         if uids:
@@ -270,6 +284,10 @@ class ImapFolderReader:
             tag = imap._new_tag()  # imaplib has no IDLE before Python 3.14
             imap.send(tag + b" IDLE\r\n")
             line = imap.readline()
+            while line.startswith(b"* ") and not line.startswith(b"* BYE"):
+                # News the server sends before its continuation: it would not come again.
+                self._idle_news = True
+                line = imap.readline()
             if not line.startswith(b"+"):
                 raise imaplib.IMAP4.error("idle_refused")
             self._idle_tag = tag
@@ -282,6 +300,9 @@ class ImapFolderReader:
         """Wait up to `timeout` s for the server to say something in IDLE (new mail,
         expunge, BYE); True if it did. A BYE or a closed socket raises (reconnect)."""
         imap = self._conn
+        if self._idle_news:
+            self._idle_news = False
+            return True
         sock = imap.sock
         try:
             pending = sock.pending() if isinstance(sock, ssl.SSLSocket) else 0

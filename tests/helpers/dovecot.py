@@ -47,7 +47,8 @@ mail_uid = {uid}
 mail_gid = {gid}
 mail_plugins =
 protocol imap {{
-  mail_max_userip_connections = 50
+  mail_max_userip_connections = {max_userip}
+  imap_idle_notify_interval = {idle_notify} secs
 }}
 service imap-login {{
   inet_listener imap {{
@@ -87,6 +88,12 @@ class Dovecot:
     root: Path
     port: int = field(default_factory=free_port)
     users: dict[str, str] = field(default_factory=dict)
+    # IMAP sessions one user may hold from one address (all of ours come from loopback):
+    # a login beyond it is refused and logged, which `refused_logins` counts.
+    max_userip_connections: int = 50
+    # How often the server says "* OK Still here" to a session in IDLE (Dovecot's default:
+    # 2 minutes). Each such line also wakes the watcher, which then reads the folder.
+    idle_notify_seconds: int = 120
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -106,7 +113,8 @@ class Dovecot:
             "".join(f"{name}:{{PLAIN}}{password}::::::\n" for name, password in users.items()))
         self.config.write_text(_CONFIG.format(
             root=self.root, port=self.port, user="dovecot", group="dovecot",
-            uid=account.pw_uid, gid=account.pw_gid))
+            uid=account.pw_uid, gid=account.pw_gid,
+            max_userip=self.max_userip_connections, idle_notify=self.idle_notify_seconds))
         self.process = subprocess.Popen([DOVECOT, "-F", "-c", str(self.config)],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
@@ -170,3 +178,14 @@ class Dovecot:
     def logins(self, user: str) -> int:
         """How many logins of `user` the server has logged since it started."""
         return len(re.findall(rf"imap-login: Info: Login: user=<{re.escape(user)}>", self.log()))
+
+    def refused_logins(self, user: str) -> int:
+        """Logins of `user` refused for `mail_max_userip_connections` since the start."""
+        return len(re.findall(
+            rf"Maximum number of connections from user\+IP exceeded[^\n]*user=<{re.escape(user)}>",
+            self.log()))
+
+    def move_all(self, user: str, source: str, target: str) -> None:
+        """Move every message of `source` into `target` in one go: to a watcher of `target`
+        a burst of new mail that arrived at once."""
+        self.doveadm("move", "-u", user, target, "mailbox", source, "all")
