@@ -217,7 +217,10 @@ class SendActivities:
         going to be sent (sent or cancelled: the check below answers from the store)."""
         async with self._pool.acquire() as conn:
             facts = await consent_store.intent_crm_record(conn, intent_id=intent_id)
-        if facts is None or facts["status"] in ("sent", "cancelled"):
+        if (facts is None or facts["status"] in ("sent", "cancelled")
+                or facts["crm_record_id"] is None):
+            # No CRM record to read: no CRM client is built (a worker without CRM
+            # settings still sends; the opt-out recorded here still applies).
             return INBOXCRM_ONLY
         try:
             crm = self._destinations.crm(tenant)
