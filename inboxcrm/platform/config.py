@@ -123,6 +123,8 @@ class Settings(BaseSettings):
     # (`inboxcrm reviewer add`) or sign on through the OIDC issuer below.
     review_token: SecretStr | None = None
     review_session_hours: float = 12.0
+    # A desk session without a request for this long ends (server-side, `review_sessions`).
+    review_session_idle_minutes: float = Field(30.0, gt=0)
     # Reviewers as people (docs/architecture.md §6, §7): the server-side secret that proves a
     # decision came from the desk or the CLI with an authenticated reviewer (relay, worker and
     # CLI share it), and keys the desk's sessions and CSRF tokens. Unset: the desk is read-only
