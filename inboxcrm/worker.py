@@ -105,7 +105,11 @@ def activity_functions(pool: asyncpg.Pool, crm: CrmClient | Destinations,
     match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
     crm_acts = CrmActivities(pool, destinations, max_retry_after, max_park)
     send = SendActivities(pool, destinations, max_retry_after, settings, max_park)
-    bookkeeping = BookkeepingActivities(pool, decision_secret)
+    # Unproven decisions are refused by what the process runs under (production, unless
+    # Temporal authorises decisions itself); a test's activities without settings record.
+    bookkeeping = BookkeepingActivities(
+        pool, decision_secret,
+        refuse_unproven=settings is not None and settings.refuses_unproven_decisions)
     review = ReviewActivities(pool)
     # A second extractor that calls a model runs inside the local shadow step, out of the
     # model queue's sight: it gets this process's share of the same rate instead.

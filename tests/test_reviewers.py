@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Awaitable
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -73,6 +74,11 @@ async def decisions(env: StackClient, workflow_id: str) -> list[dict[str, Any]]:
         "SELECT actor, action, detail FROM audit_log WHERE workflow_id = $1 "
         "AND action ~ '^(signal|update)_' ORDER BY audit_id", workflow_id)
     return [{"actor": r["actor"], "action": r["action"], **r["detail"]} for r in rows]
+
+
+async def _two(rows: Awaitable[list[dict[str, Any]]]) -> list[dict[str, Any]] | None:
+    found = await rows
+    return found if len(found) >= 2 else None
 
 
 async def test_two_reviewers_two_tenants_each_decides_only_their_own(
@@ -164,17 +170,20 @@ async def test_cli_acts_as_the_reviewer_token_and_revocation_ends_access(
     assert (hold["actor"], hold["path"], hold["authenticated"]) == (
         f"reviewer:gus-cli-{suffix}", "cli", True)
 
-    # A signal that claims to be the desk's reviewer, with a made-up proof: recorded with the
-    # identity Temporal recorded for the request, never as the claimed decider.
+    # A signal that claims to be the desk's reviewer, with a made-up proof: refused (a proof
+    # that does not match its body is never taken, issue 36) and recorded with the identity
+    # Temporal recorded for the request, never as the claimed decider.
     await env.signal(globex_item, "reject", {"reviewer": "gus", "decider":
                                              f"reviewer:gus-cli-{suffix}", "path": "desk",
                                              "proof": "f" * 64})
-    await env.wait_state(globex_item, "rejected")
-    _, forged = await decisions(env, globex_item)
+    _, forged = await env.wait_for(
+        lambda: _two(decisions(env, globex_item)), what="the forged signal recorded")
     assert forged["actor"].startswith("temporal:") and forged["authenticated"] is False
+    assert (forged["accepted"], forged["ignored_reason"]) == (False, "proof_invalid")
     assert (forged["path"], forged["proof"], forged["identity_source"]) == (
         "temporal-ui signal", "invalid", "signal event")
     assert forged["temporal_identity"]  # the SDK client's identity (pid@host)
+    assert (await env.state(globex_item))[0] == "held"
 
     # The operator (no reviewer token) decides in every tenant, recorded as the operator.
     operator = cli(stack, "review", "reject", acme_item, "--reviewer", "ops")

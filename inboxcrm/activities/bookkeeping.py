@@ -14,6 +14,7 @@ from temporalio.api.enums.v1 import EventType
 from inboxcrm.platform.reviewer_identity import (
     PATH_UI_SIGNAL,
     PATH_UI_UPDATE,
+    DecisionClaim,
     verify_decision,
 )
 from inboxcrm.schemas.contract import Decision
@@ -33,13 +34,38 @@ log = logging.getLogger("inboxcrm.activities.bookkeeping")
 DECISION_NAMES = frozenset(d.value for d in Decision)
 # A reviewer's decision in the audit log: `<via>_<action>`, via a signal or an update.
 DECISION_AUDIT = ("signal_", "update_")
+PROOF_INVALID = ("refused (proof_invalid): this decision's proof does not match its body "
+                 "(changed after it was signed, copied from another decision, or signed with "
+                 "another INBOXCRM_DECISION_SECRET than the worker's); decide again at the "
+                 "review desk (/review/ on the relay) or with `inboxcrm review`")
+UNPROVEN = ("refused (unproven_decision): in production a decision must come through the "
+            "review desk (/review/ on the relay) or `inboxcrm review`, which prove who "
+            "decided; a signal or update from a Temporal client (the Temporal UI, `temporal "
+            "workflow signal`) carries no proof. An operator whose Temporal authenticates and "
+            "scopes its users may set INBOXCRM_TEMPORAL_AUTHORIZES_DECISIONS=true "
+            "(docs/architecture.md §6)")
 
+
+def proof_refusal(*, has_proof: bool, proven: bool, refuse_unproven: bool
+                  ) -> tuple[str, str] | None:
+    """Why the workflow must refuse a decision for its proof (code, message), or None: a
+    proof that does not match, always; no proof, when unproven decisions are refused (in
+    production, unless Temporal itself authorises decisions)."""
+    if proven:
+        return None
+    if has_proof:
+        return "proof_invalid", PROOF_INVALID
+    if refuse_unproven:
+        return "unproven_decision", UNPROVEN
+    return None
 
 
 class BookkeepingActivities:
-    def __init__(self, pool: asyncpg.Pool, decision_secret: str | None = None) -> None:
+    def __init__(self, pool: asyncpg.Pool, decision_secret: str | None = None, *,
+                 refuse_unproven: bool = False) -> None:
         self._pool = pool
         self._decision_secret = decision_secret
+        self._refuse_unproven = refuse_unproven
 
     @activity.defn(name="record_item_state")
     async def record_item_state(self, change: StateChange) -> None:
@@ -94,14 +120,26 @@ class BookkeepingActivities:
     @activity.defn(name="record_decision")
     async def record_decision(self, record: DecisionRecord) -> DecisionIdentity:
         """Record a decision under the decider authentication proves (docs/architecture.md
-        §6). A valid proof names the desk's or the CLI's reviewer; anything else (the
-        Temporal UI, another Temporal client, a forged body) is recorded with the identity
-        Temporal recorded for the request. The typed name is kept as a label only."""
+        §6). A valid proof (over the whole decision) names the desk's or the CLI's reviewer;
+        anything else is recorded with the identity Temporal recorded for the request, and a
+        proof that does not match, or no proof in production, is refused: the workflow
+        refuses the decision on `DecisionIdentity.refused`. The typed
+        name is kept as a label only."""
         item = record.item
-        proven = verify_decision(self._decision_secret, record.proof, record.decider,
-                                 record.path, item.workflow_id, record.wait_id, record.action)
+        claim = DecisionClaim(
+            decider=record.decider, path=record.path, workflow_id=item.workflow_id,
+            wait_id=record.wait_id, action=record.action, reviewer=record.typed_reviewer,
+            note=record.note, evidence=record.evidence, corrections=dict(record.corrections),
+            send_followup=record.send_followup)
+        proven = verify_decision(self._decision_secret, record.proof, claim)
         detail = dict(record.detail)
         detail["typed_reviewer"] = record.typed_reviewer or None
+        refused = None
+        if detail.get("accepted"):
+            refused = proof_refusal(has_proof=bool(record.proof), proven=proven,
+                                    refuse_unproven=self._refuse_unproven)
+        if refused is not None:
+            detail |= {"accepted": False, "ignored_reason": refused[0]}
         if proven:
             who = DecisionIdentity(record.decider, record.path, authenticated=True)
         else:
@@ -116,6 +154,8 @@ class BookkeepingActivities:
         # UI's "Send an Update"), `signal_approve` for a signal.
         await self.record_audit(AuditEntry(item, who.decider, f"{record.via}_{record.action}",
                                            detail))
+        if refused is not None:
+            who.refused, who.refusal = refused
         return who
 
     async def _temporal_identity(self, record: DecisionRecord) -> tuple[str | None, str]:

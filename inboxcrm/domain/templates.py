@@ -14,6 +14,14 @@ show the opt-out link *and* the sender's postal address refuses to load, with a 
 naming the file and what is wrong. The check renders each body with marker values (with and
 without a first name), so a link hidden behind a condition does not pass.
 
+Bounded by construction (the check runs at policy load, on the relay's and the workers'
+event loops): a template is text, fields, `{% if %}` and expressions over them. Loops,
+calls (`range`, methods), macros, assignments, includes and any filter outside
+`SAFE_FILTERS` refuse to load before anything renders, so rendering is linear in the
+template's size. What an expression can still grow is capped while it renders: `*`, `**`,
+`+` and `~` refuse a result over `MAX_VALUE_CHARS` (a number over `MAX_NUMBER_BITS`), the
+output over `MAX_RENDERED_CHARS`, and a render running past `RENDER_SECONDS`.
+
 A template's `version` is a hash of every file of it (all languages): a changed word is a
 new version, the follow-up rule's version stored with the intent derives from it
 (`rule_version`), and the intent keeps the reference `<name>@<version>`. The sources of
@@ -27,14 +35,19 @@ import email.parser
 import email.policy
 import hashlib
 import json
+import operator
 import re
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateError, meta
+from jinja2 import StrictUndefined, TemplateError, meta, nodes
+from jinja2.compiler import CodeGenerator, Frame
+from jinja2.exceptions import SecurityError
+from jinja2.runtime import Context
 from jinja2.sandbox import SandboxedEnvironment
 
 # The fields a template may use. Nothing else reaches the renderer.
@@ -58,6 +71,33 @@ _FILE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9_-]{0,63})\.(?P<lang>[a-z]{2,3}(?:
 _LANG = re.compile(r"^[a-z]{2,3}(?:-[a-z0-9]{1,8})?$")
 MAX_TEMPLATE_BYTES = 64 * 1024
 MAX_SUBJECT_CHARS = 200
+# Render limits (see the module's docstring): one value, one number, one rendered part, and
+# the wall-clock time of one render.
+MAX_VALUE_CHARS = 16 * 1024
+MAX_NUMBER_BITS = 256
+MAX_RENDERED_CHARS = 256 * 1024
+RENDER_SECONDS = 1.0
+# Filters that never grow their input by more than a constant (none pads, repeats or joins).
+SAFE_FILTERS = frozenset({"capitalize", "count", "d", "default", "e", "escape", "first",
+                          "last", "length", "lower", "string", "striptags", "title", "trim",
+                          "truncate", "upper", "wordcount"})
+# What a template may not contain, and how the refusal says it.
+_UNBOUNDED: tuple[tuple[type[nodes.Node], str], ...] = (
+    (nodes.For, "a {% for %} loop"),
+    (nodes.Call, "a call (a function such as range(), or a method)"),
+    (nodes.Macro, "a {% macro %}"),
+    (nodes.CallBlock, "a {% call %} block"),
+    (nodes.FilterBlock, "a {% filter %} block"),
+    (nodes.Assign, "a {% set %}"),
+    (nodes.AssignBlock, "a {% set %} block"),
+    (nodes.With, "a {% with %} block"),
+    (nodes.Block, "a {% block %}"),
+    (nodes.Extends, "an {% extends %}"),
+    (nodes.Include, "an {% include %}"),
+    (nodes.Import, "an {% import %}"),
+    (nodes.FromImport, "an {% import %}"),
+    (nodes.ExprStmt, "a {% do %}"),
+)
 _MARK = {"opt_out_url": "https://unsubscribe.invalid/OPT-OUT-MARK",
          "postal_address": "POSTAL-ADDRESS-MARK"}
 
@@ -131,9 +171,101 @@ class Fields:
                 "opt_out_url": self.opt_out_url, "postal_address": self.postal_address}
 
 
-def _environment(html: bool) -> SandboxedEnvironment:
-    return SandboxedEnvironment(undefined=StrictUndefined, autoescape=html,
-                                keep_trailing_newline=True)
+class _BoundedCodeGenerator(CodeGenerator):
+    """Jinja's code generator, with every `~` concatenation passed through the
+    environment's size check (jinja has no hook for it, unlike the binary operators)."""
+
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        self.write("environment.bounded_concat(")
+        super().visit_Concat(node, frame)
+        self.write(")")
+
+
+def _too_large(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value.bit_length() > MAX_NUMBER_BITS
+    return isinstance(value, str | list | tuple) and len(value) > MAX_VALUE_CHARS
+
+
+class BoundedEnvironment(SandboxedEnvironment):
+    """The sandbox with size limits on what an expression makes: `*`, `**` and `+` are
+    checked before they run (a string times a number, a power), their results and every
+    `~` after."""
+
+    intercepted_binops = frozenset({"*", "**", "+"})
+    code_generator_class = _BoundedCodeGenerator
+
+    def call_binop(self, context: Context, op: str, left: Any, right: Any) -> Any:
+        if op == "**" and isinstance(left, int) and isinstance(right, int) and (
+                right > 0 and left.bit_length() * right > MAX_NUMBER_BITS):
+            raise SecurityError(f"the power is over the render limit of {MAX_NUMBER_BITS} "
+                                "bits")
+        if op == "*":
+            for seq, times in ((left, right), (right, left)):
+                if (isinstance(seq, str | list | tuple) and isinstance(times, int)
+                        and len(seq) * times > MAX_VALUE_CHARS):
+                    raise SecurityError("a repeated string is over the render limit of "
+                                        f"{MAX_VALUE_CHARS} characters")
+            if (isinstance(left, int) and isinstance(right, int)
+                    and left.bit_length() + right.bit_length() > MAX_NUMBER_BITS + 1):
+                raise SecurityError(f"a product is over the render limit of "
+                                    f"{MAX_NUMBER_BITS} bits")
+        result = _OPERATORS[op](left, right)
+        if _too_large(result):
+            raise SecurityError(f"a value is over the render limit of {MAX_VALUE_CHARS} "
+                                "characters")
+        return result
+
+    def bounded_concat(self, value: Any) -> Any:
+        if _too_large(value):
+            raise SecurityError(f"a joined value is over the render limit of "
+                                f"{MAX_VALUE_CHARS} characters")
+        return value
+
+
+_OPERATORS = {"*": operator.mul, "**": operator.pow, "+": operator.add}
+
+
+def _environment(html: bool) -> BoundedEnvironment:
+    return BoundedEnvironment(undefined=StrictUndefined, autoescape=html,
+                              keep_trailing_newline=True)
+
+
+def bounded_render(compiled: Any, context: Mapping[str, str]) -> str:
+    """One render within the limits: the output streamed and cut off past
+    MAX_RENDERED_CHARS, and past RENDER_SECONDS (a template that passed the load check is
+    linear in its size; this is the second wall)."""
+    deadline = time.monotonic() + RENDER_SECONDS
+    parts: list[str] = []
+    size = 0
+    chunks: Iterator[str] = compiled.generate(context)
+    for chunk in chunks:
+        size += len(chunk)
+        if size > MAX_RENDERED_CHARS:
+            raise SecurityError(f"the output is over the render limit of "
+                                f"{MAX_RENDERED_CHARS} characters")
+        if time.monotonic() > deadline:
+            raise SecurityError(f"rendering took over the limit of {RENDER_SECONDS:g} s")
+        parts.append(chunk)
+    return "".join(parts)
+
+
+def _refuse_unbounded(parsed: nodes.Template, where: str) -> None:
+    """Refuse, before anything renders, what could make a render's work grow beyond the
+    template's own size: loops, calls, macros, assignments, includes, unlisted filters."""
+    for kind, what in _UNBOUNDED:
+        for found in parsed.find_all(kind):
+            raise TemplateRefused(
+                f"template {where}: {what} at line {found.lineno} is not allowed: a "
+                "template is text, the documented fields, {% if %} and simple expressions "
+                "(policies/README.md, \"Templates\")")
+    for used in parsed.find_all(nodes.Filter):
+        if used.name not in SAFE_FILTERS:
+            raise TemplateRefused(
+                f"template {where}: the filter {used.name!r} at line {used.lineno} is not "
+                f"allowed (allowed: {', '.join(sorted(SAFE_FILTERS))})")
 
 
 _TEXT_ENV = _environment(False)
@@ -166,16 +298,17 @@ def _check(source: str, where: str, *, html: bool, part: str) -> None:
         line = getattr(exc, "lineno", None)
         raise TemplateRefused(f"template {where}: does not compile"
                               f"{f' (line {line})' if line else ''}: {exc.message}") from None
+    _refuse_unbounded(parsed, where)
     unknown = sorted(meta.find_undeclared_variables(parsed) - set(FIELDS))
     if unknown:
         raise TemplateRefused(f"template {where}: uses {', '.join(unknown)}, which is not a "
                               f"documented field (allowed: {', '.join(FIELDS)})")
-    compiled = env.from_string(source)
+    compiled = env.from_string(parsed)
     for first_name in ("Ada", ""):
         context = {"first_name": first_name, "company": "", "signature": "",
                    "sender_name": "Sender", **_MARK}
         try:
-            out = compiled.render(context)
+            out = bounded_render(compiled, context)
         except TemplateError as exc:
             raise TemplateRefused(f"template {where}: cannot render: {exc.message}") from None
         if part == "subject":
@@ -267,9 +400,9 @@ def render(template: Template, lang: str, fields: Fields) -> Rendered:
     """Subject, text and HTML of one follow-up in `lang` (one of the template's)."""
     source = template.languages[lang]
     context = fields.as_context()
-    subject = _compiled(source.subject, False).render(context)
-    text = _compiled(source.text, False).render(context)
-    html = (_compiled(source.html, True).render(context)
+    subject = bounded_render(_compiled(source.subject, False), context)
+    text = bounded_render(_compiled(source.text, False), context)
+    html = (bounded_render(_compiled(source.html, True), context)
             if source.html is not None else None)
     return Rendered(" ".join(subject.split()), text, html)
 

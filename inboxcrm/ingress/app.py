@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
 from fastapi import FastAPI, Request
@@ -26,6 +27,37 @@ from inboxcrm.ingress.unsubscribe import unsubscribe_router
 from inboxcrm.platform import tracing
 from inboxcrm.platform.config import Settings
 from inboxcrm.store import db
+
+# How long /healthz's answer is reused (it costs a database and a Temporal round trip, and
+# the route is public: a caller in a loop must not cost one of each per request).
+HEALTH_SECONDS = 1.0
+
+
+class Health:
+    """/healthz's answer, checked at most once per HEALTH_SECONDS whoever asks; callers
+    that arrive while a check runs wait for that one."""
+
+    def __init__(self, check: Callable[[], Awaitable[tuple[bool, bool]]]) -> None:
+        self._check = check
+        self._answer: tuple[bool, bool] | None = None
+        self._at = 0.0
+        self._lock = asyncio.Lock()
+
+    def _fresh(self) -> tuple[bool, bool] | None:
+        if self._answer is not None and time.monotonic() - self._at < HEALTH_SECONDS:
+            return self._answer
+        return None
+
+    async def answer(self) -> tuple[bool, bool]:
+        """(database, temporal)."""
+        if (fresh := self._fresh()) is not None:
+            return fresh
+        async with self._lock:
+            if (fresh := self._fresh()) is not None:
+                return fresh
+            self._answer = await self._check()
+            self._at = time.monotonic()
+            return self._answer
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -81,9 +113,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(unsubscribe_router(settings))  # POST /v1/unsubscribe/{token}
     app.include_router(review_router(settings))  # GET /review/ (queue), GET|POST /review/{id}
 
-    @app.get("/healthz")
-    async def healthz(request: Request) -> JSONResponse:
-        ingestor: Ingestor = request.app.state.ingestor
+    async def check() -> tuple[bool, bool]:
+        ingestor: Ingestor = app.state.ingestor
         database = temporal_ok = False
         with contextlib.suppress(Exception):
             async with ingestor.pool.acquire() as conn:
@@ -91,6 +122,13 @@ def create_app(settings: Settings) -> FastAPI:
         with contextlib.suppress(Exception):
             client = await handle.get()
             temporal_ok = await asyncio.wait_for(client.service_client.check_health(), 3)
+        return database, temporal_ok
+
+    health = Health(check)
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        database, temporal_ok = await health.answer()
         ok = database and temporal_ok
         return JSONResponse({"ok": ok, "database": database, "temporal": temporal_ok},
                             status_code=200 if ok else 503)

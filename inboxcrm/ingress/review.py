@@ -175,7 +175,8 @@ class ReviewDesk:
         next_path = _safe_next(_field(form, "next"))
         async with ingestor.pool.acquire() as conn:
             principal = await auth.from_token(conn, _field(form, "token"))
-        session = auth.issue_session(principal) if principal is not None else None
+            session = (await auth.start_session(conn, principal) if principal is not None
+                       else None)
         if session is None:
             return _login_form(next_path, "wrong or missing token", 401)
         value, max_age = session
@@ -186,9 +187,11 @@ class ReviewDesk:
                             secure=self.secure_cookie or request.url.scheme == "https")
         return response
 
-    async def logout(self, request: Request) -> Response:
+    async def logout(self, request: Request, ingestor: IngestorDep) -> Response:
         if self.auth.cross_site(request):
             return _page("refused", "<p>Cross-site request refused.</p>", 403)
+        async with ingestor.pool.acquire() as conn:
+            await self.auth.end_session(conn, request.cookies.get(COOKIE))
         response = RedirectResponse("/review/login", status_code=303,
                                     headers={"Cache-Control": "no-store"})
         response.delete_cookie(COOKIE, path="/review")

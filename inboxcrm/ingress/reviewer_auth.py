@@ -3,8 +3,15 @@
 organisation's OIDC issuer, each as `Authorization: Bearer …`; or a session cookie that the
 desk's login form issues for the first two.
 
-Sessions are signed values `expiry.who.mac` (no server state); a reviewer's session is checked
-against the store on every request, so `inboxcrm reviewer revoke` ends it at once. Every
+Sessions are server-side (`review_sessions`, migration 069): the cookie is a random session ID
+(32 bytes), of which the store keeps only the SHA-256, with who signed in (`op` or
+`r<reviewer_id>`). Each request checks and touches the row in one statement: signing out
+ends it (a replayed cookie is refused), so does `INBOXCRM_REVIEW_SESSION_IDLE_MINUTES` without
+a request (default 30) and `INBOXCRM_REVIEW_SESSION_HOURS` after sign-in (default 12). An
+operator session is bound to an HMAC of the operator token that signed it in, so a relay
+started with a rotated `INBOXCRM_REVIEW_TOKEN` refuses the old sessions; a reviewer's is
+checked against the store on every request, so `inboxcrm reviewer revoke` (and `rotate`,
+which makes a new reviewer row) ends it at once. Every
 state-changing request must come from our own pages: a browser's `Sec-Fetch-Site` must say
 same-origin, an `Origin` must be ours, and the form must carry the CSRF token bound to the
 credential that signed it in (the session, or the bearer token's hash)."""
@@ -13,8 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -28,6 +35,7 @@ from inboxcrm.platform.reviewer_identity import (
     operator,
     token_digest,
 )
+from inboxcrm.store import review_sessions
 from inboxcrm.store import reviewers as store
 
 if TYPE_CHECKING:
@@ -35,6 +43,8 @@ if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
 
 COOKIE = "inboxcrm_review"
+# What a session ID looks like in a cookie: `secrets.token_urlsafe(32)`.
+_SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{43}$")
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,11 @@ class DeskAuth:
         self._session_key = derived_key(base, "review-session")
         self._csrf_key = derived_key(base, "review-csrf")
         self._seconds = int(settings.review_session_hours * 3600)
+        self._idle_seconds = settings.review_session_idle_minutes * 60
+        # What an operator session is bound to: this operator token (a rotated one, another).
+        self._operator_binding = (
+            hmac.new(self._session_key, b"operator-token\n" + self._operator_token.encode(),
+                     hashlib.sha256).hexdigest() if self._operator_token else None)
         self._public_origin = _origin(settings.public_relay_base_url)
         self.verifier = oidc.verifier_from(settings.oidc_issuer, settings.oidc_audience,
                                            settings.oidc_tenants_claim,
@@ -102,32 +117,37 @@ class DeskAuth:
                                                                          f"session:{value}")
 
     # --- sessions ------------------------------------------------------------------------
-    def _mac(self, payload: str) -> str:
-        return hmac.new(self._session_key, payload.encode(), hashlib.sha256).hexdigest()
-
-    def issue_session(self, principal: Principal) -> tuple[str, int] | None:
+    async def start_session(self, conn: Conn, principal: Principal) -> tuple[str, int] | None:
         """A session for the operator or a personal-token reviewer (an SSO user keeps
-        sending their bearer token)."""
+        sending their bearer token): the cookie's value and its lifetime in seconds."""
         if principal.reviewer_id is not None:
-            who = f"r{principal.reviewer_id}"
-        elif principal.decider == operator().decider:
-            who = "op"
+            who, credential = f"r{principal.reviewer_id}", ""
+        elif principal.decider == operator().decider and self._operator_binding:
+            who, credential = "op", self._operator_binding
         else:
             return None
-        expiry = int(time.time()) + self._seconds
-        payload = f"{expiry}.{who}"
-        return f"{payload}.{self._mac(payload)}", self._seconds
+        value = secrets.token_urlsafe(32)
+        await review_sessions.start_session(conn, session_sha256=_digest(value), who=who,
+                                            credential=credential, seconds=self._seconds)
+        return value, self._seconds
+
+    async def end_session(self, conn: Conn, value: str | None) -> None:
+        """Sign-out: the session ends for good, wherever its cookie is replayed."""
+        if value and _SESSION_ID.match(value):
+            await review_sessions.end_session(conn, session_sha256=_digest(value))
 
     async def _from_session(self, conn: Conn, value: str | None) -> Principal | None:
-        if not value or value.count(".") != 2:
+        if not value or not _SESSION_ID.match(value):
             return None
-        expiry, who, mac = value.split(".")
-        if not expiry.isdigit() or int(expiry) < time.time():
+        live = await review_sessions.touch_session(conn, session_sha256=_digest(value),
+                                                   idle_seconds=self._idle_seconds)
+        if live is None:
             return None
-        if not hmac.compare_digest(mac.encode(), self._mac(f"{expiry}.{who}").encode()):
-            return None
+        who, credential = live
         if who == "op":
-            return operator() if self._operator_token else None
+            bound = self._operator_binding
+            return operator() if bound and hmac.compare_digest(
+                credential.encode(), bound.encode()) else None
         if who.startswith("r") and who[1:].isdigit():
             row = await store.active_by_id(conn, int(who[1:]))
             if row is not None:
@@ -158,3 +178,8 @@ class DeskAuth:
         if host:
             own.add(f"{request.url.scheme}://{host}".lower())
         return origin.lower() not in own
+
+
+def _digest(value: str) -> bytes:
+    """What the store keeps of a session ID (high-entropy: a plain hash is enough)."""
+    return hashlib.sha256(value.encode()).digest()

@@ -123,11 +123,20 @@ class Settings(BaseSettings):
     # (`inboxcrm reviewer add`) or sign on through the OIDC issuer below.
     review_token: SecretStr | None = None
     review_session_hours: float = 12.0
+    # A desk session without a request for this long ends (server-side, `review_sessions`).
+    review_session_idle_minutes: float = Field(30.0, gt=0)
     # Reviewers as people (docs/architecture.md §6, §7): the server-side secret that proves a
     # decision came from the desk or the CLI with an authenticated reviewer (relay, worker and
     # CLI share it), and keys the desk's sessions and CSRF tokens. Unset: the desk is read-only
     # and every decision is recorded as unproven.
     decision_secret: SecretStr | None = None
+    # Whether Temporal itself authenticates its users and scopes what they may signal or
+    # update (Temporal Cloud's namespace roles, a server authorizer), so that a decision sent
+    # with a plain Temporal client is a person's. False (the default): with
+    # INBOXCRM_ENV=production a decision without the desk's or the CLI's proof is refused
+    # (docs/architecture.md §6, "Decisions from Temporal clients"). True keeps them,
+    # recorded as unproven with Temporal's identity of the request.
+    temporal_authorizes_decisions: bool = False
     # Single sign-on (the desk's bearer tokens and the codec endpoint): an OIDC issuer whose
     # published keys (JWKS from its discovery document, cached) sign access tokens for this
     # audience; the tenants a person may review are listed in the tenants claim.
@@ -284,6 +293,12 @@ class Settings(BaseSettings):
                              "whose policy sets no sender.from, e.g. INBOXCRM_MAIL_FROM="
                              "'Sales <sales@example.com>' (the demo sender is only the "
                              "default with INBOXCRM_ENV=local)")
+
+    @property
+    def refuses_unproven_decisions(self) -> bool:
+        """In production a decision must carry a proof, unless Temporal authorises its
+        users' decisions itself."""
+        return self.env == "production" and not self.temporal_authorizes_decisions
 
     def inbound_secrets(self) -> dict[str, str]:
         """The credentials this deployment accepts or signs with, by variable name, as their

@@ -25,9 +25,9 @@ from typing import Literal
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from inboxcrm.platform.reviewer_identity import Principal, sign_decision
+from inboxcrm.platform.reviewer_identity import DecisionClaim, Principal, sign_decision
 from inboxcrm.schemas.contract import QUERY_STATUS, Decision
-from inboxcrm.schemas.models import DecisionBody, ItemStatus
+from inboxcrm.schemas.models import REVIEWER_LABEL_CHARS, DecisionBody, ItemStatus
 
 log = logging.getLogger("inboxcrm.platform.decisions")
 
@@ -73,15 +73,20 @@ class DecisionResult:
 
 def decision_body(request: DecisionRequest, secret: str, wait_id: str) -> DecisionBody:
     """The update's argument: what the reviewer sent, the authenticated decider, the path and
-    the proof over (decider, path, workflow ID, wait ID, action)."""
+    the proof over all of it (`DecisionClaim`: the body with the workflow and the wait). The
+    label is sent as the workflow reads it (stripped, cut to REVIEWER_LABEL_CHARS), so the
+    proof covers what the workflow checks."""
     decider = request.decider.decider
+    label = request.reviewer.strip()[:REVIEWER_LABEL_CHARS]
+    claim = DecisionClaim(decider=decider, path=request.path, workflow_id=request.workflow_id,
+                          wait_id=wait_id, action=request.action.value, reviewer=label,
+                          note=request.note, evidence=request.evidence,
+                          corrections=dict(request.corrections),
+                          send_followup=request.send_followup)
     return DecisionBody(
-        reviewer=request.reviewer, wait_id=wait_id, note=request.note,
-        evidence=request.evidence,
+        reviewer=label, wait_id=wait_id, note=request.note, evidence=request.evidence,
         corrections=dict(request.corrections), send_followup=request.send_followup,
-        decider=decider, path=request.path,
-        proof=sign_decision(secret, decider, request.path, request.workflow_id, wait_id,
-                            request.action.value))
+        decider=decider, path=request.path, proof=sign_decision(secret, claim))
 
 
 def accepted_text(action: str, wait_id: str, workflow_id: str, status: ItemStatus) -> str:

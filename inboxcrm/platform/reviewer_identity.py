@@ -6,23 +6,31 @@ through the organisation's OIDC issuer (tenants from a claim). Its `decider` str
 the audit records; the name a person types is only a display label.
 
 A decision sent by the desk or the CLI carries a *proof*: an HMAC-SHA256, keyed by a key
-derived from the server-side `INBOXCRM_DECISION_SECRET` for proofs only, over (decider, path,
-workflow ID, wait ID, action). Keys by purpose: sessions, CSRF tokens and proofs each use
-their own HKDF-SHA256 key (`derived_key`), so none is the secret itself. A proof made
-before the split (HMAC keyed by the secret itself) still verifies, so a decision a running
-workflow holds across the upgrade keeps its proof; new ones are made with the proof key.
-The bookkeeping activity verifies it before recording the decider; a decision without a valid
-proof (the Temporal UI, any other Temporal client, or a forged body) is recorded with the
-identity Temporal recorded for the request instead. A proof is bound to one wait and one
-action, so copying it from history cannot answer any other wait.
+derived from the server-side `INBOXCRM_DECISION_SECRET` for proofs only, over a canonical
+JSON encoding of the whole decision (`DecisionClaim`: decider, path, workflow ID, wait ID,
+action, and the body's label, note, evidence, corrections and `send_followup`). Keys by
+purpose: sessions, CSRF tokens and proofs each use their own HKDF-SHA256 key
+(`derived_key`), so none is the secret itself.
+
+The bookkeeping activity verifies the proof before recording the decider. A proof that does
+not match the body it came with (copied from history and sent with other corrections, a
+note changed, a forged one, or a proof of the format before it covered the body) makes the
+workflow refuse the decision (`proof_invalid`); a decision without a proof (the Temporal UI,
+any other Temporal client) is refused in production (`unproven_decision`) unless the
+operator declares that Temporal authenticates and scopes its users
+(`INBOXCRM_TEMPORAL_AUTHORIZES_DECISIONS`), and is otherwise recorded with the identity
+Temporal recorded for the request. A proof is bound to one wait, so copying it from
+history cannot answer any other wait.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
@@ -65,33 +73,53 @@ def token_digest(token: str) -> bytes:
     return hashlib.sha256(token.strip().encode()).digest()
 
 
-def _message(decider: str, path: str, workflow_id: str, wait_id: str, action: str) -> bytes:
-    return "\n".join(("inboxcrm-decision.v1", decider, path, workflow_id, wait_id,
-                      action)).encode()
-
-
 PROOF_PURPOSE = "decision-proof"
+PROOF_FORMAT = "inboxcrm-decision.v2"
+PROOF_PREFIX = "v2:"
 
 
-def sign_decision(secret: str, decider: str, path: str, workflow_id: str, wait_id: str,
-                  action: str) -> str:
-    return hmac.new(derived_key(secret, PROOF_PURPOSE),
-                    _message(decider, path, workflow_id, wait_id, action),
-                    hashlib.sha256).hexdigest()
+@dataclass(frozen=True)
+class DecisionClaim:
+    """Everything a decision's proof covers: who, through which path, which wait of which
+    workflow, the action, and the body as the workflow reads it (`reviewer` the label as
+    `schemas.models.REVIEWER_LABEL_CHARS` cuts it)."""
+
+    decider: str
+    path: str
+    workflow_id: str
+    wait_id: str
+    action: str
+    reviewer: str = ""
+    note: str | None = None
+    evidence: str | None = None
+    corrections: Mapping[str, str] = field(default_factory=dict)
+    send_followup: bool = True
+
+    def message(self) -> bytes:
+        """The canonical encoding: JSON with sorted keys, no spaces, UTF-8 (one byte string
+        per decision, whatever order or spelling the body arrived in)."""
+        return json.dumps({"format": PROOF_FORMAT, "decider": self.decider, "path": self.path,
+                           "workflow_id": self.workflow_id, "wait_id": self.wait_id,
+                           "action": self.action, "reviewer": self.reviewer,
+                           "note": self.note, "evidence": self.evidence,
+                           "corrections": dict(self.corrections),
+                           "send_followup": self.send_followup},
+                          sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def verify_decision(secret: str | None, proof: str | None, decider: str, path: str,
-                    workflow_id: str, wait_id: str, action: str) -> bool:
-    """True only for a proof made with this secret's proof key (or, made before keys were
-    split by purpose, with the secret itself) over exactly these values."""
-    if not secret or not proof or not decider or path not in PROVEN_PATHS or not wait_id:
+def sign_decision(secret: str, claim: DecisionClaim) -> str:
+    mac = hmac.new(derived_key(secret, PROOF_PURPOSE), claim.message(), hashlib.sha256)
+    return PROOF_PREFIX + mac.hexdigest()
+
+
+def verify_decision(secret: str | None, proof: str | None, claim: DecisionClaim) -> bool:
+    """True only for a proof made with this secret's proof key over exactly this decision,
+    body included. A proof of the earlier formats (over decider, path, workflow, wait and
+    action only) proves nothing any more: it would let its body be changed."""
+    if (not secret or not proof or not claim.decider or claim.path not in PROVEN_PATHS
+            or not claim.wait_id):
         return False
-    message = _message(decider, path, workflow_id, wait_id, action)
-    for key in (derived_key(secret, PROOF_PURPOSE), secret.encode()):
-        expected = hmac.new(key, message, hashlib.sha256).hexdigest()
-        if hmac.compare_digest(expected.encode(), proof.encode()):
-            return True
-    return False
+    return hmac.compare_digest(sign_decision(secret, claim).encode(), proof.encode())
 
 
 def derived_key(secret: str, purpose: str) -> bytes:

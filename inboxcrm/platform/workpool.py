@@ -8,12 +8,14 @@ runs in a child process: the caller awaits the answer, the loop keeps turning, a
 that overruns `time_limit` gets its child SIGKILLed and replaced, and raises
 `BudgetExceeded`. A child that dies mid-call (a crash, the memory limit) raises the same.
 
-Why our own children (`python -m inboxcrm.platform.work_child`, framed pickles over
-stdin/stdout) rather than `multiprocessing`: its `spawn` / `forkserver` children re-run the
-parent's `__main__` module (the whole worker or relay) before their first job; a fresh
-interpreter imports only `preload`. `fork` is unsafe in a process that runs Temporal's
-core threads. A child starts in ~0.3 s (imports), once, and again only after a kill; a call
-costs two pipe writes and two small pickles (`bench/extraction_budget.py` measures it).
+Why our own children (`python -m inboxcrm.platform.work_child`, framed pickles to the
+child and data-only JSON back, over stdin/stdout: the child reads untrusted mail, so the
+parent never unpickles what it writes) rather than `multiprocessing`: its `spawn` /
+`forkserver` children re-run the parent's `__main__` module (the whole worker or relay)
+before their first job; a fresh interpreter imports only `preload`. `fork` is unsafe in a
+process that runs Temporal's core threads. A child starts in ~0.3 s (imports), once, and
+again only after a kill; a call costs two pipe writes, a small pickle and a small JSON
+answer (`bench/extraction_budget.py` measures it).
 
 Fair across tenants: a caller names the tenant its work is for (`for_tenant`), every
 tenant waits in a queue of its own, and a free child goes to the tenants in turn. Anyone
@@ -37,6 +39,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar
+
+from inboxcrm.platform.work_child import NotData, read_result
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -368,5 +372,9 @@ class WorkPool:
         if stdout is None:
             raise ConnectionError("no stdout")
         (size,) = HEADER.unpack(await stdout.readexactly(HEADER.size))
-        status, value = pickle.loads(await stdout.readexactly(size))
-        return str(status), value
+        try:
+            return read_result(await stdout.readexactly(size))
+        except NotData:
+            # Not what a child of ours writes: it is not trusted again (killed, replaced).
+            log.warning("work pool: a child answered outside the data-only format")
+            raise ConnectionError("work child answered outside its format") from None

@@ -237,6 +237,11 @@ class AuditEntry:
     detail: dict[str, str | bool | int | None] = field(default_factory=dict)
 
 
+# How much of a typed reviewer label a decision keeps (the workflow cuts it; the proof covers
+# the cut label).
+REVIEWER_LABEL_CHARS = 200
+
+
 @dataclass
 class DecisionBody:
     """What a reviewer sends with a decision (the body of each decision update; signals take
@@ -250,9 +255,10 @@ class DecisionBody:
     corrections: dict[str, str] = field(default_factory=dict)
     send_followup: bool = True
     # Set by the desk and the CLI (docs/architecture.md §6): the authenticated decider, the
-    # path it came through (desk | cli) and an HMAC proof over (decider, path, workflow ID,
-    # wait ID, action) that the bookkeeping activity verifies. Absent or wrong: the decision
-    # is recorded with the identity Temporal recorded for the request instead.
+    # path it came through (desk | cli) and an HMAC proof over the whole decision (this body,
+    # the workflow ID, the wait and the action) that the bookkeeping activity verifies. Wrong:
+    # the decision is refused. Absent: refused in production, otherwise recorded with the
+    # identity Temporal recorded for the request.
     decider: str = ""
     path: str = ""
     proof: str = ""
@@ -293,6 +299,11 @@ class DecisionRecord:
     signal_seq: int | None = None   # the n-th decision signal of this run
     update_id: str | None = None
     detail: dict[str, str | bool | int | None] = field(default_factory=dict)
+    # The rest of the body the proof covers (`reviewer_identity.DecisionClaim`).
+    note: str | None = None
+    evidence: str | None = None
+    corrections: dict[str, str] = field(default_factory=dict)
+    send_followup: bool = True
 
 
 @dataclass
@@ -302,6 +313,11 @@ class DecisionIdentity:
     decider: str
     path: str
     authenticated: bool = False
+    # Set when the workflow must refuse the decision (its proof does not match, or none in
+    # production): the audit's reason code and what the person reads. An answer recorded
+    # before issue 36 has neither, so its history replays as it ran.
+    refused: str = ""
+    refusal: str = ""
 
 
 @dataclass

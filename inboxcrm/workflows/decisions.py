@@ -22,6 +22,7 @@ from temporalio.exceptions import ApplicationError
 from inboxcrm.schemas.contract import decision_body
 from inboxcrm.schemas.models import (
     DECISION_ACTIONS,
+    REVIEWER_LABEL_CHARS,
     DecisionAction,
     DecisionBody,
     ItemState,
@@ -146,7 +147,7 @@ def parse_decision(name: str, body: Any) -> tuple[ReviewDecision | None, str | N
     if action is None:
         return None, "unknown_decision"
     if isinstance(body, DecisionBody):
-        return ReviewDecision(action=action, reviewer=body.reviewer.strip()[:200],
+        return ReviewDecision(action=action, reviewer=body.reviewer.strip()[:REVIEWER_LABEL_CHARS],
                               note=body.note, evidence=body.evidence,
                               corrections=dict(body.corrections), wait_id=body.wait_id or None,
                               send_followup=body.send_followup, decider=body.decider,
@@ -170,7 +171,7 @@ def parse_decision(name: str, body: Any) -> tuple[ReviewDecision | None, str | N
     send_followup = body.get("send_followup", True)
     if not isinstance(send_followup, bool):
         return None, "send_followup_not_a_bool"
-    return ReviewDecision(action=action, reviewer=reviewer.strip()[:200],
+    return ReviewDecision(action=action, reviewer=reviewer.strip()[:REVIEWER_LABEL_CHARS],
                           note=body.get("note"), evidence=body.get("evidence"),
                           corrections=corrections, wait_id=body.get("wait_id") or None,
                           send_followup=send_followup, decider=body.get("decider") or "",

@@ -523,8 +523,12 @@ class InboundEmailWorkflow:
             "note": decision.note if decision else None, "waiting_for": waiting.reason,
             "wait_id": waiting.wait_id, "via": request.via}
         # Who decided comes from authentication (docs/architecture.md §6): the activity
-        # verifies the desk's or the CLI's proof, else records the identity Temporal
-        # recorded for the request; the typed name stays a label.
+        # verifies the desk's or the CLI's proof over the whole decision, else records the
+        # identity Temporal recorded for the request; the typed name stays a label. A proof
+        # that does not match, or none in production, refuses the decision: the activity's
+        # answer says so (`refused`). No patch: a history recorded before carries answers
+        # without `refused`, so it replays down the branch it took (a marker would cost
+        # every run an event and a visibility write, "Workflow versions").
         identity = await self._bookkeeping(
             BookkeepingActivities.record_decision, DecisionRecord(
                 self.item, request.action, request.via, workflow.info().run_id,
@@ -533,9 +537,14 @@ class InboundEmailWorkflow:
                 path=decision.path if decision else "",
                 proof=decision.proof if decision else "", wait_id=waiting.wait_id,
                 signal_seq=request.signal_seq, update_id=request.update_id,
-                detail=detail))
+                detail=detail, note=decision.note if decision else None,
+                evidence=decision.evidence if decision else None,
+                corrections=dict(decision.corrections) if decision else {},
+                send_followup=decision.send_followup if decision else True))
         if decision is not None:
             decision.reviewer = identity.decider
+        if problem is None and identity.refused:
+            problem = Refusal(identity.refused, identity.refusal)
         if problem is not None:
             request.outcome, request.message = problem.code, problem.message
             return None

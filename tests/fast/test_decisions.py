@@ -27,6 +27,7 @@ from inboxcrm.platform.decisions import (
 from inboxcrm.platform.reviewer_identity import (
     PATH_CLI,
     PATH_DESK,
+    DecisionClaim,
     Principal,
     operator,
     verify_decision,
@@ -88,7 +89,7 @@ def test_no_other_module_signs_or_sends_a_decision() -> None:
 
 def test_the_body_is_the_one_the_workflow_was_always_sent() -> None:
     """Wire-identical to the desk's and the CLI's bodies before the client: the same fields
-    under the same JSON names, the proof over (decider, path, workflow ID, wait ID, action)."""
+    under the same JSON names, the proof over the whole decision (issue 36)."""
     request = DecisionRequest(workflow_id=WF, action=Decision.APPROVE, decider=DANA,
                               path=PATH_DESK, reviewer="mallory", note="ok",
                               corrections={"sender_email": "a@b.test"}, wait_id="w3-review")
@@ -100,8 +101,13 @@ def test_the_body_is_the_one_the_workflow_was_always_sent() -> None:
     assert wire == {"reviewer": "mallory", "wait_id": "w3-review", "note": "ok",
                     "evidence": None, "corrections": {"sender_email": "a@b.test"},
                     "send_followup": True, "decider": "reviewer:dana", "path": "desk"}
-    assert verify_decision(SECRET, proof, "reviewer:dana", "desk", WF, "w3-review", "approve")
-    assert not verify_decision(SECRET, proof, "reviewer:dana", "desk", WF, "w3-review", "hold")
+    claim = DecisionClaim("reviewer:dana", "desk", WF, "w3-review", "approve",
+                          reviewer="mallory", note="ok",
+                          corrections={"sender_email": "a@b.test"})
+    assert verify_decision(SECRET, proof, claim)
+    assert not verify_decision(SECRET, proof, dataclasses.replace(claim, action="hold"))
+    assert not verify_decision(SECRET, proof, dataclasses.replace(
+        claim, corrections={"sender_email": "evil@b.test"}))
 
 
 def test_the_desk_form_becomes_a_request_bound_to_its_wait_and_the_signed_in_decider() -> None:

@@ -17,7 +17,12 @@ import pytest
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
 from inboxcrm.domain.policy import PolicyError, load_policies
 from inboxcrm.platform.config import InsecureSetting, Settings
-from inboxcrm.platform.reviewer_identity import derived_key, sign_decision, verify_decision
+from inboxcrm.platform.reviewer_identity import (
+    DecisionClaim,
+    derived_key,
+    sign_decision,
+    verify_decision,
+)
 from inboxcrm.schemas.destinations import TenantDestinations
 
 SECRET_VALUE = "the-desk-master-secret-0123456789abcdef"
@@ -196,17 +201,15 @@ def test_sessions_csrf_and_proofs_each_have_their_own_key() -> None:
             for p in ("review-session", "review-csrf", "decision-proof")}
     assert len(set(keys.values())) == 3 and SECRET_VALUE.encode() not in keys.values()
     assert all(len(k) == 32 for k in keys.values())
-    proof = sign_decision(SECRET_VALUE, "reviewer:dana", "desk", "wf", "w1", "approve")
+    claim = DecisionClaim("reviewer:dana", "desk", "wf", "w1", "approve")
+    proof = sign_decision(SECRET_VALUE, claim)
     import hashlib
     import hmac
-    legacy = hmac.new(SECRET_VALUE.encode(), "\n".join(
-        ("inboxcrm-decision.v1", "reviewer:dana", "desk", "wf", "w1", "approve")).encode(),
-        hashlib.sha256).hexdigest()
-    assert proof != legacy  # the secret itself is no longer the proof key ...
-    assert verify_decision(SECRET_VALUE, proof, "reviewer:dana", "desk", "wf", "w1", "approve")
-    # ... and a proof made before the split, held by a running workflow, still verifies.
-    assert verify_decision(SECRET_VALUE, legacy, "reviewer:dana", "desk", "wf", "w1",
-                           "approve")
+    keyed_by_secret = "v2:" + hmac.new(SECRET_VALUE.encode(), claim.message(),
+                                       hashlib.sha256).hexdigest()
+    assert proof != keyed_by_secret  # the secret itself is not the proof key
+    assert verify_decision(SECRET_VALUE, proof, claim)
+    assert not verify_decision(SECRET_VALUE, keyed_by_secret, claim)
 
 
 async def test_an_smtp_server_resolving_to_an_internal_address_is_never_connected() -> None:

@@ -5,6 +5,9 @@ discovery document and JWKS over loopback HTTP), and the codec endpoint's creden
 from __future__ import annotations
 
 import base64
+import dataclasses
+import hashlib
+import hmac
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,6 +26,8 @@ from inboxcrm.platform import oidc
 from inboxcrm.platform.codec import ensure_key_file
 from inboxcrm.platform.config import Settings
 from inboxcrm.platform.reviewer_identity import (
+    DecisionClaim,
+    derived_key,
     new_token,
     operator,
     sign_decision,
@@ -37,21 +42,36 @@ WF = "inbound/acme/standard/sales@acme.test/E-1"
 
 
 def test_a_proof_holds_only_for_exactly_what_it_signed() -> None:
-    proof = sign_decision(SECRET, "reviewer:dana", "desk", WF, "w1-review", "approve")
-    assert verify_decision(SECRET, proof, "reviewer:dana", "desk", WF, "w1-review", "approve")
-    for changed in (("reviewer:erin", "desk", WF, "w1-review", "approve"),
-                    ("reviewer:dana", "cli", WF, "w1-review", "approve"),
-                    ("reviewer:dana", "desk", WF + "x", "w1-review", "approve"),
-                    ("reviewer:dana", "desk", WF, "w2-followup", "approve"),
-                    ("reviewer:dana", "desk", WF, "w1-review", "reject")):
-        assert not verify_decision(SECRET, proof, *changed), changed
-    assert not verify_decision("another-secret", proof, "reviewer:dana", "desk", WF,
-                               "w1-review", "approve")
-    assert not verify_decision(None, proof, "reviewer:dana", "desk", WF, "w1-review", "approve")
+    """The proof covers the whole decision: who, the path, the workflow, the wait, the
+    action and every field of the body (issue 36: a desk proof sent again with other
+    corrections proves nothing)."""
+    claim = DecisionClaim("reviewer:dana", "desk", WF, "w1-review", "approve",
+                          reviewer="dana", note="checked", evidence=None,
+                          corrections={"sender_email": "a@b.test"}, send_followup=True)
+    proof = sign_decision(SECRET, claim)
+    assert proof.startswith("v2:") and verify_decision(SECRET, proof, claim)
+    for change in ({"decider": "reviewer:erin"}, {"path": "cli"}, {"workflow_id": WF + "x"},
+                   {"wait_id": "w2-followup"}, {"action": "reject"}, {"reviewer": "erin"},
+                   {"note": "other"}, {"note": None}, {"evidence": "crm-1"},
+                   {"corrections": {"sender_email": "evil@b.test"}}, {"corrections": {}},
+                   {"corrections": {"sender_email": "a@b.test", "company": "X"}},
+                   {"send_followup": False}):
+        assert not verify_decision(SECRET, proof, dataclasses.replace(claim, **change)), change
+    # The same decision, its corrections in another order, is the same message.
+    reordered = dataclasses.replace(claim, corrections={"company": "X", "sender_email": "a"})
+    assert verify_decision(SECRET, sign_decision(SECRET, reordered), dataclasses.replace(
+        claim, corrections={"sender_email": "a", "company": "X"}))
+    assert not verify_decision("another-secret", proof, claim)
+    assert not verify_decision(None, proof, claim)
+    # A proof of the format before (decider, path, workflow, wait and action only) proves
+    # nothing: its body could be anything.
+    legacy = hmac.new(derived_key(SECRET, "decision-proof"), "\n".join(
+        ("inboxcrm-decision.v1", "reviewer:dana", "desk", WF, "w1-review", "approve")
+    ).encode(), hashlib.sha256).hexdigest()
+    assert not verify_decision(SECRET, legacy, claim)
     # Only the desk and the CLI sign: a Temporal UI path cannot be "proven".
-    ui = sign_decision(SECRET, "reviewer:dana", "temporal-ui signal", WF, "w1-review", "hold")
-    assert not verify_decision(SECRET, ui, "reviewer:dana", "temporal-ui signal", WF,
-                               "w1-review", "hold")
+    ui = dataclasses.replace(claim, path="temporal-ui signal", action="hold")
+    assert not verify_decision(SECRET, sign_decision(SECRET, ui), ui)
 
 
 def test_personal_tokens_are_random_and_stored_as_their_hash() -> None:
@@ -224,8 +244,9 @@ async def test_the_desk_knows_the_operator_and_sso_users_by_their_tokens(
     for refused in (issuer.token(tenants=["globex"], expires_in=-120),
                     issuer.token(tenants=["globex"], key=rsa_key())):
         assert await desk.from_token(no_store, refused) is None
-    # Sessions exist for the operator and personal-token reviewers, not for SSO users.
-    assert desk.issue_session(operator()) is not None and desk.issue_session(sso) is None
+    # Sessions exist for the operator and personal-token reviewers (server-side:
+    # tests/test_review_sessions.py), not for SSO users, who keep sending their token.
+    assert await desk.start_session(no_store, sso) is None
 
 
 def test_the_desk_refuses_cross_site_posts_and_foreign_csrf_tokens(issuer: LocalIssuer) -> None:

@@ -323,3 +323,40 @@ def test_preview_says_why_nothing_would_be_sent(tmp_path: Path) -> None:
     assert refused.returncode == 1 and "unsubscribe_secret_missing" in refused.stderr
     unknown = _preview(tmp_path, "--tenant", "nobody")
     assert unknown.returncode == 1 and "unknown tenant 'nobody'" in unknown.stderr
+
+
+# --- render limits (issue 36) --------------------------------------------------------------
+@pytest.mark.parametrize(("hostile", "problem"), [
+    ("{% for a in range(10**9) %}x{% endfor %}", "{% for %} loop at line 7 is not allowed"),
+    ("{% for a in 'xxxxxxxxxx' * 30 %}{% for b in 'y' * 300 %}{% endfor %}{% endfor %}",
+     "loop"),
+    ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "is not allowed"),
+    ("{{ signature.format(signature) }}", "a call"),
+    ("{% set a = 'x' * 9000 %}{{ a ~ a }}", "{% set %}"),
+    ("{{ '' | center(10**7) }}", "the filter 'center' at line 7 is not allowed"),
+    ("{{ 'a' * 10**8 }}", "over the render limit of 16384 characters"),
+    ("{{ ('x' * 9000) ~ ('x' * 9000) }}", "over the render limit of 16384 characters"),
+    ("{{ ('x' * 9000) + ('x' * 9000) }}", "over the render limit"),
+    ("{{ 2 ** 100000 }}", "over the render limit of 256 bits"),
+])
+def test_a_hostile_template_is_refused_at_policy_load_without_running_away(
+        tmp_path: Path, hostile: str, problem: str) -> None:
+    """Loops, calls, macros and assignments refuse before anything renders; what an
+    expression can still grow (repetition, joins, powers) is capped while it renders. Each
+    refusal names the file and the limit, and costs next to nothing on the loop that loads
+    the policy (the relay's and the workers')."""
+    _tenant(tmp_path, text=GOOD_TEXT + hostile + "\n")
+    message = _refusal(tmp_path)
+    assert "ack.en.txt" in message and problem in message, message
+
+
+def test_what_a_template_may_still_do_renders_as_before() -> None:
+    source = LanguageSource(
+        "Hi {{ first_name | default('there') | title }}",
+        "{% if company %}At {{ company | trim }}{% else %}Hello{% endif %} "
+        "{{ 'ab' ~ 'cd' }} {{ '-' * 3 }} {{ 6 * 7 }}\n{{ postal_address }} {{ opt_out_url }}\n")
+    template = build("ack", {"en": source}, "test")
+    fields = TemplateFields("ada", "Acme ", "", "Sender", "https://u.test/x", "1 Road")
+    rendered = render(template, "en", fields)
+    assert rendered.subject == "Hi Ada"
+    assert rendered.text == "At Acme abcd --- 42\n1 Road https://u.test/x\n"

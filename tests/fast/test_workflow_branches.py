@@ -170,6 +170,11 @@ class Scenario:
             # claimed decider stands for a verified one, anything else for Temporal's.
             self.decisions.append(record)
             self.audit.append(f"{record.via}_{record.action}:{record.detail.get('accepted')}")
+            if record.proof == "tampered":  # what the real one answers to a mismatch
+                return DecisionIdentity("temporal:no identity", f"temporal-ui {record.via}",
+                                        refused="proof_invalid",
+                                        refusal="refused (proof_invalid): decide again at "
+                                                "the review desk")
             if record.proof:
                 return DecisionIdentity(record.decider, record.path, authenticated=True)
             return DecisionIdentity("temporal:no identity", f"temporal-ui {record.via}")
@@ -647,6 +652,35 @@ async def test_the_decider_comes_from_authentication_not_the_typed_name(
         "update", "reviewer:dana", "desk", "mallory")
     assert approved.update_id and approved.signal_seq is None
     assert scenario.approvals == ["reviewer:dana"]  # never the typed "mallory"
+
+
+async def test_a_decision_the_activity_refuses_for_its_proof_is_refused(
+        env: WorkflowEnvironment) -> None:
+    """The bookkeeping activity's word on the proof decides (issue 36): a decision whose
+    proof does not match its body is refused with the activity's reason, the wait stays
+    open, and nothing it carried is applied; the proven one after it is taken."""
+    scenario = Scenario(route="review", reasons=["missing_sender"])
+
+    async def decide_by_update(handle: WorkflowHandle[Any, Any]) -> None:
+        status = await wait_for_state(handle, "awaiting_review")
+        wait_id = status["review"]["wait_id"]
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(Decision.APPROVE, DecisionBody(
+                reviewer="rita", wait_id=wait_id, decider="reviewer:rita", path="desk",
+                corrections={"sender_email": "evil@example.com"}, proof="tampered"))
+        assert "proof_invalid" in str(refused.value.cause)
+        assert (await wait_for_state(handle, "awaiting_review"))["review"]["wait_id"] == (
+            wait_id)
+        await handle.execute_update(Decision.APPROVE, DecisionBody(
+            reviewer="rita", wait_id=wait_id, decider="reviewer:rita", path="desk",
+            corrections={"sender_email": "jane@example.com"}, proof="p"),
+            result_type=ItemStatus)
+
+    result = await run(env, scenario, decide_by_update)
+    assert result["state"] == "completed"
+    assert scenario.calls["corrected"] == 1
+    assert [d.proof for d in scenario.decisions] == ["tampered", "p"]
+    assert scenario.decisions[0].corrections == {"sender_email": "evil@example.com"}
 
 
 async def test_bookkeeping_retries_a_store_error_and_completes(

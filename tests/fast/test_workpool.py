@@ -8,6 +8,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from inboxcrm.platform.workpool import (
     WorkPool,
     WorkPoolUnavailable,
 )
+from inboxcrm.schemas import models
 from tests.helpers import work_jobs
 
 
@@ -158,3 +160,26 @@ async def test_callers_waiting_for_a_child_are_told_when_the_pool_closes() -> No
 
 async def test_in_process_runner_has_the_same_interface() -> None:
     assert await InProcess().run(work_jobs.square, 7) == 49
+
+
+async def test_the_parent_never_unpickles_what_a_child_writes(
+        pool: WorkPool, tmp_path: Path) -> None:
+    """The child reads untrusted mail; its answers are data-only JSON (issue 36). A child
+    that writes a pickle instead (as one taken over by a message could) is refused as a
+    crashed child, nothing in the pickle runs in the parent, and the pool goes on."""
+    marker = tmp_path / "unpickled-in-the-parent"
+    with pytest.raises(BudgetExceeded) as raised:
+        await pool.run(work_jobs.answer_with_a_pickle, str(marker))
+    assert raised.value.reason == "crashed"
+    assert not marker.exists()
+    assert await pool.run(work_jobs.square, 4) == 16
+
+
+async def test_the_products_own_values_cross_as_data() -> None:
+    """Dataclasses, enums, bytes, tuples and sets come back as themselves (the child's
+    imports take their time on a loaded machine: a generous limit)."""
+    assert models.OpenReview  # the parent knows the classes it gets back
+    async with WorkPool(processes=1, time_limit=60.0) as slow:
+        back = await slow.run(work_jobs.product_values)
+    assert back == work_jobs.product_values()
+    assert isinstance(back, dict) and type(back["state"]) is models.ItemState
