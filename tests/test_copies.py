@@ -82,7 +82,7 @@ async def test_a_webhook_and_a_postmark_copy_are_one_item(
     # The same message by a second source: answered as a redelivery of the first item.
     postmark_id = str(uuid.uuid4())
     answer = await post_postmark(env, stack, raw, postmark_id)
-    assert answer == {"status": "duplicate", "workflow_id": workflow_id, "state": "completed"}
+    assert answer == {"status": "copy", "workflow_id": workflow_id, "state": "completed"}
     # The provider retries that delivery: still one copy, recorded once.
     assert await post_postmark(env, stack, raw, postmark_id) == answer
 
@@ -128,7 +128,7 @@ async def test_copies_arriving_at_once_make_one_item(
                                        for n in range(6)))
     assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
     statuses = sorted(r.json()["status"] for r in responses)
-    assert statuses == ["accepted"] + ["duplicate"] * 5
+    assert statuses == ["accepted"] + ["copy"] * 5
     workflow_ids = {r.json()["workflow_id"] for r in responses}
     assert len(workflow_ids) == 1
     workflow_id = workflow_ids.pop()
@@ -246,7 +246,7 @@ async def test_a_webhook_item_filed_into_two_watched_folders_is_one_item(
     imap_workflow = await env.wait_for(imap_item, timeout=90, what="the IMAP item done")
     answer = await env.post(raw)
     assert answer.status_code == 200, answer.text
-    assert answer.json() == {"status": "duplicate", "workflow_id": imap_workflow,
+    assert answer.json() == {"status": "copy", "workflow_id": imap_workflow,
                              "state": "completed"}
     assert [c["source"] for c in await copies_of(db, imap_workflow)] == ["standard"]
     await assert_one_of_everything(env, db, email, message_id)

@@ -73,7 +73,7 @@ class Delivery:
 
 @dataclass(frozen=True)
 class IngestResult:
-    status: str          # accepted | duplicate | unavailable | ledger_unavailable
+    status: str          # accepted | duplicate | copy | unavailable | ledger_unavailable
     workflow_id: str
     state: str
 
@@ -134,12 +134,13 @@ class Ingestor:
                         if row is None:  # refused by the one-item-per-message index
                             first = await self._copy_of(conn, delivery, message_id, digest)
         if first is not None:
-            # A copy: answered as a redelivery of the first item, which it is; nothing new
-            # starts (a first item whose start failed is healed, as a redelivery would).
+            # A copy (docs/architecture.md §10): named as such, with the first item's
+            # workflow; nothing new starts (a first item whose start failed is healed, as a
+            # redelivery would).
             if not first["started"]:
                 await self.start(str(first["event_id"]), delivery.tenant,
                                  first["workflow_id"])
-            return IngestResult("duplicate", first["workflow_id"], first["state"])
+            return IngestResult("copy", first["workflow_id"], first["state"])
         assert row is not None
         if row.get("new"):
             started = await self.start(str(row["event_id"]), delivery.tenant, workflow_id)

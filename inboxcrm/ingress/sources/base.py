@@ -15,7 +15,7 @@ gives every answer of §10:
 5. the tenant checked against the bindings that authenticated it: 403, nothing stored;
    then its intake rate (`Admission`): 429 with `Retry-After`, nothing stored;
 6. a signature that does not cover the body is accepted once (`OnceToken`): a reuse is a 401;
-7. `Intake.ingest`: 200 accepted / duplicate, 503 ledger or Temporal unavailable.
+7. `Intake.ingest`: 200 accepted / duplicate / copy, 503 ledger or Temporal unavailable.
 """
 
 from __future__ import annotations
