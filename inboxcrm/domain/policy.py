@@ -34,8 +34,10 @@ from inboxcrm.domain.templates import Template, TemplateRefused, load_templates,
 from inboxcrm.schemas.destinations import (
     DestinationRefused,
     DestinationRules,
+    SecretRef,
     TenantDestinations,
     check_destinations,
+    check_secret,
     tenant_env_suffix,
 )
 from inboxcrm.schemas.sources import SourceName
@@ -192,6 +194,37 @@ class WebhookChannel(_Strict):
         if (self.url_env is None) == (self.url_file is None):
             raise ValueError("a webhook needs exactly one of url_env or url_file")
         return self
+
+
+# Where a relative `url_file` may point: the local stack's own folder (its stack tests'
+# receiver writes the rehearsal tenant's URL there). Anything else is the tenant's secrets.
+LOCAL_NOTIFY_DIR = ROOT / ".data" / "notify"
+
+
+def check_webhook_reference(tenant: str, channel: WebhookChannel,
+                            rules: DestinationRules) -> None:
+    """The reviewers' webhook URL is a secret of the tenant's, read from the tenant's own
+    namespace as its destinations' secrets are: `INBOXCRM_TENANT_<T>_*`, a file under
+    `INBOXCRM_TENANT_SECRETS_DIR/<tenant>/`, or (a relative path) under `.data/notify/`.
+    A policy could otherwise name any variable or file of the worker and have notices
+    posted to whatever URL it holds (DestinationRefused, one line)."""
+    where = "notifications.webhook"
+    if channel.url_env is not None:
+        check_secret(tenant, SecretRef(env=channel.url_env), rules, f"{where}.url_env")
+        return
+    assert channel.url_file is not None  # exactly one of them (WebhookChannel)
+    path = Path(channel.url_file)
+    if path.is_absolute():
+        check_secret(tenant, SecretRef(file=str(path)), rules, f"{where}.url_file")
+        return
+    local = os.path.realpath(LOCAL_NOTIFY_DIR)
+    resolved = os.path.realpath(ROOT / path)
+    if not resolved.startswith(local + os.sep):
+        raise DestinationRefused(
+            f"{where}.url_file: file {channel.url_file} is outside the tenant's namespace "
+            f"(a relative path must lie under .data/notify/; otherwise an absolute path under "
+            f"INBOXCRM_TENANT_SECRETS_DIR/{tenant}/ or an INBOXCRM_TENANT_"
+            f"{tenant_env_suffix(tenant)}_* variable)")
 
 
 class Notifications(_Strict):
@@ -396,8 +429,10 @@ def _load_file(path: Path, rules: DestinationRules | None = None) -> TenantPolic
             f"policy file {path}: tenant {policy.tenant!r} does not match the file name"
         )
     try:
-        check_destinations(policy.tenant, policy.destinations,
-                           rules or DestinationRules.from_environ())
+        rules = rules or DestinationRules.from_environ()
+        check_destinations(policy.tenant, policy.destinations, rules)
+        if policy.notifications is not None and policy.notifications.webhook is not None:
+            check_webhook_reference(policy.tenant, policy.notifications.webhook, rules)
     except DestinationRefused as exc:
         raise PolicyError(f"policy file {path}: {exc}") from None
     try:

@@ -209,6 +209,7 @@ async def test_the_llm_would_route_a_message_differently(
 
 def _policy_dir(tmp_path: Path, extra: dict[str, Any]) -> Path:
     policies = Path(__file__).parents[2] / "policies"
+    tmp_path.mkdir(parents=True, exist_ok=True)
     document = json.loads((policies / "acme.json").read_text())
     (tmp_path / "acme.json").write_text(json.dumps(document | extra))
     shutil.copytree(policies / "acme", tmp_path / "acme")  # its templates
@@ -218,7 +219,7 @@ def _policy_dir(tmp_path: Path, extra: dict[str, Any]) -> Path:
 def test_a_policy_may_start_in_shadow_with_a_ramp(tmp_path: Path) -> None:
     policies = load_policies(_policy_dir(tmp_path, {
         "mode": "shadow", "ramp": {"days": 3, "max_auto_followups_per_hour": 20},
-        "notifications": {"webhook": {"url_env": "INBOXCRM_ACME_WEBHOOK"}}}))
+        "notifications": {"webhook": {"url_env": "INBOXCRM_TENANT_ACME_WEBHOOK"}}}))
     acme = policies["acme"]
     assert acme.mode == "shadow" and acme.ramp is not None
     assert acme.ramp.max_auto_followups_per_hour == 20
@@ -234,6 +235,41 @@ def test_a_webhook_url_in_the_policy_file_is_refused(tmp_path: Path, webhook: An
     with pytest.raises(PolicyError, match="by reference") as refused:
         load_policies(_policy_dir(tmp_path, {"notifications": {"webhook": webhook}}))
     assert "hooks.slack.com" not in str(refused.value)
+
+
+@pytest.mark.parametrize("reference", [
+    {"url_env": "DATABASE_URL"},                      # the installation's own
+    {"url_env": "INBOXCRM_DECISION_SECRET"},
+    {"url_env": "INBOXCRM_TENANT_GLOBEX_WEBHOOK"},    # another tenant's
+    {"url_env": "INBOXCRM_TENANT_ACME_"},             # the bare prefix
+    {"url_file": "/etc/inboxcrm/webhook.url"},        # no tenant secrets directory
+    {"url_file": ".data/notify/../../policies/acme.json"},
+    {"url_file": "README.md"},
+])
+def test_a_webhook_reference_outside_the_tenants_namespace_is_refused(
+    tmp_path: Path, reference: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("INBOXCRM_TENANT_SECRETS_DIR", raising=False)
+    with pytest.raises(PolicyError, match="notifications.webhook.*outside the tenant's "
+                       "namespace"):
+        load_policies(_policy_dir(tmp_path / "p", {"notifications": {"webhook": reference}}))
+
+
+def test_a_webhook_reference_inside_the_tenants_namespace_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secrets = tmp_path / "secrets"
+    (secrets / "acme").mkdir(parents=True)
+    (secrets / "acme" / "webhook.url").write_text("https://hooks.example/T/B/x\n")
+    monkeypatch.setenv("INBOXCRM_TENANT_SECRETS_DIR", str(secrets))
+    for n, reference in enumerate([
+        {"url_env": "INBOXCRM_TENANT_ACME_WEBHOOK"},
+        {"url_file": str(secrets / "acme" / "webhook.url")},
+        {"url_file": ".data/notify/acme-webhook.url"},
+    ]):
+        policies = load_policies(_policy_dir(tmp_path / str(n),
+                                             {"notifications": {"webhook": reference}}))
+        assert policies["acme"].notifications is not None
 
 
 def test_a_webhook_needs_exactly_one_reference(tmp_path: Path) -> None:
