@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+from pathlib import Path
 
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
@@ -68,3 +70,44 @@ async def test_forget_removes_personal_data_and_records_it(
         "SELECT string_agg(detail::text, ' ') FROM audit_log WHERE workflow_id = $1",
         workflow_id)
     assert email not in everything and "Forget Me" not in everything
+
+
+async def test_export_returns_everything_held_about_a_person_and_records_it(
+    env: StackClient, stack: Stack, tmp_path: Path,
+) -> None:
+    email = unique_email("exportme")
+    other = unique_email("notme")
+    first = await env.deliver(message_from(email, name="Export Me"))
+    await env.wait_state(first, "completed")
+    second = await env.deliver(message_from(email.upper(), name="Export Me"))
+    unrelated = await env.deliver(message_from(other, name="Not Me"))
+    await env.wait_state(second, {"completed", "suppressed"})
+    await env.wait_state(unrelated, "completed")
+
+    result = cli(stack, "export", "--email", email.upper(), "--tenant", "acme")
+
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert [c["email"] for c in found["contacts"]] == [email]
+    assert {m["workflow_id"] for m in found["messages"]} == {first, second}
+    raw = base64.b64decode(found["messages"][0]["raw_base64"])
+    assert email.encode() in raw.lower() and b"Export Me" in raw
+    assert found["followups"] and {f["status"] for f in found["followups"]} >= {"sent"}
+    assert {o["action"] for o in found["operations"]} >= {"crm-upsert"}
+    assert {a["workflow_id"] for a in found["audit"]} >= {first, second}
+    assert other not in result.stdout and unrelated not in result.stdout
+    assert "Not Me" not in result.stdout
+    exported = await env.db.fetch("SELECT detail FROM audit_log WHERE action = 'exported' "
+                                  "AND tenant = 'acme' ORDER BY audit_id DESC LIMIT 1")
+    assert exported[0]["detail"] == {"contacts": 1, "messages": 2}
+    assert email not in json.dumps(exported[0]["detail"])
+
+    target = tmp_path / "export.json"
+    written = cli(stack, "export", "--email", email, "--tenant", "acme", "-o", str(target),
+                  "--json")
+    assert written.returncode == 0, written.stderr
+    assert json.loads(written.stdout)["counts"]["contacts"] == 1
+    assert json.loads(target.read_text())["contacts"] == found["contacts"]
+    assert target.stat().st_mode & 0o777 == 0o600
+    assert cli(stack, "export", "--email", email, "-o", str(target)).returncode == 1
+    assert cli(stack, "export", "--email", "not an address").returncode == 1

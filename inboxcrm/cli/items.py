@@ -1,12 +1,16 @@
 """The `items` group: one item's status, the review queue, pause and resume, the audit
-story, replaying a failed run, and retention (`purge`, `forget`)."""
+story, replaying a failed run, and retention (`purge`, `forget`, `export`)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
+import sys
 from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import asyncpg
@@ -342,3 +346,70 @@ def forget(email: Annotated[str, typer.Option("--email")],
     else:
         out.print(f"forgot {contacts} contact(s) and the content of {events} event(s); the "
                   "CRM's own record must be deleted in the CRM")
+
+
+def _exportable(value: Any) -> Any:
+    """A row's value as JSON: times in ISO 8601, IDs as text, the stored message as base64
+    (its exact bytes; `base64 -d` gives the .eml)."""
+    if isinstance(value, dict):
+        return {("raw_base64" if k == "raw" else k): _exportable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_exportable(v) for v in value]
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)  # UUIDs
+
+
+def export(email: Annotated[str, typer.Option("--email")],
+           tenant: Annotated[str | None, typer.Option(help="Default: every tenant.")] = None,
+           output: Annotated[Path | None, typer.Option(
+               "--output", "-o", help="Write the JSON to this new file (mode 0600) instead "
+               "of standard output.")] = None,
+           as_json: Annotated[bool, typer.Option(
+               "--json", help="The export is JSON anyway; with --output, the summary too.")
+           ] = False,
+           ) -> None:
+    """Access request: everything the store holds about a person, as JSON (contacts,
+    messages with their stored bytes, matches, reviews, follow-ups, operations, copies,
+    suppressions, CRM opt-out writes and the audit trail around them). Recorded in the
+    audit trail without the address."""
+    from inboxcrm.domain.policy import InvalidAddress, canonical_email, get_policy, load_policies
+    settings = settings_from_env()
+    tenants = [tenant] if tenant else sorted(load_policies())
+    by_tenant: dict[str, str] = {}
+    for name in tenants:
+        try:
+            by_tenant[name] = canonical_email(email, get_policy(name))
+        except InvalidAddress:
+            fail("not a valid email address")
+    actor = os.environ.get("USER", "operator")
+    if output is not None and output.exists():
+        fail(f"{output} exists; give a new file")
+
+    async def run(conn: asyncpg.Connection[Any]) -> dict[str, list[dict[str, Any]]]:
+        found: dict[str, list[dict[str, Any]]] = {}
+        for name, address in sorted(by_tenant.items()):
+            part = await retention.export(conn, [name], address, actor)
+            for kind, rows in part.items():
+                found.setdefault(kind, []).extend(rows)
+        return found
+
+    found = with_db(settings, run)
+    document = json.dumps({"tenants": tenants, **_exportable(found)}, indent=2,
+                          sort_keys=True)
+    if output is None:
+        sys.stdout.write(document + "\n")  # as is: a console would wrap the long values
+        return
+    descriptor = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(document + "\n")
+    if as_json:
+        out.print_json(json.dumps({"output": str(output), "counts": {
+            kind: len(rows) for kind, rows in sorted(found.items())}}))
+        return
+    counts = ", ".join(f"{len(rows)} {kind}" for kind, rows in sorted(found.items()) if rows)
+    out.print(f"wrote {output}: {counts or 'nothing held about this address'}")
