@@ -36,12 +36,8 @@ async def bootstrap(skip_search_attributes: bool, migrations_only: bool = False)
     if not skip_search_attributes:
         added = await temporal.ensure_search_attributes(client, client.namespace)
         print(f"search attributes added: {', '.join(added) or 'none (all present)'}")  # noqa: T201
-    outcome = await temporal.ensure_drift_check_schedule(client, settings)
-    print(f"drift check schedule: {outcome}")  # noqa: T201
-    outcome = await temporal.ensure_review_notices_schedule(client, settings)
-    print(f"review notices schedule: {outcome}")  # noqa: T201
-    outcome = await temporal.ensure_consent_sync_schedule(client, settings)
-    print(f"consent sync schedule: {outcome}")  # noqa: T201
+    for schedule_id, outcome in (await temporal.ensure_schedules(client, settings)).items():
+        print(f"schedule {schedule_id}: {outcome}")  # noqa: T201
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
-"""The worker process: runs InboundEmailWorkflow, the scheduled DriftCheckWorkflow and
-ReviewNoticesWorkflow, and every activity on one task queue; with the LLM extractor, also the
+"""The worker process: runs InboundEmailWorkflow, the scheduled DriftCheckWorkflow,
+ReviewNoticesWorkflow, ConsentSyncWorkflow and RetentionWorkflow, the mailbox watchers, and
+every activity on one task queue; with the LLM extractor, also the
 model call on a task queue of its own, rate-limited (docs/architecture.md §5).
 
 Stateless: any number of replicas may run; PostgreSQL constraints and the operation keys,
@@ -30,6 +31,7 @@ from inboxcrm.activities.mailbox_imap import mailbox_activities
 from inboxcrm.activities.match import MatchActivities
 from inboxcrm.activities.notify import NoticeActivities
 from inboxcrm.activities.outbox import MAX_PARK_SECONDS
+from inboxcrm.activities.retention import RetentionActivities
 from inboxcrm.activities.review import ReviewActivities
 from inboxcrm.activities.send import SendActivities
 from inboxcrm.activities.shadow import ShadowActivities
@@ -61,6 +63,7 @@ from inboxcrm.workflows.inbound_email import (
     InboundEmailWorkflow,
 )
 from inboxcrm.workflows.mailbox_watch import MailboxWatchWorkflow
+from inboxcrm.workflows.retention import RetentionWorkflow
 from inboxcrm.workflows.review_notices import ReviewNoticesWorkflow
 
 log = logging.getLogger("inboxcrm.worker")
@@ -236,7 +239,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         client,
         task_queue=settings.task_queue,
         workflows=[InboundEmailWorkflow, DriftCheckWorkflow, ReviewNoticesWorkflow,
-                   MailboxWatchWorkflow, ConsentSyncWorkflow],
+                   MailboxWatchWorkflow, ConsentSyncWorkflow, RetentionWorkflow],
         activities=[*activity_functions(pool, destinations, None, extractor,
                                         settings.max_retry_after_seconds,
                                         settings.public_relay_base_url,
@@ -248,6 +251,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                     NoticeActivities(pool, settings.public_relay_base_url,
                                      settings.http_timeout_seconds).send_review_notices,
                     ConsentActivities(pool, destinations).sync_consent_writes,
+                    RetentionActivities(pool).apply_retention,
                     *mailbox_activities(pool, settings.database_url, settings.max_body_bytes)],
         # A PostgreSQL outage is reported as `StoreUnavailable` by every activity.
         interceptors=[StoreOutageInterceptor()],

@@ -6,6 +6,11 @@ import base64
 import json
 from pathlib import Path
 
+from temporalio.client import ScheduleActionExecutionStartWorkflow, ScheduleActionStartWorkflow
+
+from inboxcrm.platform.config import Settings
+from inboxcrm.schemas.contract import RETENTION_WORKFLOW_TYPE, retention_schedule_id
+from inboxcrm.schemas.retention import RetentionSummary
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers.cli import cli
@@ -111,3 +116,62 @@ async def test_export_returns_everything_held_about_a_person_and_records_it(
     assert target.stat().st_mode & 0o777 == 0o600
     assert cli(stack, "export", "--email", email, "-o", str(target)).returncode == 1
     assert cli(stack, "export", "--email", "not an address").returncode == 1
+
+
+async def test_the_scheduled_retention_run_removes_what_is_past_its_period_and_says_so(
+    env: StackClient, stack: Stack, app_settings: Settings,
+) -> None:
+    """acme's policy keeps messages and evidence 90 days and the audit trail 400: the run
+    the stack's Schedule starts empties an item older than that and says so in its trail,
+    and leaves a recent one alone."""
+    old = await env.deliver(message_from(unique_email("retain-old")))
+    recent = await env.deliver(message_from(unique_email("retain-new")))
+    await env.wait_state(old, "completed")
+    await env.wait_state(recent, "completed")
+    await env.db.execute("UPDATE inbound_events SET received_at = now() - interval '100 days'"
+                         " WHERE workflow_id = $1", old)
+    await env.db.execute("UPDATE operations SET evidence = 'checked by hand', last_transition ="
+                         " now() - interval '100 days' WHERE workflow_id = $1", old)
+    ancient = await env.db.fetchval(
+        "UPDATE audit_log SET at = now() - interval '500 days' WHERE audit_id = (SELECT"
+        " min(audit_id) FROM audit_log WHERE workflow_id = $1) RETURNING audit_id", old)
+    kept_audit = await env.count("SELECT count(*) FROM audit_log WHERE workflow_id = $1", old)
+
+    client = await env.temporal()
+    handle = client.get_schedule_handle(retention_schedule_id(app_settings.task_queue))
+    action = (await handle.describe()).schedule.action  # registered by the stack
+    assert isinstance(action, ScheduleActionStartWorkflow)
+    assert action.workflow == RETENTION_WORKFLOW_TYPE
+    seen = {a.action.workflow_id for a in (await handle.describe()).info.recent_actions
+            if isinstance(a.action, ScheduleActionExecutionStartWorkflow)}
+    await handle.trigger()
+
+    async def started() -> str | None:
+        for recent_action in (await handle.describe()).info.recent_actions:
+            run = recent_action.action
+            if isinstance(run, ScheduleActionExecutionStartWorkflow) \
+                    and run.workflow_id not in seen:
+                return run.workflow_id
+        return None
+
+    run_id = await env.wait_for(started, timeout=60, what="the retention run started")
+    summary = await client.get_workflow_handle(run_id, result_type=RetentionSummary).result()
+    acme = next(t for t in summary.tenants if t.tenant == "acme")
+    assert acme.raw >= 1 and acme.evidence >= 1 and acme.audit >= 1
+
+    row = await env.db.fetchrow("SELECT raw, extraction, content_sha256 FROM inbound_events"
+                                " WHERE workflow_id = $1", old)
+    assert row["raw"] is None and "sender_email" not in row["extraction"]
+    assert len(row["content_sha256"]) == 64
+    assert await env.count("SELECT count(*) FROM operations WHERE workflow_id = $1"
+                           " AND evidence IS NOT NULL", old) == 0
+    assert await env.count("SELECT count(*) FROM audit_log WHERE audit_id = $1", ancient) == 0
+    assert await env.count("SELECT count(*) FROM audit_log WHERE workflow_id = $1",
+                           old) == kept_audit  # one entry gone, one entry saying so
+    assert await env.db.fetchval("SELECT raw IS NOT NULL FROM inbound_events"
+                                 " WHERE workflow_id = $1", recent)
+    story = cli(stack, "audit", "--workflow", old)
+    assert story.returncode == 0, story.stderr
+    assert "retention: the stored message removed, older than 90 days" in story.stdout
+    assert await env.count("SELECT count(*) FROM audit_log WHERE action = 'retention_run'"
+                           " AND tenant = 'acme' AND (detail ->> 'raw')::int >= 1") >= 1

@@ -161,6 +161,27 @@ class Ramp(_Strict):
     max_auto_followups_per_hour: int = Field(ge=0, le=100_000)
 
 
+class Retention(_Strict):
+    """How long this tenant's data is kept, applied by the scheduled retention run
+    (docs/architecture.md §7, "Retention"). Each period in days; None keeps that kind until
+    an operator's `purge`/`forget`. `raw_days`: the stored message and the extraction's
+    personal fields of settled items; `evidence_days`: the evidence recorded with operations
+    and decisions; `audit_days`: the audit trail (the records of deletions themselves stay)."""
+
+    raw_days: int | None = Field(default=None, ge=1, le=36_500)
+    evidence_days: int | None = Field(default=None, ge=1, le=36_500)
+    audit_days: int | None = Field(default=None, ge=1, le=36_500)
+
+    @model_validator(mode="after")
+    def _audit_outlives_content(self) -> Retention:
+        for name in ("raw_days", "evidence_days"):
+            kept = getattr(self, name)
+            if self.audit_days is not None and (kept is None or kept > self.audit_days):
+                raise ValueError(f"audit_days ({self.audit_days}) must be at least {name} "
+                                 f"({kept}): the trail explains what the content was used for")
+        return self
+
+
 class Capacity(_Strict):
     """The tenant's share of a shared installation (docs/capacity.md, "Fair across tenants").
     `fairness_weight`: the tenant's weight in Temporal's task-queue fairness (its workflow
@@ -279,6 +300,8 @@ class TenantPolicy(_Strict):
     spam_action: Literal["ignore", "review"] = "ignore"
     # Its share of the installation: Temporal fairness weight and relay intake rate.
     capacity: Capacity = Capacity()
+    # How long its data is kept (the scheduled retention run): nothing by default.
+    retention: Retention = Retention()
     # The scope of each kind of suppression (docs/consent.md), e.g.
     # {"list_unsubscribe": "marketing"}: unset reasons are `all`.
     suppression_scopes: dict[str, SuppressionScope] = {}

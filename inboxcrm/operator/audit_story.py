@@ -165,6 +165,13 @@ SENTENCES: dict[str, Callable[[Detail], str]] = {
     "resumed": lambda d: f"{d.get('scope')} resumed for {d.get('tenant')}",
     "forgotten": lambda d: "personal data forgotten on request",
     "purged": lambda d: f"raw content purged ({d.get('events')} events)",
+    "exported": lambda d: (f"access request answered: {d.get('contacts')} contact(s), "
+                           f"{d.get('messages')} message(s) exported"),
+    "retention_applied": lambda d: (
+        f"retention: the stored message removed, older than {d.get('older_than_days')} days"),
+    "retention_run": lambda d: (
+        f"retention run: {d.get('raw')} message(s) emptied, {d.get('evidence')} evidence "
+        f"record(s) and {d.get('audit')} audit entries removed"),
     "shadow_planned": lambda d: (
         f"shadow mode, {d.get('outcome')}: nothing written or sent; it would have been: "
         f"{describe_shadow_plan(d)}"),

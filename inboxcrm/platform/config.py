@@ -247,6 +247,9 @@ class Settings(BaseSettings):
     # How often the scheduled consent sync writes inboxcrm's own opt-outs to the CRMs'
     # opt-out fields (docs/consent.md); a failed write waits for its backoff, not this.
     consent_sync_interval_seconds: int = Field(15, ge=1, le=86_400)
+    # How often the scheduled retention run applies the tenants' policy `retention` periods
+    # (inboxcrm/workflows/retention.py); a run removes at most a bounded amount per tenant.
+    retention_interval_seconds: int = Field(86_400, ge=60, le=7 * 86_400)
 
     # Payload encryption (docs/architecture.md §7; inboxcrm/platform/codec.py).
     # No key file: codec off.

@@ -35,6 +35,7 @@ from inboxcrm.schemas import contract
 from inboxcrm.schemas.consent import ConsentSyncInput
 from inboxcrm.schemas.drift import DriftCheckInput
 from inboxcrm.schemas.notices import ReviewNoticesInput
+from inboxcrm.schemas.retention import RetentionInput
 
 log = logging.getLogger("inboxcrm.platform.temporal")
 
@@ -182,68 +183,70 @@ async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
     return sorted(missing)
 
 
-def drift_check_schedule(settings: Settings) -> Schedule:
-    """The drift check's Schedule as the settings describe it: one run at a time (a slow
+def _every(workflow_type: str, argument: object, schedule_id: str, settings: Settings,
+           interval: timedelta, timeout: timedelta) -> Schedule:
+    """A Schedule that starts `workflow_type` every `interval`: one run at a time (a slow
     run makes the next one skip, not pile up), no catch-up burst after an outage."""
-    interval = timedelta(seconds=settings.drift_check_interval_seconds)
     return Schedule(
         action=ScheduleActionStartWorkflow(
-            contract.DRIFT_CHECK_WORKFLOW_TYPE,
-            DriftCheckInput(window_seconds=settings.drift_check_window_seconds,
-                            sample_size=settings.drift_check_sample_size),
-            id=contract.drift_check_schedule_id(settings.task_queue),
-            task_queue=settings.task_queue,
-            execution_timeout=interval,
+            workflow_type, argument, id=schedule_id, task_queue=settings.task_queue,
+            execution_timeout=timeout,
         ),
         spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=interval)]),
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=interval),
     )
+
+
+def drift_check_schedule(settings: Settings) -> Schedule:
+    """The drift check's Schedule as the settings describe it."""
+    interval = timedelta(seconds=settings.drift_check_interval_seconds)
+    return _every(contract.DRIFT_CHECK_WORKFLOW_TYPE,
+                  DriftCheckInput(window_seconds=settings.drift_check_window_seconds,
+                                  sample_size=settings.drift_check_sample_size),
+                  contract.drift_check_schedule_id(settings.task_queue), settings,
+                  interval, interval)
 
 
 def review_notices_schedule(settings: Settings) -> Schedule:
-    """The review notices' Schedule (docs/architecture.md §6): one run at a time, no
-    catch-up burst; a run that finds nothing to tell posts nothing."""
+    """The review notices' Schedule (docs/architecture.md §6); a run that finds nothing to
+    tell posts nothing."""
     interval = timedelta(seconds=settings.review_notice_interval_seconds)
-    return Schedule(
-        action=ScheduleActionStartWorkflow(
-            contract.REVIEW_NOTICES_WORKFLOW_TYPE, ReviewNoticesInput(),
-            id=contract.review_notices_schedule_id(settings.task_queue),
-            task_queue=settings.task_queue,
-            execution_timeout=max(interval, timedelta(minutes=5)),
-        ),
-        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=interval)]),
-        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=interval),
-    )
+    return _every(contract.REVIEW_NOTICES_WORKFLOW_TYPE, ReviewNoticesInput(),
+                  contract.review_notices_schedule_id(settings.task_queue), settings,
+                  interval, max(interval, timedelta(minutes=5)))
 
 
 def consent_sync_schedule(settings: Settings) -> Schedule:
-    """The consent sync's Schedule (docs/consent.md): one run at a time, no catch-up burst;
-    the rows it works off are durable, so a skipped run loses nothing."""
+    """The consent sync's Schedule (docs/consent.md); the rows it works off are durable, so
+    a skipped run loses nothing."""
     interval = timedelta(seconds=settings.consent_sync_interval_seconds)
-    return Schedule(
-        action=ScheduleActionStartWorkflow(
-            contract.CONSENT_SYNC_WORKFLOW_TYPE, ConsentSyncInput(),
-            id=contract.consent_sync_schedule_id(settings.task_queue),
-            task_queue=settings.task_queue,
-            execution_timeout=max(interval, timedelta(minutes=5)),
-        ),
-        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=interval)]),
-        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=interval),
-    )
+    return _every(contract.CONSENT_SYNC_WORKFLOW_TYPE, ConsentSyncInput(),
+                  contract.consent_sync_schedule_id(settings.task_queue), settings,
+                  interval, max(interval, timedelta(minutes=5)))
 
 
-async def ensure_consent_sync_schedule(client: Client, settings: Settings) -> str:
-    """Create the consent sync's Schedule or bring it to the current settings, as
-    `ensure_drift_check_schedule` does. Returns "created" or "updated"."""
-    return await _ensure_schedule(client, contract.consent_sync_schedule_id(settings.task_queue),
-                                  consent_sync_schedule(settings))
+def retention_schedule(settings: Settings) -> Schedule:
+    """The retention run's Schedule (docs/architecture.md §7); what a skipped run would have
+    removed is still due at the next one."""
+    interval = timedelta(seconds=settings.retention_interval_seconds)
+    return _every(contract.RETENTION_WORKFLOW_TYPE, RetentionInput(),
+                  contract.retention_schedule_id(settings.task_queue), settings,
+                  interval, max(interval, timedelta(hours=1)))
 
 
-async def ensure_review_notices_schedule(client: Client, settings: Settings) -> str:
-    """Create the review notices' Schedule or bring it to the current settings, as
-    `ensure_drift_check_schedule` does. Returns "created" or "updated"."""
-    return await _ensure_schedule(client, contract.review_notices_schedule_id(settings.task_queue),
-                                  review_notices_schedule(settings))
+async def ensure_schedules(client: Client, settings: Settings) -> dict[str, str]:
+    """Create the product's Schedules, or bring existing ones to the current settings
+    (idempotent; an operator's pause is kept): each one's ID and "created" or "updated"."""
+    outcomes: dict[str, str] = {}
+    for build, schedule_id in (
+        (drift_check_schedule, contract.drift_check_schedule_id),
+        (review_notices_schedule, contract.review_notices_schedule_id),
+        (consent_sync_schedule, contract.consent_sync_schedule_id),
+        (retention_schedule, contract.retention_schedule_id),
+    ):
+        sid = schedule_id(settings.task_queue)
+        outcomes[sid] = await _ensure_schedule(client, sid, build(settings))
+    return outcomes
 
 
 async def ensure_drift_check_schedule(client: Client, settings: Settings) -> str:

@@ -103,6 +103,20 @@ def consent_sync_schedule_id(task_queue: str) -> str:
     return f"{CONSENT_SYNC_SCHEDULE_ID}/{task_queue}"
 
 
+# Retention (docs/architecture.md §7): a Temporal Schedule per task queue starts this
+# workflow, whose one activity applies each tenant's policy `retention` periods.
+RETENTION_WORKFLOW_TYPE = "RetentionWorkflow"
+RETENTION_SCHEDULE_ID = "inboxcrm-retention"
+RETENTION_ACTIVITY = "apply_retention"
+
+
+def retention_schedule_id(task_queue: str) -> str:
+    """One schedule per task queue, as the drift check's."""
+    if task_queue == DEFAULT_TASK_QUEUE:
+        return RETENTION_SCHEDULE_ID
+    return f"{RETENTION_SCHEDULE_ID}/{task_queue}"
+
+
 def decision_body(action: str, wait_id: str, needs_sender: bool = False) -> dict[str, object]:
     """The exact body a decision needs at a wait (placeholders in angle brackets): shown in
     the UI's current details and on the review card, sent by the CLI."""

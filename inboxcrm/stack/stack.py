@@ -203,18 +203,18 @@ class Stack:
         self.start_relay()
 
     def register_schedules(self) -> str:
-        """The drift check's and the review notices' Temporal Schedules, as
-        `deploy/bootstrap.py` registers them in a deployment (idempotent: a restart updates
-        them to the current settings). Returns the drift check's outcome."""
+        """The product's Temporal Schedules (drift check, review notices, consent sync,
+        retention), as `deploy/bootstrap.py` registers them in a deployment (idempotent: a
+        restart updates them to the current settings). Returns the drift check's outcome."""
         from inboxcrm.platform import temporal
+        from inboxcrm.schemas.contract import drift_check_schedule_id
 
         settings = self.settings()
 
         async def register() -> str:
             client = await temporal.connect(settings)
-            await temporal.ensure_review_notices_schedule(client, settings)
-            await temporal.ensure_consent_sync_schedule(client, settings)
-            return await temporal.ensure_drift_check_schedule(client, settings)
+            outcomes = await temporal.ensure_schedules(client, settings)
+            return outcomes[drift_check_schedule_id(settings.task_queue)]
 
         return asyncio.run(register())
 

@@ -5,6 +5,8 @@
 - forget: a person's personal data is removed from the integration store and the fact is
   recorded (without the address). The suppression row, if any, is kept: it is what honours
   their opt-out (documented in the README). The CRM's own copy is the CRM's deletion.
+- retention: the scheduled run applies each tenant's periods (policy `retention`) in
+  bounded batches, and every item it empties says so in its own audit trail.
 - export: everything the store holds about a person, for an access request (the same rows
   `forget` would touch, and the trail around them); the export itself is recorded.
 """
@@ -178,3 +180,112 @@ async def export(conn: Conn, tenants: list[str], canonical: str,
             "messages": sum(1 for e in events if e["tenant"] == tenant),
         })
     return found
+
+
+# The scheduled retention run (policy `retention`), tenant by tenant, in bounded batches
+# (SKIP LOCKED: a step that is writing the row keeps it until the next run). Each emptied
+# item gets its own audit entry, so `inboxcrm audit --workflow` says what was removed.
+RETAIN_RAW = """
+WITH due AS (
+    SELECT event_id FROM inbound_events
+    WHERE tenant = $1 AND received_at < now() - make_interval(days => $2)
+      AND raw IS NOT NULL
+      AND state IN ('completed', 'ignored', 'suppressed', 'rejected', 'failed', 'shadowed')
+    ORDER BY received_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), emptied AS (
+    UPDATE inbound_events e
+    SET raw = NULL,
+        extraction = CASE WHEN e.extraction IS NULL THEN NULL ELSE jsonb_build_object(
+            'intent', e.extraction -> 'intent', 'purged', true) END,
+        updated_at = now()
+    FROM due WHERE e.event_id = due.event_id
+    RETURNING e.event_id, e.workflow_id, e.tenant
+)
+INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
+SELECT tenant, event_id, workflow_id, $4, 'retention_applied',
+       jsonb_build_object('kind', 'raw', 'older_than_days', $2::int)
+FROM emptied
+RETURNING workflow_id
+"""
+
+RETAIN_OPERATION_EVIDENCE = """
+WITH due AS (
+    SELECT o.op_key FROM operations o JOIN inbound_events e USING (event_id)
+    WHERE e.tenant = $1 AND o.evidence IS NOT NULL
+      AND o.last_transition < now() - make_interval(days => $2)
+      AND o.status IN ('completed', 'cancelled')
+    LIMIT $3
+    FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE operations o SET evidence = NULL FROM due WHERE o.op_key = due.op_key
+RETURNING o.workflow_id
+"""
+
+RETAIN_AUDIT_EVIDENCE = """
+WITH due AS (
+    SELECT audit_id FROM audit_log
+    WHERE tenant = $1 AND detail ? 'evidence' AND at < now() - make_interval(days => $2)
+    LIMIT $3
+)
+UPDATE audit_log a SET detail = a.detail - 'evidence' FROM due
+WHERE a.audit_id = due.audit_id
+RETURNING a.workflow_id
+"""
+
+# The records of what was removed (and of requests answered) outlive the trail they end.
+KEPT_AUDIT_ACTIONS = ("retention_applied", "retention_run", "purged", "forgotten", "exported")
+
+RETAIN_AUDIT = """
+WITH due AS (
+    SELECT audit_id FROM audit_log
+    WHERE tenant = $1 AND at < now() - make_interval(days => $2)
+      AND action <> ALL($4::text[])
+    ORDER BY audit_id
+    LIMIT $3
+)
+DELETE FROM audit_log a USING due WHERE a.audit_id = due.audit_id
+"""
+
+
+@dataclass(frozen=True)
+class RetentionReport:
+    raw: int = 0
+    evidence: int = 0
+    audit: int = 0
+
+    def __add__(self, other: RetentionReport) -> RetentionReport:
+        return RetentionReport(self.raw + other.raw, self.evidence + other.evidence,
+                               self.audit + other.audit)
+
+
+async def retain_batch(conn: Conn, *, tenant: str, raw_days: int | None,
+                       evidence_days: int | None, audit_days: int | None, limit: int,
+                       actor: str) -> RetentionReport:
+    """One bounded batch of each kind that has a period, in one transaction: the counts of
+    items emptied, evidence removed and audit entries deleted (all 0: nothing left due)."""
+    raw = evidence = audit = 0
+    async with conn.transaction():
+        if raw_days is not None:
+            emptied = await conn.fetch(RETAIN_RAW, tenant, raw_days, limit, actor)
+            await conn.execute(REDACT_AUDIT, [r["workflow_id"] for r in emptied])
+            raw = len(emptied)
+        if evidence_days is not None:
+            evidence = len(await conn.fetch(RETAIN_OPERATION_EVIDENCE, tenant, evidence_days,
+                                            limit))
+            evidence += len(await conn.fetch(RETAIN_AUDIT_EVIDENCE, tenant, evidence_days,
+                                             limit))
+        if audit_days is not None:
+            status = await conn.execute(RETAIN_AUDIT, tenant, audit_days, limit,
+                                        list(KEPT_AUDIT_ACTIONS))
+            audit = int(status.split()[-1])
+    return RetentionReport(raw, evidence, audit)
+
+
+async def record_retention_run(conn: Conn, *, tenant: str, actor: str,
+                               report: RetentionReport, periods: dict[str, int | None]) -> None:
+    """The run's one entry per tenant: what it removed, under which periods."""
+    await conn.execute(RECORD, tenant, actor, "retention_run", {
+        "raw": report.raw, "evidence": report.evidence, "audit": report.audit,
+        "periods": periods})

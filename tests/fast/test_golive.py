@@ -318,3 +318,17 @@ def test_the_webhook_url_is_read_from_where_the_policy_points(
     assert webhook_url(WebhookChannel(url_file="url"), root=tmp_path) == \
         "http://127.0.0.1:9/hook"
     assert webhook_url(WebhookChannel(url_file=str(tmp_path / "missing"))) is None
+
+
+def test_retention_periods_load_and_the_audit_trail_outlives_the_content(
+    tmp_path: Path,
+) -> None:
+    policies = load_policies(_policy_dir(tmp_path / "ok", {
+        "retention": {"raw_days": 30, "evidence_days": 60, "audit_days": 60}}))
+    assert policies["acme"].retention.raw_days == 30
+    for n, periods in enumerate([{"raw_days": 90, "audit_days": 30},
+                                 {"audit_days": 30},            # content kept for ever
+                                 {"raw_days": 0},
+                                 {"raw_days": 10, "messages_days": 5}]):
+        with pytest.raises(PolicyError, match="retention"):
+            load_policies(_policy_dir(tmp_path / str(n), {"retention": periods}))
