@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from inboxcrm.cli.common import JsonOpt
+from inboxcrm.cli.common import JsonOpt, fail
 from inboxcrm.domain.extraction import Extractor, ExtractorError, build_extractor, work_pool
 from inboxcrm.domain.extraction.calibration import (
     GRID,
@@ -43,23 +43,22 @@ def calibrate(
     """Precision and recall per extraction threshold on a labelled set, and the lowest
     threshold meeting the target precision. Runs the product's extractor in a work pool
     under the configured work budget; writes nothing."""
-    raise typer.Exit(run_calibrate_command(labels, tenant, target_precision, as_json))
-
-
-def run_calibrate_command(
-    labels: Path, tenant: str, target_precision: float, as_json: bool,
-    extractor: Extractor | None = None, runner: Runner | None = None,
-) -> int:
-    """Exit 0 with the table; 1 with one line on stderr when the labels file, the tenant or
-    the extractor cannot be used. Without `runner` a one-process work pool runs the work,
-    as in a worker."""
     try:
-        result = asyncio.run(_calibrate(labels, tenant, target_precision, extractor, runner))
+        result = run_calibrate(labels, tenant, target_precision)
     except CalibrateFailed as exc:
-        print(f"inboxcrm calibrate: {exc}", file=sys.stderr)
-        return 1
+        fail(str(exc))
+        return
     print(json.dumps(result.as_json()) if as_json else render(result))
-    return 0
+
+
+def run_calibrate(
+    labels: Path, tenant: str, target_precision: float,
+    extractor: Extractor | None = None, runner: Runner | None = None,
+) -> Calibration:
+    """Score the labelled set. Without `runner` a one-process work pool runs the work on
+    each message, as in a worker. Raises CalibrateFailed (one line, no value from the file)
+    when the labels file, the tenant or the extractor cannot be used."""
+    return asyncio.run(_calibrate(labels, tenant, target_precision, extractor, runner))
 
 
 async def _calibrate(labels: Path, tenant: str, target_precision: float,
@@ -129,8 +128,8 @@ def render(result: Calibration) -> str:
         f"{result.extractor}); ignored by the route, fields not scored: {result.ignored}",
         f"target precision: {result.target_precision:.2f}",
         "",
-        f"{'field':<14}{'labelled':>9}{'answers':>9}{'current':>9}{'P@cur':>8}{'R@cur':>8}"
-        f"  lowest meeting target (P / R)",
+        f"{'field':<14}{'labelled':>9}{'answers':>9}{'current':>9}{'P':>7}{'R':>7}"
+        f"  lowest threshold meeting the target (P / R)",
     ]
     for report in result.fields:
         current = report.at(report.current)
@@ -139,8 +138,8 @@ def render(result: Calibration) -> str:
                  f"{_rate(chosen.recall)})") if chosen else "none"
         lines.append(
             f"{report.field:<14}{report.labelled:>9}{report.with_answer:>9}"
-            f"{report.current:>9.2f}{_rate(current.precision if current else None):>8}"
-            f"{_rate(current.recall if current else None):>8}  {meets}")
+            f"{report.current:>9.2f}{_rate(current.precision if current else None):>7}"
+            f"{_rate(current.recall if current else None):>7}  {meets}")
     lines += ["", "threshold" + "".join(f"  {r.field + ' P / R':>22}" for r in result.fields)]
     for index, threshold in enumerate(GRID):
         cells = "".join(
