@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from inboxcrm.cli import (
+    calibrate,
     extract,
     golive,
     items,
@@ -61,6 +62,7 @@ app.command()(stack.up)
 app.command()(items.status)
 app.command()(extract.extract)
 app.command("send-test")(extract.send_test)
+app.command()(calibrate.calibrate)
 app.command()(items.queue)
 app.command()(items.pause)
 app.command()(items.resume)
