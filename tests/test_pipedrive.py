@@ -4,8 +4,8 @@ surface, with the client a tenant policy naming `pipedrive` gets (its block thro
 registry, the API token by reference). A person a salesperson created is adopted, not
 duplicated (our ID written, the owner untouched); two persons with the email go to review
 with both as candidates; a create that times out after Pipedrive committed it is reconciled
-by the search, never created twice. Counted on the sandbox's side (`/_sandbox/state`, and
-the create calls in `/_sandbox/calls`)."""
+by our ID (the search, and the newest persons while the index lags), never created twice.
+Counted on the sandbox's side (`/_sandbox/state`, and the create calls in `/_sandbox/calls`)."""
 
 from __future__ import annotations
 
@@ -48,8 +48,10 @@ async def company(postgres_server_url: str) -> AsyncIterator[SandboxProcess]:
 async def control(company: SandboxProcess) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=company.url, timeout=10) as client:
         (await client.post("/_sandbox/reset")).raise_for_status()
+        before = (await client.get("/_sandbox/config")).json()["search_lag_seconds"]
         yield client
-        await client.post("/_sandbox/config", json={"hang_seconds": 30})
+        await client.post("/_sandbox/config", json={"hang_seconds": 30,
+                                                    "search_lag_seconds": before})
 
 
 @pytest.fixture
@@ -150,7 +152,10 @@ async def test_a_create_that_timed_out_after_commit_is_reconciled_not_repeated(
         company: SandboxProcess, control: httpx.AsyncClient, store: asyncpg.Pool,
         monkeypatch: pytest.MonkeyPatch) -> None:
     item = await planned_item(store)
-    (await control.post("/_sandbox/config", json={"hang_seconds": 3})).raise_for_status()
+    # Held 3 s after the commit; the search index takes a minute to show the new person.
+    (await control.post("/_sandbox/config", json={"hang_seconds": 3,
+                                                  "search_lag_seconds": 60})
+     ).raise_for_status()
     (await control.post("/_sandbox/faults", json={"target": "crm.upsert",
                                                   "mode": "timeout_after_commit"})
      ).raise_for_status()

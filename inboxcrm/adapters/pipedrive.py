@@ -9,11 +9,13 @@ failure"): the person's ID, once known, is kept on our contact row (the CRM step
 1. our ID: `GET /v1/persons/search?term={contact id}&fields=custom_fields&exact_match=true`
    on the custom person field holding our external ID (default name `inboxcrm contact ID`,
    a *Text* field; its 40-character key is looked up by name with `GET /v1/personFields`
-   and kept), each hit confirmed by `GET /v1/persons/{id}`. Found: it is ours, nothing is
-   created. This is also the CRM step's reconciliation after an unknown outcome (a create
-   that timed out after Pipedrive committed it): the runner looks the person up by our ID
-   before it attempts again, and the attempt itself looks again, so a second create happens
-   only when Pipedrive holds no person with our ID.
+   and kept), each hit confirmed by `GET /v1/persons/{id}`; the search is an index, so on a
+   miss the newest persons are read too (`GET /v1/persons?sort=id DESC&limit=100`, a record
+   read): a person we created seconds ago is there before the index has it. Found: it is
+   ours, nothing is created. This is also the CRM step's reconciliation after an unknown
+   outcome (a create that timed out after Pipedrive committed it): the runner looks the
+   person up by our ID before it attempts again, and the attempt itself looks again, so a
+   second create happens only when Pipedrive holds no person with our ID.
 2. the email: `…/persons/search?term={email}&fields=email&exact_match=true`. One person
    without an ID of ours is adopted: `PUT /v1/persons/{id}` with our ID in the custom field
    and `first_name`/`last_name` only where they are empty; never `owner_id`, never what a
@@ -21,9 +23,10 @@ failure"): the person's ID, once known, is kept on our contact row (the CRM step
 3. none: `POST /v1/persons` (`name`, `email`, our ID in the custom field; no owner, so the
    person is the API token's user's, as Pipedrive assigns).
 
-What the search cannot rule out: Pipedrive's search is an index, so a person created a
-moment ago (ours after an ambiguous create, or one a salesperson types in at that second)
-may not be found yet; docs/architecture.md §5 ("Activities") says what that leaves open.
+What this cannot rule out: Pipedrive's search is an index, so a person a salesperson typed
+in seconds ago may not be found by email yet (and ours, after an ambiguous create, only by
+the newest-persons read, if fewer than 100 persons were created since); docs/architecture.md
+§5 ("Activities") says what that leaves open.
 
 The inbound email is a note (`POST /v1/notes`, HTML `content`, `person_id`, `add_time` the
 message's date in UTC). Notes have no external ID either: the content ends with the note's
@@ -81,6 +84,8 @@ DEFAULT_EXTERNAL_ID_FIELD = "inboxcrm contact ID"
 OPT_OUT_FIELD = "marketing_status"
 OPTED_OUT = "unsubscribed"
 MAX_CANDIDATES = 10
+# How far back (newest persons of the company) a lookup by our ID looks past the index.
+RECENT_PERSONS = 100
 # Custom field types Pipedrive's search looks into (Persons search, `fields`).
 SEARCHABLE_TYPES = frozenset({"varchar", "text", "varchar_auto", "address", "double",
                               "monetary", "phone"})
@@ -187,12 +192,27 @@ class PipedriveCrm:
         return [p for p in found if p is not None]
 
     # --- contacts --------------------------------------------------------------------------
+    async def _recent(self, key: str, external_id: str) -> list[dict[str, Any]]:
+        """The newest persons (`GET /v1/persons?sort=id DESC`, a record read, not the index)
+        carrying our ID: where a person we created a moment ago is, before the search
+        index has it."""
+        response = await self._call("GET", "/v1/persons", params={
+            "sort": "id DESC", "start": "0", "limit": str(RECENT_PERSONS)})
+        persons = _data(response) or []
+        if not isinstance(persons, list):
+            raise _unknown(response.status_code)
+        return [p for p in persons if isinstance(p, dict) and isinstance(p.get("id"), int)
+                and str(p.get(key) or "") == external_id and p.get("active_flag") is not False]
+
     async def find_contact(self, external_id: str) -> CrmRecord | None:
-        """The person carrying our ID (search on custom fields, confirmed by a read). Two
+        """The person carrying our ID: the search on custom fields (hits confirmed by a
+        read), else the newest persons (a create of ours the index does not show yet). Two
         persons with our ID would be a duplicate nothing may pick between: blocked."""
         key = await self.field_key()
         persons = await self._persons(await self._search(external_id, "custom_fields"))
         ours = [p for p in persons if str(p.get(key) or "") == external_id]
+        if not ours:
+            ours = await self._recent(key, external_id)
         if len(ours) > 1:
             raise AdapterError(Classified(Category.PERMANENT, "pipedrive_duplicate_external_id"))
         return CrmRecord(record_id=str(ours[0]["id"]), created=False) if ours else None

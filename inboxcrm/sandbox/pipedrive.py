@@ -11,8 +11,11 @@ github.com/pipedrive/client-nodejs docs/PersonsApi.md, NotesApi.md, ItemSearchAp
   `{"success": true, "data": {"items": [{"result_score", "item": {"id", "type": "person",
   "name", "emails", "phones", "owner": {"id"}, "custom_fields", "notes", …}}]},
   "additional_data": {"pagination": {…}}}`. `exact_match` is a full, case-insensitive match;
-  without it the term (2 characters at least) matches a part. A table read here: real
-  Pipedrive's search is an index, and what it cannot promise is said in docs/architecture.md.
+  without it the term (2 characters at least) matches a part. Pipedrive's search is an
+  index: a person enters it `search_lag_seconds` (`/_sandbox/config`) after its create
+  (updates show at once), so a person created a moment ago is not found yet.
+- `GET /v1/persons?sort=id DESC&start=&limit=` — the list of persons (a record read: no
+  index, no lag), custom fields by key; `sort` takes first-level fields, as Pipedrive's.
 - `GET /v1/persons/{id}` — the person (`email` as `[{"label", "value", "primary"}]`,
   `owner_id` as `{"id", "value", "name"}`, `marketing_status`, custom fields by key); 404
   `{"success": false, "error": "Person not found", …}`.
@@ -206,19 +209,20 @@ async def search_persons(request: Request, sandbox: SandboxDep, term: str = "",
             return Outcome(pd_error(400, "Invalid pagination"), "invalid")
         value = term.lower()
         pattern = value if exact else f"%{value}%"
+        lag = (await sandbox.config()).search_lag_seconds
         rows = await sandbox.pool.fetch(
-            f"{_SELECT} c WHERE "
-            "($2 AND (c.email_lower = $1 OR (NOT $11 AND c.email_lower LIKE $1))) "
+            f"{_SELECT} c WHERE c.created_at <= clock_timestamp() - make_interval(secs => $12) "
+            "AND (($2 AND (c.email_lower = $1 OR (NOT $11 AND c.email_lower LIKE $1))) "
             "OR ($3 AND (lower(c.properties ->> $6) = $1 "
             "            OR (NOT $11 AND lower(c.properties ->> $6) LIKE $1))) "
             "OR ($4 AND (lower(c.properties ->> 'name') = $1 "
             "            OR (NOT $11 AND lower(c.properties ->> 'name') LIKE $1))) "
             "OR ($5 AND EXISTS (SELECT 1 FROM sandbox.notes n WHERE n.contact_id = c.id "
-            "AND n.id_property = $7 AND lower(n.body) LIKE '%' || $8 || '%')) "
+            "AND n.id_property = $7 AND lower(n.body) LIKE '%' || $8 || '%'))) "
             "ORDER BY c.id OFFSET $9 LIMIT $10",
             pattern, "email" in wanted, "custom_fields" in wanted, "name" in wanted,
             "notes" in wanted, CUSTOM_FIELD_KEY, NOTE_ID_PROPERTY, value, start, limit + 1,
-            exact)
+            exact, lag)
         more = len(rows) > limit
         items = [_search_item(r, "custom_fields" in wanted) for r in rows[:limit]]
         pagination: dict[str, Any] = {"start": start, "limit": limit,
@@ -226,6 +230,35 @@ async def search_persons(request: Request, sandbox: SandboxDep, term: str = "",
         if more:
             pagination["next_start"] = start + limit
         return Outcome(_ok({"items": items}, additional_data={"pagination": pagination}))
+
+    return await run(request, sandbox, "crm.search", operation)
+
+
+_SORTS = {"id": "id", "add_time": "created_at", "update_time": "updated_at"}
+
+
+@router.get("/persons")
+async def list_persons(request: Request, sandbox: SandboxDep, start: int = 0,
+                       limit: int = 100, sort: str | None = None) -> Response:
+    """All persons, a page at a time (`sort`: `id`, `add_time` or `update_time`, ASC/DESC)."""
+
+    async def operation() -> Outcome:
+        if not 1 <= limit <= MAX_LIMIT or start < 0:
+            return Outcome(pd_error(400, "Invalid pagination"), "invalid")
+        field, _, direction = (sort or "id ASC").strip().partition(" ")
+        direction = direction.strip().upper() or "ASC"
+        if field not in _SORTS or direction not in ("ASC", "DESC"):
+            return Outcome(pd_error(400, "Invalid sort field"), "invalid")
+        rows = await sandbox.pool.fetch(
+            f"{_SELECT} ORDER BY {_SORTS[field]} {direction}, id {direction} "
+            "OFFSET $1 LIMIT $2", start, limit + 1)
+        more = len(rows) > limit
+        pagination: dict[str, Any] = {"start": start, "limit": limit,
+                                      "more_items_in_collection": more}
+        if more:
+            pagination["next_start"] = start + limit
+        return Outcome(_ok([person_json(r) for r in rows[:limit]] or None,
+                           additional_data={"pagination": pagination}))
 
     return await run(request, sandbox, "crm.search", operation)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,6 +24,15 @@ from inboxcrm.adapters.pipedrive import PipedriveCrm
 from tests.helpers.sandbox_process import API_KEY, SandboxProcess
 
 FIELD_NAME = "inboxcrm contact ID"
+
+
+@pytest.fixture(autouse=True)
+async def indexed_at_once(sandbox: SandboxProcess) -> AsyncIterator[None]:
+    """No search lag unless a test sets one (the sandbox process is shared: put it back)."""
+    before = (await _control(sandbox, "GET", "/_sandbox/config"))["search_lag_seconds"]
+    await _control(sandbox, "POST", "/_sandbox/config", json={"search_lag_seconds": 0})
+    yield
+    await _control(sandbox, "POST", "/_sandbox/config", json={"search_lag_seconds": before})
 
 
 @pytest.fixture
@@ -80,6 +90,28 @@ async def test_persons_are_created_found_and_updated(pd: Client) -> None:
     assert again["data"]["id"] != person["id"]
     assert sorted(_search(pd, ours, "custom_fields")) == sorted(
         [person["id"], again["data"]["id"]])
+
+
+async def test_the_search_is_an_index_the_list_is_not(pd: Client,
+                                                      sandbox: SandboxProcess) -> None:
+    """A new person enters the search `search_lag_seconds` after its create; the list of
+    persons (`GET /v1/persons?sort=id DESC`) has it at once."""
+    await _control(sandbox, "POST", "/_sandbox/config", json={"search_lag_seconds": 60})
+    key, ours = _key(pd), str(uuid.uuid4())
+    person = pd.persons.create_person({"name": "New", "email": ["new@example.com"],
+                                       key: ours})["data"]
+    assert _search(pd, ours, "custom_fields") == [] and _search(
+        pd, "new@example.com", "email") == []
+    listed = pd.persons.get_all_persons(params={"sort": "id DESC", "limit": 5})
+    assert listed["success"] is True and listed["data"][0]["id"] == person["id"]
+    assert listed["data"][0][key] == ours
+    assert listed["additional_data"]["pagination"]["more_items_in_collection"] is False
+    crm = PipedriveCrm(sandbox.url, API_KEY)
+    try:  # the adapter finds it by our ID all the same: no second create
+        found = await crm.upsert_contact(ours, ContactFields("new@example.com", "New"))
+    finally:
+        await crm.aclose()
+    assert (found.record_id, found.created) == (str(person["id"]), False)
 
 
 async def test_notes_are_logged_on_the_person(pd: Client) -> None:
