@@ -10,6 +10,7 @@ Counted on the sandbox's side (`/_sandbox/state`, and the create calls in `/_san
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,12 +18,19 @@ import asyncpg
 import httpx
 import pytest
 from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
 
+from inboxcrm.activities.consent import ConsentActivities
 from inboxcrm.activities.crm import CrmActivities
+from inboxcrm.activities.send import SendActivities
 from inboxcrm.adapters.base import CrmClient
+from inboxcrm.adapters.factory import Destinations
 from inboxcrm.adapters.registry import Secrets, crm_provider
+from inboxcrm.adapters.resend import ResendMail
+from inboxcrm.ingress.unsubscribe import record_unsubscribe
 from inboxcrm.platform.config import Settings
 from inboxcrm.sandbox.pipedrive import CUSTOM_FIELD_KEY
+from inboxcrm.schemas.consent import ConsentSyncInput
 from inboxcrm.schemas.destinations import TenantDestinations
 from inboxcrm.stack import postgres
 from inboxcrm.store import db
@@ -177,3 +185,63 @@ async def test_a_create_that_timed_out_after_commit_is_reconciled_not_repeated(
     row = await store.fetchrow("SELECT status FROM operations WHERE op_key = $1",
                                item.op("crm-upsert").op_key)
     assert row is not None and row["status"] == "completed"
+
+
+# --- consent: Pipedrive's marketing_status, both ways (docs/consent.md) -------------------
+
+
+async def test_a_marketing_status_unsubscribed_stops_the_send_step(
+        company: SandboxProcess, control: httpx.AsyncClient, store: asyncpg.Pool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    item = await planned_item(store)
+    [seeded] = await _seed(control, {"email": item.email, "lastname": "Seeded"})
+    crm = _client(company, monkeypatch)
+    mail = ResendMail(company.url, API_KEY, "Acme Sales <sales@acme.test>", 10)
+    try:
+        upserted = await step_env().run(CrmActivities(store, crm, 300).upsert_contact_in_crm,
+                                        item.op("crm-upsert"))
+        assert upserted.destination_id == seeded
+        # The salesperson marks the person unsubscribed in Pipedrive after we adopted it.
+        (await control.put(f"/v1/persons/{seeded}", params={"api_token": API_KEY},
+                           json={"marketing_status": "unsubscribed"})).raise_for_status()
+        send = SendActivities(store, Destinations.fixed(crm=crm, mail=mail), 300)
+        result = await step_env().run(send.submit_followup_email, item.op("send"))
+    finally:
+        await crm.aclose()
+        await mail.aclose()
+    assert (result.status, result.reason) == ("cancelled", "crm_opt_out")
+    assert (await control.get("/_sandbox/state")).json()["emails"] == []
+    [checked] = await _audit(store, item.item.workflow_id, "eligibility_checked")
+    assert checked["crm_field"] == "marketing_status"
+    assert checked["consent"]["crm_opted_out"] is True
+
+
+async def test_an_inboxcrm_opt_out_is_written_to_marketing_status_once(
+        company: SandboxProcess, control: httpx.AsyncClient, store: asyncpg.Pool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tenant = f"pipedrive{uuid.uuid4().hex[:8]}"
+    item = await planned_item(store, tenant=tenant)
+    [seeded] = await _seed(control, {"email": item.email, "lastname": "Seeded"})
+    await store.execute("UPDATE contacts SET crm_record_id = $1 WHERE contact_id = $2::uuid",
+                        seeded, item.contact_id)
+    outcome = await record_unsubscribe(store, tenant, uuid.UUID(item.contact_id))
+    assert outcome is not None and outcome["changed"]
+    (await control.post("/_sandbox/faults", json={"target": "crm.consent",
+                                                  "mode": "server_error"})).raise_for_status()
+    crm = _client(company, monkeypatch)
+    sync = ConsentActivities(store, Destinations.fixed(crm=crm))
+    try:
+        first = await ActivityEnvironment().run(sync.sync_consent_writes,
+                                                ConsentSyncInput(tenant=tenant))
+        assert (first.written, first.failed) == (0, 1)
+        await store.execute("UPDATE crm_consent_writes SET next_attempt_at = now() "
+                            "WHERE tenant = $1", tenant)
+        second = await ActivityEnvironment().run(sync.sync_consent_writes,
+                                                 ConsentSyncInput(tenant=tenant))
+        assert second.written == 1
+    finally:
+        await crm.aclose()
+    [held] = await _with_email(control, item.email)
+    assert held["properties"]["marketing_status"] == "unsubscribed"
+    calls = (await control.get("/_sandbox/calls", params={"target": "crm.consent"})).json()
+    assert [c["status_code"] for c in calls["calls"]] == [500, 200]
