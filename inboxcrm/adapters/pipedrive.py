@@ -32,7 +32,8 @@ The inbound email is a note (`POST /v1/notes`, HTML `content`, `person_id`, `add
 message's date in UTC). Notes have no external ID either: the content ends with the note's
 key, and a log first lists the person's notes (`GET /v1/notes?person_id=`, a record read)
 and returns the one carrying the key, so a retry never logs the email twice;
-reconciliation without the person finds it through the persons search on `notes`.
+reconciliation without the person reads the company's newest notes (`GET /v1/notes?sort=id
+DESC`), then the persons search on `notes`.
 
 Consent (`CrmConsent`): the person's `marketing_status` (`subscribed`, `unsubscribed`,
 `no_consent`, `archived`; Campaigns' field, shown on every person): `unsubscribed` is an
@@ -268,7 +269,7 @@ class PipedriveCrm:
         while True:
             response = await self._call("GET", "/v1/notes", params={
                 "person_id": person_id, "start": str(start), "limit": "500"})
-            notes = _data(response)
+            notes = _data(response) or []  # Pipedrive answers no notes as `data: null`
             if not isinstance(notes, list):
                 raise _unknown(response.status_code)
             for note in notes:
@@ -296,6 +297,17 @@ class PipedriveCrm:
         return str(note["id"])
 
     async def find_note(self, note_key: str) -> str | None:
+        """The newest notes of the company first (`GET /v1/notes?sort=id DESC`, a record
+        read: a note logged seconds ago is there), then the persons search on `notes`."""
+        response = await self._call("GET", "/v1/notes", params={
+            "sort": "id DESC", "start": "0", "limit": str(RECENT_PERSONS)})
+        notes = _data(response) or []
+        if not isinstance(notes, list):
+            raise _unknown(response.status_code)
+        for note in notes:
+            if isinstance(note, dict) and f"{NOTE_MARK}{note_key}" in str(
+                    note.get("content") or ""):
+                return str(note["id"])
         for person_id in await self._search(note_key, "notes", exact=False):
             found = await self._note_on(str(person_id), note_key)
             if found is not None:

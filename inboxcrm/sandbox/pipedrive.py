@@ -24,7 +24,7 @@ github.com/pipedrive/client-nodejs docs/PersonsApi.md, NotesApi.md, ItemSearchAp
   an external ID, so repeating a create creates another person (that is the point).
 - `PUT /v1/persons/{id}` — 200 and the person; only the fields given change.
 - `POST /v1/notes` (`content` HTML, `person_id`, `add_time` "YYYY-MM-DD HH:MM:SS") — 201 and
-  the note; `GET /v1/notes?person_id=` — the person's notes.
+  the note; `GET /v1/notes?person_id=&sort=id DESC` — (the person's) notes, a record read.
 
 Persons live in `sandbox.contacts` (a second person with an email another holds is an
 `email_dup` row, as Salesforce's duplicates), with `email`, `firstname`, `lastname`, `name`,
@@ -423,16 +423,24 @@ async def create_note(request: Request, sandbox: SandboxDep) -> Response:
 
 @router.get("/notes")
 async def list_notes(request: Request, sandbox: SandboxDep, person_id: int | None = None,
-                     start: int = 0, limit: int = 100) -> Response:
+                     start: int = 0, limit: int = 100, sort: str | None = None) -> Response:
+    """Notes (of a person), a page at a time; a record read (`sort` as for persons)."""
+
     async def operation() -> Outcome:
         if not 1 <= limit <= MAX_LIMIT or start < 0:
             return Outcome(pd_error(400, "Invalid pagination"), "invalid")
+        field, _, direction = (sort or "id ASC").strip().partition(" ")
+        direction = direction.strip().upper() or "ASC"
+        if field not in _SORTS or direction not in ("ASC", "DESC"):
+            return Outcome(pd_error(400, "Invalid sort field"), "invalid")
         rows = await sandbox.pool.fetch(
             f"SELECT {_NOTE_COLUMNS} FROM sandbox.notes WHERE id_property = $1 AND "
-            "($2::bigint IS NULL OR contact_id = $2) ORDER BY id OFFSET $3 LIMIT $4",
+            "($2::bigint IS NULL OR contact_id = $2) "
+            f"ORDER BY {_SORTS[field]} {direction}, id {direction} OFFSET $3 LIMIT $4",
             NOTE_ID_PROPERTY, person_id, start, limit + 1)
         more = len(rows) > limit
-        return Outcome(_ok([_note_json(r) for r in rows[:limit]], additional_data={
+        # Pipedrive answers an empty list as `data: null`.
+        return Outcome(_ok([_note_json(r) for r in rows[:limit]] or None, additional_data={
             "pagination": {"start": start, "limit": limit,
                            "more_items_in_collection": more}}))
 
