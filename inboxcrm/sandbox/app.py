@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from inboxcrm.sandbox import crm, mail, notes, salesforce, tamper
+from inboxcrm.sandbox import crm, mail, notes, pipedrive, salesforce, tamper
 from inboxcrm.sandbox.core import KEY_TTL_SECONDS, Mode, Policy, Sandbox, SandboxDep, Target, iso
 
 SCHEMA_LOCK_KEY = 0x5A4D_B0C5  # advisory lock: concurrent starts must not race on DDL
@@ -122,8 +122,14 @@ VALUES (NULL, NULL, $1::jsonb,
 RETURNING id
 """
 
+_BACKDATE = ("UPDATE sandbox.contacts SET created_at = created_at - interval '1 day', "
+             "updated_at = updated_at - interval '1 day' WHERE id = $1")
+
 
 def _seed_properties(crm_name: str, record: SeedRecord) -> dict[str, str]:
+    if crm_name == "pipedrive":  # a person: name, owner_id, marketing_status
+        return pipedrive.seed_properties(record.firstname, record.lastname, record.email,
+                                         record.owner, record.opted_out, record.properties)
     given = record.properties
     if crm_name == "salesforce":  # Salesforce API names, kept as the Salesforce surface does
         given = {salesforce.STANDARD_FIELDS.get(k, k): v for k, v in given.items()}
@@ -195,6 +201,7 @@ def create_app(
     app.include_router(notes.associations)
     app.include_router(salesforce.router)  # same table, same Sandbox.run faults
     app.include_router(salesforce.oauth)  # the token endpoint (client credentials flow)
+    app.include_router(pipedrive.router)  # persons and notes (API v1), same tables
     app.include_router(tamper.router)  # /_sandbox/contacts: changes behind the product's back
 
     @app.get("/healthz")
@@ -317,16 +324,18 @@ def create_app(
     async def seed(request: Request, sandbox: SandboxDep) -> dict[str, Any] | JSONResponse:
         """Records that were in the CRM before inboxcrm, as a salesperson created them."""
         body = await _control_body(request, SeedIn)
-        if body.crm == "pipedrive" or body.leads:
-            return JSONResponse({"detail": "not modelled yet: pipedrive persons and "
-                                 "salesforce leads"}, status_code=422)
+        if body.leads:
+            return JSONResponse({"detail": "not modelled yet: salesforce leads"},
+                                status_code=422)
         created: list[dict[str, str]] = []
         try:
             async with sandbox.pool.acquire() as conn, conn.transaction():
                 for record in body.contacts:
                     record_id = await conn.fetchval(
                         _SEED_CONTACT, _seed_properties(body.crm, record),
-                        body.crm == "salesforce", record.email)
+                        body.crm in ("salesforce", "pipedrive"), record.email)
+                    if body.crm == "pipedrive":  # there long before us: in the search index
+                        await conn.execute(_BACKDATE, record_id)
                     created.append({"id": str(record_id), "email": record.email})
         except asyncpg.UniqueViolationError:
             # HubSpot keeps email unique: a second contact with an email is refused.

@@ -114,16 +114,16 @@ def test_incomplete_destinations_are_refused(spec: dict[str, object], problem: s
 # --- the registry's names and blocks (inboxcrm/adapters/registry.py) -----------------------
 def test_an_unknown_provider_names_the_known_ones() -> None:
     with pytest.raises(ValueError) as info:
-        TenantDestinations.model_validate({"crm": {"provider": "pipedrive"}})
-    assert "unknown CRM provider 'pipedrive' (known: hubspot, salesforce, sandbox)" in str(
+        TenantDestinations.model_validate({"crm": {"provider": "zoho"}})
+    assert "unknown CRM provider 'zoho' (known: hubspot, pipedrive, salesforce, sandbox)" in str(
         info.value)
     with pytest.raises(ValueError, match=re.escape(
             "unknown mail provider 'postmark' (known: resend, sandbox, smtp)")):
         TenantDestinations.model_validate({"mail": {"provider": "postmark"}})
     with pytest.raises(ConfigurationError, match=re.escape(
-            "INBOXCRM_CRM_PROVIDER must be one of hubspot, salesforce, sandbox, "
-            "got 'pipedrive'")):
-        build_crm(Settings(crm_provider="pipedrive"))
+            "INBOXCRM_CRM_PROVIDER must be one of hubspot, pipedrive, salesforce, sandbox, "
+            "got 'zoho'")):
+        build_crm(Settings(crm_provider="zoho"))
     with pytest.raises(ConfigurationError, match="INBOXCRM_MAIL_PROVIDER must be one of"):
         build_mail(Settings(mail_provider="mailchimp"))
 
