@@ -259,13 +259,24 @@ class HubSpotCrm:
             response = await send_request(
                 self._client, "GET", f"/crm/v3/properties/{object_type}/{quote(name, safe='')}",
                 passthrough=(404,), reason=_reason)
-            prop = response.json() if response.status_code == 200 else None
+            prop = json_body(response) if response.status_code == 200 else None
+            if response.status_code == 200 and not isinstance(prop, dict):
+                raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None, 200))
             checks.append(GuaranteeCheck(self.name, object_type, name,
                                          _property_problem(object_type, name, prop)))
         return tuple(checks)
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def json_body(response: httpx.Response) -> Any:
+    """The answer's JSON, None when it is not JSON (the check then reports a mismatch, an
+    `AdapterError`, rather than crash a worker's start)."""
+    try:
+        return response.json()
+    except ValueError:
+        return None
 
 
 def _property_problem(object_type: str, name: str, prop: Any) -> str | None:
