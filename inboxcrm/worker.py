@@ -36,7 +36,7 @@ from inboxcrm.activities.review import ReviewActivities
 from inboxcrm.activities.send import SendActivities
 from inboxcrm.activities.shadow import ShadowActivities
 from inboxcrm.activities.store_outage import StoreOutageInterceptor
-from inboxcrm.adapters.base import CrmClient, MailClient
+from inboxcrm.adapters.base import AdapterError, CrmClient, MailClient
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
 from inboxcrm.domain.extraction import Extractor, build_extractor, work_pool
 from inboxcrm.domain.extraction.rules import RulesExtractor
@@ -218,6 +218,28 @@ async def audit_destination_changes(pool: asyncpg.Pool, stop: asyncio.Event,
             await asyncio.wait_for(stop.wait(), timeout=interval)
 
 
+async def take_tenants_live(destinations: Destinations, tenants: list[str]) -> list[str]:
+    """Each tenant's CRM checked before its first item (`inboxcrm crm check`): one whose
+    external ID field is missing, not unique or not an external ID is refused, as
+    `hubspot-setup` refuses a non-unique property (docs/architecture.md §5). A CRM that
+    cannot be reached now is not refused: its items meet the usual retries. Returns the
+    refused tenants."""
+    refused = []
+    for tenant in tenants:
+        try:
+            checks = await destinations.check_guarantees(tenant)
+        except ConfigurationError:
+            continue  # its items are blocked as `destination_config` already
+        except AdapterError as exc:
+            log.warning("tenant %s: CRM guarantee not checked (%s)", tenant, exc)
+            continue
+        problems = [c.problem for c in checks if c.problem]
+        if problems:
+            refused.append(tenant)
+            log.error("tenant %s not taken live: %s", tenant, "; ".join(problems))
+    return refused
+
+
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     client = await temporal.connect(
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
@@ -233,6 +255,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     # settings stop the worker at start, as before; tenants' own are built on first use.
     destinations.global_crm()
     destinations.global_mail()
+    await take_tenants_live(destinations, sorted(current_policies()))
     extractor = build_extractor(settings)
     models = model_queue(settings, extractor)
     worker = Worker(

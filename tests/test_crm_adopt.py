@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from inboxcrm.activities.crm import CrmActivities
-from inboxcrm.adapters.base import CrmClient
+from inboxcrm.adapters.base import ContactFields, CrmClient, CrmRecord
 from inboxcrm.adapters.hubspot import HubSpotCrm
 from inboxcrm.adapters.salesforce import SalesforceCrm
 from inboxcrm.stack import postgres
@@ -146,3 +146,123 @@ async def test_two_salesforce_contacts_with_the_email_go_to_review(
                                item.op("crm-upsert").op_key)
     assert row is not None
     assert (row["status"], row["last_error"]) == ("waiting", "crm_candidates")
+
+
+# --- Salesforce Leads ------------------------------------------------------------------------
+async def _seed_leads(control: httpx.AsyncClient, *leads: dict[str, Any]) -> list[str]:
+    response = await control.post("/_sandbox/seed", json={"crm": "salesforce",
+                                                          "leads": list(leads)})
+    response.raise_for_status()
+    return [lead["id"] for lead in response.json()["leads"]]
+
+
+async def _leads_with_email(control: httpx.AsyncClient, email: str) -> list[dict[str, Any]]:
+    leads = (await control.get("/_sandbox/state")).json()["leads"]
+    return [lead for lead in leads if str(lead["properties"].get("email", "")).lower() == email]
+
+
+async def _upsert_step(org: SandboxProcess, store: asyncpg.Pool, item: Any,
+                       new_prospects: str = "contact") -> Any:
+    crm = SalesforceCrm(org.url, API_KEY, new_prospects=new_prospects)  # type: ignore[arg-type]
+    try:
+        return await step_env().run(CrmActivities(store, crm, 300).upsert_contact_in_crm,
+                                    item.op("crm-upsert"))
+    finally:
+        await crm.aclose()
+
+
+@pytest.mark.parametrize("new_prospects", ["contact", "lead"])
+async def test_a_seeded_lead_is_adopted_whatever_the_policy(
+        org: SandboxProcess, control: httpx.AsyncClient, store: asyncpg.Pool,
+        new_prospects: str) -> None:
+    """Inbound sales mail from a person a salesperson keeps as a Lead: that Lead becomes
+    ours (our External ID on it, owner and the salesperson's fields untouched) and no
+    Contact is created, whether the policy makes new prospects Contacts or Leads."""
+    item = await planned_item(store)
+    [seeded] = await _seed_leads(control, {"email": item.email, "lastname": "Seeded",
+                                           "owner": "005SALES",
+                                           "properties": {"Company": "Initrode",
+                                                          "Title": "CTO"}})
+    result = await _upsert_step(org, store, item, new_prospects)
+    assert (result.status, result.destination_id) == ("completed", seeded)
+    [lead] = await _leads_with_email(control, item.email)
+    props = lead["properties"]
+    assert lead["id"] == seeded and props[SF_FIELD] == item.contact_id
+    assert (props["OwnerId"], props["lastname"], props["Company"], props["jobtitle"]) == (
+        "005SALES", "Seeded", "Initrode", "CTO")
+    assert await _with_email(control, item.email) == []  # no new Contact
+    [adopted] = await _audit(store, item.item.workflow_id, "crm_record_adopted")
+    assert adopted["crm_record_id"] == seeded
+    crm = SalesforceCrm(org.url, API_KEY)
+    try:
+        assert (await crm.find_contact(item.contact_id)) == CrmRecord(record_id=seeded)
+    finally:
+        await crm.aclose()
+
+
+@pytest.mark.parametrize("new_prospects", ["contact", "lead"])
+async def test_a_new_prospect_becomes_what_the_policy_says(
+        org: SandboxProcess, control: httpx.AsyncClient, store: asyncpg.Pool,
+        new_prospects: str) -> None:
+    item = await planned_item(store)
+    result = await _upsert_step(org, store, item, new_prospects)
+    assert result.status == "completed"
+    leads = await _leads_with_email(control, item.email)
+    contacts = await _with_email(control, item.email)
+    made, other = (leads, contacts) if new_prospects == "lead" else (contacts, leads)
+    assert len(made) == 1 and other == []
+    assert made[0]["id"] == result.destination_id
+    assert made[0]["properties"][SF_FIELD] == item.contact_id
+    if new_prospects == "lead":
+        assert made[0]["id"].startswith("00Q") and made[0]["properties"]["Company"]
+
+
+async def test_a_converted_lead_is_followed_to_its_contact(
+        org: SandboxProcess, control: httpx.AsyncClient, store: asyncpg.Pool) -> None:
+    """A Lead a salesperson converted: its Contact is the person's record. Our first item
+    adopts that Contact (not the converted Lead, not a new record); our own Lead, converted
+    later, is followed to its Contact, which then carries our ID. Nothing is created."""
+    item = await planned_item(store)
+    [seeded] = await _seed_leads(control, {"email": item.email, "lastname": "Conv",
+                                           "owner": "005C"})
+    converted = (await control.post(f"/_sandbox/salesforce/leads/{seeded}/convert")).json()
+    result = await _upsert_step(org, store, item, "lead")
+    assert (result.status, result.destination_id) == ("completed", converted["contact_id"])
+    [contact] = await _with_email(control, item.email)
+    assert contact["id"] == converted["contact_id"]
+    assert contact["properties"][SF_FIELD] == item.contact_id
+    assert contact["properties"]["OwnerId"] == "005C"
+    [lead] = await _leads_with_email(control, item.email)
+    assert lead["id"] == seeded and SF_FIELD not in lead["properties"]
+
+    second = await planned_item(store)  # ours as a Lead, then converted by a salesperson
+    first = await _upsert_step(org, store, second, "lead")
+    assert first.destination_id.startswith("00Q")
+    made = (await control.post(f"/_sandbox/salesforce/leads/{first.destination_id}/convert")
+            ).json()
+    crm = SalesforceCrm(org.url, API_KEY, new_prospects="lead")
+    try:
+        found = await crm.find_contact(second.contact_id)
+        again = await crm.upsert_contact(second.contact_id, ContactFields(second.email, "Fen Ce"))
+    finally:
+        await crm.aclose()
+    assert found is not None and found.record_id == made["contact_id"]
+    assert again.record_id == made["contact_id"]
+    [followed] = await _with_email(control, second.email)
+    assert followed["id"] == made["contact_id"]
+    assert followed["properties"][SF_FIELD] == second.contact_id
+    assert len(await _leads_with_email(control, second.email)) == 1
+
+
+async def test_a_lead_and_a_contact_with_the_email_go_to_review(
+        org: SandboxProcess, control: httpx.AsyncClient, store: asyncpg.Pool) -> None:
+    item = await planned_item(store)
+    [contact] = await _seed(control, "salesforce", {"email": item.email, "owner": "005A"})
+    [lead] = await _seed_leads(control, {"email": item.email, "owner": "005B"})
+    result = await _upsert_step(org, store, item)
+    assert (result.status, result.reason) == ("review", "crm_candidates")
+    [review] = await _audit(store, item.item.workflow_id, "crm_match_needs_review")
+    assert sorted(review["candidates"]) == sorted([contact, lead])
+    [held] = await _with_email(control, item.email)
+    [kept] = await _leads_with_email(control, item.email)
+    assert SF_FIELD not in held["properties"] and SF_FIELD not in kept["properties"]

@@ -128,6 +128,35 @@ class CrmConsent(Protocol):
 
 
 @dataclass(frozen=True)
+class GuaranteeCheck:
+    """One field a CRM's no-duplicates guarantee rests on, as the CRM defines it now
+    (`inboxcrm crm check`, and the worker at start). `problem`: None when the field exists,
+    is unique and is an external ID; else one line naming the field and what to do (field
+    names only, never a record)."""
+
+    provider: str
+    object: str   # the CRM's object: Salesforce `Contact`, `Lead`, `Task`; HubSpot `contacts`
+    field: str
+    problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+@runtime_checkable
+class CrmGuarantee(Protocol):
+    """Optional: a CRM whose field definitions can be read. An upsert keyed by a field that is
+    not unique (or not an external ID) can create a second record or match several, so a
+    tenant whose CRM fails this check is not taken live (docs/architecture.md §5)."""
+
+    async def check_external_id(self) -> tuple[GuaranteeCheck, ...]:
+        """Read the definitions of the fields our writes are keyed by (a metadata read, no
+        record touched)."""
+        ...
+
+
+@dataclass(frozen=True)
 class OutgoingEmail:
     to: str
     subject: str

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from inboxcrm.adapters.base import CrmClient, MailClient
+from inboxcrm.adapters.base import CrmClient, CrmGuarantee, GuaranteeCheck, MailClient
 from inboxcrm.adapters.registry import (
     ConfigurationError,
     Secrets,
@@ -101,6 +101,8 @@ class Destinations:
         self._default_mail = mail
         self._crm: dict[tuple[str, str], CrmClient] = {}
         self._mail: dict[tuple[str, str], MailClient] = {}
+        # Tenants not taken live: their CRM lacks the guarantee (`check_guarantees`).
+        self._refused: dict[str, str] = {}
 
     @classmethod
     def fixed(cls, crm: CrmClient | None = None, mail: MailClient | None = None
@@ -124,6 +126,11 @@ class Destinations:
         return self._default_mail
 
     def crm(self, tenant: str) -> CrmClient:
+        if tenant in self._refused:
+            raise ConfigurationError(f"tenant {tenant!r} not live: {self._refused[tenant]}")
+        return self._account(tenant)
+
+    def _account(self, tenant: str) -> CrmClient:
         spec = self._lookup(tenant).crm
         if spec is None:
             return self.global_crm()
@@ -131,6 +138,22 @@ class Destinations:
         if key not in self._crm:
             self._crm[key] = build_tenant_crm(tenant, spec, self._require_settings())
         return self._crm[key]
+
+    async def check_guarantees(self, tenant: str) -> tuple[GuaranteeCheck, ...]:
+        """The tenant's CRM's field definitions (`CrmGuarantee`); a failed check refuses the
+        tenant (`crm` raises for it, so its items are blocked, never written to a CRM that
+        could duplicate them) until a worker started after the fix checks again. A CRM that
+        cannot be read (unreachable: `AdapterError`) raises and refuses nothing."""
+        crm = self._account(tenant)
+        if not isinstance(crm, CrmGuarantee):
+            return ()
+        checks = await crm.check_external_id()
+        problems = [c.problem for c in checks if c.problem]
+        if problems:
+            self._refused[tenant] = problems[0]
+        else:
+            self._refused.pop(tenant, None)
+        return checks
 
     def mail(self, tenant: str) -> MailClient:
         spec = self._lookup(tenant).mail

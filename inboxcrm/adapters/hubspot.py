@@ -37,6 +37,7 @@ from inboxcrm.adapters.base import (
     ContactFields,
     CrmRecord,
     CrmRecordView,
+    GuaranteeCheck,
     OptOut,
     OptOutWritten,
 )
@@ -249,8 +250,50 @@ class HubSpotCrm:
         return OptOutWritten(field=OPT_OUT_PROPERTY,
                              record_ids=(record_id,) if record_id else ())
 
+    async def check_external_id(self) -> tuple[GuaranteeCheck, ...]:
+        """`GET /crm/v3/properties/{contacts|notes}/{name}`: our contact and note properties
+        exist, are unique (`hasUniqueValue`, which HubSpot cannot change after creation) and
+        hold strings."""
+        checks = []
+        for object_type, name in (("contacts", self._id_property), ("notes", NOTE_ID_PROPERTY)):
+            response = await send_request(
+                self._client, "GET", f"/crm/v3/properties/{object_type}/{quote(name, safe='')}",
+                passthrough=(404,), reason=_reason)
+            prop = json_body(response) if response.status_code == 200 else None
+            if response.status_code == 200 and not isinstance(prop, dict):
+                raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None, 200))
+            checks.append(GuaranteeCheck(self.name, object_type, name,
+                                         _property_problem(object_type, name, prop)))
+        return tuple(checks)
+
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def json_body(response: httpx.Response) -> Any:
+    """The answer's JSON, None when it is not JSON (the check then reports a mismatch, an
+    `AdapterError`, rather than crash a worker's start)."""
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def _property_problem(object_type: str, name: str, prop: Any) -> str | None:
+    what = "contact" if object_type == "contacts" else "note"
+    setting = ("destinations.crm.id_property / INBOXCRM_CRM_ID_PROPERTY" if what == "contact"
+               else "none: the note property's name is fixed")
+    if not isinstance(prop, dict):
+        return (f"HubSpot {what} property {name} does not exist: run `inboxcrm hubspot-setup` "
+                "to create it unique")
+    if prop.get("hasUniqueValue") is not True:
+        return (f"HubSpot {what} property {name} is not unique (hasUniqueValue false) and "
+                "HubSpot cannot make it unique afterwards: create a unique one "
+                f"(`inboxcrm hubspot-setup --property NAME`) and name it ({setting})")
+    if prop.get("type") != "string":
+        return (f"HubSpot {what} property {name} has type {prop.get('type')!r}, not string: "
+                "create a unique string property (`inboxcrm hubspot-setup --property NAME`)")
+    return None
 
 
 # --- the providers: HubSpot, and the sandbox that speaks HubSpot's API ------------------------

@@ -40,6 +40,20 @@ several → `MatchCandidates` (a person picks). Records that carry another of ou
 candidates. Our own writers are serialised by the contact row lock; what this read cannot
 rule out is a person creating the same Contact in Salesforce's UI between the read and the
 write (docs/architecture.md §5, "Activities").
+
+Leads. Where inbound sales mail usually lands. The tenant's `new_prospects` (`contact`, the
+default, or `lead`) decides what a person no record holds becomes: a Lead is upserted by the
+same External ID field on Lead (`PATCH …/sobjects/Lead/{field}/{id}`, with the standard
+`Company` a Lead requires, `[unknown]` when we have none). Matching reads both objects
+whatever the policy: our ID on a Contact, else on a Lead; else the Contacts and Leads with the
+email (two SOQL reads), a converted Lead (`IsConverted`) standing for its Contact
+(`ConvertedContactId`); one free record is adopted (on a Lead as on a Contact), several are
+candidates. Our own Lead, once a salesperson converts it, is followed to its Contact, which
+gets our ID. A record's object is told by its Id's key prefix (`00Q` Lead, else Contact), so
+the drift check, the opt-out read and the note (`WhoId`) reach a Lead too.
+
+Guarantee check (`check_external_id`, `inboxcrm crm check`): `GET …/sobjects/{Contact|Lead|
+Task}/describe` must list our field with `externalId` and `unique` true.
 """
 
 from __future__ import annotations
@@ -58,6 +72,7 @@ from inboxcrm.adapters.base import (
     ContactFields,
     CrmRecord,
     CrmRecordView,
+    GuaranteeCheck,
     MatchCandidates,
     OptOut,
     OptOutWritten,
@@ -174,6 +189,25 @@ class ClientCredentials:
         await self._client.aclose()
 
 
+NewProspects = Literal["contact", "lead"]
+COMPANY_PLACEHOLDER = "[unknown]"
+# A Lead's state: converted ones are followed to their Contact.
+LEAD_STATE = ("Id", "IsConverted", "ConvertedContactId")
+LEAD_KEY_PREFIX = "00Q"  # Salesforce's key prefix of Lead Ids (Contacts: 003)
+
+
+def sobject_of(record_id: str) -> str:
+    return "Lead" if record_id.startswith(LEAD_KEY_PREFIX) else "Contact"
+
+
+def _converted_to(lead: dict[str, Any]) -> str | None:
+    """The Contact a converted Lead became (`ConvertedContactId`), None if not converted."""
+    target = lead.get("ConvertedContactId")
+    if lead.get("IsConverted") is True and isinstance(target, str) and target:
+        return target
+    return None
+
+
 _SOQL_ESCAPES = {"\\": "\\\\", "'": "\\'", '"': '\\"', "\n": "\\n", "\r": "\\r",
                  "\t": "\\t", "\b": "\\b", "\f": "\\f"}
 MAX_CANDIDATES = 10
@@ -208,6 +242,7 @@ class SalesforceCrm:
         timeout: float = 10.0,
         oauth: ClientCredentials | None = None,
         guard: AddressGuard | None = None,
+        new_prospects: NewProspects = "contact",
     ) -> None:
         version = api_version.removeprefix("v")
         if not _API_VERSION.match(version):
@@ -227,9 +262,21 @@ class SalesforceCrm:
         self._note_field = note_external_id_field
         self._api = f"/services/data/v{version}"
         self._sobjects = f"{self._api}/sobjects"
+        self._new_prospects: NewProspects = new_prospects
 
-    def _path(self, external_id: str) -> str:
-        return f"{self._sobjects}/Contact/{self._field}/{quote(external_id, safe='')}"
+    def _path(self, external_id: str, sobject: str = "Contact") -> str:
+        return f"{self._sobjects}/{sobject}/{self._field}/{quote(external_id, safe='')}"
+
+    def _by_id(self, record_id: str) -> str:
+        """The record's resource; its sObject told by the Id's key prefix (`00Q`: Lead)."""
+        return f"{self._sobjects}/{sobject_of(record_id)}/{quote(record_id, safe='')}"
+
+    def lead_fields(self, fields: ContactFields) -> dict[str, Any]:
+        """A Lead's fields: the Contact's, with the standard `Company` (required on a Lead:
+        the placeholder when the company is unknown) instead of the custom company field."""
+        body = {k: v for k, v in self.fields(fields).items() if k != self._company_field}
+        body["Company"] = fields.company or COMPANY_PLACEHOLDER
+        return body
 
     def _note_path(self, note_key: str) -> str:
         return f"{self._sobjects}/Task/{self._note_field}/{quote(note_key, safe='')}"
@@ -245,25 +292,55 @@ class SalesforceCrm:
         return body
 
     async def upsert_contact(self, external_id: str, fields: ContactFields) -> CrmRecord:
-        """Match before create: ours by External ID, else one Contact with the email adopted,
-        else created (several: `MatchCandidates`)."""
+        """Match before create: ours by External ID (a Contact, else a Lead: a converted one is
+        followed to its Contact), else the one Contact or Lead with the email adopted, else
+        created as the policy says (`new_prospects`; several matches: `MatchCandidates`)."""
         path, body = self._path(external_id), self.fields(fields)
-        if await self._find(path) is None:
-            adopted = await self._adopt(external_id, body)
-            if adopted is not None:
-                return adopted
+        if await self._find(path) is not None:
+            return await self._upsert(path, body)
+        lead_path = self._path(external_id, "Lead")
+        lead = await self._read(lead_path, LEAD_STATE)
+        if lead is not None:
+            converted = _converted_to(lead)
+            if converted is not None:
+                return await self._take_converted(converted, external_id, body)
+            return await self._upsert(lead_path, self.lead_fields(fields))
+        adopted = await self._adopt(external_id, body)
+        if adopted is not None:
+            return adopted
+        if self._new_prospects == "lead":
+            return await self._upsert(lead_path, self.lead_fields(fields))
         return await self._upsert(path, body)
+
+    async def _take_converted(self, contact_id: str, external_id: str,
+                              body: dict[str, Any]) -> CrmRecord:
+        """Our Lead was converted: its Contact is the person's record from now on. Our ID is
+        written onto it (unless it carries it already); one carrying another ID of ours is a
+        person's call (`MatchCandidates`)."""
+        record = await self._read(self._by_id(contact_id),
+                                  ("Id", self._field, *self._adopt_fills()))
+        if record is None:
+            raise AdapterError(Classified(Category.PERMANENT, "converted_contact_missing"))
+        if record.get(self._field) == external_id:
+            return CrmRecord(record_id=contact_id, created=False)
+        if record.get(self._field):
+            raise MatchCandidates((contact_id,))
+        return await self._mark(contact_id, record, external_id, body)
 
     def _adopt_fills(self) -> tuple[str, ...]:
         """The fields an adoption may fill, and only where the record has them empty."""
         return ("FirstName", "LastName", *((self._company_field,) if self._company_field
                                            else ()))
 
-    async def existing_by_email(self, email: str) -> list[dict[str, Any]]:
-        """The Contacts holding `email` (Salesforce compares it case-insensitively)."""
-        select = ", ".join(dict.fromkeys(("Id", "Email", self._field, *self._adopt_fills())))
+    async def existing_by_email(self, email: str, sobject: str = "Contact"
+                                ) -> list[dict[str, Any]]:
+        """The Contacts (or Leads) holding `email` (Salesforce compares it
+        case-insensitively)."""
+        extra = LEAD_STATE[1:] if sobject == "Lead" else ()
+        names = self._adopt_fills() if sobject == "Contact" else ("FirstName", "LastName")
+        select = ", ".join(dict.fromkeys(("Id", "Email", self._field, *names, *extra)))
         # SOQL for Salesforce's query resource (not our store's SQL): built from words.
-        query = " ".join(("SELECT", select, "FROM", "Contact", "WHERE", "Email", "=",
+        query = " ".join(("SELECT", select, "FROM", sobject, "WHERE", "Email", "=",
                           soql_quote(email), "LIMIT", str(MAX_CANDIDATES + 1)))
         response = await self._call("GET", f"{self._api}/query", params={"q": query})
         records = _json(response).get("records")
@@ -273,29 +350,57 @@ class SalesforceCrm:
         return [r for r in records if isinstance(r, dict) and isinstance(r.get("Id"), str)]
 
     async def _adopt(self, external_id: str, body: dict[str, Any]) -> CrmRecord | None:
-        """Adopt the one Contact with the email that carries no ID of ours; None: there is
-        none, create."""
-        found = await self.existing_by_email(str(body["Email"]))
-        free = [r for r in found if not r.get(self._field)]
+        """Adopt the one Contact or unconverted Lead with the email that carries no ID of
+        ours (a converted Lead stands for its Contact); None: there is none, create."""
+        email = str(body["Email"])
+        contacts = await self.existing_by_email(email)
+        free = {str(r["Id"]): r for r in contacts if not r.get(self._field)}
+        taken = {str(r["Id"]) for r in contacts if r.get(self._field)}
+        for lead in await self.existing_by_email(email, "Lead"):
+            converted = _converted_to(lead)
+            if converted is None:
+                if not lead.get(self._field):
+                    free[str(lead["Id"])] = lead
+                continue
+            if converted in free or converted in taken:
+                continue
+            # Converted into a Contact that no longer holds the email: follow it.
+            record = await self._read(self._by_id(converted),
+                                      ("Id", self._field, *self._adopt_fills()))
+            if record is not None and not record.get(self._field):
+                free[converted] = record
         if len(free) > 1:
-            raise MatchCandidates(tuple(str(r["Id"]) for r in free[:MAX_CANDIDATES]))
+            raise MatchCandidates(tuple(list(free)[:MAX_CANDIDATES]))
         if not free:
             return None
-        record = free[0]
+        [(record_id, record)] = free.items()
+        return await self._mark(record_id, record, external_id, body)
+
+    async def _mark(self, record_id: str, record: dict[str, Any], external_id: str,
+                    body: dict[str, Any]) -> CrmRecord:
+        """Write our External ID onto a record a person created, with only the name (and
+        company) fields that are empty on it; never `OwnerId` or a field a person set."""
         update: dict[str, Any] = {self._field: external_id}
-        for name in self._adopt_fills():
+        fills = self._adopt_fills() if sobject_of(record_id) == "Contact" else (
+            "FirstName", "LastName")
+        for name in fills:
             empty = record.get(name) in (None, "")
             if empty and body.get(name) and body[name] != LAST_NAME_PLACEHOLDER:
                 update[name] = body[name]
-        record_id = str(record["Id"])
-        await self._call("PATCH", f"{self._sobjects}/Contact/{quote(record_id, safe='')}",
-                         json=update)
+        await self._call("PATCH", self._by_id(record_id), json=update)
         return CrmRecord(record_id=record_id, created=False, adopted=True, marked=True)
 
     async def find_contact(self, external_id: str) -> CrmRecord | None:
         """GET by external ID: a record read, consistent right after a write (no search
-        index). 404: no such record. 300 (several records) raises, as for the upsert."""
-        return await self._find(self._path(external_id))
+        index). 404: no such record. 300 (several records) raises, as for the upsert. The
+        Contact first, else our Lead (a converted one: its Contact)."""
+        found = await self._find(self._path(external_id))
+        if found is not None:
+            return found
+        lead = await self._read(self._path(external_id, "Lead"), LEAD_STATE)
+        if lead is None:
+            return None
+        return CrmRecord(record_id=_converted_to(lead) or str(lead["Id"]))
 
     async def log_note(self, note_key: str, record_id: str, text: str,
                        occurred_at: datetime) -> str:
@@ -315,7 +420,7 @@ class SalesforceCrm:
     async def read_contact(self, record_id: str) -> CrmRecordView | None:
         """GET the Contact by its Salesforce Id with our external ID field."""
         response = await self._call(
-            "GET", f"{self._sobjects}/Contact/{quote(record_id, safe='')}",
+            "GET", self._by_id(record_id),
             params={"fields": f"Id,{self._field}"}, passthrough=(404,))
         if response.status_code == 404:
             return None
@@ -332,8 +437,7 @@ class SalesforceCrm:
     async def read_opt_out(self, record_id: str) -> OptOut:
         """`HasOptedOutOfEmail` of the Contact, read by Id (a record read)."""
         response = await self._call(
-            "GET", f"{self._sobjects}/Contact/{quote(record_id, safe='')}",
-            params={"fields": f"Id,{OPT_OUT_FIELD}"})
+            "GET", self._by_id(record_id), params={"fields": f"Id,{OPT_OUT_FIELD}"})
         value = _json(response).get(OPT_OUT_FIELD)
         return OptOut(record_id=record_id, field=OPT_OUT_FIELD,
                       opted_out=value is True or str(value).lower() == "true")
@@ -347,10 +451,30 @@ class SalesforceCrm:
             targets = [record_id]
         else:
             targets = [str(r["Id"]) for r in await self.existing_by_email(email)]
+            targets += [str(r["Id"]) for r in await self.existing_by_email(email, "Lead")
+                        if _converted_to(r) is None]
         for target in targets[:MAX_CANDIDATES]:
-            await self._call("PATCH", f"{self._sobjects}/Contact/{quote(target, safe='')}",
-                             json={OPT_OUT_FIELD: True})
+            await self._call("PATCH", self._by_id(target), json={OPT_OUT_FIELD: True})
         return OptOutWritten(field=OPT_OUT_FIELD, record_ids=tuple(targets[:MAX_CANDIDATES]))
+
+    async def check_external_id(self) -> tuple[GuaranteeCheck, ...]:
+        """`GET …/sobjects/{Contact|Lead|Task}/describe`: our ID field on Contact and Lead
+        (Leads are matched and adopted whatever the policy creates) and the note's on Task
+        exist, are External IDs (`externalId`) and are unique (`unique`)."""
+        checks = []
+        for sobject, field, setting in (("Contact", self._field, "external_id_field"),
+                                        ("Lead", self._field, "external_id_field"),
+                                        ("Task", self._note_field, "note_external_id_field")):
+            response = await self._call("GET", f"{self._sobjects}/{sobject}/describe")
+            fields = _json(response).get("fields")
+            if not isinstance(fields, list):
+                raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None,
+                                              response.status_code))
+            found = next((f for f in fields if isinstance(f, dict) and f.get("name") == field),
+                         None)
+            checks.append(GuaranteeCheck(self.name, sobject, field,
+                                         _field_problem(sobject, field, setting, found)))
+        return tuple(checks)
 
     async def _upsert(self, path: str, body: dict[str, Any]) -> CrmRecord:
         response = await self._call("PATCH", path, json=body)
@@ -380,6 +504,18 @@ class SalesforceCrm:
             raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None,
                                           response.status_code))
         return CrmRecord(record_id=record_id)
+
+    async def _read(self, path: str, fields: tuple[str, ...]) -> dict[str, Any] | None:
+        """The record at `path` with `fields` (404: None; 300: raises, as `_find`)."""
+        response = await self._call("GET", path, params={"fields": ",".join(fields)},
+                                    passthrough=(404,))
+        if response.status_code == 404:
+            return None
+        body = _json(response)
+        if not isinstance(body.get("Id"), str) or not body["Id"]:
+            raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None,
+                                          response.status_code))
+        return body
 
     async def _call(self, method: str, path: str, *, json: Any = None,
                     params: dict[str, str] | None = None,
@@ -414,6 +550,24 @@ def _json(response: httpx.Response) -> dict[str, Any]:
     except ValueError:
         return {}
     return body if isinstance(body, dict) else {}
+
+
+def _field_problem(sobject: str, field: str, setting: str,
+                   found: dict[str, Any] | None) -> str | None:
+    """One line naming the field and what to do, or None when it holds the guarantee."""
+    where = f"Setup > Object Manager > {sobject} > Fields & Relationships"
+    if found is None:
+        return (f"Salesforce {sobject}.{field} does not exist: create it ({where}) as a Text "
+                f"field with External ID and Unique ticked, or name another in "
+                f"destinations.crm.{setting}")
+    if found.get("externalId") is not True:
+        return (f"Salesforce {sobject}.{field} is not an External ID field: edit it ({where}) "
+                "and tick External ID and Unique")
+    if found.get("unique") is not True:
+        return (f"Salesforce {sobject}.{field} is not unique: edit it ({where}) and tick "
+                f"Unique (after removing duplicate values), or name a unique External ID "
+                f"field in destinations.crm.{setting}")
+    return None
 
 
 def _record_id(response: httpx.Response) -> str | None:
@@ -453,6 +607,9 @@ class SalesforceDestination(CrmDestination):
     company_field: str | None = None
     note_external_id_field: str | None = None
     api_version: str | None = None
+    # What a new prospect becomes (a person no Contact or Lead holds yet): `contact` (the
+    # default, as before) or `lead`. An existing Contact or Lead is matched either way.
+    new_prospects: NewProspects = "contact"
 
     @field_validator("external_id_field", "note_external_id_field")
     @classmethod
@@ -508,14 +665,14 @@ class SalesforceProvider(CrmProvider[SalesforceDestination]):
             spec.url, secrets.optional(spec.token, "token"), oauth, settings,
             external_id_field=spec.external_id_field, company_field=spec.company_field,
             note_external_id_field=spec.note_external_id_field, api_version=spec.api_version,
-            guard=secrets.guard)
+            guard=secrets.guard, new_prospects=spec.new_prospects)
 
     @staticmethod
     def _build(url: str, token: str | None, oauth: tuple[str | None, str, str] | None,
                settings: Settings, *, external_id_field: str | None = None,
                company_field: str | None = None, note_external_id_field: str | None = None,
-               api_version: str | None = None, guard: AddressGuard | None = None
-               ) -> SalesforceCrm:
+               api_version: str | None = None, guard: AddressGuard | None = None,
+               new_prospects: NewProspects = "contact") -> SalesforceCrm:
         """The one construction of the adapter: unset fields are the global settings'."""
         timeout = settings.http_timeout_seconds
         credentials = None
@@ -532,4 +689,4 @@ class SalesforceProvider(CrmProvider[SalesforceDestination]):
             note_external_id_field=(note_external_id_field
                                     or settings.salesforce_note_external_id_field),
             api_version=api_version or settings.salesforce_api_version, timeout=timeout,
-            oauth=credentials, guard=guard)
+            oauth=credentials, guard=guard, new_prospects=new_prospects)

@@ -19,7 +19,17 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from inboxcrm.sandbox import crm, mail, notes, pipedrive, salesforce, tamper
-from inboxcrm.sandbox.core import KEY_TTL_SECONDS, Mode, Policy, Sandbox, SandboxDep, Target, iso
+from inboxcrm.sandbox.core import (
+    KEY_TTL_SECONDS,
+    FieldMode,
+    Mode,
+    Policy,
+    Sandbox,
+    SandboxDep,
+    Target,
+    field_modes,
+    iso,
+)
 
 SCHEMA_LOCK_KEY = 0x5A4D_B0C5  # advisory lock: concurrent starts must not race on DDL
 
@@ -88,6 +98,10 @@ class ConfigIn(BaseModel):
     session_seconds: float | None = Field(default=None, gt=0, le=30 * 86400)
     # The org's duplicate rule for Contacts (default `alert`, as Salesforce's standard rule).
     salesforce_duplicate_rule: Literal["none", "alert", "block"] | None = None
+    # The account's definition of named fields / properties (Salesforce describe, HubSpot
+    # property definitions), replacing the previous map: `not_unique`, `not_external_id` or
+    # `missing` shows `crm check` a destination without the guarantee.
+    crm_fields: dict[str, FieldMode] | None = Field(default=None, max_length=50)
 
 
 class SeedRecord(BaseModel):
@@ -196,12 +210,14 @@ def create_app(
     app = FastAPI(title="inboxcrm sandbox", lifespan=lifespan, docs_url="/_sandbox/docs")
     app.include_router(crm.router)
     app.include_router(crm.preferences)  # HubSpot's opt-out of all email
+    app.include_router(crm.properties)  # HubSpot property definitions (crm check)
     app.include_router(mail.router)
     app.include_router(notes.router)
     app.include_router(notes.associations)
     app.include_router(salesforce.router)  # same table, same Sandbox.run faults
     app.include_router(salesforce.oauth)  # the token endpoint (client credentials flow)
     app.include_router(pipedrive.router)  # persons and notes (API v1), same tables
+    app.include_router(salesforce.control)  # /_sandbox/salesforce: converting a Lead
     app.include_router(tamper.router)  # /_sandbox/contacts: changes behind the product's back
 
     @app.get("/healthz")
@@ -249,13 +265,15 @@ def create_app(
                 "SELECT id, properties, created_at, updated_at FROM sandbox.contacts ORDER BY id"
             )
             note_rows = await conn.fetch(f"{notes.SELECT_NOTES} ORDER BY n.id")
+            leads = await conn.fetch("SELECT id, properties, converted_contact_id, created_at, "
+                                     "updated_at FROM sandbox.leads ORDER BY id")
             emails = await conn.fetch(
                 "SELECT id, sender, reply_to, recipients, subject, idempotency_key, created_at "
                 "FROM sandbox.emails ORDER BY created_at, id"
             )
         return {
             "contacts": [crm.contact_json(r) for r in contacts],
-            "leads": [],
+            "leads": [salesforce.lead_state_json(r) for r in leads],
             "notes": [notes.state_json(r) for r in note_rows],
             "emails": [
                 {
@@ -301,6 +319,7 @@ def create_app(
             "hang_seconds": config.hang_seconds,
             "session_seconds": float(row["session_seconds"]),
             "salesforce_duplicate_rule": row["salesforce_duplicate_rule"],
+            "crm_fields": await field_modes(sandbox.pool),
         }
 
     @app.post("/_sandbox/config")
@@ -312,11 +331,13 @@ def create_app(
             "search_lag_seconds = coalesce($1, search_lag_seconds), "
             "hang_seconds = coalesce($2, hang_seconds), "
             "session_seconds = coalesce($3, session_seconds), "
-            "salesforce_duplicate_rule = coalesce($4, salesforce_duplicate_rule) WHERE id",
+            "salesforce_duplicate_rule = coalesce($4, salesforce_duplicate_rule), "
+            "crm_fields = coalesce($5::jsonb, crm_fields) WHERE id",
             update.search_lag_seconds,
             update.hang_seconds,
             update.session_seconds,
             update.salesforce_duplicate_rule,
+            update.crm_fields,
         )
         return await get_config(sandbox)
 
@@ -324,10 +345,11 @@ def create_app(
     async def seed(request: Request, sandbox: SandboxDep) -> dict[str, Any] | JSONResponse:
         """Records that were in the CRM before inboxcrm, as a salesperson created them."""
         body = await _control_body(request, SeedIn)
-        if body.leads:
-            return JSONResponse({"detail": "not modelled yet: salesforce leads"},
+        if body.leads and body.crm != "salesforce":
+            return JSONResponse({"detail": "not modelled yet: leads other than salesforce's"},
                                 status_code=422)
         created: list[dict[str, str]] = []
+        leads: list[dict[str, str]] = []
         try:
             async with sandbox.pool.acquire() as conn, conn.transaction():
                 for record in body.contacts:
@@ -337,11 +359,17 @@ def create_app(
                     if body.crm == "pipedrive":  # there long before us: in the search index
                         await conn.execute(_BACKDATE, record_id)
                     created.append({"id": str(record_id), "email": record.email})
+                for record in body.leads:  # a Lead needs a Company, as on Salesforce
+                    props = {"Company": "[not provided]", **_seed_properties(body.crm, record)}
+                    number = await conn.fetchval(
+                        "INSERT INTO sandbox.leads (properties) VALUES ($1::jsonb) "
+                        "RETURNING id", props)
+                    leads.append({"id": salesforce.lead_id(number), "email": record.email})
         except asyncpg.UniqueViolationError:
             # HubSpot keeps email unique: a second contact with an email is refused.
             return JSONResponse({"detail": "a hubspot contact with that email exists"},
                                 status_code=409)
-        return {"contacts": created, "leads": []}
+        return {"contacts": created, "leads": leads}
 
     @app.get("/_sandbox/clock")
     async def get_clock(sandbox: SandboxDep) -> dict[str, Any]:
@@ -373,7 +401,8 @@ def create_app(
         settings. Ids are never reused."""
         async with sandbox.pool.acquire() as conn, conn.transaction():
             await conn.execute(
-                "TRUNCATE sandbox.note_contacts, sandbox.notes, sandbox.contacts, sandbox.emails, "
+                "TRUNCATE sandbox.note_contacts, sandbox.notes, sandbox.leads, sandbox.contacts, "
+                "sandbox.emails, "
                 "sandbox.email_requests, sandbox.faults, sandbox.calls, sandbox.oauth_tokens"
             )
             await conn.execute("UPDATE sandbox.config SET clock_offset_seconds = 0 WHERE id")

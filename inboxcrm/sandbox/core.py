@@ -295,6 +295,16 @@ class Sandbox:
         return outcome.response
 
 
+FieldMode = Literal["unique", "not_unique", "not_external_id", "missing"]
+
+
+async def field_modes(pool: asyncpg.Pool) -> dict[str, str]:
+    """The account's field definitions set by `POST /_sandbox/config` `crm_fields` (a field not
+    named there is, if the surface accepts it as an external ID, a unique one)."""
+    modes = await pool.fetchval("SELECT crm_fields FROM sandbox.config WHERE id")
+    return dict(modes or {})
+
+
 def get_sandbox(request: Request) -> Sandbox:
     sandbox: Sandbox = request.app.state.sandbox
     return sandbox

@@ -19,11 +19,21 @@ import asyncpg
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from inboxcrm.sandbox.core import Outcome, SandboxDep, crm_error, iso, now_iso, read_json
+from inboxcrm.sandbox.core import (
+    Outcome,
+    SandboxDep,
+    crm_error,
+    field_modes,
+    iso,
+    now_iso,
+    read_json,
+)
 
 router = APIRouter(prefix="/crm/v3/objects/contacts")
 # The communication preferences API (v4): how HubSpot's `hs_email_optout` is set.
 preferences = APIRouter(prefix="/communication-preferences/v4")
+# Property definitions (`crm check` reads `hasUniqueValue`).
+properties = APIRouter(prefix="/crm/v3/properties")
 
 MAX_BATCH = 100
 UPSERT_ATTEMPTS = 10
@@ -463,3 +473,59 @@ async def unsubscribe_all(request: Request, subscriber: str, sandbox: SandboxDep
         return Outcome(JSONResponse(body))
 
     return await sandbox.run(request, "crm.consent", operation)
+
+
+# --- property definitions ---------------------------------------------------------------
+# `GET /crm/v3/properties/{objectType}/{propertyName}` answers a Property as
+# https://developers.hubspot.com/docs/api/crm/properties documents it (`name`, `label`,
+# `type`, `fieldType`, `groupName`, `options`, `hasUniqueValue`, `hubspotDefined`,
+# `modificationMetadata`, …). HubSpot's own properties used here are not unique; ours
+# (`inboxcrm_contact_id`, `inboxcrm_note_id`) and every property the account upserted by are
+# unique string properties, unless `crm_fields` in `/_sandbox/config` says otherwise.
+HUBSPOT_DEFINED = {
+    "contacts": ("email", "firstname", "lastname", "company", "phone", "jobtitle",
+                 "lifecyclestage", "hubspot_owner_id", "hs_email_optout", "hs_object_id"),
+    "notes": ("hs_note_body", "hs_timestamp", "hs_object_id"),
+}
+OUR_PROPERTIES = {"contacts": ("inboxcrm_contact_id",), "notes": ("inboxcrm_note_id",)}
+_BOOLEAN_PROPERTIES = frozenset({"hs_email_optout"})
+
+
+def property_json(object_type: str, name: str, unique: bool, hubspot_defined: bool
+                  ) -> dict[str, Any]:
+    boolean = name in _BOOLEAN_PROPERTIES
+    stamp = "2026-01-01T00:00:00.000Z"
+    return {
+        "name": name, "label": name.replace("_", " "), "description": "",
+        "groupName": "contactinformation" if object_type == "contacts" else "inboxcrm",
+        "type": "bool" if boolean else "string",
+        "fieldType": "booleancheckbox" if boolean else "text",
+        "options": [], "displayOrder": -1, "calculated": False, "externalOptions": False,
+        "hasUniqueValue": unique, "hidden": False, "hubspotDefined": hubspot_defined,
+        "formField": False, "archived": False,
+        "createdAt": stamp, "updatedAt": stamp,
+        "modificationMetadata": {"archivable": not hubspot_defined,
+                                 "readOnlyDefinition": hubspot_defined,
+                                 "readOnlyValue": name in READ_ONLY_PROPERTIES},
+    }
+
+
+@properties.get("/{object_type}/{name}")
+async def get_property(request: Request, object_type: str, name: str,
+                       sandbox: SandboxDep) -> Response:
+    async def operation() -> Outcome:
+        modes = await field_modes(sandbox.pool)
+        missing = crm_error(404, "OBJECT_NOT_FOUND",
+                            f"Unable to find property {name} for object type {object_type}")
+        if object_type not in HUBSPOT_DEFINED or modes.get(name) == "missing":
+            return Outcome(missing, "not_found")
+        if name in HUBSPOT_DEFINED[object_type]:
+            return Outcome(JSONResponse(property_json(object_type, name, False, True)))
+        registered = await sandbox.pool.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM sandbox.id_properties WHERE name = $1)", name)
+        if name not in OUR_PROPERTIES[object_type] and not registered and name not in modes:
+            return Outcome(missing, "not_found")
+        unique = modes.get(name, "unique") == "unique"
+        return Outcome(JSONResponse(property_json(object_type, name, unique, False)))
+
+    return await sandbox.run(request, "crm.search", operation)

@@ -38,8 +38,17 @@ SET body = EXCLUDED.body, updated_at = clock_timestamp()
 RETURNING id, id_value, contact_id, body, created_at, updated_at, (xmax = 0) AS created
 """
 
+# A Salesforce Task whose WhoId is a Lead.
+UPSERT_LEAD_NOTE = """
+INSERT INTO sandbox.notes (id_property, id_value, lead_id, body)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (id_property, id_value) DO UPDATE
+SET body = EXCLUDED.body, updated_at = clock_timestamp()
+RETURNING id, id_value, lead_id, body, created_at, updated_at, (xmax = 0) AS created
+"""
+
 GET_NOTE = """
-SELECT id, id_value, contact_id, body, created_at, updated_at FROM sandbox.notes
+SELECT id, id_value, contact_id, lead_id, body, created_at, updated_at FROM sandbox.notes
 WHERE id_property = $1 AND id_value = $2
 """
 

@@ -62,8 +62,8 @@ import asyncpg
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from inboxcrm.sandbox.core import Outcome, Sandbox, SandboxDep, iso, read_json
-from inboxcrm.sandbox.notes import GET_NOTE, UPSERT_NOTE
+from inboxcrm.sandbox.core import Outcome, Sandbox, SandboxDep, field_modes, iso, read_json
+from inboxcrm.sandbox.notes import GET_NOTE, UPSERT_LEAD_NOTE, UPSERT_NOTE
 
 router = APIRouter(prefix="/services/data")
 oauth = APIRouter(prefix="/services/oauth2")
@@ -90,6 +90,11 @@ STANDARD_FIELDS = {
 STORED_AS = {stored: api for api, stored in STANDARD_FIELDS.items()}
 BOOLEAN_FIELDS = ("HasOptedOutOfEmail",)
 READ_ONLY_FIELDS = frozenset({"Id", "CreatedDate", "LastModifiedDate", "SystemModstamp"})
+# Fields a Lead has beyond the Contact's (Company is required on a Lead; the conversion ones
+# are read-only, set by converting the Lead).
+LEAD_ONLY_FIELDS = frozenset({"Company", "Status", "IsConverted", "ConvertedContactId"})
+LEAD_READ_ONLY = frozenset({"IsConverted", "ConvertedContactId"})
+_LEAD_ID = re.compile(r"^00Q(\d{12})$")
 
 
 def sf_error(status: int, code: str, message: str, fields: list[str] | None = None,
@@ -403,6 +408,88 @@ def _path_error(version: str, field: str | None = None) -> Response | None:
     return None
 
 
+# --- describe (the field definitions `crm check` reads) -------------------------------------
+# The shape of `GET …/sobjects/{sObject}/describe` (DescribeSObjectResult, its `fields` each a
+# DescribeFieldResult: `name`, `type`, `externalId`, `unique`, `idLookup`, `custom`, …), as
+# https://developer.salesforce.com/docs/atlas.en-us.api_rest.meta/api_rest/resources_sobject_describe.htm
+# and the SOAP API's DescribeFieldResult document it. Fields of ours the org is assumed to
+# have (custom text fields, External ID + Unique) unless `crm_fields` in `/_sandbox/config`
+# says otherwise.
+KEY_PREFIX = {"Contact": "003", "Lead": "00Q", "Task": "00T"}
+DEFAULT_CUSTOM_FIELDS = {
+    "Contact": ("Inboxcrm_Contact_Id__c", "Inboxcrm_Company__c"),
+    "Lead": ("Inboxcrm_Contact_Id__c", "Inboxcrm_Company__c"),
+    "Task": ("Inboxcrm_Note_Id__c",),
+}
+_ID_FIELD_NAMES = ("Inboxcrm_Contact_Id__c", "Inboxcrm_Note_Id__c")
+_FIELD_TYPES = {"Email": "email", "HasOptedOutOfEmail": "boolean", "OwnerId": "reference",
+                "Phone": "phone", "MobilePhone": "phone", "Description": "textarea",
+                "IsConverted": "boolean", "ConvertedContactId": "reference",
+                "WhoId": "reference", "ActivityDate": "date", "CreatedDate": "datetime",
+                "LastModifiedDate": "datetime", "SystemModstamp": "datetime"}
+
+
+def _describe_field(name: str, *, unique: bool = False, external: bool = False) -> dict[str, Any]:
+    kind = "id" if name == "Id" else _FIELD_TYPES.get(name, "string")
+    soap = {"id": "tns:ID", "reference": "tns:ID", "boolean": "xsd:boolean",
+            "date": "xsd:date", "datetime": "xsd:dateTime"}.get(kind, "xsd:string")
+    writable = name not in READ_ONLY_FIELDS and name not in LEAD_ONLY_FIELDS - {"Company"}
+    return {"name": name, "label": name.removesuffix("__c").replace("_", " "), "type": kind,
+            "soapType": soap, "length": 0 if kind in ("boolean", "date", "datetime") else 255,
+            "custom": name.endswith("__c"), "externalId": external, "unique": unique,
+            "idLookup": name in ("Id", "Email") or external, "caseSensitive": False,
+            "nillable": name not in ("Id", "LastName", "Company", "IsConverted"),
+            "createable": writable, "updateable": writable, "filterable": True,
+            "defaultedOnCreate": kind == "boolean" or name == "OwnerId",
+            "calculated": False, "autoNumber": False, "referenceTo": (
+                ["Contact"] if name == "ConvertedContactId" else
+                ["User"] if name == "OwnerId" else []), "relationshipName": None}
+
+
+async def describe_fields(pool: asyncpg.Pool, sobject: str) -> list[dict[str, Any]]:
+    modes = await field_modes(pool)
+    standard = (["Id", "WhoId", "Subject", "Description", "Status", "Priority", "ActivityDate"]
+                if sobject == "Task" else
+                ["Id", *STANDARD_FIELDS, *(sorted(LEAD_ONLY_FIELDS) if sobject == "Lead"
+                                          else []), "CreatedDate", "LastModifiedDate"])
+    registered = [r["name"] for r in await pool.fetch(
+        "SELECT name FROM sandbox.id_properties ORDER BY name") if _CUSTOM_FIELD.match(r["name"])]
+    custom = dict.fromkeys([*DEFAULT_CUSTOM_FIELDS[sobject], *registered,
+                            *(n for n in modes if _CUSTOM_FIELD.match(n))])
+    fields = [_describe_field(name) for name in standard]
+    for name in custom:
+        mode = modes.get(name, "unique" if name in _ID_FIELD_NAMES or name in registered
+                         else "not_external_id")
+        if mode == "missing":
+            continue
+        fields.append(_describe_field(name, unique=mode == "unique",
+                                      external=mode in ("unique", "not_unique")))
+    return fields
+
+
+@router.get("/{version}/sobjects/{sobject}/describe")
+@router.get("/{version}/sobjects/{sobject}/describe/")  # simple-salesforce's spelling
+async def describe(request: Request, version: str, sobject: str,
+                   sandbox: SandboxDep) -> Response:
+    async def operation() -> Outcome:
+        if (error := _path_error(version)) is not None or sobject not in KEY_PREFIX:
+            return Outcome(error or sf_error(404, "NOT_FOUND", "The requested resource does "
+                                             "not exist"), "not_found")
+        base = f"/services/data/{version}/sobjects/{sobject}"
+        body = {"name": sobject, "label": sobject, "labelPlural": f"{sobject}s",
+                "keyPrefix": KEY_PREFIX[sobject], "custom": False, "createable": True,
+                "updateable": True, "deletable": True, "queryable": True,
+                "searchable": True, "retrieveable": True, "undeletable": True,
+                "mergeable": sobject != "Task", "layoutable": True, "triggerable": True,
+                "fields": await describe_fields(sandbox.pool, sobject),
+                "childRelationships": [], "recordTypeInfos": [],
+                "urls": {"sobject": base, "describe": f"{base}/describe",
+                         "rowTemplate": f"{base}/{{ID}}"}}
+        return Outcome(JSONResponse(body))
+
+    return await run(request, sandbox, "crm.search", operation)
+
+
 @router.patch("/{version}/sobjects/Contact/{field}/{value}")
 async def upsert_by_external_id(
     request: Request, version: str, field: str, value: str, sandbox: SandboxDep
@@ -468,7 +555,7 @@ async def get_by_id(
 
 # --- SOQL query and update by Id (finding and adopting an existing Contact) ----------------
 _SOQL = re.compile(
-    r"^\s*SELECT\s+(?P<fields>[A-Za-z0-9_]+(?:\s*,\s*[A-Za-z0-9_]+)*)\s+FROM\s+Contact"
+    r"^\s*SELECT\s+(?P<fields>[A-Za-z0-9_]+(?:\s*,\s*[A-Za-z0-9_]+)*)\s+FROM\s+(?P<sobject>Contact|Lead)"
     r"\s+WHERE\s+(?P<field>[A-Za-z0-9_]+)\s*=\s*'(?P<value>(?:[^'\\]|\\.)*)'"
     r"(?:\s+ORDER\s+BY\s+(?P<order>[A-Za-z0-9_]+)(?:\s+(?:ASC|DESC))?)?"
     r"(?:\s+LIMIT\s+(?P<limit>\d{1,4}))?\s*$", re.IGNORECASE)
@@ -491,27 +578,29 @@ def _soql_literal(raw: str) -> str | None:
     return "".join(out)
 
 
-def _queryable(name: str) -> bool:
-    return name in QUERYABLE or bool(_CUSTOM_FIELD.match(name))
+def _queryable(name: str, sobject: str = "Contact") -> bool:
+    known = QUERYABLE | LEAD_ONLY_FIELDS if sobject == "Lead" else QUERYABLE
+    return name in known or bool(_CUSTOM_FIELD.match(name))
 
 
-def parse_soql(query: str) -> tuple[list[str], str, str, int] | Response:
-    """(fields, WHERE field, value, limit) of `SELECT … FROM Contact WHERE F = '…'`, the one
-    query shape this subset answers, or Salesforce's error."""
+def parse_soql(query: str) -> tuple[str, list[str], str, str, int] | Response:
+    """(sobject, fields, WHERE field, value, limit) of `SELECT … FROM Contact|Lead WHERE F =
+    '…'`, the one query shape this subset answers, or Salesforce's error."""
     match = _SOQL.match(query)
     if match is None:
         return sf_error(400, "MALFORMED_QUERY", "unexpected token: the sandbox answers "
-                        "SELECT fields FROM Contact WHERE Field = 'value' [LIMIT n]")
+                        "SELECT fields FROM Contact|Lead WHERE Field = 'value' [LIMIT n]")
+    sobject = "Lead" if match.group("sobject").lower() == "lead" else "Contact"
     fields = [f.strip() for f in match.group("fields").split(",")]
     where = match.group("field")
     for name in [*fields, where]:
-        if not _queryable(name):
+        if not _queryable(name, sobject):
             return sf_error(400, "INVALID_FIELD",
-                            f"No such column '{name}' on entity 'Contact'.")
+                            f"No such column '{name}' on entity '{sobject}'.")
     value = _soql_literal(match.group("value"))
     if value is None:
         return sf_error(400, "MALFORMED_QUERY", "invalid escape sequence in a string literal")
-    return fields, where, value, int(match.group("limit") or 2000)
+    return sobject, fields, where, value, int(match.group("limit") or 2000)
 
 
 _SELECT_CONTACTS = "SELECT id, properties, created_at, updated_at FROM sandbox.contacts"
@@ -552,7 +641,9 @@ async def query(request: Request, version: str, sandbox: SandboxDep,
         parsed = parse_soql(q or "")
         if isinstance(parsed, Response):
             return Outcome(parsed, "invalid")
-        body = await query_contacts(sandbox.pool, version, *parsed)
+        sobject, fields, where, value, limit = parsed
+        read = query_leads if sobject == "Lead" else query_contacts
+        body = await read(sandbox.pool, version, fields, where, value, limit)
         return Outcome(JSONResponse(body))
 
     return await run(request, sandbox, "crm.search", operation)
@@ -617,9 +708,11 @@ TASK_FIELDS = frozenset({"WhoId", "Subject", "Description", "Status", "Priority"
 
 
 def _task_json(row: asyncpg.Record, version: str, field: str) -> dict[str, Any]:
+    who = (str(row["contact_id"]) if row["contact_id"] is not None
+           else lead_id(row["lead_id"]) if row["lead_id"] is not None else None)
     return {"attributes": {"type": "Task",
                            "url": f"/services/data/{version}/sobjects/Task/{row['id']}"},
-            "Id": str(row["id"]), "WhoId": str(row["contact_id"]),
+            "Id": str(row["id"]), "WhoId": who,
             "Description": row["body"], field: row["id_value"],
             "CreatedDate": iso(row["created_at"]), "LastModifiedDate": iso(row["updated_at"])}
 
@@ -634,11 +727,15 @@ async def upsert_task(pool: asyncpg.Pool, version: str, field: str, value: str,
         return Outcome(sf_error(400, "INVALID_FIELD", f"No such column '{unknown[0]}' on "
                                 "sobject of type Task", unknown[:1]), "invalid")
     who, text = str(body.get("WhoId") or ""), str(body.get("Description") or "")
-    if not _RECORD_ID.match(who):
+    lead = lead_number(who)
+    if not _RECORD_ID.match(who) and lead is None:
         return Outcome(sf_error(400, "INVALID_CROSS_REFERENCE_KEY", "invalid cross reference "
                                 "id", ["WhoId"]), "invalid")
     try:
-        row = await pool.fetchrow(UPSERT_NOTE, field, value, int(who), text)
+        if lead is not None:
+            row = await pool.fetchrow(UPSERT_LEAD_NOTE, field, value, lead, text)
+        else:
+            row = await pool.fetchrow(UPSERT_NOTE, field, value, int(who), text)
     except asyncpg.ForeignKeyViolationError:
         return Outcome(sf_error(400, "INVALID_CROSS_REFERENCE_KEY", "invalid cross reference "
                                 "id", ["WhoId"]), "invalid")
@@ -679,3 +776,290 @@ async def get_task_by_external_id(
         return Outcome(JSONResponse(_task_json(row, version, field)))
 
     return await run(request, sandbox, "crm.search", operation)
+
+
+# --- Leads ---------------------------------------------------------------------------------
+# `PATCH|GET …/sobjects/Lead/{Field__c}/{value}` (upsert / read by External ID, as for
+# Contacts), `GET|PATCH …/sobjects/Lead/{Id}`, SOQL `FROM Lead`. A Lead needs `LastName` and
+# `Company`; a converted Lead (`IsConverted`, `ConvertedContactId`) cannot be updated (400
+# `CANNOT_UPDATE_CONVERTED_LEAD`). Converting is `POST /_sandbox/salesforce/leads/{Id}/convert`
+# (Salesforce converts through its UI, Apex or the SOAP `convertLead` call, not a REST
+# resource): a new Contact from the Lead's fields, or the existing `contact_id`. No duplicate
+# rule is modelled for Leads.
+control = APIRouter(prefix="/_sandbox/salesforce")
+
+
+def lead_id(number: int) -> str:
+    """A Lead's Id: Salesforce's Lead key prefix `00Q`, then the sandbox's number."""
+    return f"00Q{number:012d}"
+
+
+def lead_number(value: str) -> int | None:
+    match = _LEAD_ID.match(value)
+    return int(match.group(1)) if match else None
+
+
+def _lead_url(version: str, number: int) -> str:
+    return f"/services/data/{version}/sobjects/Lead/{lead_id(number)}"
+
+
+def lead_json(row: asyncpg.Record, version: str, fields: list[str] | None) -> dict[str, Any]:
+    """A Lead as Salesforce returns it (API names), optionally only `fields`."""
+    record: dict[str, Any] = {"Id": lead_id(row["id"])}
+    for key, value in (row["properties"] or {}).items():
+        record[STORED_AS.get(key, key)] = value if value != "" else None
+    for name in BOOLEAN_FIELDS:
+        if name in record or (fields and name in fields):
+            record[name] = record.get(name) == "true"
+    converted = row["converted_contact_id"]
+    record["IsConverted"] = converted is not None
+    record["ConvertedContactId"] = str(converted) if converted is not None else None
+    record["CreatedDate"] = iso(row["created_at"])
+    record["LastModifiedDate"] = iso(row["updated_at"])
+    if fields:
+        wanted = set(fields) | {"Id"}
+        record = {k: v for k, v in record.items() if k in wanted}
+        for name in fields:
+            record.setdefault(name, None)
+    return {"attributes": {"type": "Lead", "url": _lead_url(version, row["id"])}, **record}
+
+
+def lead_state_json(row: asyncpg.Record) -> dict[str, Any]:
+    """A Lead as `/_sandbox/state` lists it (its fields stored as the Contacts' are)."""
+    converted = row["converted_contact_id"]
+    return {"id": lead_id(row["id"]), "properties": row["properties"],
+            "IsConverted": converted is not None,
+            "ConvertedContactId": str(converted) if converted is not None else None,
+            "createdAt": iso(row["created_at"]), "updatedAt": iso(row["updated_at"])}
+
+
+def parse_lead_fields(body: Any, field: str | None, value: str | None
+                      ) -> dict[str, str] | Response:
+    """`parse_fields` with the Lead's own fields (`Company`, `Status`; the conversion fields
+    are read-only)."""
+    if not isinstance(body, dict):
+        return sf_error(400, "JSON_PARSER_ERROR", "The request body must be a JSON object.")
+    own: dict[str, str] = {}
+    rest = dict(body)
+    for name in LEAD_ONLY_FIELDS:
+        if name not in rest:
+            continue
+        if name in LEAD_READ_ONLY:
+            return sf_error(400, "INVALID_FIELD_FOR_INSERT_UPDATE",
+                            f"Unable to create/update fields: {name}.", [name])
+        raw = rest.pop(name)
+        own[name] = "" if raw is None else str(raw)[:256]
+    parsed = parse_fields(rest, field, value)
+    if isinstance(parsed, Response):
+        return parsed
+    if "Company" in own and not own["Company"].strip():
+        return _missing("Company")
+    return {**parsed, **own}
+
+
+def _missing(*names: str) -> JSONResponse:
+    return sf_error(400, "REQUIRED_FIELD_MISSING",
+                    f"Required fields are missing: [{', '.join(names)}]", list(names))
+
+
+_LEAD_COLUMNS = "id, properties, converted_contact_id, created_at, updated_at"
+_LEAD_MATCHES = f"""
+SELECT {_LEAD_COLUMNS} FROM sandbox.leads
+WHERE (id_property = $1 AND id_value = $2) OR properties ->> $1 = $2
+ORDER BY id LIMIT 10
+"""
+
+
+def _converted() -> JSONResponse:
+    return sf_error(400, "CANNOT_UPDATE_CONVERTED_LEAD", "cannot reference converted lead")
+
+
+async def upsert_lead(pool: asyncpg.Pool, version: str, field: str, value: str,
+                      fields: dict[str, str]) -> Outcome:
+    """Create or update the Lead whose external ID `field` is `value`, in one transaction
+    (the unique (field, value) pair arbitrates concurrent creates: the loser updates)."""
+    body_on_update = (_version(version) or (0, 0)) >= BODY_VERSION
+    for _ in range(UPSERT_ATTEMPTS):
+        try:
+            async with pool.acquire() as conn, conn.transaction():
+                rows = await conn.fetch(_LEAD_MATCHES + " FOR UPDATE", field, value)
+                if len(rows) > 1:
+                    return Outcome(JSONResponse([_lead_url(version, r["id"]) for r in rows],
+                                                status_code=300), "multiple_matches")
+                if rows:
+                    if rows[0]["converted_contact_id"] is not None:
+                        return Outcome(_converted(), "invalid")
+                    number, created = rows[0]["id"], False
+                    await conn.execute("UPDATE sandbox.leads SET properties = properties || "
+                                       "$2::jsonb, updated_at = clock_timestamp() "
+                                       "WHERE id = $1", number, fields)
+                else:
+                    missing = [api for api, stored in (("LastName", "lastname"),
+                                                       ("Company", "Company"))
+                               if not fields.get(stored, "").strip()]
+                    if missing:
+                        return Outcome(_missing(*missing), "invalid")
+                    number = await conn.fetchval(
+                        "INSERT INTO sandbox.leads (id_property, id_value, properties) "
+                        "VALUES ($1, $2, $3::jsonb) RETURNING id", field, value, fields)
+                    created = True
+        except asyncpg.UniqueViolationError:
+            continue  # lost the create race on the external ID: the retry updates
+        url = _lead_url(version, number)
+        if created:
+            answer = {"id": lead_id(number), "success": True, "errors": [], "created": True}
+            return Outcome(JSONResponse(answer, status_code=201, headers={"Location": url}))
+        if not body_on_update:
+            return Outcome(Response(status_code=204))
+        answer = {"id": lead_id(number), "success": True, "errors": [], "created": False}
+        return Outcome(JSONResponse(answer))
+    raise RuntimeError("lead upsert kept losing races; giving up")
+
+
+async def query_leads(pool: asyncpg.Pool, version: str, fields: list[str], where: str,
+                      value: str, limit: int) -> dict[str, Any]:
+    select = f"SELECT {_LEAD_COLUMNS} FROM sandbox.leads"
+    if where == "Email":
+        rows = await pool.fetch(f"{select} WHERE email_lower = lower($1) ORDER BY id "
+                                "LIMIT $2", value, limit)
+    elif where == "Id":
+        number = lead_number(value)
+        rows = await pool.fetch(f"{select} WHERE id = $1", number) if number else []
+    else:
+        stored = STANDARD_FIELDS.get(where, where)
+        rows = await pool.fetch(f"{select} WHERE properties ->> $1 = $2 OR (id_property = $1 "
+                                "AND id_value = $2) ORDER BY id LIMIT $3", stored, value, limit)
+    records = [lead_json(row, version, fields) for row in rows]
+    return {"totalSize": len(records), "done": True, "records": records}
+
+
+@router.patch("/{version}/sobjects/Lead/{field}/{value}")
+async def upsert_lead_by_external_id(request: Request, version: str, field: str, value: str,
+                                     sandbox: SandboxDep) -> Response:
+    async def operation() -> Outcome:
+        if (error := _path_error(version, field)) is not None:
+            return Outcome(error, "not_found")
+        parsed = parse_lead_fields(await read_json(request), field, value)
+        if isinstance(parsed, Response):
+            return Outcome(parsed, "invalid")
+        await sandbox.pool.execute(REGISTER_ID_FIELD, field)
+        return await upsert_lead(sandbox.pool, version, field, value, parsed)
+
+    return await run(request, sandbox, "crm.upsert", operation)
+
+
+@router.get("/{version}/sobjects/Lead/{field}/{value}")
+async def get_lead_by_external_id(request: Request, version: str, field: str, value: str,
+                                  sandbox: SandboxDep, fields: str | None = None) -> Response:
+    async def operation() -> Outcome:
+        if (error := _path_error(version, field)) is not None:
+            return Outcome(error, "not_found")
+        rows = await sandbox.pool.fetch(_LEAD_MATCHES, field, value)
+        if not rows:
+            return Outcome(_not_found(), "not_found")
+        if len(rows) > 1:
+            return Outcome(JSONResponse([_lead_url(version, r["id"]) for r in rows],
+                                        status_code=300), "multiple_matches")
+        wanted = [f.strip() for f in fields.split(",") if f.strip()] if fields else None
+        return Outcome(JSONResponse(lead_json(rows[0], version, wanted)))
+
+    return await run(request, sandbox, "crm.search", operation)
+
+
+@router.get("/{version}/sobjects/Lead/{record_id}")
+async def get_lead(request: Request, version: str, record_id: str, sandbox: SandboxDep,
+                   fields: str | None = None) -> Response:
+    async def operation() -> Outcome:
+        number = lead_number(record_id)
+        if _path_error(version) is not None or number is None:
+            return Outcome(_not_found(), "not_found")
+        row = await sandbox.pool.fetchrow(
+            f"SELECT {_LEAD_COLUMNS} FROM sandbox.leads WHERE id = $1", number)
+        if row is None:
+            return Outcome(_not_found(), "not_found")
+        wanted = [f.strip() for f in fields.split(",") if f.strip()] if fields else None
+        return Outcome(JSONResponse(lead_json(row, version, wanted)))
+
+    return await run(request, sandbox, "crm.search", operation)
+
+
+@router.patch("/{version}/sobjects/Lead/{record_id}")
+async def patch_lead(request: Request, version: str, record_id: str,
+                     sandbox: SandboxDep) -> Response:
+    """Update a Lead by Id (204). An External ID field the org uses, written onto a Lead
+    without one, becomes its external ID (as for Contacts)."""
+
+    async def operation() -> Outcome:
+        number = lead_number(record_id)
+        if _path_error(version) is not None or number is None:
+            return Outcome(_not_found(), "not_found")
+        parsed = parse_lead_fields(await read_json(request), None, None)
+        if isinstance(parsed, Response):
+            return Outcome(parsed, "invalid")
+        try:
+            async with sandbox.pool.acquire() as conn, conn.transaction():
+                row = await conn.fetchrow("SELECT id_property, converted_contact_id FROM "
+                                          "sandbox.leads WHERE id = $1 FOR UPDATE", number)
+                if row is None:
+                    return Outcome(_not_found(), "not_found")
+                if row["converted_contact_id"] is not None:
+                    return Outcome(_converted(), "invalid")
+                id_field = id_value = None
+                if row["id_property"] is None:
+                    known = await conn.fetch("SELECT name FROM sandbox.id_properties WHERE "
+                                             "name = ANY($1::text[]) ORDER BY name",
+                                             [k for k, v in parsed.items() if v])
+                    if known:
+                        id_field = known[0]["name"]
+                        id_value = parsed[id_field]
+                await conn.execute(
+                    "UPDATE sandbox.leads SET properties = properties || $2::jsonb, "
+                    "id_property = coalesce(id_property, $3), "
+                    "id_value = coalesce(id_value, $4), updated_at = clock_timestamp() "
+                    "WHERE id = $1", number, parsed, id_field, id_value)
+        except asyncpg.UniqueViolationError:
+            return Outcome(sf_error(400, "DUPLICATE_VALUE", "duplicate value found: an "
+                                    "external ID field value another record holds"),
+                           "conflict")
+        return Outcome(Response(status_code=204))
+
+    return await run(request, sandbox, "crm.update", operation)
+
+
+_CONVERT_TO_NEW = """
+INSERT INTO sandbox.contacts (id_property, id_value, properties, email_dup)
+SELECT NULL, NULL, (l.properties - 'Company' - 'Status') || jsonb_build_object(
+           'lastname', coalesce(nullif(l.properties ->> 'lastname', ''), '[not provided]')),
+       EXISTS (SELECT 1 FROM sandbox.contacts c WHERE c.email_lower = l.email_lower)
+FROM sandbox.leads l WHERE l.id = $1
+RETURNING id
+"""
+
+
+@control.post("/leads/{record_id}/convert")
+async def convert_lead(request: Request, record_id: str, sandbox: SandboxDep) -> Response:
+    """Convert a Lead as a salesperson does: into a new Contact (the Lead's name, email,
+    owner and opt-out; none of our external ID: Salesforce copies a custom field only where
+    the org maps it) or into the existing `{"contact_id": …}`."""
+    body = await read_json(request) or {}
+    number = lead_number(record_id)
+    target = body.get("contact_id") if isinstance(body, dict) else None
+    if number is None or (target is not None and not _RECORD_ID.match(str(target))):
+        return JSONResponse({"detail": "unknown lead or contact id"}, status_code=404)
+    async with sandbox.pool.acquire() as conn, conn.transaction():
+        row = await conn.fetchrow("SELECT converted_contact_id FROM sandbox.leads WHERE "
+                                  "id = $1 FOR UPDATE", number)
+        if row is None:
+            return JSONResponse({"detail": "unknown lead"}, status_code=404)
+        if row["converted_contact_id"] is not None:
+            return JSONResponse({"detail": "the lead is converted already"}, status_code=409)
+        if target is None:
+            contact = await conn.fetchval(_CONVERT_TO_NEW, number)
+        else:
+            contact = await conn.fetchval("SELECT id FROM sandbox.contacts WHERE id = $1",
+                                          int(str(target)))
+            if contact is None:
+                return JSONResponse({"detail": "unknown contact"}, status_code=404)
+        await conn.execute("UPDATE sandbox.leads SET converted_contact_id = $2, "
+                           "updated_at = clock_timestamp() WHERE id = $1", number, contact)
+    return JSONResponse({"lead_id": lead_id(number), "contact_id": str(contact)})

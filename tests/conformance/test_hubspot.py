@@ -191,3 +191,30 @@ async def test_wrong_token_is_401(sandbox: SandboxProcess) -> None:
         upsert_contact(hubspot_client(sandbox.url, "wrong"), str(uuid.uuid4()), "x@example.com")
     assert refused.value.status == 401
     assert hubspot_error(refused.value).category == "INVALID_AUTHENTICATION"
+
+
+async def test_property_definitions_answer_has_unique_value(client: Any,
+                                                            sandbox: SandboxProcess) -> None:
+    """`crm check` reads `hasUniqueValue` from the property definition: parsed by the SDK's
+    `ModelProperty` model; a property the account has as non-unique (the sandbox's `crm_fields`)
+    answers false, a missing one the SDK's 404."""
+    from hubspot.crm.properties import ApiException as PropertiesApiException
+    from hubspot.crm.properties.models import ModelProperty
+
+    ours = client.crm.properties.core_api.get_by_name("contacts", ID_PROP)
+    assert isinstance(ours, ModelProperty)
+    assert (ours.name, ours.type, ours.has_unique_value) == (ID_PROP, "string", True)
+    assert client.crm.properties.core_api.get_by_name("notes", NOTE_PROP).has_unique_value
+    assert not client.crm.properties.core_api.get_by_name("contacts", "email").has_unique_value
+    async with httpx.AsyncClient(base_url=sandbox.url) as control:
+        (await control.post("/_sandbox/config", json={"crm_fields": {
+            ID_PROP: "not_unique", "legacy_ref": "missing"}})).raise_for_status()
+        try:
+            flipped = client.crm.properties.core_api.get_by_name("contacts", ID_PROP)
+            assert flipped.has_unique_value is False
+            with pytest.raises(PropertiesApiException) as missing:
+                client.crm.properties.core_api.get_by_name("contacts", "legacy_ref")
+            assert missing.value.status == 404
+            assert hubspot_error(missing.value).category == "OBJECT_NOT_FOUND"
+        finally:
+            await control.post("/_sandbox/config", json={"crm_fields": {}})

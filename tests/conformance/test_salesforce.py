@@ -100,3 +100,76 @@ async def test_an_existing_contact_is_queried_and_adopted_by_id(
     assert sf.Contact.update(seeded, {FIELD: external}) == 204
     adopted = sf.Contact.get_by_custom_id(FIELD, external)
     assert adopted["Id"] == seeded and adopted["OwnerId"] == "005A"
+
+
+def _field(description: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((f for f in description["fields"] if f["name"] == name), None)
+
+
+async def test_describe_names_the_external_id_field_and_its_uniqueness(
+        sf: Any, tls_sandbox: SandboxProcess, certificate: tuple[Path, Path]) -> None:
+    """`crm check` reads `externalId` and `unique` from `…/sobjects/{Contact|Lead}/describe`,
+    as simple-salesforce's `describe()` asks for it; the sandbox's `crm_fields` turns the
+    field non-unique or removes it."""
+    for sobject in (sf.Contact, sf.Lead):
+        described = sobject.describe()
+        assert described["keyPrefix"] in ("003", "00Q") and described["queryable"] is True
+        ours = _field(described, FIELD)
+        assert ours is not None and (ours["externalId"], ours["unique"]) == (True, True)
+        assert ours["custom"] is True and ours["type"] == "string"
+        email = _field(described, "Email")
+        assert email is not None and (email["externalId"], email["unique"]) == (False, False)
+    assert _field(sf.Task.describe(), NOTE_FIELD)["unique"] is True  # type: ignore[index]
+    trusted = ssl.create_default_context(cafile=str(certificate[0]))
+    async with httpx.AsyncClient(base_url=tls_sandbox.url, verify=trusted) as c:
+        (await c.post("/_sandbox/config", json={"crm_fields": {FIELD: "not_unique",
+                                                               NOTE_FIELD: "missing"}})
+         ).raise_for_status()
+        try:
+            flipped = _field(sf.Contact.describe(), FIELD)
+            assert flipped is not None and (flipped["externalId"], flipped["unique"]) == (
+                True, False)
+            assert _field(sf.Task.describe(), NOTE_FIELD) is None
+        finally:
+            await c.post("/_sandbox/config", json={"crm_fields": {}})
+
+
+async def test_leads_upsert_query_convert_as_the_sdk_sees_them(
+        sf: Any, tls_sandbox: SandboxProcess, certificate: tuple[Path, Path]) -> None:
+    """Leads through simple-salesforce: a seeded Lead (owner, opt-out) found by SOQL, marked
+    by an update by Id, read by our External ID; a Lead needs a Company; once converted it
+    names its Contact (`IsConverted`, `ConvertedContactId`) and refuses updates."""
+    email = f"lee.{uuid.uuid4().hex[:8]}@example.com"
+    trusted = ssl.create_default_context(cafile=str(certificate[0]))
+    async with httpx.AsyncClient(base_url=tls_sandbox.url, verify=trusted) as c:
+        seeded = (await c.post("/_sandbox/seed", json={"crm": "salesforce", "leads": [
+            {"email": email, "lastname": "Lee", "owner": "005L", "opted_out": True}]})
+                  ).json()["leads"][0]["id"]
+        assert seeded.startswith("00Q")
+        found = sf.query(f"SELECT Id, OwnerId, HasOptedOutOfEmail, IsConverted, {FIELD} "
+                         f"FROM Lead WHERE Email = '{email}'")
+        [record] = found["records"]
+        assert record["attributes"]["type"] == "Lead" and record["Id"] == seeded
+        assert (record["OwnerId"], record["HasOptedOutOfEmail"], record["IsConverted"],
+                record[FIELD]) == ("005L", True, False, None)
+        external = str(uuid.uuid4())
+        assert sf.Lead.update(seeded, {FIELD: external}) == 204
+        lead = sf.Lead.get_by_custom_id(FIELD, external)
+        assert lead["Id"] == seeded and lead["OwnerId"] == "005L"
+        with pytest.raises(SalesforceMalformedRequest) as no_company:
+            sf.Lead.upsert(f"{FIELD}/{uuid.uuid4()}", {"LastName": "X", "Email": email})
+        assert no_company.value.content[0]["errorCode"] == "REQUIRED_FIELD_MISSING"
+        assert sf.Lead.upsert(f"{FIELD}/{uuid.uuid4()}",
+                              {"LastName": "X", "Company": "Y"}) == 201
+        converted = (await c.post(f"/_sandbox/salesforce/leads/{seeded}/convert")).json()
+        after = sf.Lead.get(seeded)
+        assert after["IsConverted"] is True
+        assert after["ConvertedContactId"] == converted["contact_id"]
+        contact = sf.Contact.get(converted["contact_id"])
+        assert contact["Email"] == email and contact["OwnerId"] == "005L"
+        with pytest.raises(SalesforceMalformedRequest) as refused:
+            sf.Lead.update(seeded, {"FirstName": "Lee"})
+        assert refused.value.content[0]["errorCode"] == "CANNOT_UPDATE_CONVERTED_LEAD"
+        state = (await c.get("/_sandbox/state")).json()
+        [listed] = [lead for lead in state["leads"] if lead["id"] == seeded]
+        assert listed["properties"]["OwnerId"] == "005L" and listed["IsConverted"] is True

@@ -542,10 +542,12 @@ async def test_config_is_runtime_and_validated(anon) -> None:
         "hang_seconds": HANG,
         "session_seconds": 7200.0,
         "salesforce_duplicate_rule": "alert",
+        "crm_fields": {},
     }
     changed = await anon.post("/_sandbox/config", json={"hang_seconds": 3})
     assert changed.json() == {"search_lag_seconds": SEARCH_LAG, "hang_seconds": 3.0,
-                              "session_seconds": 7200.0, "salesforce_duplicate_rule": "alert"}
+                              "session_seconds": 7200.0, "salesforce_duplicate_rule": "alert",
+                              "crm_fields": {}}
     rule = {"salesforce_duplicate_rule": "sometimes"}
     assert (await anon.post("/_sandbox/config", json=rule)).status_code == 422
     assert (await anon.post("/_sandbox/config", json={"session_seconds": 0})).status_code == 422

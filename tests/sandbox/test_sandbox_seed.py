@@ -173,7 +173,7 @@ async def test_soql_escapes_quotes_and_backslashes(client, anon) -> None:
 
 
 async def test_seed_of_what_is_not_modelled_is_refused(anon) -> None:
-    response = await anon.post("/_sandbox/seed", json={"crm": "salesforce",
+    response = await anon.post("/_sandbox/seed", json={"crm": "hubspot",
                                                        "leads": [{"email": "l@example.com"}]})
     assert response.status_code == 422
     bad = await anon.post("/_sandbox/seed", json={"crm": "hubspot",
