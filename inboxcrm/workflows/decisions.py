@@ -117,6 +117,10 @@ def details(waiting: Waiting, state: ItemState) -> str:
         lines.append(f"- attempts: {waiting.attempts}")
     if waiting.error:
         lines.append(f"- destination error: `{waiting.error}`")
+    if waiting.required_role:
+        lines.append(f"- retry only by a reviewer with the role `{waiting.required_role}`, "
+                     "through the review desk or `inboxcrm review` (a retry may send twice: "
+                     "check the destination first, see the review card)")
     if waiting.card_url:
         lines.append(f"- review card: [{waiting.card_url}]({waiting.card_url})")
     lines += ["", "More Actions → \"Send an Update\" (you get an answer) or \"Send a Signal\", "
