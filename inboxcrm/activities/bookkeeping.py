@@ -17,7 +17,7 @@ from inboxcrm.platform.reviewer_identity import (
     DecisionClaim,
     verify_decision,
 )
-from inboxcrm.schemas.contract import Decision
+from inboxcrm.schemas.contract import Decision, authority_refusal
 from inboxcrm.schemas.models import (
     REVIEW_STATES,
     TERMINAL_STATES,
@@ -28,7 +28,7 @@ from inboxcrm.schemas.models import (
     ItemState,
     StateChange,
 )
-from inboxcrm.store import audit, events, intents, ledger, review_tasks
+from inboxcrm.store import audit, events, intents, ledger, review_tasks, reviewers
 
 log = logging.getLogger("inboxcrm.activities.bookkeeping")
 DECISION_NAMES = frozenset(d.value for d in Decision)
@@ -138,6 +138,14 @@ class BookkeepingActivities:
         if detail.get("accepted"):
             refused = proof_refusal(has_proof=bool(record.proof), proven=proven,
                                     refuse_unproven=self._refuse_unproven)
+        if detail.get("accepted") and refused is None and record.required_role:
+            # The authority to repeat a customer-facing action (docs/architecture.md §6): the
+            # role of the reviewer the proof names, read now (a revoked or demoted reviewer
+            # has none). The operator, an OIDC user and an unproven request have no role.
+            role = await self._role_of(record.decider) if proven else None
+            detail["decider_role"] = role
+            if role != record.required_role:
+                refused = "authority_required", authority_refusal(record.required_role)
         if refused is not None:
             detail |= {"accepted": False, "ignored_reason": refused[0]}
         if proven:
@@ -157,6 +165,14 @@ class BookkeepingActivities:
         if refused is not None:
             who.refused, who.refusal = refused
         return who
+
+    async def _role_of(self, decider: str) -> str | None:
+        """The current role of a personal-token reviewer (`reviewer:NAME`), else None."""
+        kind, _, name = decider.partition(":")
+        if kind != "reviewer" or not name:
+            return None
+        async with self._pool.acquire() as conn:
+            return await reviewers.active_role(conn, name=name)
 
     async def _temporal_identity(self, record: DecisionRecord) -> tuple[str | None, str]:
         """The `identity` Temporal recorded for the request: a signal's is on its

@@ -79,7 +79,7 @@ class ExtractActivities:
                 return stored
             policy = get_policy(item.tenant)
             return ExtractResult(route="review", extractor="pending",
-                                 review_owner=policy.review_owner,
+                                 review_owner=policy.review_owner, **_authority(policy),
                                  escalation_hours=policy.escalation_hours,
                                  review_base_url=self._review_base_url,
                                  model_queue=self._model_queue)
@@ -109,6 +109,7 @@ class ExtractActivities:
         policy = get_policy(item.tenant)
         return ExtractResult(route=event["route"], reasons=list(event["route_reasons"] or []),
                              extractor="stored", review_owner=policy.review_owner,
+                             **_authority(policy),
                              escalation_hours=policy.escalation_hours,
                              identity_known=bool(event["identity_known"]),
                              review_base_url=self._review_base_url,
@@ -189,6 +190,7 @@ class ExtractActivities:
         attempt.cleared()
         return ExtractResult(route=outcome.route, reasons=list(outcome.reasons),
                              extractor=outcome.extractor, review_owner=policy.review_owner,
+                             **_authority(policy),
                              escalation_hours=policy.escalation_hours,
                              identity_known=outcome.canonical_email is not None,
                              review_base_url=self._review_base_url, shadow=shadow)
@@ -214,3 +216,9 @@ class ExtractActivities:
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 contact_id=None, actor="extractor", action="suppression_recorded",
                 detail={"reason": reason, "identities": len(suppressed)})
+
+
+def _authority(policy: TenantPolicy) -> dict[str, Any]:
+    """Who owns which wait, and who may repeat a customer-facing action, for the workflow."""
+    return {"owners": dict(policy.owners),
+            "repeat_role": policy.authority.repeat_customer_facing}

@@ -91,12 +91,37 @@ class SendActivities:
         async def perform(attempt: Attempt) -> str | OperationResult:
             return await self._submit(attempt, mail)
 
-        return await self._runner.run(
-            op, reconcile=self._by_repeating if mail.reconcilable else None,
-            perform=perform, record_success=lambda a, m, r: self._record(a, m, r, mail),
-            running_state=ItemState.SEND_PENDING, on_failure=self._release_lease,
-            key_window_seconds=mail.key_window_seconds,
-        )
+        try:
+            return await self._runner.run(
+                op, reconcile=self._by_repeating if mail.reconcilable else None,
+                perform=perform, record_success=lambda a, m, r: self._record(a, m, r, mail),
+                running_state=ItemState.SEND_PENDING, on_failure=self._release_lease,
+                key_window_seconds=mail.key_window_seconds,
+            )
+        except ApplicationError as exc:
+            if exc.type == ErrorType.AMBIGUOUS.value:
+                try:
+                    await self._record_lookup(op, mail)
+                except (OSError, asyncpg.PostgresError) as lost:  # the hold itself stands
+                    activity.logger.warning("lookup path not recorded (%s)",
+                                            type(lost).__name__)
+            raise
+
+    async def _record_lookup(self, op: OperationInput, mail: MailClient) -> None:
+        """Held ambiguous: where a person checks at the provider whether the email exists
+        (the ambiguous card's lookup path), from the adapter that sent it."""
+        item = op.item
+        async with self._pool.acquire() as conn:
+            row = await ledger.get(conn, op.op_key)
+            key = row["external_ref"] if row is not None else None
+            if key is None:
+                return
+            await audit.append(
+                conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+                actor=Action.SEND.value, action="operation_lookup",
+                detail={"op_key": op.op_key, "provider": mail.name,
+                        "lookup": mail.where_to_look(str(key)),
+                        "key_window_seconds": mail.key_window_seconds})
 
     async def _release_lease(self, conn: Conn, attempt: Attempt, failure: Classified) -> None:
         """A request that did not take effect frees the intent for the next attempt at once.

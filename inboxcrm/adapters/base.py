@@ -202,4 +202,10 @@ class MailClient(Protocol):
         does not know it. Raises `Unverifiable` where the provider cannot be asked."""
         ...
 
+    def where_to_look(self, idempotency_key: str) -> str:
+        """The exact request (or place) a person checks at the provider to learn whether the
+        email sent with this key exists: the ambiguous card's lookup path. No I/O, no
+        personal data (the card shows the recipient itself)."""
+        ...
+
     async def aclose(self) -> None: ...

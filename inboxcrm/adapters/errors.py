@@ -27,16 +27,18 @@ from datetime import UTC, datetime, timedelta
 import httpx
 from temporalio.exceptions import ApplicationError
 
-from inboxcrm.schemas.outcomes import Category, Classified, ErrorType
+from inboxcrm.schemas.outcomes import Category, Classified, ErrorType, FailureCause
 
 __all__ = [
     "Category",
     "Classified",
     "ErrorType",
+    "FailureCause",
     "classify_exception",
     "classify_response",
     "classify_smtp_code",
     "classify_status",
+    "failure_cause",
     "next_daily_reset",
     "park_long_retry_after",
     "parse_retry_after",
@@ -148,6 +150,54 @@ def classify_status(
         return Classified(Category.PERMANENT, label, None, status_code)
     # 1xx/3xx where a 2xx was expected: we cannot tell what the peer did.
     return Classified(Category.UNKNOWN, label, None, status_code)
+
+
+_ACCESS_STATUSES = frozenset({401, 403})
+_DATA_STATUSES = frozenset({400, 404, 409, 413, 415, 422})
+_RATE_STATUSES = frozenset({429})
+_RATE_LABELS = frozenset({"http_403:REQUEST_LIMIT_EXCEEDED", "http_207:RATE_LIMITS"})
+_DATA_LABELS = frozenset({"http_300:MULTIPLE_MATCHES", "http_207:VALIDATION_ERROR"})
+_INTEGRATION_LABELS = frozenset({"http_400:UNABLE_TO_LOCK_ROW"})  # contention, not the data
+
+
+def failure_cause(reason: str | None) -> FailureCause:
+    """Which kind of failure a classified reason label is (`http_401:INVALID_AUTHENTICATION`,
+    `smtp_550`, `retries_exhausted`'s last error, …), for routing it to its owner:
+    - access: the credential or its permissions (401, 403): the integration's keys;
+    - rate: a provider's limit (429, a limit reported as 403/207, a Retry-After over cap);
+    - data: the record or the message itself (400/404/409/422, several matches, SMTP 5xx);
+    - ambiguous: a side effect that may exist and cannot be confirmed;
+    - integration: anything else (5xx, timeouts, TLS, connection, an address refused).
+    Pure (no I/O): the workflow calls it to pick the owner of a wait."""
+    label = (reason or "").removesuffix(":retry_after_over_cap")
+    if reason and reason.endswith(":retry_after_over_cap"):
+        return "rate"
+    if label in AMBIGUOUS_REASONS or label in ("outcome_unconfirmed", "idempotency_window_passed"):
+        return "ambiguous"
+    if label in _RATE_LABELS or label in DAILY_LIMIT_REASONS:
+        return "rate"
+    if label in _DATA_LABELS:
+        return "data"
+    if label in _INTEGRATION_LABELS:
+        return "integration"
+    head = label.split(":", 1)[0]
+    kind, _, number = head.partition("_")
+    if not number.isdigit():
+        return "integration"
+    code = int(number)
+    if kind == "smtp":
+        if code in (530, 535):  # authentication required / credentials refused
+            return "access"
+        return "data" if 500 <= code < 600 else "integration"
+    if kind != "http":
+        return "integration"
+    if code in _ACCESS_STATUSES:
+        return "access"
+    if code in _RATE_STATUSES:
+        return "rate"
+    if code in _DATA_STATUSES:
+        return "data"
+    return "integration"
 
 
 def classify_response(response: httpx.Response, reason: str | None = None) -> Classified:

@@ -54,6 +54,7 @@ class ResendMail:
                  guard: AddressGuard | None = None) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = new_client(base_url, headers, timeout, guard)
+        self._base_url = base_url.rstrip("/")
         self._sender = sender
 
     async def send(self, idempotency_key: str, message: OutgoingEmail) -> SentEmail:
@@ -69,6 +70,16 @@ class ResendMail:
             headers={"Idempotency-Key": idempotency_key}, reason=_reason,
         )
         return SentEmail(message_id=str(response.json()["id"]))
+
+    def where_to_look(self, idempotency_key: str) -> str:
+        """Resend has no lookup by Idempotency-Key: its list (newest first, `limit`,
+        `after`, `before` only) is where a person looks for the follow-up's recipient and
+        subject after the first attempt; the ID found is the `resolve` evidence
+        (resend.com/docs/api-reference/emails/list-emails)."""
+        return (f"GET {self._base_url}/emails?limit=100 (no lookup by Idempotency-Key "
+                f"{idempotency_key}: find the recipient and subject shown on this card, "
+                "created after the first attempt; then GET "
+                f"{self._base_url}/emails/<id> and resolve with that id)")
 
     async def read_sent(self, message_id: str) -> SentRecord | None:
         """`GET /emails/{id}`: 404 when the provider does not know the ID. Resend's answer

@@ -113,6 +113,13 @@ class SmtpMail:
         self._tls = tls_context or ssl.create_default_context()
         self._guard = guard
 
+    def where_to_look(self, idempotency_key: str) -> str:
+        """An SMTP relay cannot be asked: its log (or the recipient's mailbox) is searched
+        for the intent's deterministic Message-ID."""
+        _, domain = _sender_address(self._sender)
+        return (f"the mail log of {self._host}:{self._port}: a message with Message-ID "
+                f"{message_id(idempotency_key, domain)} (SMTP cannot be searched)")
+
     def build(self, idempotency_key: str, message: OutgoingEmail) -> EmailMessage:
         """The RFC 5322 message for one intent. Raises ValueError on an unusable header."""
         sender = message.sender or self._sender

@@ -51,7 +51,10 @@ def status(workflow_id: str, as_json: Annotated[bool, typer.Option(
     out.print_json(json.dumps(found))
 
 
-def queue(tenant: Annotated[str | None, typer.Option()] = None, as_json: JsonOpt = False) -> None:
+def queue(tenant: Annotated[str | None, typer.Option()] = None,
+          owner: Annotated[str | None, typer.Option(help="Only this owner's items (the "
+                                                    "policy's `owners` per cause).")] = None,
+          as_json: JsonOpt = False) -> None:
     """The owned review queue, oldest first (references and reasons, never bodies)."""
     settings = settings_from_env()
 
@@ -59,6 +62,8 @@ def queue(tenant: Annotated[str | None, typer.Option()] = None, as_json: JsonOpt
         return await items.review_queue(conn, tenant)
 
     queued = with_db(settings, load)
+    if owner is not None:
+        queued = [item for item in queued if item["owner"] == owner]
     if as_json:
         out.print_json(json.dumps(queued))
         return

@@ -1,13 +1,14 @@
-"""`inboxcrm reviewer add|list|rotate|revoke` (docs/architecture.md §10): reviewers as people,
+"""`inboxcrm reviewer add|list|rotate|revoke|role` (docs/architecture.md §10): reviewers as people,
 each with a personal token (shown once, stored as its SHA-256) and the tenants they review. A
 name is a person's for good: the audit and every decision proof say `reviewer:NAME`, so the
 name of a revoked reviewer is never given to anyone else; `rotate` gives the same person a
-new token."""
+new token; `--role` (e.g. `lead`) is what a policy's authority rule asks for."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Annotated, Any
 
 import typer
@@ -22,6 +23,19 @@ reviewer_app = typer.Typer(no_args_is_help=True,
                                 "desk and the CLI.")
 
 
+# A role names what a policy's authority rule may ask for (`authority.repeat_customer_facing`).
+ROLE_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+RoleOpt = Annotated[str, typer.Option("--role", help="The reviewer's role, e.g. `lead`: a "
+                                      "tenant policy's `authority.repeat_customer_facing` "
+                                      "names the role that may retry an ambiguous send.")]
+
+
+def _check_role(role: str) -> None:
+    if not ROLE_PATTERN.match(role):
+        fail("a role is 1-32 characters: lower-case letters, digits, _ and -, starting with a "
+             "letter")
+
+
 def _actor() -> str:
     return os.environ.get("USER") or "operator"
 
@@ -34,15 +48,18 @@ def _run(fn: Any) -> Any:
 def add(name: str,
         tenant: Annotated[list[str], typer.Option("--tenant", help="A tenant this reviewer "
                                                   "reviews (repeat for more).")],
+        role: RoleOpt = "reviewer",
         as_json: JsonOpt = False) -> None:
     """Add a reviewer; prints their personal token ONCE (the last line, or {"token": …})."""
     tenants = sorted({t.strip() for t in tenant if t.strip()})
     if not tenants:
         fail("give at least one --tenant")
+    _check_role(role)
     token = new_token()
 
     async def insert(conn: Any) -> dict[str, Any]:
-        return await reviewers.add_reviewer(conn, name, token_digest(token), tenants, _actor())
+        return await reviewers.add_reviewer(conn, name, token_digest(token), tenants, _actor(),
+                                            role)
 
     try:
         row = _run(insert)
@@ -60,9 +77,10 @@ def add(name: str,
         raise
     if as_json:
         out.print_json(json.dumps({"name": row["name"], "tenants": row["tenants"],
-                                   "token": token}))
+                                   "role": row["role"], "token": token}))
         return
-    out.print(f"reviewer {row['name']} added for {', '.join(row['tenants'])}; their personal "
+    out.print(f"reviewer {row['name']} ({row['role']}) added for {', '.join(row['tenants'])}; "
+              "their personal "
               "token (shown once, give it to them; INBOXCRM_REVIEWER_TOKEN for the CLI):",
               highlight=False)
     print(token)  # noqa: T201 - the last line, exactly the token
@@ -77,10 +95,11 @@ def list_(as_json: JsonOpt = False
         out.print_json(json.dumps(rows))
         return
     table = Table(title=f"reviewers ({sum(1 for r in rows if not r['revoked_at'])} active)")
-    for column in ("name", "tenants", "added", "by", "revoked"):
+    for column in ("name", "tenants", "role", "added", "by", "revoked"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row["name"], ", ".join(row["tenants"]), row["created_at"][:19],
+        table.add_row(row["name"], ", ".join(row["tenants"]), row["role"],
+                      row["created_at"][:19],
                       row["created_by"], (row["revoked_at"] or "")[:19])
     out.print(table)
 
@@ -120,3 +139,20 @@ def revoke(name: str, as_json: JsonOpt = False) -> None:
         out.print_json(json.dumps({"name": name, "revoked": True}))
         return
     out.print(f"reviewer {name} revoked", highlight=False)
+
+
+@reviewer_app.command("role")
+def role_(name: str, role: Annotated[str, typer.Argument(help="The new role, e.g. `lead`.")],
+          as_json: JsonOpt = False) -> None:
+    """Give an active reviewer another role (audited); their token stays the same."""
+    _check_role(role)
+
+    async def apply(conn: Any) -> dict[str, Any] | None:
+        return await reviewers.set_role(conn, name=name, role=role, actor=_actor())
+
+    if _run(apply) is None:
+        fail(f"no active reviewer named {name!r}")
+    if as_json:
+        out.print_json(json.dumps({"name": name, "role": role}))
+        return
+    out.print(f"reviewer {name} is now {role}", highlight=False)

@@ -40,6 +40,7 @@ from inboxcrm.schemas.destinations import (
     check_secret,
     tenant_env_suffix,
 )
+from inboxcrm.schemas.outcomes import OWNER_CAUSES
 from inboxcrm.schemas.sources import SourceName
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -275,6 +276,22 @@ class Notifications(_Strict):
 _AUTHSERV_ID = r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?$"
 
 
+# A reason label as the classifier writes it (`http_401`, `http_401:INVALID_AUTHENTICATION`,
+# `low_confidence:sender_email`), or a cause (OWNER_CAUSES): what `owners` maps to an owner.
+_OWNER_KEY = re.compile(r"^[a-z][a-z0-9_]*(?::[A-Za-z0-9_.-]+)?$")
+_ROLE = r"^[a-z][a-z0-9_-]{0,31}$"
+
+
+class Authority(_Strict):
+    """Who may do what needs more than a reviewer of the tenant (docs/architecture.md §6,
+    "Authority"). `repeat_customer_facing`: the reviewer role (`inboxcrm reviewer add
+    --role`) that alone may `retry` an ambiguous customer-facing send, a repeat that can
+    reach the customer twice once the idempotency key's window has passed. None: any reviewer
+    of the tenant (and the operator), as before."""
+
+    repeat_customer_facing: str | None = Field(default=None, pattern=_ROLE)
+
+
 class TenantPolicy(_Strict):
     tenant: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_-]*$")
     mailboxes: list[str]
@@ -285,6 +302,11 @@ class TenantPolicy(_Strict):
     followup_rules: list[FollowupRule] = []
     thresholds: Thresholds = Thresholds()
     review_owner: str = "sales-ops"
+    # Owners per cause (docs/architecture.md §6, "Who is called"): a reason label or a cause
+    # (`access`, `integration`, `data`, `rate`, `ambiguous`, `review`) → the owner its review
+    # tasks go to; anything unmapped goes to `review_owner`.
+    owners: dict[str, str] = {}
+    authority: Authority = Authority()
     escalation_hours: float = Field(default=24, gt=0)
     # Who the sender is must be vouched for by the receiving MTA or provider before the
     # product writes to a CRM or mails anyone (docs/architecture.md §5).
@@ -317,6 +339,17 @@ class TenantPolicy(_Strict):
     # {"list_unsubscribe": "marketing"}: unset reasons are `all`.
     suppression_scopes: dict[str, SuppressionScope] = {}
 
+    @field_validator("owners")
+    @classmethod
+    def _owners(cls, owners: dict[str, str]) -> dict[str, str]:
+        for key, owner in owners.items():
+            if not _OWNER_KEY.match(key):
+                raise ValueError(f"owners: {key!r} is neither a cause ({', '.join(OWNER_CAUSES)})"
+                                 " nor a reason label such as http_401 or match_review")
+            if not owner.strip() or len(owner) > 64:
+                raise ValueError(f"owners: the owner of {key!r} must be 1-64 characters")
+        return owners
+
     @field_validator("suppression_scopes")
     @classmethod
     def _scopes(cls, scopes: dict[str, SuppressionScope]) -> dict[str, SuppressionScope]:
@@ -326,6 +359,12 @@ class TenantPolicy(_Strict):
                              f"{list(NARROWABLE_SUPPRESSIONS)} (bounces and complaints stop "
                              "every send)")
         return scopes
+
+    def owner_for(self, reason: str, cause: str) -> str:
+        """The owner of a review task opened outside the workflow (a failed run): the exact
+        reason's, else the cause's, else `review_owner` (the workflow's waits use
+        `workflows.decisions.owner_of`, the same order)."""
+        return self.owners.get(reason) or self.owners.get(cause) or self.review_owner
 
     def suppression_scope(self, reason: str) -> SuppressionScope:
         """The scope a suppression recorded for `reason` gets under this policy."""

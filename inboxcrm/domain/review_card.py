@@ -98,6 +98,30 @@ class OperationLine:
 
 
 @dataclass
+class AmbiguousView:
+    """What a person checks before deciding on an ambiguous side effect (docs/architecture.md
+    §6, "Authority"): the operation key, the intent ID (the provider's idempotency key), the
+    first attempt, where to look at the destination, and who may retry."""
+
+    op_key: str
+    intent_id: str | None
+    first_attempt_at: str | None
+    key_window_from: str | None
+    lookup: str
+    warning: str
+    retry_role: str | None = None
+
+
+# A retry of a send is a repeat with the same key: inside the provider's window it sends
+# nothing new; past it (the reason the item is held) the provider may send a second email.
+SEND_TWICE_WARNING = ("a retry repeats the send with the same idempotency key; the provider "
+                      "keeps a key for {window} from the first attempt that may have taken "
+                      "effect, so past that window a retry can send the customer a second "
+                      "email: check the lookup path first, and `resolve` with the provider's "
+                      "message ID if it was sent")
+
+
+@dataclass
 class DecisionOption:
     action: str
     body: dict[str, object]
@@ -128,6 +152,7 @@ class ReviewCard:
     followup: Followup | None = None
     operations: list[OperationLine] = field(default_factory=list)
     decisions: list[DecisionOption] = field(default_factory=list)
+    ambiguous: AmbiguousView | None = None
 
 
 def _marks(line: str, reasons: set[str], evidence: dict[str, str]) -> list[str]:
@@ -222,11 +247,46 @@ async def card_facts(conn: Conn, workflow_id: str) -> CardFacts | None:
         card.operations.append(OperationLine(
             op["action"], op["status"], f"{op['attempts']}/{op['max_attempts']}",
             f"{op['last_error_category']}: {op['last_error']}" if op["last_error"] else None))
+        if op["status"] == "ambiguous" and card.ambiguous is None:
+            card.ambiguous = await _ambiguous(conn, workflow_id, op, card.tenant)
     if waiting and row["wait_id"]:
         card.decisions = [DecisionOption(a, decision_body(a, row["wait_id"], row["needs_sender"]))
                           for a in sorted(row["allowed"] or [])]
     raw = bytes(row["raw"]) if row["raw"] is not None else None
     return CardFacts(card, raw, extraction)
+
+
+async def _ambiguous(conn: Conn, workflow_id: str, op: Any, tenant: str) -> AmbiguousView:
+    """The ambiguous operation's facts, the adapter's lookup path and the retry warning."""
+    found = await review.operation_lookup(conn, workflow_id=workflow_id, op_key=op["op_key"])
+    lookup = found["lookup"] if found is not None else None
+    try:
+        role = get_policy(tenant).authority.repeat_customer_facing
+    except (PolicyError, UnknownTenant):
+        role = None
+    send = op["action"] == "send"
+    return AmbiguousView(
+        op_key=op["op_key"], intent_id=op["external_ref"],
+        first_attempt_at=_iso(op["first_attempt_at"]),
+        key_window_from=_iso(op["key_window_from"]),
+        lookup=lookup or ("not recorded: look the intent ID up at the destination by hand"
+                          if send else f"the destination's record with our ID "
+                          f"{op['external_ref'] or '(none)'}"),
+        warning=_warning(send, found["window"] if found is not None else None),
+        retry_role=role if send else None)
+
+
+def _warning(send: bool, window: float | None) -> str:
+    if not send:
+        return "a retry repeats the write with the same key; check the destination first"
+    if window is None:
+        return ("the provider keeps no idempotency key (SMTP): a retry sends again unless the "
+                "email was not sent; check the lookup path first")
+    return SEND_TWICE_WARNING.format(window=f"{window / 3600:g} h")
+
+
+def _iso(moment: Any) -> str | None:
+    return moment.astimezone(UTC).isoformat() if moment is not None else None
 
 
 async def read_message(facts: CardFacts, runner: Runner = IN_PROCESS) -> None:
@@ -530,6 +590,15 @@ def render_text(card: ReviewCard) -> list[str]:
         out += ["", "== operations =="]
         out += [f"{o.action}: {o.status}, attempts {o.attempts}"
                 + (f", error {o.error}" if o.error else "") for o in card.operations]
+    if card.ambiguous is not None:
+        a = card.ambiguous
+        out += ["", "== ambiguous: check the destination before deciding ==",
+                f"operation key: {a.op_key}", f"intent ID (idempotency key): {a.intent_id}",
+                f"first attempt: {a.first_attempt_at}",
+                f"key window from: {a.key_window_from}", f"lookup: {a.lookup}",
+                f"WARNING: {a.warning}"]
+        if a.retry_role:
+            out.append(f"retry needs the reviewer role {a.retry_role!r} (tenant policy)")
     out += ["", "== decisions allowed now =="]
     out += [f"{d.action}: {json.dumps(d.body)}" for d in card.decisions] or ["none"]
     return out

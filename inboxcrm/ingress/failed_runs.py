@@ -86,13 +86,14 @@ class FailedRuns:
             return False  # a newer run (a replay, a continuation) owns the item
         reason = REASONS[latest.status]
         policy = get_policy(tenant)
+        owner = policy.owner_for(reason, "integration")  # a run that ended unsettled
         async with self._pool.acquire() as conn:
             done = await failed_runs.mark_failed(
                 conn, run.id, reason=reason, settled=SETTLED,
-                closed_at=latest.close_time or datetime.now(UTC), owner=policy.review_owner,
+                closed_at=latest.close_time or datetime.now(UTC), owner=owner,
                 escalation_seconds=policy.escalation_hours * 3600,
                 detail={"state": "failed", "reason": reason, "run_id": run.run_id,
-                        "review_reason": reason, "owner": policy.review_owner})
+                        "review_reason": reason, "owner": owner})
         if done:
             log.warning("run %s ended %s without settling its item: marked failed",
                         run.run_id, latest.status.name if latest.status else "unknown")

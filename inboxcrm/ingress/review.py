@@ -433,6 +433,19 @@ def render_html(card: ReviewCard, forms: DeskForms | None = None,
         parts.append(_rows([(o.action, o.status, o.attempts, o.error or "")
                             for o in card.operations],
                            ("operation", "status", "attempts", "destination error")))
+    if card.ambiguous is not None:
+        amb = card.ambiguous
+        parts.append("<h2>Ambiguous: check the destination before deciding</h2>"
+                     "<dl id='ambiguous'>" + "".join(
+                         f"<dt>{escape(k)}</dt><dd><code>{escape(v or '')}</code></dd>"
+                         for k, v in (("operation key", amb.op_key),
+                                      ("intent ID (idempotency key)", amb.intent_id),
+                                      ("first attempt", amb.first_attempt_at),
+                                      ("key window from", amb.key_window_from),
+                                      ("lookup", amb.lookup))) + "</dl>"
+                     f"<p class='warning'><b>Warning:</b> {escape(amb.warning)}</p>"
+                     + (f"<p>retry needs the reviewer role <b>{escape(amb.retry_role)}</b> "
+                        "(tenant policy)</p>" if amb.retry_role else ""))
     parts.append("<h2>Decisions allowed now</h2>")
     if forms is None:
         parts.append("<ul id='decisions'>" + "".join(

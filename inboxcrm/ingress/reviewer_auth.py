@@ -101,7 +101,7 @@ class DeskAuth:
         if row is None:
             return None
         return Principal(f"reviewer:{row['name']}", row["name"], frozenset(row["tenants"]),
-                         reviewer_id=row["reviewer_id"])
+                         reviewer_id=row["reviewer_id"], role=row["role"])
 
     async def visitor(self, request: Request, conn: Conn) -> Visitor | None:
         scheme, _, credential = request.headers.get("authorization", "").partition(" ")
@@ -152,7 +152,8 @@ class DeskAuth:
             row = await store.active_by_id(conn, int(who[1:]))
             if row is not None:
                 return Principal(f"reviewer:{row['name']}", row["name"],
-                                 frozenset(row["tenants"]), reviewer_id=row["reviewer_id"])
+                                 frozenset(row["tenants"]), reviewer_id=row["reviewer_id"],
+                                 role=row["role"])
         return None
 
     # --- cross-site request forgery ------------------------------------------------------

@@ -32,7 +32,7 @@ async def cli_principal(conn: Conn, environ: Mapping[str, str], settings: Settin
             raise NotAuthorised(f"{REVIEWER_TOKEN_VARIABLE} is not the token of a current "
                                 "reviewer (revoked, or mistyped)")
         return Principal(f"reviewer:{row['name']}", row["name"], frozenset(row["tenants"]),
-                         reviewer_id=row["reviewer_id"])
+                         reviewer_id=row["reviewer_id"], role=row["role"])
     if settings.review_token is not None and settings.review_token.get_secret_value():
         return operator()
     raise NotAuthorised(f"set {REVIEWER_TOKEN_VARIABLE} (your personal token from `inboxcrm "

@@ -26,8 +26,8 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFai
 from temporalio.service import RPCError, RPCStatusCode
 
 from inboxcrm.platform.reviewer_identity import DecisionClaim, Principal, sign_decision
-from inboxcrm.schemas.contract import QUERY_STATUS, Decision
-from inboxcrm.schemas.models import REVIEWER_LABEL_CHARS, DecisionBody, ItemStatus
+from inboxcrm.schemas.contract import QUERY_STATUS, Decision, authority_refusal
+from inboxcrm.schemas.models import REVIEWER_LABEL_CHARS, DecisionBody, ItemStatus, OpenReview
 
 log = logging.getLogger("inboxcrm.platform.decisions")
 
@@ -102,6 +102,19 @@ def accepted_text(action: str, wait_id: str, workflow_id: str, status: ItemStatu
     return text
 
 
+def lacks_authority(request: DecisionRequest, review: OpenReview | None,
+                    wait_id: str) -> DecisionResult | None:
+    """A retry of an ambiguous customer-facing send by someone without the role the tenant's
+    policy asks for (`OpenReview.repeat_role`) is refused here, before anything is sent; the
+    workflow refuses it too (its decision record checks the proven reviewer's role), so a
+    Temporal client that skips this check gets the same answer."""
+    if (review is None or review.wait_id != wait_id or not review.repeat_role
+            or request.decider.role == review.repeat_role):
+        return None
+    log.info("%s decision refused: authority_required", request.path)
+    return DecisionResult(False, "refused", authority_refusal(review.repeat_role), wait_id)
+
+
 UNSIGNED = ("refused: INBOXCRM_DECISION_SECRET is not set here, so the worker could not tell "
             "who decided (the local stack writes it to .data/stack.env)")
 UNAVAILABLE = "not delivered: Temporal is unavailable; try again"
@@ -124,9 +137,14 @@ async def send_decision(connect: Callable[[], Awaitable[Client]], secret: str | 
     wait_id = request.wait_id
     try:
         async with asyncio.timeout(timeout):
-            if wait_id is None:
+            if wait_id is None or request.action == Decision.RETRY:
                 current = await handle.query(QUERY_STATUS, result_type=ItemStatus)
-                wait_id = current.review.wait_id if current.review else ""
+                open_wait = current.review
+                if wait_id is None:
+                    wait_id = open_wait.wait_id if open_wait else ""
+                refused = lacks_authority(request, open_wait, wait_id)
+                if refused is not None:
+                    return refused
             status = await handle.execute_update(
                 request.action.value, decision_body(request, secret, wait_id),
                 result_type=ItemStatus)

@@ -53,6 +53,9 @@ class Principal:
     name: str                         # what the desk greets them with
     tenants: frozenset[str] | None
     reviewer_id: int | None = None    # a personal-token reviewer's row
+    # A personal-token reviewer's role (`reviewer`, `lead`, …): what a policy's authority
+    # rule asks for (`authority.repeat_customer_facing`). None: the operator, an OIDC user.
+    role: str | None = None
 
     def may_see(self, tenant: str | None) -> bool:
         return tenant is not None and (self.tenants is None or tenant in self.tenants)

@@ -117,6 +117,16 @@ def retention_schedule_id(task_queue: str) -> str:
     return f"{RETENTION_SCHEDULE_ID}/{task_queue}"
 
 
+def authority_refusal(role: str) -> str:
+    """What a person reads (desk, CLI, UI) when a retry of an ambiguous send needs a role
+    they lack."""
+    return (f"refused (authority_required): retrying this ambiguous send may email the "
+            f"customer a second time; the tenant's policy lets only a reviewer with the role "
+            f"{role!r} do it, through the review desk or `inboxcrm review` with their own "
+            "token (check the destination first, see the review card; `resolve` with the "
+            "provider's message ID if it was sent)")
+
+
 def decision_body(action: str, wait_id: str, needs_sender: bool = False) -> dict[str, object]:
     """The exact body a decision needs at a wait (placeholders in angle brackets): shown in
     the UI's current details and on the review card, sent by the CLI."""

@@ -86,6 +86,11 @@ class ExtractResult:
     extractor: str = "rules"
     # From the tenant's policy, so the workflow needs no I/O to know who owns its reviews.
     review_owner: str = "sales-ops"
+    # The policy's owners per cause and the role that alone may repeat a customer-facing
+    # action (docs/architecture.md §6). A result recorded before issue 37 has neither: its
+    # item's waits all go to `review_owner` and any reviewer may retry, as it ran.
+    owners: dict[str, str] = field(default_factory=dict)
+    repeat_role: str | None = None
     escalation_hours: float = 24.0
     # False: the message gives no usable sender address, so an approval must carry
     # `corrections.sender_email` (the planner has nobody to match otherwise).
@@ -168,6 +173,10 @@ class WorkflowState:
     # The ledger attempt the next call of each operation makes, and its budget: the
     # `summary` the UI shows on the step ("crm-upsert attempt 7/12").
     next_attempt: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # The policy's owners per cause and the role that may repeat a customer-facing action
+    # (from the extraction, see ExtractResult), for every later wait of the item.
+    owners: dict[str, str] = field(default_factory=dict)
+    repeat_role: str | None = None
 
 
 @dataclass
@@ -304,6 +313,10 @@ class DecisionRecord:
     evidence: str | None = None
     corrections: dict[str, str] = field(default_factory=dict)
     send_followup: bool = True
+    # The reviewer role the decision needs (the wait is an ambiguous customer-facing send and
+    # the policy names `authority.repeat_customer_facing`): a `retry` by anyone else, or
+    # without a proof of who decided, is refused.
+    required_role: str | None = None
 
 
 @dataclass
@@ -389,6 +402,9 @@ class OpenReview:
     needs_sender: bool = False
     intent_id: str | None = None    # the follow-up an approval of this wait approves
     error: str | None = None        # the destination's error, for a blocked step
+    # The reviewer role a `retry` needs here (an ambiguous customer-facing send whose policy
+    # names one), so the desk and the CLI refuse others before sending anything.
+    repeat_role: str | None = None
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Literal
 
 
 class Category(StrEnum):
@@ -45,3 +46,12 @@ class Classified:
     # A limit that lasts until a known reset (HubSpot's DAILY): park the tenant's scope until
     # then instead of retrying; the attempt is not counted.
     park_until: datetime | None = None
+
+
+# The causes a tenant's policy names an owner for (`owners`, docs/architecture.md §6, "Who is
+# called"): who can act on a blocked item depends on what blocked it, not only on the tenant.
+# `inboxcrm.adapters.errors.failure_cause` sorts a reason label into one of them; `review` is
+# every review reason (extraction, matching, a follow-up's approval).
+FailureCause = Literal["access", "integration", "data", "rate", "ambiguous"]
+FAILURE_CAUSES: tuple[FailureCause, ...] = ("access", "integration", "data", "rate", "ambiguous")
+OWNER_CAUSES: tuple[str, ...] = (*FAILURE_CAUSES, "review")

@@ -26,9 +26,18 @@ WHERE e.workflow_id = $1
 """
 
 ITEM_OPERATIONS = """
-SELECT action, status, attempts, max_attempts, last_error_category, last_error,
-       destination_id
+SELECT op_key, action, status, attempts, max_attempts, last_error_category, last_error,
+       destination_id, external_ref, first_attempt_at, key_window_from
 FROM operations WHERE workflow_id = $1 ORDER BY first_seen
+"""
+
+# Where a person checks an ambiguous operation at its destination, as its adapter said
+# when the operation was held (`operation_lookup`, inboxcrm/activities/send.py).
+OPERATION_LOOKUP = """
+SELECT detail ->> 'lookup' AS lookup, (detail ->> 'key_window_seconds')::float AS window
+FROM audit_log
+WHERE workflow_id = $1 AND action = 'operation_lookup' AND detail ->> 'op_key' = $2
+ORDER BY audit_id DESC LIMIT 1
 """
 
 # The CRM records the item's last CRM upsert met (several with the contact's email).
@@ -77,6 +86,13 @@ async def review_item(conn: Conn, workflow_id: str) -> asyncpg.Record | None:
 
 async def item_operations(conn: Conn, workflow_id: str) -> list[asyncpg.Record]:
     return list(await conn.fetch(ITEM_OPERATIONS, workflow_id))
+
+
+async def operation_lookup(conn: Conn, *, workflow_id: str, op_key: str
+                           ) -> asyncpg.Record | None:
+    """The lookup path and the provider's key window (seconds; None: no key, SMTP)."""
+    row: asyncpg.Record | None = await conn.fetchrow(OPERATION_LOOKUP, workflow_id, op_key)
+    return row
 
 
 async def crm_candidates(conn: Conn, *, workflow_id: str) -> tuple[str | None, list[str]]:

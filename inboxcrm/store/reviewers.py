@@ -17,31 +17,41 @@ if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
 
 ADD_REVIEWER = """
-INSERT INTO reviewers (name, token_sha256, tenants, created_by) VALUES ($1, $2, $3, $4)
-RETURNING reviewer_id, name, tenants, created_at
+INSERT INTO reviewers (name, token_sha256, tenants, created_by, role)
+VALUES ($1, $2, $3, $4, $5)
+RETURNING reviewer_id, name, tenants, created_at, role
 """
 
 # The name is claimed for good: a second claim (the name of a revoked reviewer) conflicts.
 CLAIM_NAME = "INSERT INTO reviewer_names (name, reviewer_id) VALUES ($1, $2)"
 
 LIST_REVIEWERS = """
-SELECT reviewer_id, name, tenants, created_at, created_by, revoked_at, revoked_by
+SELECT reviewer_id, name, tenants, role, created_at, created_by, revoked_at, revoked_by
 FROM reviewers ORDER BY name, reviewer_id
 """
 
 REVOKE_REVIEWER = """
 UPDATE reviewers SET revoked_at = now(), revoked_by = $2
 WHERE name = $1 AND revoked_at IS NULL
-RETURNING reviewer_id, name, tenants
+RETURNING reviewer_id, name, tenants, role
 """
 
 ACTIVE_BY_TOKEN = """
-SELECT reviewer_id, name, tenants FROM reviewers
+SELECT reviewer_id, name, tenants, role FROM reviewers
 WHERE token_sha256 = $1 AND revoked_at IS NULL
 """
 
 ACTIVE_BY_ID = """
-SELECT reviewer_id, name, tenants FROM reviewers WHERE reviewer_id = $1 AND revoked_at IS NULL
+SELECT reviewer_id, name, tenants, role FROM reviewers
+WHERE reviewer_id = $1 AND revoked_at IS NULL
+"""
+
+# The role of the active reviewer with this name (what a decision's authority is checked on).
+ACTIVE_ROLE = "SELECT role FROM reviewers WHERE name = $1 AND revoked_at IS NULL"
+
+SET_ROLE = """
+UPDATE reviewers SET role = $2 WHERE name = $1 AND revoked_at IS NULL
+RETURNING reviewer_id, name, tenants, role
 """
 
 RECORD_REVIEWER_CHANGE = """
@@ -69,11 +79,12 @@ class NameRetired(Exception):
 
 
 async def add_reviewer(conn: Conn, name: str, token_sha256: bytes, tenants: Sequence[str],
-                       actor: str) -> dict[str, Any]:
+                       actor: str, role: str = "reviewer") -> dict[str, Any]:
     """One reviewer (and its audit entry) in one transaction."""
     async with conn.transaction():
         try:
-            row = await conn.fetchrow(ADD_REVIEWER, name, token_sha256, list(tenants), actor)
+            row = await conn.fetchrow(ADD_REVIEWER, name, token_sha256, list(tenants), actor,
+                                      role)
         except asyncpg.UniqueViolationError as exc:
             raise NameTaken(name) from exc
         assert row is not None
@@ -82,7 +93,7 @@ async def add_reviewer(conn: Conn, name: str, token_sha256: bytes, tenants: Sequ
         except asyncpg.UniqueViolationError as exc:
             raise NameRetired(name) from exc
         await conn.execute(RECORD_REVIEWER_CHANGE, actor, "reviewer_added",
-                           {"reviewer": name, "tenants": list(tenants)})
+                           {"reviewer": name, "tenants": list(tenants), "role": role})
     return record_dict(row)
 
 
@@ -96,7 +107,7 @@ async def rotate_token(conn: Conn, *, name: str, token_sha256: bytes,
         if old is None:
             return None
         row = await conn.fetchrow(ADD_REVIEWER, name, token_sha256, list(old["tenants"]),
-                                  actor)
+                                  actor, old["role"])
         assert row is not None
         await conn.execute(RECORD_REVIEWER_CHANGE, actor, "reviewer_token_rotated",
                            {"reviewer": name})
@@ -115,6 +126,23 @@ async def revoke_reviewer(conn: Conn, name: str, actor: str) -> dict[str, Any] |
         await conn.execute(RECORD_REVIEWER_CHANGE, actor, "reviewer_revoked",
                            {"reviewer": name})
     return record_dict(row)
+
+
+async def set_role(conn: Conn, *, name: str, role: str, actor: str) -> dict[str, Any] | None:
+    """Give the active reviewer `name` another role (audited); None when there is none."""
+    async with conn.transaction():
+        row = await conn.fetchrow(SET_ROLE, name, role)
+        if row is None:
+            return None
+        await conn.execute(RECORD_REVIEWER_CHANGE, actor, "reviewer_role_set",
+                           {"reviewer": name, "role": role})
+    return record_dict(row)
+
+
+async def active_role(conn: Conn, *, name: str) -> str | None:
+    """The role of the active reviewer named `name` (None: no such reviewer, or revoked)."""
+    value = await conn.fetchval(ACTIVE_ROLE, name)
+    return None if value is None else str(value)
 
 
 async def active_by_token(conn: Conn, token_sha256: bytes) -> asyncpg.Record | None:

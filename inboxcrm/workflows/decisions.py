@@ -19,7 +19,8 @@ from typing import Any, Literal
 
 from temporalio.exceptions import ApplicationError
 
-from inboxcrm.schemas.contract import decision_body
+from inboxcrm.adapters.errors import failure_cause
+from inboxcrm.schemas.contract import authority_refusal, decision_body
 from inboxcrm.schemas.models import (
     DECISION_ACTIONS,
     REVIEWER_LABEL_CHARS,
@@ -67,6 +68,10 @@ class Waiting:
     error: str | None = None       # the destination's error label (blocked step)
     attempts: str | None = None    # "n/max" from the ledger
     card_url: str = ""
+    owner: str = ""                # who this wait's review task goes to (`owner_of`)
+    # The reviewer role a retry needs (an ambiguous customer-facing send, the policy's
+    # `authority.repeat_customer_facing`); None: any reviewer of the tenant.
+    required_role: str | None = None
 
     @property
     def wait_id(self) -> str:
@@ -112,6 +117,10 @@ def details(waiting: Waiting, state: ItemState) -> str:
         lines.append(f"- attempts: {waiting.attempts}")
     if waiting.error:
         lines.append(f"- destination error: `{waiting.error}`")
+    if waiting.required_role:
+        lines.append(f"- retry only by a reviewer with the role `{waiting.required_role}`, "
+                     "through the review desk or `inboxcrm review` (a retry may send twice: "
+                     "check the destination first, see the review card)")
     if waiting.card_url:
         lines.append(f"- review card: [{waiting.card_url}]({waiting.card_url})")
     lines += ["", "More Actions → \"Send an Update\" (you get an answer) or \"Send a Signal\", "
@@ -122,6 +131,33 @@ def details(waiting: Waiting, state: ItemState) -> str:
         lines += [f"- {choice}", "", f"  `{action}`: `{json.dumps(body_for(action, waiting))}`",
                   ""]
     return "\n".join(lines)
+
+
+def owner_of(waiting: Waiting, owners: dict[str, str], default: str) -> str:
+    """Who this wait's review task goes to (docs/architecture.md §6, "Who is called"): the
+    policy's owner of its exact reason (`http_401:INVALID_AUTHENTICATION`), of the reason's
+    status (`http_401`), or of its cause (`access`, `integration`, `data`, `rate`,
+    `ambiguous`, or `review` for every review and follow-up wait); else `review_owner`.
+    Blocked after retries ran out, the last error of the step tells the cause."""
+    if not owners:
+        return default
+    label = waiting.reason
+    if waiting.kind != "recovery":
+        cause = "review"
+    else:
+        if waiting.reason == "retries_exhausted" and waiting.error:
+            label = waiting.error
+        cause = ("ambiguous" if waiting.reason == "outcome_unconfirmed"
+                 else failure_cause(label))
+    for key in (waiting.reason, label, label.split(":", 1)[0], cause):
+        if key in owners:
+            return owners[key]
+    return default
+
+
+def customer_facing(op_key: str | None) -> bool:
+    """A step whose repeat reaches the customer: the follow-up's send (`{workflow_id}:send`)."""
+    return op_key is not None and op_key.rsplit(":", 1)[-1] == "send"
 
 
 def first(reasons: list[str], default: str) -> str:
@@ -207,6 +243,8 @@ def check_action(waiting: Waiting, decision: ReviewDecision) -> Refusal | None:
         return Refusal(f"not_allowed_while_{waiting.kind}",
                        f"refused: {action} is not allowed at wait {waiting.wait_id} "
                        f"({waiting.reason}); allowed: {', '.join(sorted(waiting.allowed))}")
+    if action == "retry" and waiting.required_role and not decision.proof:
+        return Refusal("authority_required", authority_refusal(waiting.required_role))
     if action == "resolve" and not decision.evidence:
         return Refusal("evidence_required", "refused: resolve needs evidence (the CRM record "
                        "ID or the provider's message ID you found), e.g. "

@@ -86,8 +86,10 @@ with workflow.unsafe.imports_passed_through():
         Request,
         Waiting,
         WaitKind,
+        customer_facing,
         details,
         first,
+        owner_of,
         parse_decision,
         reason_of,
         refusal,
@@ -200,6 +202,8 @@ class InboundEmailWorkflow:
                 ExtractActivities.extract_with_model, self.item, EXTRACT_TIMEOUT,
                 EXTRACT_RETRY, summary="extract with model", task_queue=extraction.model_queue)
         self._state.owner = extraction.review_owner
+        self._state.owners = dict(extraction.owners)
+        self._state.repeat_role = extraction.repeat_role
         self._state.escalation_hours = extraction.escalation_hours
         self._state.identity_known = extraction.identity_known
         if extraction.review_base_url:
@@ -421,6 +425,11 @@ class InboundEmailWorkflow:
             state, reason = ItemState.BLOCKED, "retries_exhausted"
         allowed = set(RECOVERY_ACTIONS) if op_key else RECOVERY_ACTIONS - {"resolve"}
         waiting = Waiting("recovery", reason, allowed, op_key)
+        if state == ItemState.AMBIGUOUS and customer_facing(op_key):
+            # A retry may reach the customer twice: the policy may ask for a role
+            # (docs/architecture.md §6, "Authority"). A run extracted before issue 37 has
+            # none, so it replays as it ran.
+            waiting.required_role = self._state.repeat_role
         if op_key:
             # The ledger's attempts and error label, for the current details.
             view = await self._bookkeeping(ReviewActivities.describe_operation,
@@ -472,6 +481,7 @@ class InboundEmailWorkflow:
         escalate_at = now + timedelta(hours=self._state.escalation_hours)
         waiting.seq, waiting.since = self._state.wait_seq, now.isoformat()
         waiting.escalate_at, waiting.card_url = escalate_at.isoformat(), self._state.card_url
+        waiting.owner = owner_of(waiting, self._state.owners, self._state.owner)
         self._waiting = waiting
         workflow.set_current_details(details(waiting, state))
         await self._enter(state, waiting.reason, review=True)
@@ -540,7 +550,8 @@ class InboundEmailWorkflow:
                 detail=detail, note=decision.note if decision else None,
                 evidence=decision.evidence if decision else None,
                 corrections=dict(decision.corrections) if decision else {},
-                send_followup=decision.send_followup if decision else True))
+                send_followup=decision.send_followup if decision else True,
+                required_role=waiting.required_role if request.action == "retry" else None))
         if decision is not None:
             decision.reviewer = identity.decider
         if problem is None and identity.refused:
@@ -664,11 +675,12 @@ class InboundEmailWorkflow:
         return dataclasses.replace(
             self._status, workflow_id=workflow.info().workflow_id,
             operations=dict(self._state.operations), review=None if waiting is None else OpenReview(
-                reason=waiting.reason, owner=self._state.owner, since=waiting.since,
+                reason=waiting.reason, owner=waiting.owner or self._state.owner,
+                since=waiting.since,
                 allowed=sorted(waiting.allowed), op_key=waiting.op_key,
                 wait_id=waiting.wait_id, escalate_at=waiting.escalate_at,
                 needs_sender=waiting.needs_sender, intent_id=waiting.intent_id,
-                error=waiting.error))
+                error=waiting.error, repeat_role=waiting.required_role))
 
     # --- state mirroring -----------------------------------------------------------------
     @property
@@ -705,19 +717,20 @@ class InboundEmailWorkflow:
     async def _enter(self, state: ItemState, reason: str | None, review: bool = False) -> None:
         """A state the workflow itself decides: mirrored to PostgreSQL and the UI."""
         updates: list[SearchAttributeUpdate[Any]] = []
+        waiting = self._waiting
+        owner = (waiting.owner if waiting else "") or self._state.owner
         if state in REVIEW_STATES:
             updates = [SA_NEEDS_REVIEW.value_set(True),
                        SA_REVIEW_REASON.value_set(reason or state.value),
-                       SA_REVIEW_OWNER.value_set(self._state.owner)]
+                       SA_REVIEW_OWNER.value_set(owner)]
             self._shown_review = True
         else:
             updates = self._leave_review_updates()
         self._show(state, reason, updates, publish=True)
-        waiting = self._waiting
         await self._bookkeeping(BookkeepingActivities.record_item_state, StateChange(
             self.item, state.value, reason,
             review_reason=reason if review else None,
-            review_owner=self._state.owner if review else None,
+            review_owner=owner if review else None,
             destination_ref=waiting.op_key if waiting else None,
             escalation_hours=self._state.escalation_hours,
             wait_id=waiting.wait_id if waiting and review else None,

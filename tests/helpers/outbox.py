@@ -150,6 +150,9 @@ class GatedMail:
     async def read_sent(self, message_id: str) -> SentRecord | None:
         return await self._real.read_sent(message_id)
 
+    def where_to_look(self, idempotency_key: str) -> str:
+        return self._real.where_to_look(idempotency_key)
+
     async def aclose(self) -> None:
         return None
 
@@ -175,6 +178,9 @@ class UnsearchableMail:
 
     async def read_sent(self, message_id: str) -> SentRecord | None:
         raise Unverifiable("smtp_not_searchable")
+
+    def where_to_look(self, idempotency_key: str) -> str:
+        return f"the relay's log: the message with key {idempotency_key}"
 
     async def aclose(self) -> None:
         return None
