@@ -74,6 +74,7 @@ class _Gathered:
 
     facts: planning.Facts
     contact_id: Any = None
+    thread: Any = None      # `intents.THREAD_OF_EVENT`'s row, for the audit
 
 
 async def _gather(conn: Conn, plan: PlanInput, policy: TenantPolicy) -> _Gathered:
@@ -121,11 +122,14 @@ async def _gather(conn: Conn, plan: PlanInput, policy: TenantPolicy) -> _Gathere
     if contact is None and known["decision"] is not None:
         # A re-run: the contact this run sees was made by the earlier one.
         contact = planning.ExistingContact(row["name"], row["company"], row["status"])
+    # A reply in a thread we know (migration 073) is the conversation going on.
+    thread = await intents.thread_of_event(conn, event_id=item.event_id)
     facts = replace(base, contact=contact, earlier=earlier, ramp=ramp,
                     followup=planning.FollowupFacts(
                         bool(known["suppressed"]), bool(known["recent"]),
-                        bool(known["marketing_suppressed"])))
-    return _Gathered(facts, row["contact_id"])
+                        bool(known["marketing_suppressed"])),
+                    thread=str(thread["event_id"]) if thread is not None else None)
+    return _Gathered(facts, row["contact_id"], thread)
 
 
 class _Writer:
@@ -230,6 +234,15 @@ class _Writer:
             result.intent_id = earlier.intent_id
             result.intent_needs_approval = earlier.intent_status == "awaiting_approval"
             result.approval_reason = earlier.approval_reason
+            return result
+        if decision.outcome == "thread_reply":
+            thread = self.gathered.thread
+            await self.audit("followup_not_planned", {
+                "reason": "thread_reply", "thread_event_id": str(thread["event_id"]),
+                "answers": thread["via"],
+                "thread_contact_id": (str(thread["contact_id"]) if thread["contact_id"]
+                                      else None)})
+            result.reason = "thread_reply"
             return result
         if decision.outcome == "no_rule":
             await self.audit("followup_not_planned", {"reason": "no_rule_for_intent"})

@@ -35,7 +35,13 @@ from inboxcrm.activities.outbox import (
 from inboxcrm.adapters.base import AdapterError, MailClient, OutgoingEmail
 from inboxcrm.adapters.errors import Category, Classified, ErrorType
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
-from inboxcrm.domain.followup import Followup, FollowupRefused, compose
+from inboxcrm.domain.followup import (
+    Followup,
+    FollowupRefused,
+    Thread,
+    compose,
+    followup_message_id,
+)
 from inboxcrm.domain.policy import PolicyError, TenantPolicy, UnknownTenant, get_policy
 from inboxcrm.domain.templates import (
     Template,
@@ -189,6 +195,9 @@ class SendActivities:
                 # The words before the lease: a follow-up that may not go out as configured
                 # (no opt-out link possible, a template gone) is blocked without one.
                 followup = await self._compose(conn, row)
+                # Recorded before the call: a reply to it is known whatever happens next.
+                await intents.record_message_id(conn, intent_id=intent_id,
+                                                message_id=followup.headers["Message-ID"])
                 await intents.take_lease(
                     conn, intent_id=intent_id, lease_owner=attempt_name, lease_seconds=lease,
                     tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
@@ -237,10 +246,13 @@ class SendActivities:
             policy = get_policy(row["tenant"])
             template = await _planned_template(conn, row, policy)
             head = bytes(row["head"]) if row["head"] is not None else None
+            sender = policy.sender.from_address or self._settings.mail_from
+            thread = Thread(followup_message_id(str(row["intent_id"]), sender),
+                            row["inbound_message_id"], tuple(row["thread_refs"] or ()))
             return compose(policy, template, to=row["email"], contact_id=row["contact_id"],
                            name=row["name"], company=row["company"],
                            languages=reply_languages(row["languages"], head),
-                           settings=self._settings)
+                           settings=self._settings, thread=thread)
         except FollowupRefused as refused:
             activity.logger.error("follow-up refused: %s", refused)
             reason = refused.reason

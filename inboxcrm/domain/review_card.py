@@ -455,6 +455,8 @@ def proposed_status(decided: planning.Plan, contact: Any) -> str:
         if contact is not None and contact["status"] != "active":
             return f"not sent: contact {contact['status']}"
         return "not sent: suppressed"
+    if decision.outcome == "thread_reply":
+        return "not sent: a reply in a conversation we know (thread_reply)"
     if decision.outcome == "quiet_period":
         assert decision.rule is not None
         return f"not sent: quiet period ({decision.rule.quiet_period_hours:g} h)"
