@@ -27,7 +27,7 @@ from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain import planning
 from inboxcrm.domain.policy import TenantPolicy, get_policy
 from inboxcrm.schemas.models import Action, ItemState, PlanInput, PlanResult, operation_key
-from inboxcrm.store import audit, contacts, events, intents, matches
+from inboxcrm.store import audit, contacts, events, intents, ledger, matches
 from inboxcrm.store.suppression import SendInFlight, lock_identity, suppress_identity
 
 if TYPE_CHECKING:
@@ -219,8 +219,22 @@ class _Writer:
                 note_action=Action.CRM_NOTE.value)
         result = PlanResult(outcome="planned", contact_id=str(self.contact_id),
                             crm_op_key=crm_key, note_op_key=note_key)
+        # The inbound email as the CRM's email activity: its own operation and key.
+        result.email_op_key = await self._operation(Action.CRM_EMAIL, self.item.event_id)
         assert decided.followup is not None
-        return await self._followup(result, decided.followup)
+        result = await self._followup(result, decided.followup)
+        if result.send_op_key and result.intent_id:
+            # The follow-up, logged in the CRM once it is sent.
+            result.sent_op_key = await self._operation(Action.CRM_SENT, result.intent_id)
+        return result
+
+    async def _operation(self, action: Action, external_ref: str) -> str:
+        key = operation_key(self.item.workflow_id, action)
+        await ledger.plan_operation(
+            self.conn, op_key=key, workflow_id=self.item.workflow_id,
+            event_id=self.item.event_id, action=action.value,
+            max_attempts=self.crm_max_attempts, external_ref=external_ref)
+        return key
 
     async def _followup(self, result: PlanResult,
                         decision: planning.FollowupDecision) -> PlanResult:

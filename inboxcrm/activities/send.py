@@ -240,26 +240,7 @@ class SendActivities:
         return await self._crm_opt_out.read(tenant, crm, facts["crm_record_id"])
 
     async def _compose(self, conn: Conn, row: asyncpg.Record) -> Followup:
-        """The follow-up of this intent: the planned words, the tenant's sender, the
-        message's language. A refusal is permanent (the operation is blocked with it)."""
-        try:
-            policy = get_policy(row["tenant"])
-            template = await _planned_template(conn, row, policy)
-            head = bytes(row["head"]) if row["head"] is not None else None
-            sender = policy.sender.from_address or self._settings.mail_from
-            thread = Thread(followup_message_id(str(row["intent_id"]), sender),
-                            row["inbound_message_id"], tuple(row["thread_refs"] or ()))
-            return compose(policy, template, to=row["email"], contact_id=row["contact_id"],
-                           name=row["name"], company=row["company"],
-                           languages=reply_languages(row["languages"], head),
-                           settings=self._settings, thread=thread)
-        except FollowupRefused as refused:
-            activity.logger.error("follow-up refused: %s", refused)
-            reason = refused.reason
-        except (UnknownTenant, PolicyError, TemplateRefused) as exc:
-            activity.logger.error("follow-up template unusable: %s", exc)
-            reason = "template_unusable"
-        raise AdapterError(Classified(Category.PERMANENT, reason))
+        return await compose_intent(conn, row, self._settings)
 
     def _record(self, attempt: Attempt, message_id: str, reconciled: bool,
                 mail: MailClient) -> Recorded:
@@ -271,6 +252,31 @@ class SendActivities:
                     "provider_message_id": message_id, "attempt": attempt.claim.attempts,
                     "reconciled": reconciled},
         )
+
+
+async def compose_intent(conn: Conn, row: asyncpg.Record, settings: Settings) -> Followup:
+    """The follow-up of this intent (`intents.claim_intent`'s row): the planned words, the
+    tenant's sender, the message's language, its thread. Deterministic, so the CRM's log of
+    the sent follow-up shows the words that went out. A refusal is permanent (the
+    operation is blocked with it)."""
+    try:
+        policy = get_policy(row["tenant"])
+        template = await _planned_template(conn, row, policy)
+        head = bytes(row["head"]) if row["head"] is not None else None
+        sender = policy.sender.from_address or settings.mail_from
+        thread = Thread(followup_message_id(str(row["intent_id"]), sender),
+                        row["inbound_message_id"], tuple(row["thread_refs"] or ()))
+        return compose(policy, template, to=row["email"], contact_id=row["contact_id"],
+                       name=row["name"], company=row["company"],
+                       languages=reply_languages(row["languages"], head),
+                       settings=settings, thread=thread)
+    except FollowupRefused as refused:
+        activity.logger.error("follow-up refused: %s", refused)
+        reason = refused.reason
+    except (UnknownTenant, PolicyError, TemplateRefused) as exc:
+        activity.logger.error("follow-up template unusable: %s", exc)
+        reason = "template_unusable"
+    raise AdapterError(Classified(Category.PERMANENT, reason))
 
 
 # Stored template versions, validated once per worker: a version is named by the hash of its

@@ -193,6 +193,7 @@ def create_app(
     app.include_router(mail.router)
     app.include_router(notes.router)
     app.include_router(notes.associations)
+    app.include_router(notes.emails)  # HubSpot email engagements, same table
     app.include_router(salesforce.router)  # same table, same Sandbox.run faults
     app.include_router(salesforce.oauth)  # the token endpoint (client credentials flow)
     app.include_router(tamper.router)  # /_sandbox/contacts: changes behind the product's back
@@ -241,7 +242,8 @@ def create_app(
             contacts = await conn.fetch(
                 "SELECT id, properties, created_at, updated_at FROM sandbox.contacts ORDER BY id"
             )
-            note_rows = await conn.fetch(f"{notes.SELECT_NOTES} ORDER BY n.id")
+            activity_rows = await conn.fetch(f"{notes.SELECT_NOTES} ORDER BY n.id")
+            note_rows = [r for r in activity_rows if r["kind"] != "email"]
             emails = await conn.fetch(
                 "SELECT id, sender, reply_to, recipients, subject, idempotency_key, created_at "
                 "FROM sandbox.emails ORDER BY created_at, id"
@@ -250,6 +252,8 @@ def create_app(
             "contacts": [crm.contact_json(r) for r in contacts],
             "leads": [],
             "notes": [notes.state_json(r) for r in note_rows],
+            # Everything logged on a record (notes, email engagements, Tasks), DESIGN §10.
+            "activities": [notes.activity_json(r) for r in activity_rows],
             "emails": [
                 {
                     "id": str(r["id"]),

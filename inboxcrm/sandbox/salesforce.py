@@ -620,7 +620,7 @@ def _task_json(row: asyncpg.Record, version: str, field: str) -> dict[str, Any]:
     return {"attributes": {"type": "Task",
                            "url": f"/services/data/{version}/sobjects/Task/{row['id']}"},
             "Id": str(row["id"]), "WhoId": str(row["contact_id"]),
-            "Description": row["body"], field: row["id_value"],
+            "Subject": row["subject"], "Description": row["body"], field: row["id_value"],
             "CreatedDate": iso(row["created_at"]), "LastModifiedDate": iso(row["updated_at"])}
 
 
@@ -638,7 +638,8 @@ async def upsert_task(pool: asyncpg.Pool, version: str, field: str, value: str,
         return Outcome(sf_error(400, "INVALID_CROSS_REFERENCE_KEY", "invalid cross reference "
                                 "id", ["WhoId"]), "invalid")
     try:
-        row = await pool.fetchrow(UPSERT_NOTE, field, value, int(who), text)
+        row = await pool.fetchrow(UPSERT_NOTE, field, value, int(who), text,
+                                  str(body.get("Subject") or "") or None)
     except asyncpg.ForeignKeyViolationError:
         return Outcome(sf_error(400, "INVALID_CROSS_REFERENCE_KEY", "invalid cross reference "
                                 "id", ["WhoId"]), "invalid")

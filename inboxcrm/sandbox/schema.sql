@@ -158,3 +158,10 @@ CREATE TABLE IF NOT EXISTS sandbox.id_properties (
 -- Salesforce's duplicate rule for Contacts: none | alert (the standard rule) | block.
 ALTER TABLE sandbox.config ADD COLUMN IF NOT EXISTS salesforce_duplicate_rule text
     NOT NULL DEFAULT 'alert' CHECK (salesforce_duplicate_rule IN ('none', 'alert', 'block'));
+
+-- Activities logged on a record (`/_sandbox/state` `activities`): HubSpot notes and email
+-- engagements, Salesforce Tasks, all in `sandbox.notes`. `kind`: note | email | task;
+-- `subject` (an email's or a Task's), `direction` (an email's: INCOMING_EMAIL | EMAIL).
+ALTER TABLE sandbox.notes ADD COLUMN IF NOT EXISTS kind text NOT NULL DEFAULT 'note';
+ALTER TABLE sandbox.notes ADD COLUMN IF NOT EXISTS subject text;
+ALTER TABLE sandbox.notes ADD COLUMN IF NOT EXISTS direction text;

@@ -102,7 +102,7 @@ FOR SHARE OF c
 # follow-up answers, migration 073), the intent row-locked.
 CLAIM_INTENT = """
 SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.rule_id, i.lease_owner,
-       i.provider_message_id,
+       i.provider_message_id, i.sent_at,
        extract(epoch FROM i.lease_until - clock_timestamp()) AS lease_remaining,
        c.status AS contact_status, c.email, c.name, c.company, c.tenant, c.canonical_email,
        EXISTS (SELECT 1 FROM suppressions s

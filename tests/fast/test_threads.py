@@ -35,3 +35,21 @@ def test_the_followup_answers_the_message() -> None:
     written = headers["References"].split()
     assert len(written) == MAX_REFERENCES
     assert written[0] == "<r0@x>" and written[-1] == "<in@x>"
+
+
+def test_the_crm_gets_what_the_policy_allows_of_a_message() -> None:
+    """`crm_email_text` (docs/architecture.md §5, "The conversation in the CRM"): a snippet
+    by default, the minimised text, or the subject only."""
+    from inboxcrm.domain.policy import CRM_SNIPPET_CHARS, CRM_TEXT_CHARS, get_policy
+
+    policy = get_policy("acme")
+    assert policy.crm_email_text == "snippet"
+    text = "Hi,\n\n  could you send\tpricing?\n" + "x" * 500
+    snippet = policy.crm_text(text)
+    assert snippet.startswith("Hi, could you send pricing? x")
+    assert len(snippet) == CRM_SNIPPET_CHARS and snippet.endswith("…")
+    assert policy.crm_text("Short.") == "Short."
+    whole = policy.model_copy(update={"crm_email_text": "minimised"})
+    assert whole.crm_text(text) == text.strip()[:CRM_TEXT_CHARS]
+    none = policy.model_copy(update={"crm_email_text": "subject_only"})
+    assert none.crm_text(text) == ""
