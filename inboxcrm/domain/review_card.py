@@ -331,10 +331,13 @@ async def _facts(conn: Conn, row: Any, extraction: dict[str, Any], policy: Tenan
     `intents.followup_blockers`, and the ramp's hour (read, not locked)."""
     identity = row["canonical_email"]
     existing = _existing(contact) if contact is not None else None
+    # A reply in a thread we know is not acknowledged (`intents.thread_of_event`).
+    thread = await intents.thread_of_event(conn, event_id=row["event_id"])
     facts = planning.Facts(policy=policy, route=str(row["route"]), identity=identity,
                            extraction=extraction, approved=True,
                            name_candidates=tuple(str(o["contact_id"]) for o in others),
-                           contact=existing)
+                           contact=existing,
+                           thread=str(thread["event_id"]) if thread is not None else None)
     asked = planning.questions(policy, extraction, None)
     if identity is None or asked.rule is None:
         return facts
