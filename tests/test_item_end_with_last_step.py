@@ -1,8 +1,9 @@
 """An item's last step records the item's end with its own success
 (`OperationInput.ends_item`, written in the step's success statement): the state, the open
 review tasks and the audit entry `record_item_state` used to write after it. A happy item
-runs five steps, not six; one without a follow-up, four. Counted in PostgreSQL, at the mail
-destination and in the run's history."""
+runs seven steps, not eight (the last: the sent follow-up's log in the CRM,
+`conversation-in-crm`); one without a follow-up, five (the last: the inbound email's
+activity). Counted in PostgreSQL, at the mail destination and in the run's history."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ async def test_a_happy_item_ends_with_its_send_and_records_its_end_once(
     assert (audit[ends[0]]["actor"], audit[ends[0]]["reason"]) == ("workflow", "followup_sent")
     steps = await _local_steps(env, workflow_id)
     assert "record_item_state" not in steps
-    assert sum(steps.values()) == 5 and steps["submit_followup_email"] == 1, steps
+    assert sum(steps.values()) == 7 and steps["submit_followup_email"] == 1, steps
+    assert steps["log_followup_in_crm"] == 1, steps
     status = await env.query_status(workflow_id)
     assert (status["state"], status["reason"]) == ("completed", "followup_sent")
 
@@ -88,7 +90,7 @@ async def test_a_reviewed_item_has_its_review_task_resolved_by_the_send(
 
 async def test_an_item_without_a_follow_up_ends_with_its_crm_note(env: StackClient) -> None:
     """A second email from the same person within the quiet period: no follow-up is
-    planned, so the CRM note is the last step and records the end."""
+    planned, so the inbound email's CRM activity is the last step and records the end."""
     email = unique_email("quietend")
     first = await env.deliver(message_from(email))
     await env.wait_state(first, "completed")
@@ -102,7 +104,8 @@ async def test_an_item_without_a_follow_up_ends_with_its_crm_note(env: StackClie
     assert [(r["actor"], r["reason"]) for r in ends] == [("workflow", "quiet_period")], audit
     steps = await _local_steps(env, second)
     assert "record_item_state" not in steps and "submit_followup_email" not in steps
-    assert steps["log_email_on_contact"] == 1 and sum(steps.values()) == 4, steps
+    assert steps["log_email_on_contact"] == 1 and sum(steps.values()) == 5, steps
+    assert steps["log_inbound_email_in_crm"] == 1, steps
 
 
 @contextmanager

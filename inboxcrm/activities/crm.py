@@ -4,6 +4,11 @@ The CRM is called with our contact ID as its unique external ID, so a repeated r
 updates the same record. After an uncertain attempt the record is looked up by that ID
 first (read-after-write consistent, not the lagging search index).
 
+The conversation (docs/architecture.md §5, "The conversation in the CRM"): the inbound
+email as the CRM's email activity (`…:crm-email`) and our follow-up once sent
+(`…:crm-sent`), each an operation of its own, keyed in the CRM by a unique ID derived from
+its operation key; the text each carries is what the tenant's `crm_email_text` allows.
+
 Match before create (the adapter's `upsert_contact`): a record the CRM already held for the
 email is adopted, audited (`crm_record_adopted`) and counted
 (`inboxcrm_crm_adoptions_total{provider}`); several such records send the item to review
@@ -22,18 +27,22 @@ from temporalio import activity
 from inboxcrm.activities.counters import count
 from inboxcrm.activities.failures import missing_row
 from inboxcrm.activities.outbox import MAX_PARK_SECONDS, Attempt, OutboxRunner, Recorded
+from inboxcrm.activities.send import compose_intent
 from inboxcrm.adapters.base import (
     AdapterError,
     ContactFields,
     CrmClient,
     CrmRecord,
+    EmailActivity,
     MatchCandidates,
 )
 from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
-from inboxcrm.domain.extraction.minimise import date_written
+from inboxcrm.domain.extraction.minimise import date_written, minimise
+from inboxcrm.domain.policy import get_policy
+from inboxcrm.platform.config import get_settings
 from inboxcrm.schemas.models import Action, ItemState, OperationInput, OperationResult
-from inboxcrm.store import audit, contacts, ledger
+from inboxcrm.store import audit, contacts, intents, ledger
 
 CANDIDATES_REASON = "crm_candidates"
 
@@ -52,6 +61,77 @@ class CrmActivities:
         self._note_runner = OutboxRunner(pool, action=Action.CRM_NOTE.value, pause_scope="crm",
                                          max_retry_after=max_retry_after,
                                          max_park=max_park)
+        self._email_runner = OutboxRunner(pool, action=Action.CRM_EMAIL.value,
+                                          pause_scope="crm", max_retry_after=max_retry_after,
+                                          max_park=max_park)
+        self._sent_runner = OutboxRunner(pool, action=Action.CRM_SENT.value, pause_scope="crm",
+                                         max_retry_after=max_retry_after, max_park=max_park)
+
+    @activity.defn(name="log_inbound_email_in_crm")
+    async def log_inbound_email_in_crm(self, op: OperationInput) -> OperationResult:
+        """The inbound email as the CRM's email activity on the contact's record."""
+        return await self._email_runner.run(
+            op, reconcile=self._find_email, perform=self._log_inbound,
+            record_success=self._record_email, running_state=ItemState.CRM_PENDING)
+
+    @activity.defn(name="log_followup_in_crm")
+    async def log_followup_in_crm(self, op: OperationInput) -> OperationResult:
+        """Our follow-up, once sent, as the CRM's email activity on the same record."""
+        return await self._sent_runner.run(
+            op, reconcile=self._find_email, perform=self._log_sent,
+            record_success=self._record_email, running_state=ItemState.SEND_PENDING)
+
+    async def _find_email(self, attempt: Attempt) -> str | None:
+        """Reconcile: the activity by its unique key (the association is part of the
+        create, so finding it is enough)."""
+        return await self._crm(attempt.op.item.tenant).find_email(note_key(attempt.op.op_key))
+
+    async def _log_inbound(self, attempt: Attempt) -> str:
+        item = attempt.op.item
+        async with self._pool.acquire() as conn:
+            row = await contacts.load_email_context(conn, event_id=item.event_id)
+        if row is None or row["crm_record_id"] is None:
+            raise missing_row("crm_record")
+        subject, text = "", ""
+        if row["head"] is not None:  # purged: the subject and text are gone
+            # Bounded (the first 64 KiB), as the note's head was read before migration 041.
+            message = minimise(bytes(row["head"]))
+            subject, text = message.subject, message.body[:message.own_text_chars]
+        email = EmailActivity(
+            inbound=True, subject=subject, text=get_policy(item.tenant).crm_text(text),
+            occurred_at=note_time(row["written_at"], None, row["received_at"]))
+        return await self._crm(item.tenant).log_email(
+            note_key(attempt.op.op_key), row["crm_record_id"], email)
+
+    async def _log_sent(self, attempt: Attempt) -> str:
+        item = attempt.op.item
+        intent_id = attempt.claim.external_ref
+        if intent_id is None:
+            raise missing_row("intent_reference")
+        async with self._pool.acquire() as conn:
+            context = await contacts.load_note_context(conn, event_id=item.event_id)
+            async with conn.transaction():
+                row = await intents.claim_intent(conn, intent_id=intent_id,
+                                                 event_id=item.event_id)
+                if row is None:
+                    raise missing_row("followup_intent")
+                followup = await compose_intent(conn, row, get_settings())
+        if context is None or context["crm_record_id"] is None:
+            raise missing_row("crm_record")
+        email = EmailActivity(
+            inbound=False, subject=followup.subject,
+            text=get_policy(item.tenant).crm_text(followup.text),
+            occurred_at=row["sent_at"] or context["received_at"])
+        return await self._crm(item.tenant).log_email(
+            note_key(attempt.op.op_key), context["crm_record_id"], email)
+
+    def _record_email(self, attempt: Attempt, email_id: str, reconciled: bool) -> Recorded:
+        return Recorded(
+            actor="crm", action="crm_email_logged",
+            detail={"op_key": attempt.op.op_key, "crm": self._crm(attempt.op.item.tenant).name,
+                    "email_activity_id": email_id, "attempt": attempt.claim.attempts,
+                    "reconciled": reconciled},
+        )
 
     @activity.defn(name="log_email_on_contact")
     async def log_email_on_contact(self, op: OperationInput) -> OperationResult:

@@ -180,7 +180,8 @@ class ExtractActivities:
             route=outcome.route, route_reasons=outcome.reasons,
             canonical_email=outcome.canonical_email, tenant=item.tenant,
             workflow_id=item.workflow_id, audit_detail=audit.json_safe(detail), step=STEP,
-            written_at=outcome.written_at, languages=outcome.languages)
+            written_at=outcome.written_at, languages=outcome.languages,
+            thread_refs=outcome.thread_refs)
         if outcome.suppression_candidates:
             async with self._pool.acquire() as conn, conn.transaction():
                 await stored(conn)

@@ -27,7 +27,7 @@ from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain import planning
 from inboxcrm.domain.policy import TenantPolicy, get_policy
 from inboxcrm.schemas.models import Action, ItemState, PlanInput, PlanResult, operation_key
-from inboxcrm.store import audit, contacts, events, intents, matches
+from inboxcrm.store import audit, contacts, events, intents, ledger, matches
 from inboxcrm.store.suppression import SendInFlight, lock_identity, suppress_identity
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ class _Gathered:
 
     facts: planning.Facts
     contact_id: Any = None
+    thread: Any = None      # `intents.THREAD_OF_EVENT`'s row, for the audit
 
 
 async def _gather(conn: Conn, plan: PlanInput, policy: TenantPolicy) -> _Gathered:
@@ -121,11 +122,14 @@ async def _gather(conn: Conn, plan: PlanInput, policy: TenantPolicy) -> _Gathere
     if contact is None and known["decision"] is not None:
         # A re-run: the contact this run sees was made by the earlier one.
         contact = planning.ExistingContact(row["name"], row["company"], row["status"])
+    # A reply in a thread we know (migration 073) is the conversation going on.
+    thread = await intents.thread_of_event(conn, event_id=item.event_id)
     facts = replace(base, contact=contact, earlier=earlier, ramp=ramp,
                     followup=planning.FollowupFacts(
                         bool(known["suppressed"]), bool(known["recent"]),
-                        bool(known["marketing_suppressed"])))
-    return _Gathered(facts, row["contact_id"])
+                        bool(known["marketing_suppressed"])),
+                    thread=str(thread["event_id"]) if thread is not None else None)
+    return _Gathered(facts, row["contact_id"], thread)
 
 
 class _Writer:
@@ -215,8 +219,22 @@ class _Writer:
                 note_action=Action.CRM_NOTE.value)
         result = PlanResult(outcome="planned", contact_id=str(self.contact_id),
                             crm_op_key=crm_key, note_op_key=note_key)
+        # The inbound email as the CRM's email activity: its own operation and key.
+        result.email_op_key = await self._operation(Action.CRM_EMAIL, self.item.event_id)
         assert decided.followup is not None
-        return await self._followup(result, decided.followup)
+        result = await self._followup(result, decided.followup)
+        if result.send_op_key and result.intent_id:
+            # The follow-up, logged in the CRM once it is sent.
+            result.sent_op_key = await self._operation(Action.CRM_SENT, result.intent_id)
+        return result
+
+    async def _operation(self, action: Action, external_ref: str) -> str:
+        key = operation_key(self.item.workflow_id, action)
+        await ledger.plan_operation(
+            self.conn, op_key=key, workflow_id=self.item.workflow_id,
+            event_id=self.item.event_id, action=action.value,
+            max_attempts=self.crm_max_attempts, external_ref=external_ref)
+        return key
 
     async def _followup(self, result: PlanResult,
                         decision: planning.FollowupDecision) -> PlanResult:
@@ -230,6 +248,15 @@ class _Writer:
             result.intent_id = earlier.intent_id
             result.intent_needs_approval = earlier.intent_status == "awaiting_approval"
             result.approval_reason = earlier.approval_reason
+            return result
+        if decision.outcome == "thread_reply":
+            thread = self.gathered.thread
+            await self.audit("followup_not_planned", {
+                "reason": "thread_reply", "thread_event_id": str(thread["event_id"]),
+                "answers": thread["via"],
+                "thread_contact_id": (str(thread["contact_id"]) if thread["contact_id"]
+                                      else None)})
+            result.reason = "thread_reply"
             return result
         if decision.outcome == "no_rule":
             await self.audit("followup_not_planned", {"reason": "no_rule_for_intent"})

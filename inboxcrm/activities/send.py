@@ -35,7 +35,13 @@ from inboxcrm.activities.outbox import (
 from inboxcrm.adapters.base import AdapterError, MailClient, OutgoingEmail
 from inboxcrm.adapters.errors import Category, Classified, ErrorType
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
-from inboxcrm.domain.followup import Followup, FollowupRefused, compose
+from inboxcrm.domain.followup import (
+    Followup,
+    FollowupRefused,
+    Thread,
+    compose,
+    followup_message_id,
+)
 from inboxcrm.domain.policy import PolicyError, TenantPolicy, UnknownTenant, get_policy
 from inboxcrm.domain.templates import (
     Template,
@@ -214,6 +220,9 @@ class SendActivities:
                 # The words before the lease: a follow-up that may not go out as configured
                 # (no opt-out link possible, a template gone) is blocked without one.
                 followup = await self._compose(conn, row)
+                # Recorded before the call: a reply to it is known whatever happens next.
+                await intents.record_message_id(conn, intent_id=intent_id,
+                                                message_id=followup.headers["Message-ID"])
                 await intents.take_lease(
                     conn, intent_id=intent_id, lease_owner=attempt_name, lease_seconds=lease,
                     tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
@@ -256,23 +265,7 @@ class SendActivities:
         return await self._crm_opt_out.read(tenant, crm, facts["crm_record_id"])
 
     async def _compose(self, conn: Conn, row: asyncpg.Record) -> Followup:
-        """The follow-up of this intent: the planned words, the tenant's sender, the
-        message's language. A refusal is permanent (the operation is blocked with it)."""
-        try:
-            policy = get_policy(row["tenant"])
-            template = await _planned_template(conn, row, policy)
-            head = bytes(row["head"]) if row["head"] is not None else None
-            return compose(policy, template, to=row["email"], contact_id=row["contact_id"],
-                           name=row["name"], company=row["company"],
-                           languages=reply_languages(row["languages"], head),
-                           settings=self._settings)
-        except FollowupRefused as refused:
-            activity.logger.error("follow-up refused: %s", refused)
-            reason = refused.reason
-        except (UnknownTenant, PolicyError, TemplateRefused) as exc:
-            activity.logger.error("follow-up template unusable: %s", exc)
-            reason = "template_unusable"
-        raise AdapterError(Classified(Category.PERMANENT, reason))
+        return await compose_intent(conn, row, self._settings)
 
     def _record(self, attempt: Attempt, message_id: str, reconciled: bool,
                 mail: MailClient) -> Recorded:
@@ -284,6 +277,31 @@ class SendActivities:
                     "provider_message_id": message_id, "attempt": attempt.claim.attempts,
                     "reconciled": reconciled},
         )
+
+
+async def compose_intent(conn: Conn, row: asyncpg.Record, settings: Settings) -> Followup:
+    """The follow-up of this intent (`intents.claim_intent`'s row): the planned words, the
+    tenant's sender, the message's language, its thread. Deterministic, so the CRM's log of
+    the sent follow-up shows the words that went out. A refusal is permanent (the
+    operation is blocked with it)."""
+    try:
+        policy = get_policy(row["tenant"])
+        template = await _planned_template(conn, row, policy)
+        head = bytes(row["head"]) if row["head"] is not None else None
+        sender = policy.sender.from_address or settings.mail_from
+        thread = Thread(followup_message_id(str(row["intent_id"]), sender),
+                        row["inbound_message_id"], tuple(row["thread_refs"] or ()))
+        return compose(policy, template, to=row["email"], contact_id=row["contact_id"],
+                       name=row["name"], company=row["company"],
+                       languages=reply_languages(row["languages"], head),
+                       settings=settings, thread=thread)
+    except FollowupRefused as refused:
+        activity.logger.error("follow-up refused: %s", refused)
+        reason = refused.reason
+    except (UnknownTenant, PolicyError, TemplateRefused) as exc:
+        activity.logger.error("follow-up template unusable: %s", exc)
+        reason = "template_unusable"
+    raise AdapterError(Classified(Category.PERMANENT, reason))
 
 
 # Stored template versions, validated once per worker: a version is named by the hash of its

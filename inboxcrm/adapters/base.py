@@ -44,6 +44,17 @@ class MatchCandidates(Exception):  # noqa: N818 - an outcome, not an error
 
 
 @dataclass(frozen=True)
+class EmailActivity:
+    """One message of the conversation as the CRM's email activity: the inbound email, or
+    our follow-up once sent. `text`: what the tenant's policy lets in (`crm_email_text`)."""
+
+    inbound: bool
+    subject: str
+    text: str
+    occurred_at: datetime
+
+
+@dataclass(frozen=True)
 class CrmRecordView:
     """A CRM record as the destination holds it now (the drift check's read)."""
 
@@ -80,6 +91,15 @@ class CrmClient(Protocol):
 
     async def read_contact(self, record_id: str) -> CrmRecordView | None:
         """Read a record by the CRM's own ID (drift check); None when it no longer exists."""
+        ...
+
+    async def log_email(self, email_key: str, record_id: str, email: EmailActivity) -> str:
+        """Log one message of the conversation as the CRM's email activity on the record,
+        keyed by `email_key` (unique in the CRM: a repeat never logs it twice)."""
+        ...
+
+    async def find_email(self, email_key: str) -> str | None:
+        """The email activity logged under `email_key`, if any (reconciliation)."""
         ...
 
     async def associate_note(self, note_id: str, record_id: str) -> None:

@@ -37,6 +37,7 @@ from inboxcrm.adapters.base import (
     ContactFields,
     CrmRecord,
     CrmRecordView,
+    EmailActivity,
     GuaranteeCheck,
     OptOut,
     OptOutWritten,
@@ -59,6 +60,10 @@ if TYPE_CHECKING:
 HUBSPOT_API = "https://api.hubapi.com"
 
 NOTE_ID_PROPERTY = "inboxcrm_note_id"
+# The unique property of the email activities (engagements) we log (`hubspot-setup`).
+EMAIL_ID_PROPERTY = "inboxcrm_email_id"
+# HubSpot-defined association type: email → contact.
+EMAIL_TO_CONTACT = 198
 # "Unsubscribed from all email": read-only on the contact, set through the communication
 # preferences API (v4 `unsubscribe-all` on the EMAIL channel).
 OPT_OUT_PROPERTY = "hs_email_optout"
@@ -199,6 +204,47 @@ class HubSpotCrm:
         response = await send_request(
             self._client, "GET", f"/crm/v3/objects/notes/{note_key}",
             params={"idProperty": NOTE_ID_PROPERTY}, passthrough=(404,), reason=_reason,
+        )
+        return None if response.status_code == 404 else str(response.json()["id"])
+
+    async def log_email(self, email_key: str, record_id: str, email: EmailActivity) -> str:
+        """`POST /crm/v3/objects/emails` with its contact association, keyed by the unique
+        `inboxcrm_email_id`: a repeat (after an answer that was lost) is refused as a
+        conflict and answered with the email already logged. HubSpot reads
+        `hs_email_text` as plain text."""
+        stamp = email.occurred_at.astimezone(UTC).isoformat(timespec="milliseconds")
+        body = {
+            "properties": {
+                "hs_timestamp": stamp.replace("+00:00", "Z"),
+                "hs_email_direction": "INCOMING_EMAIL" if email.inbound else "EMAIL",
+                "hs_email_status": "SENT",
+                "hs_email_subject": email.subject,
+                "hs_email_text": email.text,
+                EMAIL_ID_PROPERTY: email_key,
+            },
+            "associations": [{
+                "to": {"id": record_id},
+                "types": [{"associationCategory": "HUBSPOT_DEFINED",
+                           "associationTypeId": EMAIL_TO_CONTACT}],
+            }],
+        }
+        response = await send_request(self._client, "POST", "/crm/v3/objects/emails",
+                                      json=body, passthrough=(409,), reason=_reason)
+        if response.status_code == 409:
+            found = await self.find_email(email_key)
+            if found is None:
+                raise AdapterError(Classified(Category.UNKNOWN, "email_conflict", None, 409))
+            return found
+        found = json_field(response, "id")
+        if found is None:
+            raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None,
+                                          response.status_code))
+        return found
+
+    async def find_email(self, email_key: str) -> str | None:
+        response = await send_request(
+            self._client, "GET", f"/crm/v3/objects/emails/{quote(email_key, safe='')}",
+            params={"idProperty": EMAIL_ID_PROPERTY}, passthrough=(404,), reason=_reason,
         )
         return None if response.status_code == 404 else str(response.json()["id"])
 

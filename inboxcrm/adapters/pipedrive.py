@@ -61,6 +61,7 @@ from inboxcrm.adapters.base import (
     ContactFields,
     CrmRecord,
     CrmRecordView,
+    EmailActivity,
     MatchCandidates,
     OptOut,
     OptOutWritten,
@@ -313,6 +314,17 @@ class PipedriveCrm:
             if found is not None:
                 return found
         return None
+
+    async def log_email(self, email_key: str, record_id: str, email: EmailActivity) -> str:
+        """A message of the conversation as a note on the person (Pipedrive's mail log needs
+        its own mailbox sync, not an API create): the subject, which way it went and the
+        text the policy lets in, once per key, as `log_note` logs the inbound email."""
+        way = "Email received" if email.inbound else "Email sent"
+        text = f"{way}: {email.subject}" + (f"\n\n{email.text}" if email.text else "")
+        return await self.log_note(email_key, record_id, text, email.occurred_at)
+
+    async def find_email(self, email_key: str) -> str | None:
+        return await self.find_note(email_key)
 
     async def associate_note(self, note_id: str, record_id: str) -> None:
         """The note's `person_id` is set by the create itself: nothing to do."""

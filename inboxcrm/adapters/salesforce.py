@@ -72,6 +72,7 @@ from inboxcrm.adapters.base import (
     ContactFields,
     CrmRecord,
     CrmRecordView,
+    EmailActivity,
     GuaranteeCheck,
     MatchCandidates,
     OptOut,
@@ -416,6 +417,17 @@ class SalesforceCrm:
     async def find_note(self, note_key: str) -> str | None:
         found = await self._find(self._note_path(note_key))
         return found.record_id if found else None
+
+    async def log_email(self, email_key: str, record_id: str, email: EmailActivity) -> str:
+        """A completed Task on the Contact (`WhoId`) as Salesforce logs an email ("Email:
+        <subject>"), upserted by our external ID on Task, dated the message's day."""
+        body = {"WhoId": record_id, "Subject": f"Email: {email.subject}"[:255],
+                "Description": email.text, "Status": "Completed",
+                "ActivityDate": email.occurred_at.date().isoformat()}
+        return (await self._upsert(self._note_path(email_key), body)).record_id
+
+    async def find_email(self, email_key: str) -> str | None:
+        return await self.find_note(email_key)
 
     async def read_contact(self, record_id: str) -> CrmRecordView | None:
         """GET the Contact by its Salesforce Id with our external ID field."""

@@ -130,7 +130,13 @@ def hubspot_setup(
 ) -> None:
     """Create the unique contact property HubSpot upserts are keyed by (once per portal;
     idempotent). Needs INBOXCRM_CRM_TOKEN with the crm.schemas.contacts.write scope."""
-    from inboxcrm.operator.hubspot_setup import HUBSPOT_API, SetupError, run_note_setup, run_setup
+    from inboxcrm.operator.hubspot_setup import (
+        EMAIL_PROPERTY,
+        HUBSPOT_API,
+        SetupError,
+        run_note_setup,
+        run_setup,
+    )
 
     settings = settings_from_env()
     if not settings.crm_token:
@@ -143,13 +149,19 @@ def hubspot_setup(
                                        timeout=settings.http_timeout_seconds))
         note = asyncio.run(run_note_setup(base, settings.crm_token,
                                           timeout=settings.http_timeout_seconds))
+        emails = asyncio.run(run_note_setup(base, settings.crm_token,
+                                            timeout=settings.http_timeout_seconds,
+                                            object_type="emails", name=EMAIL_PROPERTY))
     except SetupError as exc:
         fail(str(exc))
         return
     if as_json:
         out.print_json(json.dumps({"contact_property": {"name": result.name,
                                                         "status": result.status},
-                                   "note_property": {"name": note.name, "status": note.status}}))
+                                   "note_property": {"name": note.name, "status": note.status},
+                                   "email_property": {"name": emails.name,
+                                                      "status": emails.status}}))
         return
     out.print(f"contact property {result.name}: {result.status} (unique)", highlight=False)
     out.print(f"note property {note.name}: {note.status} (unique)", highlight=False)
+    out.print(f"email property {emails.name}: {emails.status} (unique)", highlight=False)

@@ -24,6 +24,36 @@ from inboxcrm.platform.config import Settings
 AUTO_SUBMITTED = "auto-replied"
 # The contact a preview's opt-out link names before there is a real one (never sent).
 PREVIEW_CONTACT = uuid.UUID(int=0)
+# At most this many IDs in the References we write (RFC 5322 §3.6.4 allows trimming; the
+# first and the newest are what clients thread on).
+MAX_REFERENCES = 10
+
+
+@dataclass(frozen=True)
+class Thread:
+    """What our follow-up answers (RFC 5322 §3.6.4): its Message-ID, the inbound message's
+    Message-ID (In-Reply-To) and the IDs that message named (References: those, then it)."""
+
+    message_id: str
+    answers: str | None = None
+    references: tuple[str, ...] = ()
+
+    def headers(self) -> dict[str, str]:
+        out = {"Message-ID": self.message_id}
+        if self.answers:
+            chain = [ref for ref in self.references if ref != self.answers] + [self.answers]
+            if len(chain) > MAX_REFERENCES:
+                chain = chain[:1] + chain[-(MAX_REFERENCES - 1):]
+            out["In-Reply-To"] = self.answers
+            out["References"] = " ".join(chain)
+        return out
+
+
+def followup_message_id(intent_id: str, sender: str) -> str:
+    """Our follow-up's Message-ID: `<intent_id@sender domain>`, the one the SMTP adapter
+    writes, so a retry, a resolve and a reply all name the same message."""
+    domain = email.utils.parseaddr(sender)[1].rpartition("@")[2] or "inboxcrm.invalid"
+    return f"<{intent_id}@{domain}>"
 
 
 class FollowupRefused(Exception):  # noqa: N818 - a decision, not a crash
@@ -51,11 +81,13 @@ class Followup:
 def compose(
     policy: TenantPolicy, template: Template, *, to: str, contact_id: str | uuid.UUID | None,
     name: str | None, company: str | None, languages: Sequence[str], settings: Settings,
+    thread: Thread | None = None,
 ) -> Followup:
     """The follow-up to `to` from `policy`'s tenant in the best language the message asks
     for. Deterministic: the same inputs give the same bytes (a retried send repeats the
     identical request under its idempotency key). `contact_id` None (a preview before the
-    contact exists): the link is shown for a placeholder contact."""
+    contact exists): the link is shown for a placeholder contact. `thread`: the threading
+    headers of a follow-up that is sent (None: a preview)."""
     opt_out = unsubscribe_url(settings, policy.tenant, contact_id or PREVIEW_CONTACT)
     if opt_out is None:
         raise FollowupRefused(
@@ -75,7 +107,8 @@ def compose(
         sender=sender, reply_to=policy.sender.reply_to, to=to, subject=words.subject,
         text=words.text, html=words.html, language=language, template_ref=template.ref,
         headers={"Auto-Submitted": AUTO_SUBMITTED, "List-Unsubscribe": f"<{opt_out}>",
-                 "List-Unsubscribe-Post": "List-Unsubscribe=One-Click"})
+                 "List-Unsubscribe-Post": "List-Unsubscribe=One-Click",
+                 **(thread.headers() if thread is not None else {})})
 
 
 def _display_name(address: str) -> str:

@@ -25,9 +25,11 @@ from inboxcrm.domain.policy import FollowupRule, TenantPolicy
 # - queued: an intent is created and sent when the item continues;
 # - awaiting_approval: an intent is created and waits for a reviewer (a new prospect under a
 #   rule that says so, or `ramp_limit`: the ramp's automatic follow-ups of the hour are used);
-# - reused: an earlier run of this plan created the intent; that decision stands.
+# - reused: an earlier run of this plan created the intent; that decision stands;
+# - thread_reply: the message answers our follow-up or an earlier inbound message of the
+#   tenant (`Facts.thread`): the conversation goes on, it is not acknowledged again.
 FollowupOutcome = Literal["no_rule", "suppressed", "quiet_period", "queued",
-                          "awaiting_approval", "reused"]
+                          "awaiting_approval", "reused", "thread_reply"]
 # Who the sender is, as `match_decisions.decision` stores it.
 MatchDecision = Literal["new_contact", "existing_contact", "no_contact", "candidates",
                         "no_identity"]
@@ -108,6 +110,7 @@ class Facts:
     earlier: EarlierPlan | None = None
     followup: FollowupFacts | None = None
     ramp: RampFacts | None = None
+    thread: str | None = None
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,8 @@ def _followup(facts: Facts, new_contact: bool) -> FollowupDecision:
         # quiet period). The send step re-checks eligibility, and it alone knows whether
         # an earlier attempt may have gone out (then the item is held, not suppressed).
         return FollowupDecision("reused", approval_reason=earlier.approval_reason)
+    if facts.thread is not None:
+        return FollowupDecision("thread_reply")
     rule = facts.policy.rule_for_intent(str(facts.extraction.get("intent")))
     if rule is None:
         return FollowupDecision("no_rule")

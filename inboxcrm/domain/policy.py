@@ -338,6 +338,11 @@ class TenantPolicy(_Strict):
     # The scope of each kind of suppression (docs/consent.md), e.g.
     # {"list_unsubscribe": "marketing"}: unset reasons are `all`.
     suppression_scopes: dict[str, SuppressionScope] = {}
+    # What the CRM's email activities carry of a message besides its subject
+    # (docs/architecture.md §5, "The conversation in the CRM"): `snippet`, the first
+    # CRM_SNIPPET_CHARS of its text without quoted history (the default); `minimised`,
+    # that text up to CRM_TEXT_CHARS; `subject_only`, nothing more.
+    crm_email_text: Literal["snippet", "minimised", "subject_only"] = "snippet"
 
     @field_validator("owners")
     @classmethod
@@ -365,6 +370,16 @@ class TenantPolicy(_Strict):
         reason's, else the cause's, else `review_owner` (the workflow's waits use
         `workflows.decisions.owner_of`, the same order)."""
         return self.owners.get(reason) or self.owners.get(cause) or self.review_owner
+
+    def crm_text(self, text: str) -> str:
+        """What of a message's own text (no quoted history) goes into the CRM's email
+        activity under `crm_email_text`: a one-line snippet, the text, or nothing."""
+        if self.crm_email_text == "subject_only":
+            return ""
+        if self.crm_email_text == "minimised":
+            return text.strip()[:CRM_TEXT_CHARS]
+        line = " ".join(text.split())
+        return line if len(line) <= CRM_SNIPPET_CHARS else line[:CRM_SNIPPET_CHARS - 1] + "…"
 
     def suppression_scope(self, reason: str) -> SuppressionScope:
         """The scope a suppression recorded for `reason` gets under this policy."""
@@ -569,6 +584,9 @@ def load_policies(directory: Path | None = None) -> dict[str, TenantPolicy]:
 # call was a measurable share of an item's CPU (`make bench`'s profile). An edit is seen
 # within this long.
 RECHECK_SECONDS = 1.0
+# `crm_email_text`: how much of a message's own text a CRM email activity carries.
+CRM_SNIPPET_CHARS = 200
+CRM_TEXT_CHARS = 4000
 _recent: tuple[str, float, dict[str, TenantPolicy]] | None = None
 
 

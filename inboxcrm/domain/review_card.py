@@ -391,10 +391,13 @@ async def _facts(conn: Conn, row: Any, extraction: dict[str, Any], policy: Tenan
     `intents.followup_blockers`, and the ramp's hour (read, not locked)."""
     identity = row["canonical_email"]
     existing = _existing(contact) if contact is not None else None
+    # A reply in a thread we know is not acknowledged (`intents.thread_of_event`).
+    thread = await intents.thread_of_event(conn, event_id=row["event_id"])
     facts = planning.Facts(policy=policy, route=str(row["route"]), identity=identity,
                            extraction=extraction, approved=True,
                            name_candidates=tuple(str(o["contact_id"]) for o in others),
-                           contact=existing)
+                           contact=existing,
+                           thread=str(thread["event_id"]) if thread is not None else None)
     asked = planning.questions(policy, extraction, None)
     if identity is None or asked.rule is None:
         return facts
@@ -515,6 +518,8 @@ def proposed_status(decided: planning.Plan, contact: Any) -> str:
         if contact is not None and contact["status"] != "active":
             return f"not sent: contact {contact['status']}"
         return "not sent: suppressed"
+    if decision.outcome == "thread_reply":
+        return "not sent: a reply in a conversation we know (thread_reply)"
     if decision.outcome == "quiet_period":
         assert decision.rule is not None
         return f"not sent: quiet period ({decision.rule.quiet_period_hours:g} h)"

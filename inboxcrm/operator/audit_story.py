@@ -131,7 +131,15 @@ SENTENCES: dict[str, Callable[[Detail], str]] = {
     "intent_created": lambda d: (
         f"follow-up intent {_short(d.get('intent_id'))} created (rule {d.get('rule_id')} "
         f"v{d.get('rule_version')}" + (", needs approval)" if d.get("needs_approval") else ")")),
-    "followup_not_planned": lambda d: f"no follow-up planned: {d.get('reason')}",
+    "followup_not_planned": lambda d: (
+        f"no follow-up planned: {d.get('reason')}"
+        + (f" (answers {'our follow-up' if d.get('answers') == 'followup' else 'a message'}"
+           f" of event {_short(d.get('thread_event_id'))})"
+           if d.get("reason") == "thread_reply" else "")),
+    "crm_email_logged": lambda d: (
+        f"CRM ({d.get('crm')}) email activity {d.get('email_activity_id')} logged "
+        f"({str(d.get('op_key', '')).rsplit(':', 1)[-1]}), attempt {d.get('attempt')}"
+        + (" (found by reconciliation, not logged again)" if d.get("reconciled") else "")),
     "followup_approved": lambda d: f"follow-up {_short(d.get('intent_id'))} approved",
     "eligibility_checked": _eligibility,
     "crm_upserted": lambda d: (

@@ -42,12 +42,16 @@ class SetupResult:
 
 NOTE_PROPERTY = "inboxcrm_note_id"
 NOTE_GROUP = "inboxcrm"
+# The unique property the conversation's email activities are created with (the adapter's
+# EMAIL_ID_PROPERTY): a repeated create is refused as a conflict, never a second email.
+EMAIL_PROPERTY = "inboxcrm_email_id"
 
 
 def property_definition(name: str, group: str = "contactinformation") -> dict[str, Any]:
     return {
         "name": name,
-        "label": "inboxcrm contact ID" if group == "contactinformation" else "inboxcrm note ID",
+        "label": ("inboxcrm contact ID" if group == "contactinformation"
+                  else "inboxcrm email ID" if name == EMAIL_PROPERTY else "inboxcrm note ID"),
         "description": "Integration contact ID set by inboxcrm; unique, used to upsert "
                        "without duplicates. Do not edit.",
         "groupName": group,
@@ -109,15 +113,18 @@ async def run_setup(base_url: str, token: str, name: str, *, timeout: float = 10
 
 
 async def run_note_setup(base_url: str, token: str, *, timeout: float = 10.0,
-                         transport: httpx.AsyncBaseTransport | None = None) -> SetupResult:
-    """The unique note property the inbound-email notes are upserted by, in a property group
-    of our own (created if missing)."""
+                         transport: httpx.AsyncBaseTransport | None = None,
+                         object_type: str = "notes", name: str = NOTE_PROPERTY) -> SetupResult:
+    """The unique note property the inbound-email notes are upserted by (or, with
+    `object_type="emails"`, the email activities' `EMAIL_PROPERTY`), in a property group of
+    our own (created if missing)."""
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout, transport=transport,
                                  headers={"Authorization": f"Bearer {token}"}) as client:
         try:
-            await send_request(client, "POST", "/crm/v3/properties/notes/groups",
+            await send_request(client, "POST", f"/crm/v3/properties/{object_type}/groups",
                                json={"name": NOTE_GROUP, "label": "inboxcrm"},
                                passthrough=(409,), reason=_reason)
         except AdapterError as exc:
-            raise SetupError(f"HubSpot refused the note property group: {exc}") from None
-        return await ensure_unique_property(client, NOTE_PROPERTY, "notes", NOTE_GROUP)
+            raise SetupError(f"HubSpot refused the {object_type} property group: {exc}"
+                             ) from None
+        return await ensure_unique_property(client, name, object_type, NOTE_GROUP)

@@ -214,6 +214,7 @@ def create_app(
     app.include_router(mail.router)
     app.include_router(notes.router)
     app.include_router(notes.associations)
+    app.include_router(notes.emails)  # HubSpot email engagements, same table
     app.include_router(salesforce.router)  # same table, same Sandbox.run faults
     app.include_router(salesforce.oauth)  # the token endpoint (client credentials flow)
     app.include_router(pipedrive.router)  # persons and notes (API v1), same tables
@@ -264,7 +265,8 @@ def create_app(
             contacts = await conn.fetch(
                 "SELECT id, properties, created_at, updated_at FROM sandbox.contacts ORDER BY id"
             )
-            note_rows = await conn.fetch(f"{notes.SELECT_NOTES} ORDER BY n.id")
+            activity_rows = await conn.fetch(f"{notes.SELECT_NOTES} ORDER BY n.id")
+            note_rows = [r for r in activity_rows if r["kind"] != "email"]
             leads = await conn.fetch("SELECT id, properties, converted_contact_id, created_at, "
                                      "updated_at FROM sandbox.leads ORDER BY id")
             emails = await conn.fetch(
@@ -275,6 +277,8 @@ def create_app(
             "contacts": [crm.contact_json(r) for r in contacts],
             "leads": [salesforce.lead_state_json(r) for r in leads],
             "notes": [notes.state_json(r) for r in note_rows],
+            # Everything logged on a record (notes, email engagements, Tasks), DESIGN §10.
+            "activities": [notes.activity_json(r) for r in activity_rows],
             "emails": [
                 {
                     "id": str(r["id"]),

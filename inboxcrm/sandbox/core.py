@@ -20,7 +20,7 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 Target = Literal["crm.upsert", "crm.update", "crm.search", "crm.note", "crm.association",
-                 "crm.consent", "mail.send"]
+                 "crm.consent", "crm.email", "mail.send"]
 # HubSpot's 429 `policyName`s: which limit was hit (the daily one resets at midnight).
 Policy = Literal["SECONDLY", "TEN_SECONDLY_ROLLING", "DAILY"]
 Mode = Literal[

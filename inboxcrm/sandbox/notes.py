@@ -1,6 +1,8 @@
 """HubSpot-compatible notes subset: batch upsert by a unique idProperty (fault target
 `crm.note`), read by id or idProperty, and the v4 default association with a contact
-(fault target `crm.association`).
+(fault target `crm.association`). Email engagements: `POST /crm/v3/objects/emails` with
+inline `associations` (fault target `crm.email`; a unique property value already held is a
+409 CONFLICT, as HubSpot answers), read by id or idProperty.
 
 As on HubSpot: a note needs `hs_timestamp` (when the activity happened: it places the note
 on the contact's timeline); a batch-upsert input holds only `id`, `properties`, `idProperty`
@@ -12,6 +14,7 @@ with `?associations=contacts` answers `{"contacts": {"results": [{"id", "type"}]
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,24 +34,40 @@ CONTACT_TO_NOTE = 201
 
 # Salesforce Task (sandbox.salesforce): the WhoId is a field of the task itself.
 UPSERT_NOTE = """
-INSERT INTO sandbox.notes (id_property, id_value, contact_id, body)
-VALUES ($1, $2, $3, $4)
+INSERT INTO sandbox.notes (id_property, id_value, contact_id, body, kind, subject)
+VALUES ($1, $2, $3, $4, 'task', $5)
 ON CONFLICT (id_property, id_value) DO UPDATE
-SET body = EXCLUDED.body, updated_at = clock_timestamp()
-RETURNING id, id_value, contact_id, body, created_at, updated_at, (xmax = 0) AS created
+SET body = EXCLUDED.body, subject = EXCLUDED.subject, updated_at = clock_timestamp()
+RETURNING id, id_value, contact_id, lead_id, body, subject, created_at, updated_at,
+          (xmax = 0) AS created
 """
 
 # A Salesforce Task whose WhoId is a Lead.
 UPSERT_LEAD_NOTE = """
-INSERT INTO sandbox.notes (id_property, id_value, lead_id, body)
-VALUES ($1, $2, $3, $4)
+INSERT INTO sandbox.notes (id_property, id_value, lead_id, body, kind, subject)
+VALUES ($1, $2, $3, $4, 'task', $5)
 ON CONFLICT (id_property, id_value) DO UPDATE
-SET body = EXCLUDED.body, updated_at = clock_timestamp()
-RETURNING id, id_value, lead_id, body, created_at, updated_at, (xmax = 0) AS created
+SET body = EXCLUDED.body, subject = EXCLUDED.subject, updated_at = clock_timestamp()
+RETURNING id, id_value, contact_id, lead_id, body, subject, created_at, updated_at,
+          (xmax = 0) AS created
 """
 
+# A HubSpot email engagement; NULL when its unique property value is held already.
+CREATE_EMAIL = """
+INSERT INTO sandbox.notes (id_property, id_value, body, hs_timestamp, kind, subject, direction)
+VALUES ($1, $2, $3, $4, 'email', $5, $6)
+ON CONFLICT (id_property, id_value) DO NOTHING
+RETURNING id
+"""
+ASSOCIATE_CONTACT = """
+INSERT INTO sandbox.note_contacts (note_id, contact_id) VALUES ($1, $2) ON CONFLICT DO NOTHING
+"""
+CONTACT_EXISTS = "SELECT EXISTS (SELECT 1 FROM sandbox.contacts WHERE id = $1)"
+EMAIL_TO_CONTACT = 198
+
 GET_NOTE = """
-SELECT id, id_value, contact_id, lead_id, body, created_at, updated_at FROM sandbox.notes
+SELECT id, id_value, contact_id, lead_id, body, subject, created_at, updated_at
+FROM sandbox.notes
 WHERE id_property = $1 AND id_value = $2
 """
 
@@ -63,6 +82,7 @@ RETURNING n.id, (n.xmax = 0) AS created
 # A note with every contact it is associated with (a Task's WhoId counts as one).
 SELECT_NOTES = """
 SELECT n.id, n.id_property, n.id_value, n.body, n.hs_timestamp, n.created_at, n.updated_at,
+       n.kind, n.subject, n.direction,
        ARRAY(SELECT n.contact_id WHERE n.contact_id IS NOT NULL
              UNION SELECT a.contact_id FROM sandbox.note_contacts a WHERE a.note_id = n.id
              ORDER BY 1) AS contacts
@@ -91,6 +111,36 @@ def state_json(row: asyncpg.Record) -> dict[str, Any]:
         "associations": {"contacts": [str(c) for c in row["contacts"]]},
         "createdAt": iso(row["created_at"]),
         "updatedAt": iso(row["updated_at"]),
+    }
+
+
+def activity_json(row: asyncpg.Record) -> dict[str, Any]:
+    """An activity as `/_sandbox/state` lists it: what it is (`note`, `email`, `task`), the
+    surface it was logged through, its words, and the records (contacts) it belongs to."""
+    return {
+        "id": str(row["id"]), "type": row["kind"],
+        "crm": "salesforce" if row["kind"] == "task" else "hubspot",
+        "subject": row["subject"], "text": row["body"], "direction": row["direction"],
+        "timestamp": row["hs_timestamp"], "key": {row["id_property"]: row["id_value"]},
+        "records": [str(c) for c in row["contacts"]],
+        "createdAt": iso(row["created_at"]),
+    }
+
+
+def email_json(row: asyncpg.Record) -> dict[str, Any]:
+    """An email engagement as HubSpot's API answers it (`SimplePublicObject`)."""
+    return {
+        "id": str(row["id"]),
+        "properties": {
+            "hs_email_subject": row["subject"], "hs_email_text": row["body"],
+            "hs_email_direction": row["direction"], "hs_timestamp": row["hs_timestamp"],
+            row["id_property"]: row["id_value"], "hs_object_id": str(row["id"]),
+            "hs_createdate": iso(row["created_at"]),
+            "hs_lastmodifieddate": iso(row["updated_at"]),
+        },
+        "createdAt": iso(row["created_at"]),
+        "updatedAt": iso(row["updated_at"]),
+        "archived": False,
     }
 
 
@@ -243,3 +293,97 @@ async def associate_default(from_type: str, from_id: str, to_type: str, to_id: s
         return Outcome(JSONResponse(body))
 
     return await sandbox.run(request, "crm.association", operation)
+
+
+# --- email engagements (https://developers.hubspot.com/docs/api-reference/crm-emails-v3) --
+emails = APIRouter(prefix="/crm/v3/objects/emails")
+EMAIL_FIELDS = frozenset({"properties", "associations", "objectWriteTraceId"})
+DIRECTIONS = frozenset({"INCOMING_EMAIL", "EMAIL", "FORWARDED_EMAIL"})
+# The properties a unique value may be given in: the sandbox's registered id properties.
+UNIQUE_PROPERTY = "inboxcrm_email_id"
+
+
+def _parse_email(body: Any) -> tuple[dict[str, Any], list[int]] | str:
+    """(properties, contact IDs to associate), or what is wrong."""
+    if not isinstance(body, dict):
+        return "Invalid input JSON: the body must be an object."
+    unknown = sorted(set(body) - EMAIL_FIELDS)
+    if unknown:
+        return f'Invalid input JSON: Unrecognized field "{unknown[0]}".'
+    properties = body.get("properties")
+    if not isinstance(properties, dict):
+        return "properties must be an object."
+    if "hs_timestamp" not in properties or _timestamp(properties["hs_timestamp"]) is None:
+        return "Property values were not valid: hs_timestamp is required."
+    if properties.get("hs_email_direction", "EMAIL") not in DIRECTIONS:
+        return "Property values were not valid: hs_email_direction."
+    contacts: list[int] = []
+    for n, association in enumerate(body.get("associations") or []):
+        to = association.get("to") if isinstance(association, dict) else None
+        types = association.get("types") if isinstance(association, dict) else None
+        target = to.get("id") if isinstance(to, dict) else None
+        if not isinstance(target, str | int) or not str(target).isdigit() or not types:
+            return f"associations[{n}] needs to.id and types."
+        if not any(isinstance(t, dict) and t.get("associationTypeId") == EMAIL_TO_CONTACT
+                   for t in types):
+            return f"associations[{n}]: only email_to_contact ({EMAIL_TO_CONTACT}) is offered."
+        contacts.append(int(target))
+    return properties, contacts
+
+
+@emails.post("")
+async def create_email(request: Request, sandbox: SandboxDep) -> Response:
+    """Create an email engagement with its associations, in one transaction (as HubSpot's
+    create with `associations`). A unique property value already held: 409, nothing new."""
+
+    async def operation() -> Outcome:
+        parsed = _parse_email(await read_json(request))
+        if isinstance(parsed, str):
+            return Outcome(crm_error(400, "VALIDATION_ERROR", parsed), "invalid")
+        properties, contacts = parsed
+        key = properties.get(UNIQUE_PROPERTY)
+        id_property, id_value = ((UNIQUE_PROPERTY, str(key)) if key
+                                 else ("hs_object_id", f"auto-{uuid.uuid4().hex}"))
+        async with sandbox.pool.acquire() as conn, conn.transaction():
+            for contact in contacts:
+                if not await conn.fetchval(CONTACT_EXISTS, contact):
+                    return Outcome(crm_error(400, "VALIDATION_ERROR",
+                                             f"No contact with ID {contact}."), "invalid")
+            new_id = await conn.fetchval(
+                CREATE_EMAIL, id_property, id_value, str(properties.get("hs_email_text") or ""),
+                _timestamp(properties["hs_timestamp"]),
+                str(properties.get("hs_email_subject") or ""),
+                str(properties.get("hs_email_direction") or "EMAIL"))
+            if new_id is None:
+                return Outcome(crm_error(
+                    409, "CONFLICT", f"A email already has that value for {id_property}."),
+                    "conflict")
+            for contact in contacts:
+                await conn.execute(ASSOCIATE_CONTACT, new_id, contact)
+            row = await conn.fetchrow(f"{SELECT_NOTES} WHERE n.id = $1", new_id)
+        assert row is not None
+        return Outcome(JSONResponse(email_json(row), status_code=201))
+
+    return await sandbox.run(request, "crm.email", operation)
+
+
+@emails.get("/{value}")
+async def get_email(value: str, request: Request, sandbox: SandboxDep,
+                    idProperty: str | None = None) -> Response:  # noqa: N803
+    """Read an email engagement by id, or by a unique property; read-after-write."""
+
+    async def operation() -> Outcome:
+        row = None
+        if idProperty in (None, "", "hs_object_id"):
+            if value.isdigit() and len(value) < 19:
+                row = await sandbox.pool.fetchrow(
+                    f"{SELECT_NOTES} WHERE n.id = $1 AND n.kind = 'email'", int(value))
+        else:
+            row = await sandbox.pool.fetchrow(
+                f"{SELECT_NOTES} WHERE n.id_property = $1 AND n.id_value = $2 "
+                "AND n.kind = 'email'", idProperty, value)
+        if row is None:
+            return Outcome(crm_error(404, "OBJECT_NOT_FOUND", "Object not found."), "not_found")
+        return Outcome(JSONResponse(email_json(row)))
+
+    return await sandbox.run(request, "crm.search", operation)

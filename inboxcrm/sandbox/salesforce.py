@@ -713,7 +713,7 @@ def _task_json(row: asyncpg.Record, version: str, field: str) -> dict[str, Any]:
     return {"attributes": {"type": "Task",
                            "url": f"/services/data/{version}/sobjects/Task/{row['id']}"},
             "Id": str(row["id"]), "WhoId": who,
-            "Description": row["body"], field: row["id_value"],
+            "Subject": row["subject"], "Description": row["body"], field: row["id_value"],
             "CreatedDate": iso(row["created_at"]), "LastModifiedDate": iso(row["updated_at"])}
 
 
@@ -732,10 +732,11 @@ async def upsert_task(pool: asyncpg.Pool, version: str, field: str, value: str,
         return Outcome(sf_error(400, "INVALID_CROSS_REFERENCE_KEY", "invalid cross reference "
                                 "id", ["WhoId"]), "invalid")
     try:
+        subject = str(body.get("Subject") or "") or None
         if lead is not None:
-            row = await pool.fetchrow(UPSERT_LEAD_NOTE, field, value, lead, text)
+            row = await pool.fetchrow(UPSERT_LEAD_NOTE, field, value, lead, text, subject)
         else:
-            row = await pool.fetchrow(UPSERT_NOTE, field, value, int(who), text)
+            row = await pool.fetchrow(UPSERT_NOTE, field, value, int(who), text, subject)
     except asyncpg.ForeignKeyViolationError:
         return Outcome(sf_error(400, "INVALID_CROSS_REFERENCE_KEY", "invalid cross reference "
                                 "id", ["WhoId"]), "invalid")

@@ -184,3 +184,9 @@ CREATE INDEX IF NOT EXISTS leads_email_lower_idx ON sandbox.leads (email_lower);
 -- A Task's WhoId may be a Lead.
 ALTER TABLE sandbox.notes ADD COLUMN IF NOT EXISTS lead_id bigint
     REFERENCES sandbox.leads (id) ON DELETE CASCADE;
+-- Activities logged on a record (`/_sandbox/state` `activities`): HubSpot notes and email
+-- engagements, Salesforce Tasks, all in `sandbox.notes`. `kind`: note | email | task;
+-- `subject` (an email's or a Task's), `direction` (an email's: INCOMING_EMAIL | EMAIL).
+ALTER TABLE sandbox.notes ADD COLUMN IF NOT EXISTS kind text NOT NULL DEFAULT 'note';
+ALTER TABLE sandbox.notes ADD COLUMN IF NOT EXISTS subject text;
+ALTER TABLE sandbox.notes ADD COLUMN IF NOT EXISTS direction text;

@@ -58,6 +58,10 @@ class Action(StrEnum):
     CRM_UPSERT = "crm-upsert"
     CRM_NOTE = "crm-note"
     SEND = "send"
+    # The conversation in the CRM (docs/architecture.md §5, "The conversation in the CRM"):
+    # the inbound email as the CRM's email activity, and the follow-up once sent.
+    CRM_EMAIL = "crm-email"
+    CRM_SENT = "crm-sent"
 
 
 def operation_key(workflow_id: str, action: str) -> str:
@@ -125,6 +129,10 @@ class PlanResult:
     # Why the follow-up waits for approval when the policy alone would not ask: `ramp_limit`
     # (a first live run's hourly cap of automatic follow-ups is used up). None: the policy.
     approval_reason: str | None = None
+    # The conversation in the CRM: the inbound email's activity (`crm-email`) and the sent
+    # follow-up's (`crm-sent`). None in a plan made before them: the workflow skips them.
+    email_op_key: str | None = None
+    sent_op_key: str | None = None
 
 
 @dataclass

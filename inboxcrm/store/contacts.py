@@ -45,6 +45,15 @@ FROM inbound_events e JOIN contacts c ON c.contact_id = e.contact_id
 WHERE e.event_id = $1::uuid
 """
 
+# The inbound email as the CRM's email activity (docs/architecture.md §5, "The conversation
+# in the CRM"): its contact's record, when it was written and received, and the head of the
+# message (its subject and own text; NULL once purged).
+LOAD_EMAIL_CONTEXT = """
+SELECT c.crm_record_id, e.received_at, e.written_at, substring(e.raw FROM 1 FOR 65536) AS head
+FROM inbound_events e JOIN contacts c ON c.contact_id = e.contact_id
+WHERE e.event_id = $1::uuid
+"""
+
 # A reviewer's resolve of a CRM upsert names the contact's record ($1 op key, $2 record ID).
 RECORD_RESOLVED_CRM_ID = """
 UPDATE contacts SET crm_record_id = $2, updated_at = now()
@@ -87,6 +96,11 @@ async def load_contact(conn: Conn, *, contact_id: str) -> asyncpg.Record | None:
 
 async def load_note_context(conn: Conn, *, event_id: str) -> asyncpg.Record | None:
     row: asyncpg.Record | None = await conn.fetchrow(LOAD_NOTE_CONTEXT, event_id)
+    return row
+
+
+async def load_email_context(conn: Conn, *, event_id: str) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(LOAD_EMAIL_CONTEXT, event_id)
     return row
 
 

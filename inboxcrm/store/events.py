@@ -101,12 +101,13 @@ RETURNING extraction IS NOT NULL AND route IS NOT NULL AS extracted, route, rout
 
 # The validated record, its audit entry and the cleared attempt count, atomically in one
 # statement. $1 event_id, $2 extraction, $3 route, $4 route reasons, $5 canonical email,
-# $6 tenant, $7 workflow_id, $8 audit detail, $9 the step.
+# $6 tenant, $7 workflow_id, $8 audit detail, $9 the step, $10 written_at, $11 languages,
+# $12 thread_refs (migration 073).
 STORE_EXTRACTION = f"""
 WITH stored AS (
     UPDATE inbound_events
     SET extraction = $2, route = $3, route_reasons = $4, canonical_email = $5,
-        written_at = $10, languages = $11, updated_at = now()
+        written_at = $10, languages = $11, thread_refs = $12, updated_at = now()
     WHERE event_id = $1
 ), {end_step_cte("$7", "$9")}
 INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
@@ -168,10 +169,11 @@ async def store_extraction(
     conn: Conn | asyncpg.Pool, *, event_id: str, extraction: dict[str, Any], route: str,
     route_reasons: list[str], canonical_email: str | None, tenant: str, workflow_id: str,
     audit_detail: dict[str, Any], step: str, written_at: Any, languages: Any,
+    thread_refs: list[str] | None = None,
 ) -> None:
     await conn.execute(STORE_EXTRACTION, event_id, extraction, route, route_reasons,
                        canonical_email, tenant, workflow_id, audit_detail, step, written_at,
-                       languages)
+                       languages, thread_refs or [])
 
 
 async def load_extraction_for_update(conn: Conn, *, event_id: str) -> dict[str, Any] | None:

@@ -98,10 +98,11 @@ FOR SHARE OF c
 
 # The intent, its contact and eligibility, and the languages the item's message names ($2;
 # as extraction stored them, migration 041, or for an item extracted before that the head
-# of the message, to read them from), the intent row-locked.
+# of the message, to read them from), the inbound message's Message-ID and thread (what the
+# follow-up answers, migration 073), the intent row-locked.
 CLAIM_INTENT = """
 SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.rule_id, i.lease_owner,
-       i.provider_message_id,
+       i.provider_message_id, i.sent_at,
        extract(epoch FROM i.lease_until - clock_timestamp()) AS lease_remaining,
        c.status AS contact_status, c.email, c.name, c.company, c.tenant, c.canonical_email,
        EXISTS (SELECT 1 FROM suppressions s
@@ -110,7 +111,7 @@ SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.rule_id, i.lease_ow
        (SELECT s.scope FROM suppressions s
         WHERE s.tenant = c.tenant AND s.canonical_email = c.canonical_email)
            AS suppression_scope,
-       e.languages,
+       e.languages, e.message_id AS inbound_message_id, e.thread_refs,
        CASE WHEN e.languages IS NULL THEN substring(e.raw FROM 1 FOR 65536) END AS head
 FROM followup_intents i JOIN contacts c ON c.contact_id = i.contact_id
 LEFT JOIN inbound_events e ON e.event_id = $2::uuid
@@ -237,3 +238,47 @@ async def decline_intent(conn: Conn, *, intent_id: str, send_op_key: str) -> Non
 
 async def cancel_event_intents(conn: Conn, *, event_id: str) -> None:
     await conn.execute(CANCEL_EVENT_INTENTS, event_id)
+
+
+# --- threads (migration 073, docs/architecture.md §5 "Threads") --------------------------
+# A message is a reply in a thread we know when the IDs it names (`inbound_events.thread_refs`)
+# include the Message-ID of one of the tenant's follow-ups or of an earlier inbound message
+# of the tenant. Never across tenants.
+# The thread of event $1: the newest message it names that we know, ours first (a
+# follow-up: `via = 'followup'`, its intent's event), else an earlier inbound message's
+# event (`via = 'inbound'`). No row: not a reply in a known thread (or extracted before 073).
+THREAD_OF_EVENT = """
+WITH me AS (
+    SELECT event_id, tenant, thread_refs FROM inbound_events
+    WHERE event_id = $1 AND cardinality(thread_refs) > 0
+), named AS (
+    SELECT 'followup' AS via, i.event_id, i.contact_id,
+           array_position(me.thread_refs, i.message_id) AS pos
+    FROM me JOIN followup_intents i
+      ON i.tenant = me.tenant AND i.message_id = ANY (me.thread_refs)
+    UNION ALL
+    SELECT 'inbound', e.event_id, NULL, array_position(me.thread_refs, e.message_id)
+    FROM me JOIN inbound_events e
+      ON e.tenant = me.tenant AND e.message_id = ANY (me.thread_refs)
+     AND e.event_id <> me.event_id
+)
+SELECT via, event_id, contact_id FROM named
+ORDER BY via = 'followup' DESC, pos DESC
+LIMIT 1
+"""
+
+# The Message-ID a follow-up goes out with, set as its send takes the lease ($1 intent,
+# $2 Message-ID): the same on every attempt, so a retry never changes it.
+RECORD_MESSAGE_ID = """
+UPDATE followup_intents SET message_id = $2
+WHERE intent_id = $1::uuid AND message_id IS DISTINCT FROM $2
+"""
+
+
+async def thread_of_event(conn: Conn, *, event_id: str) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(THREAD_OF_EVENT, event_id)
+    return row
+
+
+async def record_message_id(conn: Conn, *, intent_id: str, message_id: str) -> None:
+    await conn.execute(RECORD_MESSAGE_ID, intent_id, message_id)

@@ -427,3 +427,19 @@ async def operation_view(conn: Conn | asyncpg.Pool, *, op_key: str) -> asyncpg.R
 async def operation_row(conn: Conn | asyncpg.Pool, *, op_key: str) -> asyncpg.Record | None:
     row: asyncpg.Record | None = await conn.fetchrow(OPERATION_ROW, op_key)
     return row
+
+
+# One planned operation of an item ($1 key, $2 workflow_id, $3 event_id, $4 action, $5 max
+# attempts, $6 what it acts on: the event, or the intent): a re-run of the plan plans it
+# again and changes nothing.
+PLAN_OPERATION = """
+INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, external_ref)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (op_key) DO NOTHING
+"""
+
+
+async def plan_operation(conn: Conn, *, op_key: str, workflow_id: str, event_id: str,
+                         action: str, max_attempts: int, external_ref: str) -> None:
+    await conn.execute(PLAN_OPERATION, op_key, workflow_id, event_id, action, max_attempts,
+                       external_ref)

@@ -674,6 +674,13 @@ class ChaosRun:
             for note in destination.get("notes", []):
                 if key in (note.get("properties") or {}).values():
                     return str(note["id"])
+        elif action in ("crm-email", "crm-sent"):
+            # The conversation's email activities: keyed like the note (`note_key`).
+            from inboxcrm.activities.crm import note_key
+            key = note_key(op_key)
+            for logged in destination.get("activities", []):
+                if key in (logged.get("key") or {}).values():
+                    return str(logged["id"])
         elif action == "send":
             for message in destination["emails"]:
                 if message.get("idempotency_key") == external_ref:

@@ -131,6 +131,10 @@ __all__ = ["CRM_MAX_ATTEMPTS", "SEND_MAX_ATTEMPTS", "InboundEmailWorkflow"]
 # every history this code replays carries it. Deprecated: its marker is what a run of 0.2
 # has, the call goes once no run without a deprecated marker is open.
 PATCHES_OF_0_2 = "patches-of-0.2"
+# The conversation in the CRM (docs/architecture.md §5): the inbound email and the sent
+# follow-up logged as the CRM's email activities, each its own operation. Asked only for a
+# plan that has their keys, so a plan made before them asks nothing and replays as it ran.
+CONVERSATION_IN_CRM = "conversation-in-crm"
 
 # A step keeps its activity's signature: `fn(self, arg) -> result` in, `result` out.
 Owner = TypeVar("Owner")
@@ -255,12 +259,19 @@ class InboundEmailWorkflow:
         # docs/architecture.md): the CRM's last step when no follow-up is planned, else the
         # send.
         end = None if plan.send_op_key and plan.intent_id else _end_without_followup(plan)
+        logs_email = bool(plan.email_op_key) and workflow.patched(CONVERSATION_IN_CRM)
         last = await self._operation(CrmActivities.upsert_contact_in_crm, plan.crm_op_key,
                                      ItemState.CRM_PENDING, CRM_RETRY,
-                                     ends=None if plan.note_op_key else end)
+                                     ends=None if plan.note_op_key or logs_email else end)
         if plan.note_op_key:
             last = await self._operation(CrmActivities.log_email_on_contact, plan.note_op_key,
-                                         ItemState.CRM_PENDING, CRM_RETRY, ends=end)
+                                         ItemState.CRM_PENDING, CRM_RETRY,
+                                         ends=None if logs_email else end)
+        if logs_email:
+            assert plan.email_op_key is not None
+            last = await self._operation(CrmActivities.log_inbound_email_in_crm,
+                                         plan.email_op_key, ItemState.CRM_PENDING, CRM_RETRY,
+                                         ends=end)
         if end is not None:
             await self._ended(end, last)
             return
@@ -279,11 +290,19 @@ class InboundEmailWorkflow:
                                     IntentApproval(self.item, plan.intent_id, approval.reviewer))
             plan.intent_needs_approval = False  # a continuation must not ask again
         sent_end = ItemEnd(ItemState.COMPLETED.value, "followup_sent")
+        # With the conversation in the CRM the follow-up's log is the last step, after the
+        # send (the same patch: a plan has both keys or neither of them).
+        logs_sent = logs_email and bool(plan.sent_op_key)
         sent = await self._operation(SendActivities.submit_followup_email, plan.send_op_key,
-                                     ItemState.SEND_PENDING, SEND_RETRY, ends=sent_end)
+                                     ItemState.SEND_PENDING, SEND_RETRY,
+                                     ends=None if logs_sent else sent_end)
         if sent.status == "cancelled":
             await self._enter(ItemState.SUPPRESSED, sent.reason)
             return
+        if logs_sent:
+            assert plan.sent_op_key is not None
+            sent = await self._operation(CrmActivities.log_followup_in_crm, plan.sent_op_key,
+                                         ItemState.SEND_PENDING, CRM_RETRY, ends=sent_end)
         await self._ended(sent_end, sent)
 
     async def _ended(self, end: ItemEnd, last: OperationResult) -> None:
@@ -302,7 +321,8 @@ class InboundEmailWorkflow:
             MatchActivities.match_and_plan, PlanInput(self.item, approved_by), PLAN_TIMEOUT,
             PLAN_RETRY, summary="match-and-plan")
         for action, key in (("crm-upsert", plan.crm_op_key), ("crm-note", plan.note_op_key),
-                            ("send", plan.send_op_key)):
+                            ("crm-email", plan.email_op_key), ("send", plan.send_op_key),
+                            ("crm-sent", plan.sent_op_key)):
             if key:
                 self._state.operations.setdefault(action, OperationStatus(op_key=key))
         return plan

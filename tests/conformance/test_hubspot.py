@@ -218,3 +218,52 @@ async def test_property_definitions_answer_has_unique_value(client: Any,
             assert hubspot_error(missing.value).category == "OBJECT_NOT_FOUND"
         finally:
             await control.post("/_sandbox/config", json={"crm_fields": {}})
+
+
+# --- email engagements (the conversation in the CRM) -------------------------------------
+EMAIL_PROP = "inboxcrm_email_id"
+
+
+def create_email(client: Any, key: str, contact: str) -> Any:
+    from hubspot.crm.objects.emails.models import (
+        AssociationSpec,
+        PublicAssociationsForObject,
+        PublicObjectId,
+        SimplePublicObjectInputForCreate,
+    )
+    return client.crm.objects.emails.basic_api.create(SimplePublicObjectInputForCreate(
+        properties={"hs_timestamp": STAMP, "hs_email_direction": "INCOMING_EMAIL",
+                    "hs_email_status": "SENT", "hs_email_subject": "Pricing",
+                    "hs_email_text": "Hi, could you send me pricing?", EMAIL_PROP: key},
+        associations=[PublicAssociationsForObject(
+            to=PublicObjectId(id=contact),
+            types=[AssociationSpec(association_category="HUBSPOT_DEFINED",
+                                   association_type_id=198)])]))
+
+
+async def test_an_email_engagement_is_created_with_its_contact_and_never_twice(
+        client: Any, sandbox: SandboxProcess) -> None:
+    """`POST /crm/v3/objects/emails` with inline associations (the adapter's
+    `log_email`), read back by the unique property; the same value again is a 409
+    CONFLICT, so a repeated create after a lost answer logs nothing twice."""
+    from hubspot.crm.objects.emails import ApiException as EmailsApiException
+    from hubspot.crm.objects.emails.models import SimplePublicObject
+
+    contact = upsert_contact(client, str(uuid.uuid4()), "eve@example.com").results[0].id
+    key = str(uuid.uuid4())
+    created = create_email(client, key, contact)
+    assert isinstance(created, SimplePublicObject)
+    read = client.crm.objects.emails.basic_api.get_by_id(
+        email_id=key, id_property=EMAIL_PROP, properties=["hs_email_subject"])
+    assert read.id == created.id and read.properties["hs_email_subject"] == "Pricing"
+    with pytest.raises(EmailsApiException) as again:
+        create_email(client, key, contact)
+    assert again.value.status == 409
+    assert hubspot_error(again.value).category == "CONFLICT"
+    [activity] = (await state(sandbox))["activities"]
+    assert (activity["type"], activity["direction"], activity["records"]) == (
+        "email", "INCOMING_EMAIL", [contact])
+    with pytest.raises(EmailsApiException) as missing:
+        client.crm.objects.emails.basic_api.get_by_id(email_id="nothing",
+                                                      id_property=EMAIL_PROP)
+    assert missing.value.status == 404

@@ -59,6 +59,29 @@ async def test_task_logs_the_email_on_the_contact_once(sf: Any) -> None:
     assert sf.Task.get_by_custom_id(NOTE_FIELD, key)["WhoId"] == contact
 
 
+async def test_an_email_logged_as_a_task_shows_its_subject_on_the_contact(
+        sf: Any, tls_sandbox: SandboxProcess, certificate: tuple[Path, Path]) -> None:
+    """The conversation in the CRM on Salesforce (the adapter's `log_email`): a completed
+    Task "Email: <subject>" on the Contact, upserted by our key; `/_sandbox/state` lists it
+    under `activities` with the Contact it belongs to."""
+    external = str(uuid.uuid4())
+    sf.Contact.upsert(f"{FIELD}/{external}", {"Email": "kim@example.com", "LastName": "Kim"})
+    contact = sf.Contact.get_by_custom_id(FIELD, external)["Id"]
+    key = str(uuid.uuid4())
+    task = {"WhoId": contact, "Subject": "Email: Pricing", "Description": "Hi, pricing?",
+            "Status": "Completed", "ActivityDate": "2026-11-29"}
+    assert sf.Task.upsert(f"{NOTE_FIELD}/{key}", task) == 201
+    assert sf.Task.upsert(f"{NOTE_FIELD}/{key}", task) in (200, 204)
+    read = sf.Task.get_by_custom_id(NOTE_FIELD, key)
+    assert (read["Subject"], read["Description"]) == ("Email: Pricing", "Hi, pricing?")
+    trusted = ssl.create_default_context(cafile=str(certificate[0]))
+    async with httpx.AsyncClient(base_url=tls_sandbox.url, verify=trusted) as c:
+        activities = (await c.get("/_sandbox/state")).json()["activities"]
+    [logged] = [a for a in activities if a["key"] == {NOTE_FIELD: key}]
+    assert (logged["type"], logged["subject"], logged["records"]) == (
+        "task", "Email: Pricing", [contact])
+
+
 async def test_errors_are_the_sdk_exceptions(sf: Any, tls_sandbox: SandboxProcess,
                                              certificate: tuple[Path, Path]) -> None:
     with pytest.raises(SalesforceResourceNotFound) as missing:

@@ -561,7 +561,8 @@ async def test_reset_forgets_everything_but_config(client, anon) -> None:
     await send(client, "k-r")
     await add_fault(anon, "crm.search", "server_error")
     assert (await anon.post("/_sandbox/reset")).json() == {"ok": True}
-    assert await state(anon) == {"contacts": [], "leads": [], "notes": [], "emails": []}
+    assert await state(anon) == {"contacts": [], "leads": [], "notes": [], "activities": [],
+                                 "emails": []}
     assert await calls(anon) == []
     assert (await anon.get("/_sandbox/faults")).json()["faults"] == []
     assert (await anon.get("/_sandbox/config")).json()["search_lag_seconds"] == 0.5

@@ -32,7 +32,7 @@ from .base import (
     ExtractorUnavailable,
 )
 from .limits import MAX_RAW_BYTES
-from .minimise import MinimisedMessage, date_written, minimise
+from .minimise import MinimisedMessage, date_written, minimise, thread_refs
 from .route import TOO_COMPLEX, Decision, ignore_reasons, validate_and_route
 from .rules import RULES_VERSION, RulesExtractor, extract_rules
 
@@ -77,6 +77,8 @@ class ExtractionOutcome(BaseModel):
     # the CRM note) and the languages it names (for the follow-up)
     written_at: datetime | None = None
     languages: list[str] = []
+    # the message-IDs it answers (References, In-Reply-To): the thread it belongs to
+    thread_refs: list[str] = []
 
     def section10_json(self) -> dict[str, Any]:
         """The `inboxcrm extract --json` document of docs/architecture.md §10 (its four
@@ -142,6 +144,8 @@ def finish(prepared: Prepared, extraction: Extraction, extra_reasons: list[str],
         written_at=date_written(message.routing_headers.get("Date")),
         languages=languages_named(message.routing_headers.get("Content-Language"),
                                   message.routing_headers.get("Accept-Language")),
+        thread_refs=thread_refs(message.routing_headers.get("References"),
+                                message.routing_headers.get("In-Reply-To")),
     )
 
 

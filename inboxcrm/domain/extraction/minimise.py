@@ -58,8 +58,12 @@ MODEL_HEADERS = (
 )
 # When the message was written (the CRM note's time) and the languages it names (the
 # follow-up's): read here, in the work pool under the work budget, and stored with the
-# extraction, so no later step parses the message again.
-REPLY_HEADERS = ("Date", "Content-Language", "Accept-Language")
+# extraction, so no later step parses the message again. In-Reply-To and References name
+# the thread the message belongs to (migration 073).
+REPLY_HEADERS = ("Date", "Content-Language", "Accept-Language", "In-Reply-To", "References")
+# A thread's References grows with every message (the newest last): read further than the
+# other routing headers, so a long thread keeps the IDs that name our follow-up.
+THREAD_HEADER_CHARS = 4000
 # Headers only deterministic code looks at (never shown to the model): the router's, and
 # REPLY_HEADERS.
 ROUTING_HEADERS = (
@@ -239,6 +243,25 @@ def _decode_encoded_word(match: re.Match[str]) -> str:
     except (binascii.Error, ValueError):
         return match.group(0)
     return decode_bytes(data, charset)
+
+
+# A message-ID as RFC 5322 writes it (`<left@right>`), bounded as the IMAP reader reads one.
+_THREAD_ID = re.compile(r"<[^<>\s]{1,993}>")
+# At most this many IDs of a thread are kept: the newest (the end of References, then
+# In-Reply-To), which name the messages this one answers.
+MAX_THREAD_REFS = 20
+
+
+def thread_refs(references: object, in_reply_to: object) -> list[str]:
+    """The message-IDs a message names as its thread: References (oldest first) then any
+    In-Reply-To ID not among them; the newest MAX_THREAD_REFS. Never raises."""
+    found: list[str] = []
+    for value in (references, in_reply_to):
+        if isinstance(value, str):
+            for ref in _THREAD_ID.findall(value):
+                if ref not in found:
+                    found.append(ref)
+    return found[-MAX_THREAD_REFS:]
 
 
 def date_written(value: object) -> datetime | None:
@@ -758,7 +781,8 @@ def _header_view(msg: Message) -> tuple[dict[str, list[str]], int, dict[str, str
     for name in ROUTING_HEADERS:
         values = raw_headers.get(name.lower())
         if values:
-            routing[name] = decode_header_value(values[0], 500)
+            routing[name] = decode_header_value(
+                values[0], THREAD_HEADER_CHARS if name == "References" else 500)
     return raw_headers, from_count, headers, routing
 
 
