@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from inboxcrm.sandbox import crm, mail, notes, salesforce, tamper
+from inboxcrm.sandbox import crm, gmail, mail, notes, salesforce, tamper
 from inboxcrm.sandbox.core import KEY_TTL_SECONDS, Mode, Policy, Sandbox, SandboxDep, Target, iso
 
 SCHEMA_LOCK_KEY = 0x5A4D_B0C5  # advisory lock: concurrent starts must not race on DDL
@@ -196,6 +196,9 @@ def create_app(
     app.include_router(salesforce.router)  # same table, same Sandbox.run faults
     app.include_router(salesforce.oauth)  # the token endpoint (client credentials flow)
     app.include_router(tamper.router)  # /_sandbox/contacts: changes behind the product's back
+    app.include_router(gmail.router)  # Gmail API subset: /gmail/v1/users/{userId}/...
+    app.include_router(gmail.certs)  # the push tokens' keys: /oauth2/v3/certs
+    app.include_router(gmail.control)  # /_sandbox/gmail/: deliver, push, expire history
 
     @app.get("/healthz")
     async def healthz(sandbox: SandboxDep) -> JSONResponse:
