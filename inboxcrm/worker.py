@@ -27,6 +27,7 @@ from inboxcrm.activities.consent import ConsentActivities
 from inboxcrm.activities.crm import CrmActivities
 from inboxcrm.activities.drift import DriftActivities
 from inboxcrm.activities.extract import ExtractActivities
+from inboxcrm.activities.mailbox_gmail import gmail_activities
 from inboxcrm.activities.mailbox_imap import mailbox_activities
 from inboxcrm.activities.match import MatchActivities
 from inboxcrm.activities.notify import NoticeActivities
@@ -51,6 +52,7 @@ from inboxcrm.domain.shadow import comparison_extractor
 from inboxcrm.platform import temporal, tracing
 from inboxcrm.platform.call_budget import CallBudget
 from inboxcrm.platform.config import InsecureSetting, Settings, get_settings
+from inboxcrm.platform.gmail_config import GmailSettings
 from inboxcrm.platform.logs import configure_logging
 from inboxcrm.platform.workpool import IN_PROCESS, Runner
 from inboxcrm.schemas.destinations import TenantDestinations
@@ -62,6 +64,7 @@ from inboxcrm.workflows.inbound_email import (
     SEND_MAX_ATTEMPTS,
     InboundEmailWorkflow,
 )
+from inboxcrm.workflows.mailbox_gmail import GmailWatchWorkflow
 from inboxcrm.workflows.mailbox_watch import MailboxWatchWorkflow
 from inboxcrm.workflows.retention import RetentionWorkflow
 from inboxcrm.workflows.review_notices import ReviewNoticesWorkflow
@@ -264,7 +267,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         client,
         task_queue=settings.task_queue,
         workflows=[InboundEmailWorkflow, DriftCheckWorkflow, ReviewNoticesWorkflow,
-                   MailboxWatchWorkflow, ConsentSyncWorkflow, RetentionWorkflow],
+                   MailboxWatchWorkflow, ConsentSyncWorkflow, RetentionWorkflow,
+                   GmailWatchWorkflow],
         activities=[*activity_functions(pool, destinations, None, extractor,
                                         settings.max_retry_after_seconds,
                                         settings.public_relay_base_url,
@@ -277,7 +281,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                                      settings.http_timeout_seconds).send_review_notices,
                     ConsentActivities(pool, destinations).sync_consent_writes,
                     RetentionActivities(pool).apply_retention,
-                    *mailbox_activities(pool, settings.database_url, settings.max_body_bytes)],
+                    *mailbox_activities(pool, settings.database_url, settings.max_body_bytes),
+                    *gmail_activities(pool, GmailSettings().resolved(settings),
+                                      settings.max_body_bytes)],
         # A PostgreSQL outage is reported as `StoreUnavailable` by every activity.
         interceptors=[StoreOutageInterceptor()],
         **worker_options(settings),

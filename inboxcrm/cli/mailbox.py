@@ -1,4 +1,4 @@
-"""`inboxcrm mailbox add imap|list|sync|remove` (docs/architecture.md §10, docs/mailboxes.md):
+"""`inboxcrm mailbox add imap|gmail|list|sync|remove` (docs/architecture.md §10, docs/mailboxes.md):
 register a tenant's mailbox folders and run one watcher per folder, the Temporal workflow
 `mailbox/{tenant}/{kind}/{address}/{folder}`. The registration stores the *name* of the
 variable holding the password or OAuth token; the workers read its value when they connect."""
@@ -23,12 +23,19 @@ from inboxcrm.cli.common import err, fail, out, settings_from_env, with_db
 from inboxcrm.domain.policy import PolicyError, UnknownTenant, get_policy
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
-from inboxcrm.schemas.mailboxes import SYNC_UPDATE, MailboxWatch, WatchSummary, mailbox_workflow_id
-from inboxcrm.store import mailboxes
-from inboxcrm.workflows.mailbox_watch import MailboxWatchWorkflow
+from inboxcrm.platform.gmail_config import GmailSettings
+from inboxcrm.schemas.mailboxes import (
+    GMAIL_WATCH_WORKFLOW_TYPE,
+    MAILBOX_WATCH_WORKFLOW_TYPE,
+    SYNC_UPDATE,
+    MailboxWatch,
+    WatchSummary,
+    mailbox_workflow_id,
+)
+from inboxcrm.store import gmail, mailboxes, subscriptions
 
 mailbox_app = typer.Typer(no_args_is_help=True,
-                          help="Mailboxes watched where the mail lives (IMAP).")
+                          help="Mailboxes watched where the mail lives (IMAP, Gmail API).")
 add_app = typer.Typer(no_args_is_help=True, help="Register a mailbox and start its watchers.")
 mailbox_app.add_typer(add_app, name="add")
 
@@ -56,15 +63,19 @@ def _watch(tenant: str, kind: str, address: str, folder: str) -> MailboxWatch:
     return MailboxWatch(tenant=tenant, kind=kind, address=address, folder=folder,
                         heartbeat_seconds=rhythm.heartbeat_seconds,
                         session_seconds=rhythm.session_seconds,
-                        idle_seconds=rhythm.idle_seconds,
+                        # Gmail: the catch-up without a push (INBOXCRM_GMAIL_POLL_SECONDS).
+                        idle_seconds=GmailSettings().poll_seconds if kind == gmail.KIND
+                        else rhythm.idle_seconds,
                         history_events_limit=rhythm.history_events_limit)
 
 
 async def _start_watcher(client: Client, settings: Settings, watch: MailboxWatch) -> str:
     """Start the folder's watcher unless it runs (one per folder, whoever asks)."""
     workflow_id = mailbox_workflow_id(watch.tenant, watch.kind, watch.address, watch.folder)
+    workflow_type = GMAIL_WATCH_WORKFLOW_TYPE if watch.kind == gmail.KIND \
+        else MAILBOX_WATCH_WORKFLOW_TYPE
     await client.start_workflow(
-        MailboxWatchWorkflow.run, watch, id=workflow_id, task_queue=settings.task_queue,
+        workflow_type, watch, id=workflow_id, task_queue=settings.task_queue,
         static_summary=f"mailbox watcher · tenant {watch.tenant} · {watch.kind}",
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         # A folder removed and added again gets a watcher again.
@@ -174,6 +185,53 @@ class _AlreadyWatched(Exception):
         self.folders = folders
 
 
+TOPIC = re.compile(r"^projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/topics/[A-Za-z][\w.~+%-]{2,254}$")
+
+
+@add_app.command("gmail")
+def add_gmail(
+    tenant: TenantOpt, address: AddressOpt,
+    oauth_token_env: Annotated[str, typer.Option(
+        "--oauth-token-env", help="The variable the workers read the mailbox's OAuth 2.0 "
+                                  "access token from (scope gmail.readonly).")],
+    topic: Annotated[str | None, typer.Option(
+        "--topic", help="The Pub/Sub topic users.watch publishes to "
+                        "(projects/P/topics/T; default INBOXCRM_GMAIL_TOPIC).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Register a Gmail mailbox (Gmail API, Pub/Sub push) and start its watcher."""
+    settings = settings_from_env()
+    address = _own_address(tenant, address)
+    if not ENV_NAME.match(oauth_token_env):
+        fail("--oauth-token-env names an environment variable (letters, digits, _), "
+             "not the token itself")
+    topic = topic or GmailSettings().topic
+    if not topic or not TOPIC.match(topic):
+        fail("--topic (or INBOXCRM_GMAIL_TOPIC) is the Pub/Sub topic, "
+             "projects/PROJECT/topics/TOPIC")
+    assert topic is not None
+
+    async def register(conn: Any) -> bool:
+        return await gmail.add_gmail_mailbox(conn, tenant=tenant, address=address,
+                                             oauth_token_env=oauth_token_env,
+                                             push_topic=topic)
+
+    if not with_db(settings, register):
+        fail(f"already watched: {address} (tenant {tenant}, gmail); nothing was added")
+
+    async def start() -> str:
+        client = await temporal.connect(settings)
+        return await _start_watcher(client, settings,
+                                    _watch(tenant, gmail.KIND, address, gmail.FOLDER))
+
+    watcher = asyncio.run(start())
+    if as_json:
+        out.print_json(json.dumps({"tenant": tenant, "address": address, "kind": "gmail",
+                                   "folders": [gmail.FOLDER], "watchers": [watcher]}))
+        return
+    out.print(f"watching: {watcher}", highlight=False)
+
+
 @mailbox_app.command("list")
 def list_(tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant.")
                             ] = None,
@@ -194,6 +252,8 @@ def list_(tenant: Annotated[str | None, typer.Option("--tenant", help="Only this
                 "uidvalidity": int(row["uidvalidity"]), "highest_uid": int(row["highest_uid"]),
                 "highest_modseq": None if row["highest_modseq"] is None
                 else int(row["highest_modseq"])}
+            if row["kind"] == gmail.KIND:
+                cursor = await _gmail_cursor(conn, row)
             found.append({
                 "tenant": row["tenant"], "address": row["address"], "kind": row["kind"],
                 "folder": row["folder"], "state": state, "cursor": cursor,
@@ -217,10 +277,21 @@ def list_(tenant: Annotated[str | None, typer.Option("--tenant", help="Only this
         table.add_row(item["tenant"], item["address"], item["kind"], item["folder"],
                       item["state"] + (f" ({item['last_error']})" if item["last_error"]
                                        and item["state"] == "error" else ""),
-                      f"{cursor['uidvalidity']}:{cursor['highest_uid']}" if cursor else "-",
+                      (f"history {cursor['history_id']}" if "history_id" in cursor else
+                       f"{cursor['uidvalidity']}:{cursor['highest_uid']}") if cursor else "-",
                       (item["last_stored_at"] or "-")[:19],
                       (item["last_checked_at"] or "-")[:19])
     out.print(table)
+
+
+async def _gmail_cursor(conn: Any, row: Any) -> dict[str, Any] | None:
+    """A Gmail mailbox's cursor: its historyId and when its watch lapses."""
+    sub = await subscriptions.get_subscription(conn, tenant=row["tenant"], kind=gmail.KIND,
+                                               address=row["address"], folder=row["folder"])
+    if sub is None:
+        return None
+    return {"history_id": sub["cursor"],
+            "watch_expires_at": sub["expires_at"].isoformat() if sub["expires_at"] else None}
 
 
 async def _running(settings: Settings, rows: list[Any]) -> dict[str, bool] | None:

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from inboxcrm.sandbox import crm, mail, notes, pipedrive, salesforce, tamper
+from inboxcrm.sandbox import crm, gmail, mail, notes, pipedrive, salesforce, tamper
 from inboxcrm.sandbox.core import (
     KEY_TTL_SECONDS,
     FieldMode,
@@ -220,6 +220,9 @@ def create_app(
     app.include_router(pipedrive.router)  # persons and notes (API v1), same tables
     app.include_router(salesforce.control)  # /_sandbox/salesforce: converting a Lead
     app.include_router(tamper.router)  # /_sandbox/contacts: changes behind the product's back
+    app.include_router(gmail.router)  # Gmail API subset: /gmail/v1/users/{userId}/...
+    app.include_router(gmail.certs)  # the push tokens' keys: /oauth2/v3/certs
+    app.include_router(gmail.control)  # /_sandbox/gmail/: deliver, push, expire history
 
     @app.get("/healthz")
     async def healthz(sandbox: SandboxDep) -> JSONResponse:

@@ -190,3 +190,53 @@ ALTER TABLE sandbox.notes ADD COLUMN IF NOT EXISTS lead_id bigint
 ALTER TABLE sandbox.notes ADD COLUMN IF NOT EXISTS kind text NOT NULL DEFAULT 'note';
 ALTER TABLE sandbox.notes ADD COLUMN IF NOT EXISTS subject text;
 ALTER TABLE sandbox.notes ADD COLUMN IF NOT EXISTS direction text;
+-- Gmail API subset (inboxcrm/sandbox/gmail.py): users with their access token, messages
+-- with the history ID each was added under (one global counter, as Gmail's per-user IDs only
+-- ever grow), the user's watch, the Pub/Sub push subscriptions of topics, the key the
+-- sandbox signs push tokens with, and every push it sent. History at or below a user's
+-- `history_floor` is gone (history.list answers 404, as Gmail does for an old ID).
+CREATE SEQUENCE IF NOT EXISTS sandbox.gmail_history START WITH 1000;
+CREATE TABLE IF NOT EXISTS sandbox.gmail_users (
+    email         text PRIMARY KEY,
+    token         text NOT NULL UNIQUE,
+    history_id    bigint NOT NULL,
+    history_floor bigint NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS sandbox.gmail_messages (
+    email         text NOT NULL REFERENCES sandbox.gmail_users (email) ON DELETE CASCADE,
+    id            text NOT NULL,
+    thread_id     text NOT NULL,
+    history_id    bigint NOT NULL,
+    label_ids     text[] NOT NULL,
+    raw           bytea NOT NULL,
+    internal_date bigint NOT NULL,
+    PRIMARY KEY (email, id)
+);
+CREATE INDEX IF NOT EXISTS gmail_messages_history ON sandbox.gmail_messages (email, history_id);
+CREATE TABLE IF NOT EXISTS sandbox.gmail_watches (
+    email       text PRIMARY KEY REFERENCES sandbox.gmail_users (email) ON DELETE CASCADE,
+    topic       text NOT NULL,
+    label_ids   text[] NOT NULL,
+    history_id  bigint NOT NULL,
+    expiration  timestamptz NOT NULL,
+    calls       integer NOT NULL DEFAULT 1
+);
+CREATE TABLE IF NOT EXISTS sandbox.gmail_push_subscriptions (
+    topic           text PRIMARY KEY,
+    name            text NOT NULL,
+    endpoint        text NOT NULL,
+    audience        text NOT NULL,
+    service_account text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sandbox.gmail_signing_key (
+    id          boolean PRIMARY KEY DEFAULT true CHECK (id),
+    kid         text NOT NULL,
+    private_pem text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sandbox.gmail_pushes (
+    id         bigserial PRIMARY KEY,
+    email      text NOT NULL,
+    history_id bigint NOT NULL,
+    status     integer,
+    sent_at    timestamptz NOT NULL DEFAULT clock_timestamp()
+);

@@ -56,3 +56,9 @@ class WatchSummary:
         self.too_large += other.too_large
         self.connections += other.connections
         self.removed = self.removed or other.removed
+
+
+# The Gmail watcher (workflows/mailbox_gmail.py): its own workflow type under the same ID
+# pattern; the relay's Pub/Sub route signals it with the push's historyId.
+GMAIL_WATCH_WORKFLOW_TYPE = "GmailWatchWorkflow"
+GMAIL_PUSH_SIGNAL = "gmail_push"
