@@ -26,6 +26,7 @@ from inboxcrm.activities.consent import ConsentActivities
 from inboxcrm.activities.crm import CrmActivities
 from inboxcrm.activities.drift import DriftActivities
 from inboxcrm.activities.extract import ExtractActivities
+from inboxcrm.activities.mailbox_graph import graph_activities
 from inboxcrm.activities.mailbox_imap import mailbox_activities
 from inboxcrm.activities.match import MatchActivities
 from inboxcrm.activities.notify import NoticeActivities
@@ -60,6 +61,7 @@ from inboxcrm.workflows.inbound_email import (
     SEND_MAX_ATTEMPTS,
     InboundEmailWorkflow,
 )
+from inboxcrm.workflows.mailbox_graph import GraphMailboxWorkflow
 from inboxcrm.workflows.mailbox_watch import MailboxWatchWorkflow
 from inboxcrm.workflows.review_notices import ReviewNoticesWorkflow
 
@@ -236,7 +238,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         client,
         task_queue=settings.task_queue,
         workflows=[InboundEmailWorkflow, DriftCheckWorkflow, ReviewNoticesWorkflow,
-                   MailboxWatchWorkflow, ConsentSyncWorkflow],
+                   MailboxWatchWorkflow, ConsentSyncWorkflow, GraphMailboxWorkflow],
         activities=[*activity_functions(pool, destinations, None, extractor,
                                         settings.max_retry_after_seconds,
                                         settings.public_relay_base_url,
@@ -248,7 +250,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                     NoticeActivities(pool, settings.public_relay_base_url,
                                      settings.http_timeout_seconds).send_review_notices,
                     ConsentActivities(pool, destinations).sync_consent_writes,
-                    *mailbox_activities(pool, settings.database_url, settings.max_body_bytes)],
+                    *mailbox_activities(pool, settings.database_url, settings.max_body_bytes),
+                    *graph_activities(pool, settings.max_body_bytes,
+                                      f"{settings.public_relay_base_url}/v1/inbound/graph")],
         # A PostgreSQL outage is reported as `StoreUnavailable` by every activity.
         interceptors=[StoreOutageInterceptor()],
         **worker_options(settings),

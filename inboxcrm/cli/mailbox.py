@@ -20,6 +20,12 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
 from inboxcrm.cli.common import err, fail, out, settings_from_env, with_db
+from inboxcrm.cli.mailbox_graph import (
+    GRAPH_KIND,
+    graph_cursor,
+    register_graph,
+    start_graph_watcher,
+)
 from inboxcrm.domain.policy import PolicyError, UnknownTenant, get_policy
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
@@ -28,7 +34,7 @@ from inboxcrm.store import mailboxes
 from inboxcrm.workflows.mailbox_watch import MailboxWatchWorkflow
 
 mailbox_app = typer.Typer(no_args_is_help=True,
-                          help="Mailboxes watched where the mail lives (IMAP).")
+                          help="Mailboxes watched where the mail lives (IMAP, Microsoft Graph).")
 add_app = typer.Typer(no_args_is_help=True, help="Register a mailbox and start its watchers.")
 mailbox_app.add_typer(add_app, name="add")
 
@@ -63,6 +69,8 @@ def _watch(tenant: str, kind: str, address: str, folder: str) -> MailboxWatch:
 async def _start_watcher(client: Client, settings: Settings, watch: MailboxWatch) -> str:
     """Start the folder's watcher unless it runs (one per folder, whoever asks)."""
     workflow_id = mailbox_workflow_id(watch.tenant, watch.kind, watch.address, watch.folder)
+    if watch.kind == GRAPH_KIND:
+        return await start_graph_watcher(client, settings, watch.tenant, watch.address)
     await client.start_workflow(
         MailboxWatchWorkflow.run, watch, id=workflow_id, task_queue=settings.task_queue,
         static_summary=f"mailbox watcher · tenant {watch.tenant} · {watch.kind}",
@@ -168,6 +176,9 @@ def add_imap(
         out.print(f"watching: {workflow_id}", highlight=False)
 
 
+register_graph(add_app, lambda tenant, address: _own_address(tenant, address))
+
+
 class _AlreadyWatched(Exception):
     def __init__(self, folders: list[str]) -> None:
         super().__init__("already watched")
@@ -190,7 +201,8 @@ def list_(tenant: Annotated[str | None, typer.Option("--tenant", help="Only this
             key = mailbox_workflow_id(row["tenant"], row["kind"], row["address"], row["folder"])
             if running is not None and not running.get(key, False):
                 state = "stopped"
-            cursor = None if row["uidvalidity"] is None else {
+            cursor = await graph_cursor(conn, row) if row["kind"] == GRAPH_KIND \
+                else None if row["uidvalidity"] is None else {
                 "uidvalidity": int(row["uidvalidity"]), "highest_uid": int(row["highest_uid"]),
                 "highest_modseq": None if row["highest_modseq"] is None
                 else int(row["highest_modseq"])}
@@ -217,7 +229,8 @@ def list_(tenant: Annotated[str | None, typer.Option("--tenant", help="Only this
         table.add_row(item["tenant"], item["address"], item["kind"], item["folder"],
                       item["state"] + (f" ({item['last_error']})" if item["last_error"]
                                        and item["state"] == "error" else ""),
-                      f"{cursor['uidvalidity']}:{cursor['highest_uid']}" if cursor else "-",
+                      (f"{cursor['uidvalidity']}:{cursor['highest_uid']}"
+                       if "uidvalidity" in cursor else "delta") if cursor else "-",
                       (item["last_stored_at"] or "-")[:19],
                       (item["last_checked_at"] or "-")[:19])
     out.print(table)

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from inboxcrm.sandbox import crm, mail, notes, salesforce, tamper
+from inboxcrm.sandbox import crm, graph, mail, notes, salesforce, tamper
 from inboxcrm.sandbox.core import KEY_TTL_SECONDS, Mode, Policy, Sandbox, SandboxDep, Target, iso
 
 SCHEMA_LOCK_KEY = 0x5A4D_B0C5  # advisory lock: concurrent starts must not race on DDL
@@ -196,6 +196,8 @@ def create_app(
     app.include_router(salesforce.router)  # same table, same Sandbox.run faults
     app.include_router(salesforce.oauth)  # the token endpoint (client credentials flow)
     app.include_router(tamper.router)  # /_sandbox/contacts: changes behind the product's back
+    app.include_router(graph.router)  # Microsoft Graph mail subset (/v1.0/...)
+    app.include_router(graph.control)  # /_sandbox/graph: deliver, lifecycle, state
 
     @app.get("/healthz")
     async def healthz(sandbox: SandboxDep) -> JSONResponse:

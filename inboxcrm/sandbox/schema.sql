@@ -158,3 +158,30 @@ CREATE TABLE IF NOT EXISTS sandbox.id_properties (
 -- Salesforce's duplicate rule for Contacts: none | alert (the standard rule) | block.
 ALTER TABLE sandbox.config ADD COLUMN IF NOT EXISTS salesforce_duplicate_rule text
     NOT NULL DEFAULT 'alert' CHECK (salesforce_duplicate_rule IN ('none', 'alert', 'block'));
+
+-- Microsoft Graph mail subset (inboxcrm/sandbox/graph.py): messages of the mailboxes, each
+-- with its immutable ID and its (movable) REST ID; `seq` orders the delta query.
+CREATE TABLE IF NOT EXISTS sandbox.graph_messages (
+    seq          bigserial   PRIMARY KEY,
+    mailbox      text        NOT NULL,
+    immutable_id text        NOT NULL UNIQUE,
+    rest_id      text        NOT NULL UNIQUE,
+    mime         bytea       NOT NULL,
+    received_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS graph_messages_mailbox ON sandbox.graph_messages (mailbox, seq);
+-- Subscriptions (`POST /v1.0/subscriptions`); `reauthorize`: a reauthorizationRequired was
+-- sent and not yet answered by a renewal.
+CREATE TABLE IF NOT EXISTS sandbox.graph_subscriptions (
+    id               text        PRIMARY KEY,
+    mailbox          text        NOT NULL,
+    resource         text        NOT NULL,
+    change_type      text        NOT NULL,
+    notification_url text        NOT NULL,
+    lifecycle_url    text,
+    client_state     text,
+    immutable_ids    boolean     NOT NULL,
+    expires_at       timestamptz NOT NULL,
+    reauthorize      boolean     NOT NULL DEFAULT false,
+    created_at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
