@@ -39,6 +39,7 @@ from inboxcrm.schemas.graph_mailbox import (
     GraphFetch,
     GraphSubscriptionAsk,
     GraphSubscriptionState,
+    GraphUnsubscribe,
     GraphWatch,
 )
 from inboxcrm.schemas.mailboxes import WatchSummary
@@ -127,9 +128,25 @@ class MailboxGraphActivities:
             await self._set_state(watch, "watching", None)
             return GraphSubscriptionState(
                 created=created,
-                next_check_seconds=max(60.0, left - watch.renew_ahead_seconds))
+                next_check_seconds=max(60.0, left - watch.renew_ahead_seconds),
+                subscription_id=row["subscription_id"], token_env=box["oauth_token_env"])
         except GraphFailure as exc:
             raise await self._failed(watch, exc) from None
+        finally:
+            await client.aclose()
+
+    @activity.defn(name="delete_graph_subscription")
+    async def delete_graph_subscription(self, ask: GraphUnsubscribe) -> None:
+        """The mailbox was removed: delete its subscription at Graph's end (best effort; one
+        left behind lapses on its own, and its notifications are refused meanwhile)."""
+        token = self.environ.get(ask.token_env)
+        if not token:
+            return
+        client = GraphClient(self.settings.url, token)
+        try:
+            await client.delete_subscription(ask.subscription_id)
+        except GraphFailure as exc:
+            log.warning("graph subscription not deleted: %s", exc.classified.reason)
         finally:
             await client.aclose()
 
@@ -333,4 +350,4 @@ def graph_activities(pool: asyncpg.Pool, max_message_bytes: int, relay_notificat
         settings.notification_url = relay_notification_url
     acts = MailboxGraphActivities(pool, max_message_bytes, settings=settings)
     return [acts.ensure_graph_subscription, acts.fetch_graph_messages,
-            acts.graph_delta_catch_up]
+            acts.graph_delta_catch_up, acts.delete_graph_subscription]

@@ -25,6 +25,7 @@ from inboxcrm.cli.mailbox_graph import (
     graph_cursor,
     register_graph,
     start_graph_watcher,
+    wait_graph_watcher_closed,
 )
 from inboxcrm.domain.policy import PolicyError, UnknownTenant, get_policy
 from inboxcrm.platform import temporal
@@ -316,6 +317,8 @@ def remove(tenant: TenantOpt, address: AddressOpt,
                 mailbox_workflow_id(tenant, row["kind"], address, row["folder"]))
             with contextlib.suppress(RPCError):  # not running: nothing to stop
                 await handle.cancel()
+                if row["kind"] == GRAPH_KIND:
+                    await wait_graph_watcher_closed(handle)
 
     asyncio.run(stop())
     removed = [str(r["folder"]) for r in rows]

@@ -59,6 +59,17 @@ class GraphSubscriptionState:
     created: bool = False
     next_check_seconds: float = 3600.0
     removed: bool = False
+    # What `remove` needs to delete the subscription at Graph's end once the registration
+    # (and with it the stored subscription) is gone.
+    subscription_id: str | None = None
+    token_env: str | None = None
+
+
+@dataclass
+class GraphUnsubscribe:
+    watch: GraphWatch
+    subscription_id: str
+    token_env: str
 
 
 @dataclass

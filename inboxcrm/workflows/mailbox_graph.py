@@ -12,11 +12,13 @@ delta query the next run starts with.
 No `from __future__ import annotations`: the sandbox evaluates this file for every run.
 """
 
+import asyncio
+import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from inboxcrm.activities.mailbox_graph import MailboxGraphActivities
@@ -26,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         GraphFetch,
         GraphNotice,
         GraphSubscriptionAsk,
+        GraphUnsubscribe,
         GraphWatch,
     )
     from inboxcrm.schemas.mailboxes import SYNC_UPDATE, WatchSummary
@@ -53,6 +56,7 @@ class GraphMailboxWorkflow:
         self._syncs_done = 0
         self._last_sync = WatchSummary()
         self._sync_failure: str | None = None
+        self._subscription: tuple[str, str] | None = None  # (ID, token variable)
 
     @workflow.signal(name=GRAPH_NOTICE_SIGNAL)
     def notice(self, notice: GraphNotice) -> None:
@@ -84,6 +88,33 @@ class GraphMailboxWorkflow:
 
     @workflow.run
     async def run(self, watch: GraphWatch) -> WatchSummary:
+        try:
+            return await self._run(watch)
+        except asyncio.CancelledError:
+            # `inboxcrm mailbox remove`: the subscription goes too (the registration that
+            # named it is already deleted).
+            await self._unsubscribe(watch)
+            raise
+        except ActivityError as exc:
+            if not isinstance(exc.cause, CancelledError):
+                raise
+            await self._unsubscribe(watch)
+            raise
+
+    async def _unsubscribe(self, watch: GraphWatch) -> None:
+        if self._subscription is None:
+            return
+        subscription_id, token_env = self._subscription
+        self._subscription = None
+        # One left behind lapses on its own; its notifications are refused meanwhile.
+        with contextlib.suppress(ActivityError):
+            await workflow.execute_activity_method(
+                MailboxGraphActivities.delete_graph_subscription,
+                GraphUnsubscribe(watch, subscription_id, token_env),
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=3))
+
+    async def _run(self, watch: GraphWatch) -> WatchSummary:
         total = WatchSummary()
         check_at = workflow.time()  # when the subscription is looked at next
         while True:
@@ -97,6 +128,8 @@ class GraphMailboxWorkflow:
                     return await self._end(total)
                 if state.created:
                     self._catch_up = True
+                if state.subscription_id and state.token_env:
+                    self._subscription = (state.subscription_id, state.token_env)
                 check_at = workflow.time() + state.next_check_seconds
                 continue
             if self._syncs_asked > self._syncs_done:
