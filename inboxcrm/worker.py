@@ -28,6 +28,7 @@ from inboxcrm.activities.crm import CrmActivities
 from inboxcrm.activities.drift import DriftActivities
 from inboxcrm.activities.extract import ExtractActivities
 from inboxcrm.activities.mailbox_gmail import gmail_activities
+from inboxcrm.activities.mailbox_graph import graph_activities
 from inboxcrm.activities.mailbox_imap import mailbox_activities
 from inboxcrm.activities.match import MatchActivities
 from inboxcrm.activities.notify import NoticeActivities
@@ -65,6 +66,7 @@ from inboxcrm.workflows.inbound_email import (
     InboundEmailWorkflow,
 )
 from inboxcrm.workflows.mailbox_gmail import GmailWatchWorkflow
+from inboxcrm.workflows.mailbox_graph import GraphMailboxWorkflow
 from inboxcrm.workflows.mailbox_watch import MailboxWatchWorkflow
 from inboxcrm.workflows.retention import RetentionWorkflow
 from inboxcrm.workflows.review_notices import ReviewNoticesWorkflow
@@ -268,7 +270,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         task_queue=settings.task_queue,
         workflows=[InboundEmailWorkflow, DriftCheckWorkflow, ReviewNoticesWorkflow,
                    MailboxWatchWorkflow, ConsentSyncWorkflow, RetentionWorkflow,
-                   GmailWatchWorkflow],
+                   GmailWatchWorkflow, GraphMailboxWorkflow],
         activities=[*activity_functions(pool, destinations, None, extractor,
                                         settings.max_retry_after_seconds,
                                         settings.public_relay_base_url,
@@ -283,7 +285,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                     RetentionActivities(pool).apply_retention,
                     *mailbox_activities(pool, settings.database_url, settings.max_body_bytes),
                     *gmail_activities(pool, GmailSettings().resolved(settings),
-                                      settings.max_body_bytes)],
+                                      settings.max_body_bytes),
+                    *graph_activities(pool, settings.max_body_bytes,
+                                      f"{settings.public_relay_base_url}/v1/inbound/graph")],
         # A PostgreSQL outage is reported as `StoreUnavailable` by every activity.
         interceptors=[StoreOutageInterceptor()],
         **worker_options(settings),

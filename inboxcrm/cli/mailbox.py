@@ -20,6 +20,13 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
 from inboxcrm.cli.common import err, fail, out, settings_from_env, with_db
+from inboxcrm.cli.mailbox_graph import (
+    GRAPH_KIND,
+    graph_cursor,
+    register_graph,
+    start_graph_watcher,
+    wait_graph_watcher_closed,
+)
 from inboxcrm.domain.policy import PolicyError, UnknownTenant, get_policy
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
@@ -35,7 +42,8 @@ from inboxcrm.schemas.mailboxes import (
 from inboxcrm.store import gmail, mailboxes, subscriptions
 
 mailbox_app = typer.Typer(no_args_is_help=True,
-                          help="Mailboxes watched where the mail lives (IMAP, Gmail API).")
+                          help="Mailboxes watched where the mail lives (IMAP, Gmail API, "
+                          "Microsoft Graph).")
 add_app = typer.Typer(no_args_is_help=True, help="Register a mailbox and start its watchers.")
 mailbox_app.add_typer(add_app, name="add")
 
@@ -72,6 +80,8 @@ def _watch(tenant: str, kind: str, address: str, folder: str) -> MailboxWatch:
 async def _start_watcher(client: Client, settings: Settings, watch: MailboxWatch) -> str:
     """Start the folder's watcher unless it runs (one per folder, whoever asks)."""
     workflow_id = mailbox_workflow_id(watch.tenant, watch.kind, watch.address, watch.folder)
+    if watch.kind == GRAPH_KIND:
+        return await start_graph_watcher(client, settings, watch.tenant, watch.address)
     workflow_type = GMAIL_WATCH_WORKFLOW_TYPE if watch.kind == gmail.KIND \
         else MAILBOX_WATCH_WORKFLOW_TYPE
     await client.start_workflow(
@@ -179,6 +189,9 @@ def add_imap(
         out.print(f"watching: {workflow_id}", highlight=False)
 
 
+register_graph(add_app, lambda tenant, address: _own_address(tenant, address))
+
+
 class _AlreadyWatched(Exception):
     def __init__(self, folders: list[str]) -> None:
         super().__init__("already watched")
@@ -248,7 +261,8 @@ def list_(tenant: Annotated[str | None, typer.Option("--tenant", help="Only this
             key = mailbox_workflow_id(row["tenant"], row["kind"], row["address"], row["folder"])
             if running is not None and not running.get(key, False):
                 state = "stopped"
-            cursor = None if row["uidvalidity"] is None else {
+            cursor = await graph_cursor(conn, row) if row["kind"] == GRAPH_KIND \
+                else None if row["uidvalidity"] is None else {
                 "uidvalidity": int(row["uidvalidity"]), "highest_uid": int(row["highest_uid"]),
                 "highest_modseq": None if row["highest_modseq"] is None
                 else int(row["highest_modseq"])}
@@ -277,11 +291,22 @@ def list_(tenant: Annotated[str | None, typer.Option("--tenant", help="Only this
         table.add_row(item["tenant"], item["address"], item["kind"], item["folder"],
                       item["state"] + (f" ({item['last_error']})" if item["last_error"]
                                        and item["state"] == "error" else ""),
-                      (f"history {cursor['history_id']}" if "history_id" in cursor else
-                       f"{cursor['uidvalidity']}:{cursor['highest_uid']}") if cursor else "-",
+                      _cursor_text(cursor),
                       (item["last_stored_at"] or "-")[:19],
                       (item["last_checked_at"] or "-")[:19])
     out.print(table)
+
+
+def _cursor_text(cursor: dict[str, Any] | None) -> str:
+    """A folder's cursor in the table: IMAP's UIDVALIDITY:UID, Gmail's history ID, or that
+    Graph keeps a delta link."""
+    if not cursor:
+        return "-"
+    if "history_id" in cursor:
+        return f"history {cursor['history_id']}"
+    if "uidvalidity" in cursor:
+        return f"{cursor['uidvalidity']}:{cursor['highest_uid']}"
+    return "delta"
 
 
 async def _gmail_cursor(conn: Any, row: Any) -> dict[str, Any] | None:
@@ -374,6 +399,8 @@ def remove(tenant: TenantOpt, address: AddressOpt,
                 mailbox_workflow_id(tenant, row["kind"], address, row["folder"]))
             with contextlib.suppress(RPCError):  # not running: nothing to stop
                 await handle.cancel()
+                if row["kind"] == GRAPH_KIND:
+                    await wait_graph_watcher_closed(handle)
 
     asyncio.run(stop())
     removed = [str(r["folder"]) for r in rows]

@@ -20,6 +20,7 @@ from inboxcrm.ingress.admission import Admission
 from inboxcrm.ingress.codec import codec_router
 from inboxcrm.ingress.failed_runs import FailedRuns, check_forever
 from inboxcrm.ingress.gmail_push import gmail_push_router
+from inboxcrm.ingress.graph import graph_router
 from inboxcrm.ingress.intake import Ingestor, TemporalHandle, sweep_forever
 from inboxcrm.ingress.metrics import RelayMetrics
 from inboxcrm.ingress.review import review_router
@@ -111,6 +112,7 @@ def create_app(settings: Settings) -> FastAPI:
         app.add_middleware(RequestSpans)  # each request the root of its item's trace
     app.include_router(sources_router(settings))  # POST /v1/inbound/<source> (schemas.sources)
     app.include_router(gmail_push_router(settings, handle))  # POST /v1/inbound/gmail
+    app.include_router(graph_router(settings))  # POST /v1/inbound/graph (Graph notifications)
     app.include_router(codec_router(settings))  # POST /codec/encode, /codec/decode
     app.include_router(unsubscribe_router(settings))  # POST /v1/unsubscribe/{token}
     app.include_router(review_router(settings))  # GET /review/ (queue), GET|POST /review/{id}

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from inboxcrm.sandbox import crm, gmail, mail, notes, pipedrive, salesforce, tamper
+from inboxcrm.sandbox import crm, gmail, graph, mail, notes, pipedrive, salesforce, tamper
 from inboxcrm.sandbox.core import (
     KEY_TTL_SECONDS,
     FieldMode,
@@ -223,6 +223,8 @@ def create_app(
     app.include_router(gmail.router)  # Gmail API subset: /gmail/v1/users/{userId}/...
     app.include_router(gmail.certs)  # the push tokens' keys: /oauth2/v3/certs
     app.include_router(gmail.control)  # /_sandbox/gmail/: deliver, push, expire history
+    app.include_router(graph.router)  # Microsoft Graph mail subset (/v1.0/...)
+    app.include_router(graph.control)  # /_sandbox/graph: deliver, lifecycle, state
 
     @app.get("/healthz")
     async def healthz(sandbox: SandboxDep) -> JSONResponse:

@@ -240,3 +240,29 @@ CREATE TABLE IF NOT EXISTS sandbox.gmail_pushes (
     status     integer,
     sent_at    timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+-- Microsoft Graph mail subset (inboxcrm/sandbox/graph.py): messages of the mailboxes, each
+-- with its immutable ID and its (movable) REST ID; `seq` orders the delta query.
+CREATE TABLE IF NOT EXISTS sandbox.graph_messages (
+    seq          bigserial   PRIMARY KEY,
+    mailbox      text        NOT NULL,
+    immutable_id text        NOT NULL UNIQUE,
+    rest_id      text        NOT NULL UNIQUE,
+    mime         bytea       NOT NULL,
+    received_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS graph_messages_mailbox ON sandbox.graph_messages (mailbox, seq);
+-- Subscriptions (`POST /v1.0/subscriptions`); `reauthorize`: a reauthorizationRequired was
+-- sent and not yet answered by a renewal.
+CREATE TABLE IF NOT EXISTS sandbox.graph_subscriptions (
+    id               text        PRIMARY KEY,
+    mailbox          text        NOT NULL,
+    resource         text        NOT NULL,
+    change_type      text        NOT NULL,
+    notification_url text        NOT NULL,
+    lifecycle_url    text,
+    client_state     text,
+    immutable_ids    boolean     NOT NULL,
+    expires_at       timestamptz NOT NULL,
+    reauthorize      boolean     NOT NULL DEFAULT false,
+    created_at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
