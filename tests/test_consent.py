@@ -40,13 +40,12 @@ from inboxcrm.ingress.unsubscribe import record_unsubscribe
 from inboxcrm.platform.config import Settings
 from inboxcrm.schemas.consent import ConsentSyncInput
 from inboxcrm.schemas.contract import CONSENT_SYNC_WORKFLOW_TYPE
-from inboxcrm.stack import postgres
 from inboxcrm.stack.stack import Stack
 from inboxcrm.store import db
 from inboxcrm.store.migrate import apply_migrations
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers.outbox import planned_item, step_env
-from tests.helpers.sandbox_process import API_KEY, SandboxProcess, free_port, running
+from tests.helpers.sandbox_process import API_KEY, SandboxProcess, own_sandbox
 
 HS_PROPERTY = "inboxcrm_contact_id"
 SECRET = "test-unsubscribe-secret-of-32-bytes-or-more"
@@ -57,12 +56,8 @@ ONE_CLICK_HEADERS = {"content-type": "application/x-www-form-urlencoded"}
 @pytest.fixture(scope="module")
 async def org(postgres_server_url: str) -> AsyncIterator[SandboxProcess]:
     """A sandbox of its own (its own database: an account nobody else writes to)."""
-    url = await postgres.create_database(postgres_server_url, "sandbox_consent")
-    try:
-        async for process in running(SandboxProcess(url, free_port())):
-            yield process
-    finally:
-        await postgres.drop_database(postgres_server_url, url)
+    async for process in own_sandbox(postgres_server_url, "sandbox_consent"):
+        yield process
 
 
 @pytest.fixture

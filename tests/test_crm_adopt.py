@@ -20,11 +20,10 @@ from inboxcrm.activities.crm import CrmActivities
 from inboxcrm.adapters.base import ContactFields, CrmClient, CrmRecord
 from inboxcrm.adapters.hubspot import HubSpotCrm
 from inboxcrm.adapters.salesforce import SalesforceCrm
-from inboxcrm.stack import postgres
 from inboxcrm.store import db
 from inboxcrm.store.migrate import apply_migrations
 from tests.helpers.outbox import planned_item, step_env
-from tests.helpers.sandbox_process import API_KEY, SandboxProcess, free_port, running
+from tests.helpers.sandbox_process import API_KEY, SandboxProcess, own_sandbox
 
 SF_FIELD = "Inboxcrm_Contact_Id__c"
 HS_PROPERTY = "inboxcrm_contact_id"
@@ -33,12 +32,8 @@ HS_PROPERTY = "inboxcrm_contact_id"
 @pytest.fixture(scope="module")
 async def org(postgres_server_url: str) -> AsyncIterator[SandboxProcess]:
     """A sandbox of its own (its own database: an account nobody else writes to)."""
-    url = await postgres.create_database(postgres_server_url, "sandbox_adopt")
-    try:
-        async for process in running(SandboxProcess(url, free_port())):
-            yield process
-    finally:
-        await postgres.drop_database(postgres_server_url, url)
+    async for process in own_sandbox(postgres_server_url, "sandbox_adopt"):
+        yield process
 
 
 @pytest.fixture

@@ -23,11 +23,10 @@ import httpx
 import pytest
 
 from inboxcrm.schemas.models import inbound_workflow_id
-from inboxcrm.stack import postgres
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, unique_email
 from tests.helpers.own_worker import OwnWorker
-from tests.helpers.sandbox_process import API_KEY, SandboxProcess, free_port, running
+from tests.helpers.sandbox_process import API_KEY, SandboxProcess, own_sandbox
 
 SF_FIELD = "Inboxcrm_Contact_Id__c"
 HS_PROPERTY = "inboxcrm_contact_id"
@@ -36,12 +35,8 @@ KEYS = {"INBOXCRM_TENANT_HS_KEY": API_KEY, "INBOXCRM_TENANT_SF_KEY": API_KEY}
 
 @pytest.fixture(scope="module")
 async def org(postgres_server_url: str) -> AsyncIterator[SandboxProcess]:
-    url = await postgres.create_database(postgres_server_url, "sandbox_crm_check")
-    try:
-        async for process in running(SandboxProcess(url, free_port())):
-            yield process
-    finally:
-        await postgres.drop_database(postgres_server_url, url)
+    async for process in own_sandbox(postgres_server_url, "sandbox_crm_check"):
+        yield process
 
 
 @pytest.fixture

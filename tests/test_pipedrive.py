@@ -32,11 +32,10 @@ from inboxcrm.platform.config import Settings
 from inboxcrm.sandbox.pipedrive import CUSTOM_FIELD_KEY
 from inboxcrm.schemas.consent import ConsentSyncInput
 from inboxcrm.schemas.destinations import TenantDestinations
-from inboxcrm.stack import postgres
 from inboxcrm.store import db
 from inboxcrm.store.migrate import apply_migrations
 from tests.helpers.outbox import planned_item, step_env
-from tests.helpers.sandbox_process import API_KEY, SandboxProcess, free_port, running
+from tests.helpers.sandbox_process import API_KEY, SandboxProcess, own_sandbox
 
 KEY_VARIABLE = "PIPEDRIVE_TEST_TOKEN"
 
@@ -44,12 +43,8 @@ KEY_VARIABLE = "PIPEDRIVE_TEST_TOKEN"
 @pytest.fixture(scope="module")
 async def company(postgres_server_url: str) -> AsyncIterator[SandboxProcess]:
     """A sandbox of its own (its own database: a Pipedrive company nobody else writes to)."""
-    url = await postgres.create_database(postgres_server_url, "sandbox_pipedrive")
-    try:
-        async for process in running(SandboxProcess(url, free_port())):
-            yield process
-    finally:
-        await postgres.drop_database(postgres_server_url, url)
+    async for process in own_sandbox(postgres_server_url, "sandbox_pipedrive"):
+        yield process
 
 
 @pytest.fixture

@@ -115,7 +115,7 @@ class CrmActivities:
                                                  event_id=item.event_id)
                 if row is None:
                     raise missing_row("followup_intent")
-                followup = await compose_intent(conn, row, get_settings())
+                followup = await compose_intent(conn, row, get_settings(), for_log=True)
         if context is None or context["crm_record_id"] is None:
             raise missing_row("crm_record")
         email = EmailActivity(

@@ -279,7 +279,8 @@ class SendActivities:
         )
 
 
-async def compose_intent(conn: Conn, row: asyncpg.Record, settings: Settings) -> Followup:
+async def compose_intent(conn: Conn, row: asyncpg.Record, settings: Settings,
+                         for_log: bool = False) -> Followup:
     """The follow-up of this intent (`intents.claim_intent`'s row): the planned words, the
     tenant's sender, the message's language, its thread. Deterministic, so the CRM's log of
     the sent follow-up shows the words that went out. A refusal is permanent (the
@@ -294,7 +295,7 @@ async def compose_intent(conn: Conn, row: asyncpg.Record, settings: Settings) ->
         return compose(policy, template, to=row["email"], contact_id=row["contact_id"],
                        name=row["name"], company=row["company"],
                        languages=reply_languages(row["languages"], head),
-                       settings=settings, thread=thread)
+                       settings=settings, thread=thread, for_log=for_log)
     except FollowupRefused as refused:
         activity.logger.error("follow-up refused: %s", refused)
         reason = refused.reason

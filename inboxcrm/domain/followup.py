@@ -78,17 +78,26 @@ class Followup:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+# The opt-out link in the CRM's log of a sent follow-up, written by a worker that cannot
+# sign one (the link the customer got is in the sent email itself).
+LOGGED_LINK_PLACEHOLDER = "https://unsubscribe.invalid/(link as sent)"
+
+
 def compose(
     policy: TenantPolicy, template: Template, *, to: str, contact_id: str | uuid.UUID | None,
     name: str | None, company: str | None, languages: Sequence[str], settings: Settings,
-    thread: Thread | None = None,
+    thread: Thread | None = None, for_log: bool = False,
 ) -> Followup:
     """The follow-up to `to` from `policy`'s tenant in the best language the message asks
     for. Deterministic: the same inputs give the same bytes (a retried send repeats the
     identical request under its idempotency key). `contact_id` None (a preview before the
     contact exists): the link is shown for a placeholder contact. `thread`: the threading
-    headers of a follow-up that is sent (None: a preview)."""
+    headers of a follow-up that is sent (None: a preview). `for_log`: the words of a
+    follow-up already sent, for the CRM's log of it; a worker without the unsubscribe secret
+    shows a placeholder for the link instead of refusing (nothing is sent from them)."""
     opt_out = unsubscribe_url(settings, policy.tenant, contact_id or PREVIEW_CONTACT)
+    if opt_out is None and for_log:
+        opt_out = LOGGED_LINK_PLACEHOLDER
     if opt_out is None:
         raise FollowupRefused(
             "unsubscribe_secret_missing",

@@ -132,8 +132,15 @@ INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
 VALUES ($4, $5, $6, 'send', 'eligibility_checked', $7)
 """
 
+# A cancelled intent takes the log of its follow-up in the CRM (`crm-sent`, keyed by the
+# intent) with it: that operation will never run, and must not stay pending.
 CANCEL_INTENT = """
-UPDATE followup_intents SET status = 'cancelled', cancel_reason = $2 WHERE intent_id = $1::uuid
+WITH intent AS (
+    UPDATE followup_intents SET status = 'cancelled', cancel_reason = $2
+    WHERE intent_id = $1::uuid
+)
+UPDATE operations SET status = 'cancelled', last_transition = now()
+WHERE action = 'crm-sent' AND external_ref = $1::uuid::text AND status = 'pending'
 """
 
 # Only the attempt that holds the lease releases it ($2, the lease owner).
@@ -163,7 +170,8 @@ WITH intent AS (
     WHERE intent_id = $1::uuid AND status IN ('queued', 'awaiting_approval')
 )
 UPDATE operations SET status = 'cancelled', last_transition = now()
-WHERE op_key = $2 AND status NOT IN ('completed', 'in_progress')
+WHERE (op_key = $2 OR (action = 'crm-sent' AND external_ref = $1::uuid::text))
+  AND status NOT IN ('completed', 'in_progress')
 """
 
 CANCEL_EVENT_INTENTS = """

@@ -45,12 +45,19 @@ RETURNING true
 # The queued follow-ups a suppression stops: all of them (scope `all`), or those of the
 # tenant's marketing rules ($5) under a `marketing` one ($4).
 CANCEL_QUEUED_INTENTS = """
-UPDATE followup_intents AS i SET status = 'cancelled', cancel_reason = $3
-FROM contacts AS c
-WHERE i.contact_id = c.contact_id AND c.tenant = $1 AND c.canonical_email = $2
-  AND i.status IN ('queued', 'awaiting_approval')
-  AND ($4 = 'all' OR i.rule_id = ANY($5::text[]))
-RETURNING i.intent_id
+WITH cancelled AS (
+    UPDATE followup_intents AS i SET status = 'cancelled', cancel_reason = $3
+    FROM contacts AS c
+    WHERE i.contact_id = c.contact_id AND c.tenant = $1 AND c.canonical_email = $2
+      AND i.status IN ('queued', 'awaiting_approval')
+      AND ($4 = 'all' OR i.rule_id = ANY($5::text[]))
+    RETURNING i.intent_id
+), unlogged AS (  -- their follow-ups' CRM logs (`crm-sent`) will never run
+    UPDATE operations SET status = 'cancelled', last_transition = now()
+    WHERE action = 'crm-sent' AND status = 'pending'
+      AND external_ref IN (SELECT intent_id::text FROM cancelled)
+)
+SELECT intent_id FROM cancelled
 """
 
 MARK_CONTACT_SUPPRESSED = """

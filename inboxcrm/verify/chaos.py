@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import signal
@@ -254,6 +255,9 @@ class ChaosRun:
         self.scope = f"inbound/acme/standard/sales@acme.test/chaos-{self.stats.run_id}-"
         self.cli_env = dict(stack.env, SANDBOX_URL=stack.sandbox_url, RELAY_URL=stack.relay_url,
                             INBOXCRM_STACK_ENV=str(stack.config.data_dir / "no-stack.env"))
+        # The review decisions are a reviewer's: acme lets only a `lead` retry an
+        # ambiguous send (policy `authority`), so the run signs in as one.
+        self.review_env = dict(self.cli_env)
 
     # ----- helpers
     def left(self) -> float:
@@ -305,6 +309,7 @@ class ChaosRun:
                  f"({stats.redeliveries} redeliveries), {stats.collisions} collisions, "
                  f"{stats.opt_outs} opt-outs; {config.kills} kills over {config.workers} "
                  f"worker processes, {config.relay_restarts} relay restart(s)")
+        await self._add_lead_reviewer()
         await self._start_workers()
 
         if config.freeze_seconds:
@@ -384,6 +389,20 @@ class ChaosRun:
                 stats.store_frozen_s = round(time.monotonic() - frozen, 1)
             self.log(f"  t+{time.monotonic() - self.started:.0f}s store thawed")
         await self._operator("resume", "--tenant", "acme", "--scope", "send")
+
+    async def _add_lead_reviewer(self) -> None:
+        """A reviewer of acme with the role that may retry an ambiguous send; its token is
+        what the run's review decisions are made with."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "inboxcrm.cli", "reviewer", "add",
+            f"{self.config.reviewer}-{self.stats.run_id}", "--tenant", "acme", "--role", "lead",
+            "--json", env=self.cli_env, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError("chaos: adding its lead reviewer failed: "
+                               f"{stderr.decode(errors='replace').strip()[-200:]}")
+        self.review_env["INBOXCRM_REVIEWER_TOKEN"] = str(json.loads(stdout)["token"])
 
     async def _operator(self, *args: str) -> None:
         proc = await asyncio.create_subprocess_exec(
@@ -693,7 +712,7 @@ class ChaosRun:
         if evidence:
             argv += ["--evidence", evidence]
         proc = await asyncio.create_subprocess_exec(
-            *argv, env=self.cli_env, stdout=asyncio.subprocess.DEVNULL,
+            *argv, env=self.review_env, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE)
         try:
             _, stderr = await asyncio.wait_for(proc.communicate(), timeout=60)

@@ -101,3 +101,16 @@ async def running(process: SandboxProcess) -> AsyncIterator[SandboxProcess]:
     log = process.log.read_text()
     process.log.unlink(missing_ok=True)
     assert "Traceback" not in log, f"sandbox raised during the tests:\n{log[-5000:]}"
+
+
+async def own_sandbox(server_url: str, name: str) -> AsyncIterator[SandboxProcess]:
+    """A sandbox with a database of its own (an account nobody else writes to), for a
+    module's fixture: started, stopped and its database dropped after."""
+    from inboxcrm.stack import postgres
+
+    url = await postgres.create_database(server_url, name)
+    try:
+        async for process in running(SandboxProcess(url, free_port())):
+            yield process
+    finally:
+        await postgres.drop_database(server_url, url)
