@@ -29,8 +29,9 @@ test-fast: $(STAMP) lint typecheck
 
 ## test-stack: every test that talks to real PostgreSQL, a Temporal server and the sandbox
 ## (tests marked `isolated` stop a shared server, so they run after the rest, on their own)
+## --durations: the 30 slowest tests are printed, so the suite's time can be read off CI
 test-stack: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/fast -m "not isolated" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 --ignore=tests/fast -m "not isolated" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/fast -m isolated $(PYTEST_ARGS)
 
 ## lint: ruff, and the rooms contract (.importlinter): an upward import fails here

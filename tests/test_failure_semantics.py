@@ -5,6 +5,7 @@ destination side. Nothing duplicated, nothing lost, nothing silently repeated.""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import datetime
 
 import pytest
@@ -13,7 +14,7 @@ from inboxcrm.domain.unsubscribe_links import make_token
 from inboxcrm.platform.config import Settings
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from tests.helpers.cli import cli
+from tests.helpers.cli import add_reviewer, as_reviewer, cli
 
 CRM_KEY = "{}:crm-upsert"
 SEND_KEY = "{}:send"
@@ -247,6 +248,81 @@ async def test_a_repeat_that_finds_the_person_opted_out_is_held(
     assert len(await env.emails_to(email)) == 1  # the first attempt's, and no other
     assert await env.count("SELECT count(*) FROM suppressions WHERE tenant = 'acme' "
                            "AND canonical_email = lower($1)", email) == 1
+
+
+async def test_an_unconfirmed_send_then_an_opt_out_is_settled_by_a_person(
+    env: StackClient, stack: Stack, app_settings: Settings, restart_worker,  # type: ignore[no-untyped-def]
+) -> None:
+    """The send hung before the provider committed it, the worker died, and the person
+    unsubscribed before the send was repeated: held `ambiguous` (`unconfirmed_then_
+    suppressed`). Nothing can make the repeat eligible, so a retry holds again and sends
+    nothing (the card says so); the person's answer is `reject` (no follow-up) when the
+    provider has no email. (A chaos run once retried such an item six times.)"""
+    email = unique_email("unconfirmedoptout")
+    lead = add_reviewer(stack, f"lee-{email.split('@')[0][-6:]}", "lead")
+    assert app_settings.unsubscribe_secret is not None
+    secret = app_settings.unsubscribe_secret.get_secret_value()
+    await env.sandbox_config(hang_seconds=30)
+    hung_before = [c for c in await env.calls("mail.send")
+                   if c["outcome"] == "timeout_before_commit"]
+    await env.inject("mail.send", "timeout_before_commit")
+
+    workflow_id = await env.deliver(message_from(email))
+
+    async def send_hanging() -> bool:
+        calls = await env.calls("mail.send")
+        return len([c for c in calls if c["outcome"] == "timeout_before_commit"]) > len(
+            hung_before)
+    await env.wait_for(send_hanging, timeout=60, what="the send hanging at the provider")
+    stack.processes["worker"].kill()
+    contact_id = await env.db.fetchval(
+        "SELECT contact_id FROM contacts WHERE tenant = 'acme' AND canonical_email = lower($1)",
+        email)
+    link = f"{stack.relay_url}/v1/unsubscribe/{make_token(secret, 'acme', contact_id)}"
+
+    async def unsubscribed() -> bool:
+        response = await env.http.post(link, timeout=40, **ONE_CLICK)  # type: ignore[arg-type]
+        return response.status_code == 200
+    await env.wait_for(unsubscribed, timeout=90, what="the unsubscribe recorded")
+    await env.reset_faults()
+    stack.start_worker()
+
+    op_key = SEND_KEY.format(workflow_id)
+    state, reason = await env.wait_state(workflow_id, {"completed", "ambiguous", "suppressed"},
+                                         timeout=90)
+    op = await env.operation(op_key)
+    assert (state, reason) == ("ambiguous", "outcome_unconfirmed")
+    assert op is not None and op["last_error"] == "unconfirmed_then_suppressed", dict(op or {})
+    assert await env.emails_to(email) == []
+    card = json.loads(cli(stack, "review", "show", workflow_id, "--json").stdout)
+    warning = card["ambiguous"]["warning"]
+    assert "(suppressed)" in warning and "`reject`" in warning and "`resolve`" in warning
+
+    # A lead's retry is accepted, repeats nothing, and the item is held again.
+    attempts = op["attempts"]
+    retried = as_reviewer(stack, lead, "review", "retry", workflow_id, "--reviewer", "lee")
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+
+    async def held_again() -> bool:
+        again = await env.operation(op_key)
+        return (again is not None and again["attempts"] > attempts
+                and again["status"] == "ambiguous")
+    await env.wait_for(held_again, timeout=60, what="the retry held again")
+    assert (await env.wait_state(workflow_id, "ambiguous", timeout=60))[0] == "ambiguous"
+    assert await env.emails_to(email) == []
+
+    # Not at the provider: the person rejects; nothing is sent, the intent is cancelled.
+    rejected = as_reviewer(stack, lead, "review", "reject", workflow_id, "--reviewer", "lee",
+                           "--note", "not at the provider; opted out since")
+    assert rejected.returncode == 0, rejected.stdout + rejected.stderr
+    await env.wait_state(workflow_id, "rejected", timeout=60)
+    assert await env.emails_to(email) == []
+    intent = await env.db.fetchrow(
+        "SELECT i.status, i.cancel_reason, i.lease_owner FROM followup_intents i "
+        "JOIN inbound_events e USING (event_id) WHERE e.workflow_id = $1", workflow_id)
+    assert dict(intent or {}) == {"status": "cancelled", "cancel_reason": "rejected_unconfirmed",
+                                  "lease_owner": None}
+    assert (await env.operation(op_key) or {})["status"] == "cancelled"
 
 
 async def test_opt_out_cancels_a_queued_intent_while_sends_are_paused(

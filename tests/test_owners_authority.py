@@ -14,8 +14,6 @@ ambiguous send (policies/acme.json):
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from typing import Any
 
@@ -28,24 +26,10 @@ from inboxcrm.schemas.contract import Decision
 from inboxcrm.schemas.models import ItemStatus
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from tests.helpers.cli import cli
+from tests.helpers.cli import add_reviewer, as_reviewer, cli
 
 SEND_KEY = "{}:send"
 CRM_KEY = "{}:crm-upsert"
-
-
-def add_reviewer(stack: Stack, name: str, role: str) -> str:
-    added = cli(stack, "reviewer", "add", name, "--tenant", "acme", "--role", role, "--json")
-    assert added.returncode == 0, added.stderr
-    body = json.loads(added.stdout)
-    assert body["role"] == role
-    return str(body["token"])
-
-
-def as_reviewer(stack: Stack, token: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "inboxcrm.cli", *args],
-                          env=stack.env | {"INBOXCRM_REVIEWER_TOKEN": token},
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 async def retries(env: StackClient, workflow_id: str) -> list[dict[str, Any]]:

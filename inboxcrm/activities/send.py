@@ -36,6 +36,7 @@ from inboxcrm.adapters.base import AdapterError, MailClient, OutgoingEmail
 from inboxcrm.adapters.errors import Category, Classified, ErrorType
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
 from inboxcrm.domain.followup import (
+    UNCONFIRMED_THEN,
     Followup,
     FollowupRefused,
     Thread,
@@ -193,7 +194,7 @@ class SendActivities:
                 if uncertain:
                     # Repeating could send to someone who may no longer be written to, and
                     # nothing else can confirm the earlier attempt: held for a person.
-                    held = f"unconfirmed_then_{refusal}"
+                    held = f"{UNCONFIRMED_THEN}{refusal}"
                     if not await ledger.record_failure(conn, attempt.op.op_key,
                                                        attempt.claim.attempts, "ambiguous",
                                                        "unknown", held):

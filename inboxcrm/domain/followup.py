@@ -20,6 +20,12 @@ from inboxcrm.domain.templates import Fields, Template, first_name, render
 from inboxcrm.domain.unsubscribe_links import unsubscribe_url
 from inboxcrm.platform.config import Settings
 
+# The hold of a send that was unconfirmed when the person became someone who may not be
+# written to: `unconfirmed_then_<refusal>` (inboxcrm/activities/send.py). Only a person can
+# settle it: the provider's message ID (`resolve`) or no follow-up (`reject`); a retry holds
+# again while the refusal stands.
+UNCONFIRMED_THEN = "unconfirmed_then_"
+
 # Every follow-up is an automatic answer (RFC 3834): other robots must not answer it.
 AUTO_SUBMITTED = "auto-replied"
 # The contact a preview's opt-out link names before there is a real one (never sent).

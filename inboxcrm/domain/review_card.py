@@ -30,7 +30,7 @@ from inboxcrm.domain.extraction.signals import (
     opt_out_language,
     soft_opt_out,
 )
-from inboxcrm.domain.followup import FollowupRefused, compose
+from inboxcrm.domain.followup import UNCONFIRMED_THEN, FollowupRefused, compose
 from inboxcrm.domain.policy import (
     PolicyError,
     TenantPolicy,
@@ -272,11 +272,21 @@ async def _ambiguous(conn: Conn, workflow_id: str, op: Any, tenant: str) -> Ambi
         lookup=lookup or ("not recorded: look the intent ID up at the destination by hand"
                           if send else f"the destination's record with our ID "
                           f"{op['external_ref'] or '(none)'}"),
-        warning=_warning(send, found["window"] if found is not None else None),
+        warning=_warning(send, found["window"] if found is not None else None,
+                         str(op["last_error"] or "")),
         retry_role=role if send else None)
 
 
-def _warning(send: bool, window: float | None) -> str:
+REFUSED_REPEAT_WARNING = ("since the unconfirmed attempt the contact may no longer be written "
+                          "to ({refusal}): a retry is held again and sends nothing while that "
+                          "stands. Check the lookup path: if the provider has the email, "
+                          "`resolve` with its message ID; if not, `reject` (nothing more is "
+                          "sent)")
+
+
+def _warning(send: bool, window: float | None, last_error: str = "") -> str:
+    if send and last_error.startswith(UNCONFIRMED_THEN):
+        return REFUSED_REPEAT_WARNING.format(refusal=last_error.removeprefix(UNCONFIRMED_THEN))
     if not send:
         return "a retry repeats the write with the same key; check the destination first"
     if window is None:

@@ -40,7 +40,8 @@ ORDER BY r.first_seen
 """
 
 OPERATION_REFS = """
-SELECT op_key, action, external_ref FROM operations WHERE op_key = ANY($1::text[])
+SELECT op_key, action, external_ref, last_error FROM operations
+WHERE op_key = ANY($1::text[])
 """
 
 # Moved since its mark, or a decision refused (an audit entry `signal_*` or `update_*`

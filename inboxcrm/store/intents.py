@@ -174,9 +174,14 @@ WHERE (op_key = $2 OR (action = 'crm-sent' AND external_ref = $1::uuid::text))
   AND status NOT IN ('completed', 'in_progress')
 """
 
+# A rejected item sends nothing more. An intent left `sending` is one whose send a person
+# found unconfirmed and rejected (the workflow waits, so no attempt holds it): cancelled too,
+# its lease given up, and its reason says the email may exist (the decision is in the audit).
 CANCEL_EVENT_INTENTS = """
-UPDATE followup_intents SET status = 'cancelled', cancel_reason = 'rejected'
-WHERE event_id = $1 AND status IN ('queued', 'awaiting_approval')
+UPDATE followup_intents
+SET status = 'cancelled', lease_owner = NULL, lease_until = NULL,
+    cancel_reason = CASE status WHEN 'sending' THEN 'rejected_unconfirmed' ELSE 'rejected' END
+WHERE event_id = $1 AND status IN ('queued', 'awaiting_approval', 'sending')
 """
 
 

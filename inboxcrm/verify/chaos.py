@@ -44,6 +44,7 @@ from typing import Any
 import asyncpg
 import httpx
 
+from inboxcrm.domain.followup import UNCONFIRMED_THEN
 from inboxcrm.schemas.contract import WORKFLOW_TYPE, Decision
 from inboxcrm.stack import postgres
 from inboxcrm.stack.stack import Stack, worker_name
@@ -645,22 +646,31 @@ class ChaosRun:
         self.stats.review_left = len(await self._review_items())
 
     async def _operation_refs(self, items: list[asyncpg.Record]
-                              ) -> dict[str, tuple[str, str, str]]:
-        """op_key → (op_key, action, external reference) for the operations items wait on."""
+                              ) -> dict[str, tuple[str, str, str, str]]:
+        """op_key → (op_key, action, external reference, last error) for the operations
+        items wait on."""
         keys = [i["destination_ref"] for i in items if i["destination_ref"]]
         rows = await chaos_runs.operation_refs(self.db, keys) if keys else []
-        return {r["op_key"]: (r["op_key"], r["action"], r["external_ref"] or "") for r in rows}
+        return {r["op_key"]: (r["op_key"], r["action"], r["external_ref"] or "",
+                              r["last_error"] or "") for r in rows}
 
     def _decide(self, item: asyncpg.Record, destination: dict[str, Any],
-                refs: dict[str, tuple[str, str, str]], approvals: Counter[str],
+                refs: dict[str, tuple[str, str, str, str]], approvals: Counter[str],
                 round_no: int) -> tuple[str, str | None]:
         state, workflow_id = item["state"], item["workflow_id"]
         if state == "blocked":
             return Decision.RETRY, None
         if state == "ambiguous":
             op_key = item["destination_ref"] or ""
-            found = self._find_at_destination(refs.get(op_key), destination)
-            return (Decision.RESOLVE, found) if found else (Decision.RETRY, None)
+            ref = refs.get(op_key)
+            found = self._find_at_destination(ref, destination)
+            if found:
+                return Decision.RESOLVE, found
+            if ref is not None and ref[3].startswith(UNCONFIRMED_THEN):
+                # Not at the provider, and the person opted out since: a retry would hold
+                # again (the card says so); no follow-up is the decision.
+                return Decision.REJECT, None
+            return Decision.RETRY, None
         reason = str(item["reason"] or "")
         if reason in ("no_identity", "candidates") or approvals[workflow_id] >= 2 \
                 or round_no >= self.config.resolve_rounds - 1:
@@ -673,12 +683,12 @@ class ChaosRun:
         approvals[workflow_id] += 1
         return Decision.APPROVE, None
 
-    def _find_at_destination(self, ref: tuple[str, str, str] | None,
+    def _find_at_destination(self, ref: tuple[str, str, str, str] | None,
                              destination: dict[str, Any]) -> str | None:
         """The record or email the unconfirmed side effect may have created."""
         if ref is None:
             return None
-        op_key, action, external_ref = ref
+        op_key, action, external_ref, _ = ref
         if action == "crm-upsert":
             id_property = self.stack.env.get("INBOXCRM_CRM_ID_PROPERTY", "inboxcrm_contact_id")
             for record in destination["contacts"]:
