@@ -3,7 +3,8 @@
 #   docker run IMAGE                                   -> python -m inboxcrm.worker (default)
 #   docker run IMAGE python -m inboxcrm.ingress.main     -> the webhook relay
 #   docker run IMAGE python deploy/bootstrap.py        -> migrations + search attributes (job)
-# Runtime dependencies are installed from pyproject.toml, pinned by constraints.txt; the
+# Runtime dependencies are installed from pyproject.toml, pinned with their sha256s by
+# constraints.txt (pip's hash-checking mode, `make pin-hashes`); the
 # local stack's wheels (embedded PostgreSQL, the Temporal dev server: the `local` extra) and
 # the test tools are extras, so they are not in the image.
 # The base image: a release build pins it by digest, e.g.
@@ -17,11 +18,14 @@ WORKDIR /src
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY pyproject.toml constraints.txt README.md LICENSE ./
+COPY deploy/pip.txt ./deploy/pip.txt
+# The base image's pip may be too old to honour a constraint's hashes: the pinned one first.
+RUN pip install --require-hashes -r deploy/pip.txt
 RUN python - <<'PY' > /tmp/runtime-requirements.txt
 import tomllib
 print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))
 PY
-RUN pip install -c constraints.txt -r /tmp/runtime-requirements.txt
+RUN pip install --require-hashes -c constraints.txt -r /tmp/runtime-requirements.txt
 COPY inboxcrm ./inboxcrm
 # The build context has no .git: the version is given, as the release tag without its "v"
 # (docker build --build-arg VERSION=0.2.0 …; deploy/README.md "Building the image").

@@ -4,15 +4,29 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-fast test-stack lint typecheck chaos bench bench-neighbour bench-imap test-ui clean-data dist
+.PHONY: pin-hashes up test test-fast test-stack lint typecheck chaos bench bench-neighbour bench-imap test-ui clean-data dist
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
-$(STAMP): $(BIN)/python pyproject.toml constraints.txt
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,local]'
+# The dependencies in pip's hash-checking mode (constraints.txt carries every pin's sha256s,
+# `make pin-hashes`), then the project itself, editable, without them: hash-checking refuses an
+# editable requirement. $(1): the extras; $(2): a name for the list of requirements.
+define install_pinned
+	$(BIN)/python deploy/requirements.py $(1) > $(VENV)/requirements-$(2).txt
+	$(BIN)/python -m pip install --quiet --require-hashes -c constraints.txt -r $(VENV)/requirements-$(2).txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+endef
+
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt deploy/pip.txt
+	$(BIN)/python -m pip install --quiet --require-hashes -r deploy/pip.txt
+	$(call install_pinned,dev local,dev)
 	touch $(STAMP)
+
+## pin-hashes: after a pin in constraints.txt or deploy/pip.txt changes, write every pin's file
+## hashes from PyPI (deploy/pin_hashes.py)
+pin-hashes: $(STAMP)
+	$(BIN)/python deploy/pin_hashes.py
 
 ## up: the whole stack on the embedded defaults (Ctrl-C stops it; data stays in .data/)
 up: $(STAMP)
@@ -50,7 +64,9 @@ dist: $(STAMP)
 	rm -rf dist .data/dist-venv
 	$(BIN)/python -m build --outdir dist .
 	$(PY) -m venv .data/dist-venv
-	.data/dist-venv/bin/python -m pip install --quiet -c constraints.txt dist/inboxcrm-*.whl
+	.data/dist-venv/bin/python -m pip install --quiet --require-hashes -r deploy/pip.txt
+	wheel=$$(ls dist/inboxcrm-*.whl) && echo "inboxcrm @ file://$(CURDIR)/$$wheel --hash=sha256:$$(sha256sum $$wheel | cut -d' ' -f1)" > .data/dist-venv/requirements.txt
+	.data/dist-venv/bin/python -m pip install --quiet --require-hashes -c constraints.txt -r .data/dist-venv/requirements.txt
 	$(BIN)/cyclonedx-py environment --pyproject pyproject.toml --output-reproducible \
 		--of JSON -o dist/sbom.cdx.json .data/dist-venv/bin/python
 	$(BIN)/python -m tests.helpers.dist_check dist
@@ -72,7 +88,7 @@ chaos: $(STAMP)
 UI_STAMP := $(VENV)/.installed-ui
 
 $(UI_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,local,ui]'
+	$(call install_pinned,dev local ui,ui)
 	touch $(UI_STAMP)
 
 test-ui: $(UI_STAMP)
@@ -83,7 +99,7 @@ test-ui: $(UI_STAMP)
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,local,bench]'
+	$(call install_pinned,dev local bench,bench)
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

@@ -227,7 +227,8 @@ def test_the_store_owns_the_sql_the_documents_say_it_does() -> None:
     assert (ROOT / "tests" / "fast" / "test_sql_in_store.py").exists()
 
 
-PRINTING = ("inboxcrm/cli/", "deploy/bootstrap.py", "deploy/render_prometheusrule.py", "tests/",
+PRINTING = ("inboxcrm/cli/", "deploy/bootstrap.py", "deploy/render_prometheusrule.py",
+            "deploy/pin_hashes.py", "deploy/requirements.py", "tests/",
             "bench/")
 
 

@@ -17,13 +17,33 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 RELEASE = re.compile(r"^## \[(\d+\.\d+\.\d+)\] - (\d{4}-\d{2}-\d{2})$", re.M)
 
 
+def constraint_entries() -> list[str]:
+    """constraints.txt's entries, each with its continuation lines joined."""
+    text = (ROOT / "constraints.txt").read_text().replace("\\\n", " ")
+    return [line for line in text.splitlines() if line.strip()]
+
+
 def constraints() -> dict[str, str]:
     pins = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
-        name, sep, version = line.partition("==")
+    for line in constraint_entries():
+        requirement, *_ = line.split()
+        name, sep, version = requirement.partition("==")
         assert sep, f"constraints.txt: {line!r} is not an exact pin"
         pins[re.sub(r"[-_.]+", "-", name).lower()] = version
     return pins
+
+
+def test_every_pin_carries_the_hashes_of_its_files() -> None:
+    """pip's hash-checking mode (`--require-hashes`, the Makefile and the Dockerfile) installs
+    only files whose sha256 is listed; `make pin-hashes` writes them."""
+    for line in constraint_entries():
+        requirement, *options = line.split()
+        assert options, f"constraints.txt: {requirement} has no --hash"
+        for option in options:
+            assert re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", option), (requirement, option)
+    makefile = (ROOT / "Makefile").read_text()
+    assert "--require-hashes -c constraints.txt" in makefile
+    assert "--require-hashes -c constraints.txt" in (ROOT / "Dockerfile").read_text()
 
 
 def test_license_is_apache_2() -> None:
