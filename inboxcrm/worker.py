@@ -245,18 +245,20 @@ async def report_destinations(pool: asyncpg.Pool, destinations: Destinations, wo
             try:
                 rows = [(e.tenant, e.crm_provider, e.crm_url, e.mail_provider, e.mail_url)
                         for e in map(destinations.endpoints, sorted(current_policies()))]
-                async with pool.acquire() as conn:
-                    await worker_destinations.report(conn, worker_id=worker_id,
-                                                     task_queue=task_queue,
-                                                     started_at=started_at, tenants=rows)
+                async with pool.acquire(timeout=interval) as conn:
+                    await asyncio.wait_for(worker_destinations.report(
+                        conn, worker_id=worker_id, task_queue=task_queue,
+                        started_at=started_at, tenants=rows), timeout=interval)
             except Exception as exc:  # a bad policy or a store outage: try again later
                 log.warning("destination report skipped: %s", type(exc).__name__)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)
     finally:
+        # A frozen store must not hold the exit: the report then ages out instead.
         with contextlib.suppress(Exception):
-            async with pool.acquire(timeout=5) as conn:
-                await worker_destinations.forget(conn, worker_id=worker_id)
+            async with pool.acquire(timeout=interval) as conn:
+                await asyncio.wait_for(worker_destinations.forget(conn, worker_id=worker_id),
+                                       timeout=interval)
 
 
 async def take_tenants_live(destinations: Destinations, tenants: list[str]) -> list[str]:

@@ -335,7 +335,7 @@ async def test_replay_of_a_terminated_run_repeats_no_completed_step(
 async def test_rehearse_passes_and_audit_tells_each_story(
     stack: Stack, env: StackClient,
 ) -> None:
-    result = cli(stack, "rehearse")
+    result = cli(stack, "rehearse", timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "14 passed, 0 failed" in result.stdout
     # A line per scenario on stderr as it runs; stdout is the table alone.

@@ -59,7 +59,7 @@ async def test_rehearse_runs_the_runbook_cases_and_shows_the_evidence(
         stack: Stack, env: StackClient) -> None:
     stack_workers = {name: proc.pid for name, proc in stack.processes.items()
                      if name.startswith("worker")}
-    result = await asyncio.to_thread(lambda: cli_long(stack, "rehearse", "--json"))
+    result = await asyncio.to_thread(lambda: cli(stack, "rehearse", "--json", timeout=900))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     report = json.loads(result.stdout)
     cases = {case["scenario"]: case for case in report["scenarios"]}
@@ -95,17 +95,9 @@ async def test_rehearse_runs_the_runbook_cases_and_shows_the_evidence(
                              "action IN ('paused', 'resumed') AND actor = 'rehearsal'")
     assert paused >= 2
 
-    text = await asyncio.to_thread(lambda: cli_long(stack, "rehearse"))
+    text = await asyncio.to_thread(lambda: cli(stack, "rehearse", timeout=900))
     assert text.returncode == 0, text.stdout[-4000:]
     assert f"{report['passed']} passed, 0 failed" in text.stdout
     assert "queue entry: http_401" in text.stdout and "owner rehearsal-integration" in text.stdout
     assert "evidence: audit entries" in text.stdout and "inboxcrm audit --workflow" in text.stdout
 
-
-def cli_long(stack: Stack, *args: str):  # type: ignore[no-untyped-def]
-    """The CLI with room for a whole rehearsal (the helper's 60 s is for one command)."""
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "inboxcrm.cli", *args], env=stack.env,
-                          capture_output=True, text=True, timeout=900, check=False)

@@ -12,6 +12,8 @@ runs on a worker process of its own (`OwnWorkers`): the rehearsal never kills th
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 import tempfile
 import uuid
@@ -102,6 +104,24 @@ class OwnWorkers:
         self.overrides = dict(overrides or {})
         self.log_dir = log_dir or Path(tempfile.gettempdir()) / "inboxcrm-rehearsal"
         self.started: list[ManagedProcess] = []
+        self.reap_leftovers()
+
+    @property
+    def pid_file(self) -> Path:
+        return self.log_dir / "workers.pid"
+
+    def reap_leftovers(self) -> None:
+        """Stop the workers an earlier rehearsal started and could not stop (it was killed
+        itself): each was recorded with its queue, and is stopped only while its command line
+        still names that queue's worker (a pid may have been reused since)."""
+        if not self.pid_file.exists():
+            return
+        for line in self.pid_file.read_text().splitlines():
+            pid_text, _, queue = line.partition(" ")
+            if pid_text.isdigit() and own_worker_alive(int(pid_text), queue):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(pid_text), signal.SIGTERM)
+        self.pid_file.unlink(missing_ok=True)
 
     def start(self) -> ManagedProcess:
         """A new worker process on the queue; returns once it polls."""
@@ -112,12 +132,25 @@ class OwnWorkers:
         proc = ManagedProcess(f"{self.task_queue}-{number}", python("inboxcrm.worker"), env,
                               self.log_dir).start()
         self.started.append(proc)
+        with self.pid_file.open("a") as pids:
+            pids.write(f"{proc.pid} {self.task_queue}\n")
         proc.wait_ready(proc.log_has(WORKER_READY, since=proc.log_offset))
         return proc
 
     def stop_all(self) -> None:
         for proc in self.started:
             proc.stop()
+        self.pid_file.unlink(missing_ok=True)
+
+
+def own_worker_alive(pid: int, task_queue: str) -> bool:
+    """The process is still the rehearsal's worker of `task_queue` (Linux: its environment
+    names the queue; elsewhere nothing is stopped)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"INBOXCRM_TASK_QUEUE={task_queue}".encode() in environ.split(b"\0")
 
 
 @dataclass(frozen=True)

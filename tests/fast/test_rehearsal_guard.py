@@ -3,10 +3,20 @@ lines the CLI prints."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from inboxcrm.cli.verify import _case_lines
-from inboxcrm.verify.rehearsal import Outcome, destination_problems, same_origin
+from inboxcrm.verify.rehearsal import (
+    Outcome,
+    OwnWorkers,
+    destination_problems,
+    same_origin,
+)
 
 SANDBOX = "http://127.0.0.1:8090"
 
@@ -62,3 +72,24 @@ def test_case_lines_show_record_queue_entry_and_evidence() -> None:
         "  evidence: audit entries 7…12 (3): inboxcrm audit --workflow inbound/rehearsal/x"]
     bare = Outcome("auto-reply", "ignored", 0, 0, "ignored", True)
     assert _case_lines(bare)[1:] == ["  CRM record: none", "  queue entry: none"]
+
+
+def test_a_killed_rehearsal_s_worker_is_stopped_by_the_next_one(tmp_path: Path) -> None:
+    """A rehearsal killed itself (kill -9, a CI timeout) cannot stop the worker it started;
+    the next rehearsal stops it, and only it: a process whose environment names another
+    queue is left alone."""
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env={**os.environ, "INBOXCRM_TASK_QUEUE": "q-rehearsal-aaaaaa"})
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={**os.environ, "INBOXCRM_TASK_QUEUE": "q-someone-else"})
+    try:
+        (tmp_path / "workers.pid").write_text(
+            f"{ours.pid} q-rehearsal-aaaaaa\n{other.pid} q-rehearsal-bbbbbb\n")
+        OwnWorkers({}, "q", log_dir=tmp_path)
+        assert ours.wait(10) == -signal.SIGTERM
+        assert other.poll() is None
+        assert not (tmp_path / "workers.pid").exists()
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait()

@@ -1,8 +1,8 @@
--- What each running worker would call, per tenant (docs/architecture.md §10, "Rehearsal";
--- issue 37): providers and base URLs, never a secret. Each worker writes its rows at start
--- and refreshes them every few seconds; a graceful stop deletes them, a killed worker's age
--- out. `inboxcrm rehearse` refuses unless every live worker of the rehearsal tenant points
--- at the sandbox, instead of trusting the CLI's own environment.
+-- What each running worker would call, per tenant (docs/architecture.md §5 and §10,
+-- `rehearse`; issue 37): providers and base URLs, never a secret. Each worker writes its
+-- rows at start and refreshes them every few seconds; a graceful stop deletes them, a
+-- killed worker's age out. `inboxcrm rehearse` refuses unless every live worker of the
+-- rehearsal tenant points at the sandbox, instead of trusting the CLI's own environment.
 CREATE TABLE worker_destinations (
     worker_id     text        NOT NULL,
     tenant        text        NOT NULL,
