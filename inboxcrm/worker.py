@@ -12,9 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import socket
+import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -57,7 +60,7 @@ from inboxcrm.platform.gmail_config import GmailSettings
 from inboxcrm.platform.logs import configure_logging
 from inboxcrm.platform.workpool import IN_PROCESS, Runner
 from inboxcrm.schemas.destinations import TenantDestinations
-from inboxcrm.store import audit, db
+from inboxcrm.store import audit, db, worker_destinations
 from inboxcrm.workflows.consent_sync import ConsentSyncWorkflow
 from inboxcrm.workflows.drift_check import DriftCheckWorkflow
 from inboxcrm.workflows.inbound_email import (
@@ -225,6 +228,39 @@ async def audit_destination_changes(pool: asyncpg.Pool, stop: asyncio.Event,
             await asyncio.wait_for(stop.wait(), timeout=interval)
 
 
+def worker_identity() -> str:
+    """This process among the workers (host, pid and a random part: a pid is reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+async def report_destinations(pool: asyncpg.Pool, destinations: Destinations, worker_id: str,
+                              task_queue: str, stop: asyncio.Event,
+                              interval: float = worker_destinations.REPORT_SECONDS) -> None:
+    """What this worker would call, per tenant (providers and base URLs; migration 079),
+    refreshed every `interval` and deleted at a graceful stop: `inboxcrm rehearse` asks
+    the workers, not its own environment, whether they point at the sandbox."""
+    started_at = datetime.now(UTC)
+    try:
+        while not stop.is_set():
+            try:
+                rows = [(e.tenant, e.crm_provider, e.crm_url, e.mail_provider, e.mail_url)
+                        for e in map(destinations.endpoints, sorted(current_policies()))]
+                async with pool.acquire(timeout=interval) as conn:
+                    await asyncio.wait_for(worker_destinations.report(
+                        conn, worker_id=worker_id, task_queue=task_queue,
+                        started_at=started_at, tenants=rows), timeout=interval)
+            except Exception as exc:  # a bad policy or a store outage: try again later
+                log.warning("destination report skipped: %s", type(exc).__name__)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+    finally:
+        # A frozen store must not hold the exit: the report then ages out instead.
+        with contextlib.suppress(Exception):
+            async with pool.acquire(timeout=interval) as conn:
+                await asyncio.wait_for(worker_destinations.forget(conn, worker_id=worker_id),
+                                       timeout=interval)
+
+
 async def take_tenants_live(destinations: Destinations, tenants: list[str]) -> list[str]:
     """Each tenant's CRM checked before its first item (`inboxcrm crm check`): one whose
     external ID field is missing, not unique or not an external ID is refused, as
@@ -309,7 +345,10 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                 log.info("model calls on task queue %s (%s/s)", models,
                          settings.model_calls_per_second)
             log.info("worker running on task queue %s", settings.task_queue)
-            await audit_destination_changes(pool, stop)
+            await asyncio.gather(
+                audit_destination_changes(pool, stop),
+                report_destinations(pool, destinations, worker_identity(),
+                                    settings.task_queue, stop))
     finally:
         await destinations.aclose()
         await work.close()

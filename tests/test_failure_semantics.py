@@ -411,13 +411,13 @@ async def test_replay_of_a_terminated_run_repeats_no_completed_step(
 async def test_rehearse_passes_and_audit_tells_each_story(
     stack: Stack, env: StackClient,
 ) -> None:
-    result = cli(stack, "rehearse")
+    result = cli(stack, "rehearse", timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "11 passed, 0 failed" in result.stdout
+    assert "14 passed, 0 failed" in result.stdout
     # A line per scenario on stderr as it runs; stdout is the table alone.
-    assert "[1/11] duplicate delivery…" in result.stderr
-    assert "[11/11] no sender → review → approve: pass (completed)" in result.stderr
-    assert "[1/11]" not in result.stdout
+    assert "[1/14] duplicate delivery…" in result.stderr
+    assert "[11/14] no sender → review → approve: pass (completed)" in result.stderr
+    assert "[1/14]" not in result.stdout
     # Every rehearsal item's story can be reconstructed from the audit trail alone.
     rows = await env.db.fetch(
         "SELECT DISTINCT ON (state) workflow_id, state FROM inbound_events "

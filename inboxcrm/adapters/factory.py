@@ -19,6 +19,7 @@ fallback to another account.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from inboxcrm.adapters.base import CrmClient, CrmGuarantee, GuaranteeCheck, MailClient
@@ -41,8 +42,20 @@ from inboxcrm.schemas.destinations import (
 if TYPE_CHECKING:
     from inboxcrm.platform.config import Settings
 
-__all__ = ["ConfigurationError", "Destinations", "build_crm", "build_mail", "build_tenant_crm",
-           "build_tenant_mail", "resolve_secret"]
+__all__ = ["ConfigurationError", "DestinationEndpoints", "Destinations", "build_crm",
+           "build_mail", "build_tenant_crm", "build_tenant_mail", "resolve_secret"]
+
+
+@dataclass(frozen=True)
+class DestinationEndpoints:
+    """A tenant's CRM and mail as one process would call them: provider names and base URLs
+    ("" where a client names none or cannot be built). No credentials."""
+
+    tenant: str
+    crm_provider: str
+    crm_url: str
+    mail_provider: str
+    mail_url: str
 
 
 def build_crm(settings: Settings) -> CrmClient:
@@ -163,6 +176,20 @@ class Destinations:
         if key not in self._mail:
             self._mail[key] = build_tenant_mail(tenant, spec, self._require_settings())
         return self._mail[key]
+
+    def endpoints(self, tenant: str) -> DestinationEndpoints:
+        """Where this process would call for the tenant (providers and base URLs, never a
+        secret): the worker reports it so `inboxcrm rehearse` can refuse a live destination.
+        A destination that cannot be built is reported as such, with no URL."""
+        found: dict[str, tuple[str, str]] = {}
+        for kind, build in (("crm", self._account), ("mail", self.mail)):
+            try:
+                client = build(tenant)
+            except (ConfigurationError, ValueError):
+                found[kind] = ("unavailable", "")
+                continue
+            found[kind] = (client.name, str(getattr(client, "endpoint", "")))
+        return DestinationEndpoints(tenant, *found["crm"], *found["mail"])
 
     async def aclose(self) -> None:
         clients: list[CrmClient | MailClient] = [*self._crm.values(), *self._mail.values()]

@@ -109,6 +109,12 @@ class HubSpotCrm:
         self._client = new_client(base_url, headers, timeout, guard)
         self._id_property = id_property
 
+    @property
+    def endpoint(self) -> str:
+        """The base URL this client calls (no credentials): what a worker reports of its
+        destinations (`Destinations.endpoints`)."""
+        return str(self._client.base_url)
+
     async def upsert_contact(self, external_id: str, fields: ContactFields) -> CrmRecord:
         first, last = _split_name(fields.name)
         properties = {"email": fields.email, self._id_property: external_id}

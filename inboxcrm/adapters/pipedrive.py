@@ -134,6 +134,12 @@ class PipedriveCrm:
             else None
         self._key_lock = asyncio.Lock()
 
+    @property
+    def endpoint(self) -> str:
+        """The base URL this client calls (no credentials): what a worker reports of its
+        destinations (`Destinations.endpoints`)."""
+        return str(self._client.base_url)
+
     # --- plumbing --------------------------------------------------------------------------
     async def _call(self, method: str, path: str, *, json: Any = None,
                     params: dict[str, str] | None = None,

@@ -57,6 +57,12 @@ class ResendMail:
         self._base_url = base_url.rstrip("/")
         self._sender = sender
 
+    @property
+    def endpoint(self) -> str:
+        """The base URL this client calls (no credentials): what a worker reports of its
+        destinations (`Destinations.endpoints`)."""
+        return str(self._client.base_url)
+
     async def send(self, idempotency_key: str, message: OutgoingEmail) -> SentEmail:
         body: dict[str, object] = {
             "from": message.sender or self._sender, "to": [message.to],

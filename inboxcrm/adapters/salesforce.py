@@ -265,6 +265,12 @@ class SalesforceCrm:
         self._sobjects = f"{self._api}/sobjects"
         self._new_prospects: NewProspects = new_prospects
 
+    @property
+    def endpoint(self) -> str:
+        """The base URL this client calls (no credentials): what a worker reports of its
+        destinations (`Destinations.endpoints`)."""
+        return str(self._client.base_url)
+
     def _path(self, external_id: str, sobject: str = "Contact") -> str:
         return f"{self._sobjects}/{sobject}/{self._field}/{quote(external_id, safe='')}"
 

@@ -113,6 +113,13 @@ class SmtpMail:
         self._tls = tls_context or ssl.create_default_context()
         self._guard = guard
 
+    @property
+    def endpoint(self) -> str:
+        """The relay this client submits to (no credentials): what a worker reports of its
+        destinations (`Destinations.endpoints`)."""
+        scheme = "smtps" if self._security == "ssl" else "smtp"
+        return f"{scheme}://{self._host}:{self._port}"
+
     def where_to_look(self, idempotency_key: str) -> str:
         """An SMTP relay cannot be asked: its log (or the recipient's mailbox) is searched
         for the intent's deterministic Message-ID."""

@@ -30,11 +30,19 @@ from inboxcrm.store import db
 def rehearse(timeout: Annotated[float, typer.Option(help="Seconds per scenario.")] = 90,
              as_json: JsonOpt = False) -> None:
     """Run the synthetic failure rehearsal against the running stack (a line per scenario on
-    stderr, the table or JSON on stdout); exit 1 on any failure."""
+    stderr, the table and per case the CRM record, queue entry and evidence, or JSON, on
+    stdout); exit 1 on any failure. Refuses unless every live worker of the rehearsal
+    tenant reports the sandbox as its CRM and mail destination."""
     from dataclasses import asdict
 
+    from inboxcrm.store import worker_destinations
     from inboxcrm.verify.probe import Endpoints, StackClient
-    from inboxcrm.verify.rehearsal import Rehearsal
+    from inboxcrm.verify.rehearsal import (
+        TENANT,
+        OwnWorkers,
+        Rehearsal,
+        destination_problems,
+    )
 
     settings = settings_from_env()
     if (settings.crm_url or settings.mail_url or settings.crm_provider != "sandbox"
@@ -46,6 +54,9 @@ def rehearse(timeout: Annotated[float, typer.Option(help="Seconds per scenario."
     endpoints = Endpoints(relay, settings.sandbox_url, settings.temporal_address,
                           settings.webhook_secret)
 
+    def own_workers(**overrides: str) -> OwnWorkers:
+        return OwnWorkers(os.environ, settings.task_queue, overrides)
+
     async def run() -> list[Any]:
         try:
             pool = await db.create_pool(settings.database_url, max_size=5)
@@ -53,11 +64,21 @@ def rehearse(timeout: Annotated[float, typer.Option(help="Seconds per scenario."
             fail(f"cannot connect to the database ({type(exc).__name__}); is the stack up? "
                  "(`make up`, or set DATABASE_URL)")
             raise
-        client = StackClient(endpoints, pool, settings)
         try:
-            return await Rehearsal(client, timeout, progress).run()
+            async with pool.acquire() as conn:
+                workers = await worker_destinations.live_for_tenant(
+                    conn, tenant=TENANT, max_age_seconds=worker_destinations.LIVE_SECONDS)
+            problems = destination_problems([dict(w) for w in workers], settings.sandbox_url)
+            if problems:
+                fail("the rehearsal injects faults into the sandbox; it refuses to run while "
+                     "a worker would call anything else:\n  " + "\n  ".join(problems))
+            progress(f"{len(workers)} live worker(s) of {TENANT} point at the sandbox")
+            client = StackClient(endpoints, pool, settings)
+            try:
+                return await Rehearsal(client, timeout, progress, own_workers).run()
+            finally:
+                await client.aclose()
         finally:
-            await client.aclose()
             await pool.close()
 
     progress(f"rehearsal against the relay at {relay} and the sandbox at "
@@ -78,9 +99,36 @@ def rehearse(timeout: Annotated[float, typer.Option(help="Seconds per scenario."
                           o.final_state, "[green]pass[/green]" if o.passed else "[red]FAIL[/red]",
                           o.note)
         out.print(table)
+        for o in outcomes:
+            for line in _case_lines(o):
+                out.print(line, highlight=False, markup=False, soft_wrap=True)
         out.print(f"{len(outcomes) - len(failed)} passed, {len(failed)} failed")
     if failed:
         raise typer.Exit(1)
+
+
+def _case_lines(outcome: Any) -> list[str]:
+    """One rehearsal case's record, queue entry and evidence, as the runbook asks to see."""
+    lines = [f"{outcome.scenario} — {outcome.workflow_id or 'no item'}"]
+    if outcome.record is not None:
+        fields = ", ".join(f"{k}={v}" for k, v in sorted(outcome.record["fields"].items()))
+        lines.append(f"  CRM record {outcome.record['id']}: {fields}")
+    else:
+        lines.append("  CRM record: none")
+    entry = outcome.queue_entry
+    if entry is not None:
+        lines.append(f"  queue entry: {entry['reason']}, owner {entry['owner']}, escalates at "
+                     f"{entry['escalate_at']}, {entry['status']}"
+                     + (f" by {entry['resolved_by']}" if entry.get("resolved_by") else ""))
+    else:
+        lines.append("  queue entry: none")
+    ids = outcome.evidence.get("audit_ids") or []
+    if ids:
+        lines.append(f"  evidence: audit entries {ids[0]}…{ids[-1]} ({len(ids)}): "
+                     f"{outcome.evidence['command']}")
+    if outcome.evidence.get("worker_logs"):
+        lines.append(f"  worker logs: {outcome.evidence['worker_logs']}")
+    return lines
 
 
 def check(

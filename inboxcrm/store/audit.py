@@ -62,3 +62,12 @@ async def record_destinations(conn: Conn, *, tenant: str, actor: str, detail: di
     True when an entry was written."""
     written = await conn.fetchval(RECORD_DESTINATIONS, tenant, actor, json_safe(detail), empty)
     return written is not None
+
+
+ENTRY_IDS = "SELECT audit_id FROM audit_log WHERE workflow_id = $1 ORDER BY audit_id"
+
+
+async def entry_ids(conn: Conn, *, workflow_id: str) -> list[int]:
+    """The IDs of an item's audit entries, oldest first: where a rehearsal case's evidence
+    is (`inboxcrm audit --workflow` prints them)."""
+    return [row["audit_id"] for row in await conn.fetch(ENTRY_IDS, workflow_id)]

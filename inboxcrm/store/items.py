@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
 from inboxcrm.store import copies, events, failed_runs
+
+if TYPE_CHECKING:
+    from inboxcrm.store.db import Conn
 
 ITEM_STATUS = """
 SELECT e.event_id, e.workflow_id, e.tenant, e.source, e.mailbox, e.delivery_id, e.state,
@@ -174,7 +177,7 @@ async def review_queue(conn: asyncpg.Connection[Any], tenant: str | None = None
     return items
 
 
-async def set_pause(conn: asyncpg.Connection[Any], tenant: str | None, scope: str, paused: bool,
+async def set_pause(conn: Conn, tenant: str | None, scope: str, paused: bool,
                     actor: str) -> None:
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}")

@@ -114,3 +114,16 @@ async def record_resolver(conn: Conn, *, workflow_id: str, resolved_by: str) -> 
 
 async def mark_escalated(conn: Conn | asyncpg.Pool, *, workflow_id: str) -> None:
     await conn.execute(MARK_ESCALATED, workflow_id)
+
+
+LATEST_TASK = """
+SELECT reason, owner, status, first_seen, escalate_at, escalated_at, resolved_at, resolved_by,
+       resolution
+FROM review_tasks WHERE workflow_id = $1 ORDER BY task_id DESC LIMIT 1
+"""
+
+
+async def latest_task(conn: Conn | asyncpg.Pool, *, workflow_id: str) -> asyncpg.Record | None:
+    """The item's latest review task, open or resolved (the rehearsal prints it)."""
+    row: asyncpg.Record | None = await conn.fetchrow(LATEST_TASK, workflow_id)
+    return row

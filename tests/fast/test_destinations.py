@@ -242,3 +242,29 @@ def test_a_policy_pickled_to_a_work_pool_child_imports_no_adapter() -> None:
          " 'inboxcrm.adapters' in sys.modules)"],
         input=blob, capture_output=True, timeout=60, check=True, cwd=ROOT)
     assert child.stdout.decode().split() == ["CrmDestination", "salesforce", "smtp", "False"]
+
+
+async def test_endpoints_say_where_each_tenant_s_calls_go_without_secrets(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a worker reports for `inboxcrm rehearse`'s guard: provider and base URL per
+    tenant, the global accounts for a tenant without its own, and `unavailable` (no URL)
+    for a destination that cannot be built; never a token."""
+    monkeypatch.setenv("INBOXCRM_TENANT_NORTH_CRM_TOKEN", "north-crm-token")
+    monkeypatch.delenv("INBOXCRM_TENANT_SOUTH_MISSING", raising=False)
+    specs = {
+        "north": TenantDestinations.model_validate({
+            "crm": {"provider": "sandbox", "url": "http://north.invalid",
+                    "token": {"env": "INBOXCRM_TENANT_NORTH_CRM_TOKEN"}}}),
+        "south": TenantDestinations.model_validate({
+            "mail": {"provider": "resend", "token": {"env": "INBOXCRM_TENANT_SOUTH_MISSING"}}}),
+    }
+    destinations = Destinations(_settings(), lambda t: specs.get(t, TenantDestinations()))
+    try:
+        north, south = destinations.endpoints("north"), destinations.endpoints("south")
+    finally:
+        await destinations.aclose()
+    assert (north.crm_provider, north.crm_url.rstrip("/")) == ("hubspot", "http://north.invalid")
+    assert (north.mail_provider, north.mail_url.rstrip("/")) == ("resend",
+                                                                 "http://global.invalid")
+    assert (south.mail_provider, south.mail_url) == ("unavailable", "")
+    assert "north-crm-token" not in repr(north)

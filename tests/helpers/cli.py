@@ -9,10 +9,11 @@ import sys
 from inboxcrm.stack.stack import Stack
 
 
-def cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run the operator CLI against the test stack, as an operator would."""
+def cli(stack: Stack, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the operator CLI against the test stack, as an operator would (`timeout`: room
+    for a long command such as `rehearse`)."""
     return subprocess.run([sys.executable, "-m", "inboxcrm.cli", *args], env=stack.env,
-                          capture_output=True, text=True, timeout=60, check=False)
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def add_reviewer(stack: Stack, name: str, role: str) -> str:
