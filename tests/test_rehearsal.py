@@ -100,4 +100,17 @@ async def test_rehearse_runs_the_runbook_cases_and_shows_the_evidence(
     assert f"{report['passed']} passed, 0 failed" in text.stdout
     assert "queue entry: http_401" in text.stdout and "owner rehearsal-integration" in text.stdout
     assert "evidence: audit entries" in text.stdout and "inboxcrm audit --workflow" in text.stdout
+    # A line per scenario on stderr as it runs; stdout is the table alone.
+    assert f"[1/{report['passed']}] duplicate delivery…" in text.stderr
+    assert f"[1/{report['passed']}]" not in text.stdout
+    # Every rehearsal item's story can be reconstructed from the audit trail alone.
+    rows = await env.db.fetch(
+        "SELECT DISTINCT ON (state) workflow_id, state FROM inbound_events "
+        "WHERE tenant = 'rehearsal' ORDER BY state, received_at DESC")
+    assert {r["state"] for r in rows} >= {"completed", "ignored", "rejected", "suppressed"}
+    for row in rows:
+        story = cli(stack, "audit", "--workflow", row["workflow_id"])
+        assert story.returncode == 0, story.stderr
+        assert "received via standard" in story.stdout
+        assert f"state → {row['state']}" in story.stdout
 
