@@ -216,9 +216,11 @@ class CrmActivities:
         if row["crm_record_id"]:
             followed = await self._follow(attempt, crm, str(row["contact_id"]),
                                           row["crm_record_id"])
-            if followed is not None and not followed[1]:
-                # The survivor is another contact's record of ours: it is the record now, but
-                # an upsert by our ID (which it does not carry) would create a second one.
+            if followed is not None:
+                # The survivor is the record now, as a salesperson left it: like an adopted
+                # record it gets our external ID only (where it carries none), never our
+                # fields over theirs; and one carrying another contact's ID of ours is not
+                # upserted by ours at all (that would create a second record).
                 return followed[0]
         try:
             record = await crm.upsert_contact(
