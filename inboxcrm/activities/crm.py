@@ -13,6 +13,11 @@ Match before create (the adapter's `upsert_contact`): a record the CRM already h
 email is adopted, audited (`crm_record_adopted`) and counted
 (`inboxcrm_crm_adoptions_total{provider}`); several such records send the item to review
 (`crm_candidates`, the CRM's record IDs in the audit and on the card) with nothing written.
+
+Merges (docs/architecture.md §5, "Changes of address and merges"): a contact whose stored
+record was merged in the CRM is followed to the survivor before the upsert (`CrmMerges`),
+and on a note, email or association refused for good on the stored record; audited
+(`crm_record_merged`) and counted (`inboxcrm_crm_merges_followed_total{provider}`).
 """
 
 from __future__ import annotations

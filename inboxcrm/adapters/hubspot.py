@@ -17,6 +17,11 @@ every field a person set are left alone), so later lookups by our ID find it wit
 second as our create; HubSpot's email uniqueness then makes one of the two creates a 409,
 which is adopted the same way.
 
+Merges (`survivor_of`, `claim_survivor`): a contact merged in HubSpot answers a read by its
+old ID with the surviving record (another `id`, `hs_merged_object_ids`); the CRM step follows
+it (docs/architecture.md §5, "Changes of address and merges") and writes our ID onto the
+survivor when it carries none (`PATCH`, that property only).
+
 A 429 names its limit in `policyName`: SECONDLY and TEN_SECONDLY_ROLLING are retried after
 a short wait; DAILY parks the tenant's CRM scope until the reset (`inboxcrm.adapters.errors`).
 """

@@ -52,6 +52,11 @@ candidates. Our own Lead, once a salesperson converts it, is followed to its Con
 gets our ID. A record's object is told by its Id's key prefix (`00Q` Lead, else Contact), so
 the drift check, the opt-out read and the note (`WhoId`) reach a Lead too.
 
+Merges (`survivor_of`, `claim_survivor`): a merged Contact is deleted, its `MasterRecordId`
+the survivor, read by `queryAll` (deleted records included); the CRM step follows it
+(docs/architecture.md §5, "Changes of address and merges") and writes our External ID onto the
+master when it carries none (`PATCH …/sobjects/Contact/{Id}`, that field only).
+
 Guarantee check (`check_external_id`, `inboxcrm crm check`): `GET …/sobjects/{Contact|Lead|
 Task}/describe` must list our field with `externalId` and `unique` true.
 """
