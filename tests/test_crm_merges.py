@@ -236,3 +236,37 @@ async def test_contact_link_refuses_two_contacts_with_records_of_their_own(
     assert "merge the two records in the CRM first" in refused.stderr
     assert await env.count("SELECT count(*) FROM contact_addresses WHERE canonical_email = "
                            "ANY($1::text[])", [a, b]) == 0
+
+
+async def test_contact_link_refuses_an_opted_out_address_with_one_that_is_not(
+        env: StackClient, stack: Stack) -> None:
+    a, b = unique_email("kept"), unique_email("optedout")
+    workflow_id = await env.deliver(message_from(a))
+    assert (await env.wait_state(workflow_id, TERMINAL, timeout=120))[0] == "completed"
+    await env.db.execute("INSERT INTO suppressions (tenant, canonical_email, reason, source) "
+                         "VALUES ('acme', $1, 'unsubscribe', 'test')", b)
+    refused = cli(stack, "contact", "link", "--tenant", "acme", a, b)
+    assert refused.returncode == 1 and "record the same opt-out for both" in refused.stderr
+    assert await env.count("SELECT count(*) FROM contact_addresses WHERE canonical_email = "
+                           "ANY($1::text[])", [a, b]) == 0
+
+
+async def test_contact_link_joins_a_contact_without_a_record_to_the_one_with(
+        env: StackClient, stack: Stack) -> None:
+    a, b = unique_email("withrecord"), unique_email("norecord")
+    workflow_id = await env.deliver(message_from(a))
+    assert (await env.wait_state(workflow_id, TERMINAL, timeout=120))[0] == "completed"
+    # B's own contact, never written to the CRM (as one whose item waits in review).
+    other = await env.db.fetchval("INSERT INTO contacts (tenant, canonical_email, email) "
+                                  "VALUES ('acme', $1, $1) RETURNING contact_id::text", b)
+    linked = cli(stack, "contact", "link", "--tenant", "acme", b, a, "--json")
+    assert linked.returncode == 0, linked.stderr
+    answer = json.loads(linked.stdout)
+    kept = await env.db.fetchval("SELECT contact_id::text FROM contacts WHERE "
+                                 "canonical_email = $1", a)
+    assert (answer["contact_id"], answer["joined_contact_id"]) == (kept, other)
+    second = await env.deliver(message_from(b, subject="Me again"))
+    assert await env.wait_state(second, TERMINAL, timeout=120) != ("failed", None)
+    assert await env.db.fetchval("SELECT contact_id::text FROM inbound_events WHERE "
+                                 "workflow_id = $1", second) == kept
+    assert len(await env.crm_records_for(a)) == 1 and await env.crm_records_for(b) == []

@@ -39,6 +39,11 @@ SELECT EXISTS (SELECT 1 FROM contacts WHERE canonical_email = $2 AND tenant <> $
     OR EXISTS (SELECT 1 FROM contact_addresses WHERE canonical_email = $2 AND tenant <> $1)
 """
 
+# The suppressions (any scope) of the two addresses. $1 tenant, $2 both addresses.
+SUPPRESSED = """
+SELECT canonical_email, scope FROM suppressions WHERE tenant = $1 AND canonical_email = ANY($2)
+"""
+
 # $1 tenant, $2 the address linked, $3 its contact, $4 who linked it. A repeat keeps the link.
 INSERT_LINK = """
 INSERT INTO contact_addresses (tenant, canonical_email, contact_id, linked_by)
@@ -86,6 +91,10 @@ async def link(conn: Conn, *, tenant: str, first: str, second: str, actor: str,
                 raise LinkRefused("an address belongs to another tenant; a link joins two "
                                   "addresses of one tenant's person only")
         rows = [await conn.fetchrow(CONTACT_OF_ADDRESS, tenant, a) for a in (first, second)]
+        refuse_unequal_consent(
+            {r["canonical_email"]: r["scope"] for r in await conn.fetch(
+                SUPPRESSED, tenant, [first, second, *(r["canonical_email"] for r in rows if r)])},
+            [first, second, *(r["canonical_email"] for r in rows if r)])
         keep, other, alias = _choose(rows, first, second)
         changed = False
         joined: str | None = None
@@ -103,6 +112,16 @@ async def link(conn: Conn, *, tenant: str, first: str, second: str, actor: str,
                 detail={"contact_id": str(keep["contact_id"]), "joined_contact_id": joined,
                         "crm_record_id": keep["crm_record_id"], "note": note})
     return Linked(str(keep["contact_id"]), keep["crm_record_id"], changed, joined)
+
+
+def refuse_unequal_consent(suppressed: dict[str, str], addresses: list[str]) -> None:
+    """Planning and the send read suppressions by the contact's own address: a link between
+    an address that opted out and one that did not (or in another scope) would let mail go
+    out under the other, so it is refused until both say the same."""
+    if len({suppressed.get(a) for a in addresses}) > 1:
+        raise LinkRefused("one address has opted out (or is suppressed in another scope) and "
+                          "the other has not: record the same opt-out for both first, then "
+                          "link")
 
 
 def _choose(rows: list[Any], first: str, second: str) -> tuple[Any, Any, str]:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from inboxcrm.sandbox.merges import _merged_properties
-from inboxcrm.store.contact_links import LinkRefused, _choose
+from inboxcrm.store.contact_links import LinkRefused, _choose, refuse_unequal_consent
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -68,3 +68,13 @@ def test_a_hubspot_merge_keeps_the_primarys_values_and_records_the_merged_id() -
 def test_a_salesforce_merge_keeps_the_masters_fields() -> None:
     keep = {"email": "b@x.example", "lastname": "Master"}
     assert _merged_properties("salesforce", keep, {"email": "a@x.example"}, 7) == keep
+
+
+def test_a_link_between_an_opted_out_address_and_another_is_refused() -> None:
+    both = ["a@x.example", "b@x.example"]
+    refuse_unequal_consent({}, both)
+    refuse_unequal_consent({"a@x.example": "all", "b@x.example": "all"}, both)
+    with pytest.raises(LinkRefused, match="record the same opt-out for both first"):
+        refuse_unequal_consent({"a@x.example": "all"}, both)
+    with pytest.raises(LinkRefused, match="opted out"):
+        refuse_unequal_consent({"a@x.example": "all", "b@x.example": "marketing"}, both)
