@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import asyncpg
 from temporalio import activity
 
-from inboxcrm.adapters.base import AdapterError, CrmClient, CrmConsent, OptOut
+from inboxcrm.adapters.base import AdapterError, CrmClient, CrmConsent, CrmMerges, OptOut
 from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
 from inboxcrm.schemas.consent import ConsentSyncInput, ConsentSyncSummary
@@ -80,13 +80,31 @@ class CrmOptOutCheck:
         if hit is not None and now - hit[0] < self._cache_seconds:
             return _view(crm.name, hit[1], cached=True)
         try:
-            found = await crm.read_opt_out(record_id)
+            found = await self._read_followed(crm, record_id)
         except AdapterError as exc:
             raise _as_read_failure(exc) from None
         if len(self._cache) >= CACHE_MAX:
             self._cache.clear()
         self._cache[key] = (now, found)
         return _view(crm.name, found, cached=False)
+
+
+    @staticmethod
+    async def _read_followed(crm: CrmConsent, record_id: str) -> OptOut:
+        """The record's opt-out; a record merged away since it was stored (Salesforce answers
+        its old ID 404 `ENTITY_IS_DELETED`) is read on its survivor (HubSpot answers the old
+        ID with the survivor itself). The stored ID is moved by the next CRM upsert, which
+        records the merge (`crm_record_merged`)."""
+        try:
+            return await crm.read_opt_out(record_id)
+        except AdapterError as exc:
+            if exc.classified.category is not Category.PERMANENT or \
+                    not isinstance(crm, CrmMerges):
+                raise
+            survivor = await crm.survivor_of(record_id)
+            if survivor is None:
+                raise
+        return await crm.read_opt_out(survivor.record_id)
 
 
 def _view(provider: str, found: OptOut, *, cached: bool) -> ConsentView:

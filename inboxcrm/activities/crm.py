@@ -13,12 +13,18 @@ Match before create (the adapter's `upsert_contact`): a record the CRM already h
 email is adopted, audited (`crm_record_adopted`) and counted
 (`inboxcrm_crm_adoptions_total{provider}`); several such records send the item to review
 (`crm_candidates`, the CRM's record IDs in the audit and on the card) with nothing written.
+
+Merges (docs/architecture.md §5, "Changes of address and merges"): a contact whose stored
+record was merged in the CRM is followed to the survivor before the upsert (`CrmMerges`),
+and on a note, email or association refused for good on the stored record; audited
+(`crm_record_merged`) and counted (`inboxcrm_crm_merges_followed_total{provider}`).
 """
 
 from __future__ import annotations
 
 import email.parser
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -32,6 +38,7 @@ from inboxcrm.adapters.base import (
     AdapterError,
     ContactFields,
     CrmClient,
+    CrmMerges,
     CrmRecord,
     EmailActivity,
     MatchCandidates,
@@ -100,8 +107,9 @@ class CrmActivities:
         email = EmailActivity(
             inbound=True, subject=subject, text=get_policy(item.tenant).crm_text(text),
             occurred_at=note_time(row["written_at"], None, row["received_at"]))
-        return await self._crm(item.tenant).log_email(
-            note_key(attempt.op.op_key), row["crm_record_id"], email)
+        crm = self._crm(item.tenant)
+        return await self._on_record(attempt, row, lambda record_id: crm.log_email(
+            note_key(attempt.op.op_key), record_id, email))
 
     async def _log_sent(self, attempt: Attempt) -> str:
         item = attempt.op.item
@@ -122,8 +130,9 @@ class CrmActivities:
             inbound=False, subject=followup.subject,
             text=get_policy(item.tenant).crm_text(followup.text),
             occurred_at=row["sent_at"] or context["received_at"])
-        return await self._crm(item.tenant).log_email(
-            note_key(attempt.op.op_key), context["crm_record_id"], email)
+        crm = self._crm(item.tenant)
+        return await self._on_record(attempt, context, lambda record_id: crm.log_email(
+            note_key(attempt.op.op_key), record_id, email))
 
     def _record_email(self, attempt: Attempt, email_id: str, reconciled: bool) -> Recorded:
         return Recorded(
@@ -158,7 +167,12 @@ class CrmActivities:
         note_id = await crm.find_note(note_key(attempt.op.op_key))
         if note_id is not None:
             row = await self._note_context(attempt)
-            await crm.associate_note(note_id, row["crm_record_id"])
+
+            async def associate(record_id: str) -> str:
+                await crm.associate_note(note_id, record_id)
+                return record_id
+
+            await self._on_record(attempt, row, associate)
         return note_id
 
     async def _note_context(self, attempt: Attempt) -> asyncpg.Record:
@@ -174,9 +188,10 @@ class CrmActivities:
                 f"{row['received_at'].isoformat(timespec='seconds')} (delivery "
                 f"{row['delivery_id']}); intent: {row['intent'] or 'unknown'}; handled by "
                 "inboxcrm.")
-        return await self._crm(attempt.op.item.tenant).log_note(
-            note_key(attempt.op.op_key), row["crm_record_id"], text,
-            note_time(row["written_at"], row["head"], row["received_at"]))
+        crm = self._crm(attempt.op.item.tenant)
+        when = note_time(row["written_at"], row["head"], row["received_at"])
+        return await self._on_record(attempt, row, lambda record_id: crm.log_note(
+            note_key(attempt.op.op_key), record_id, text, when))
 
     def _record_note(self, attempt: Attempt, note_id: str, reconciled: bool) -> Recorded:
         return Recorded(
@@ -203,6 +218,15 @@ class CrmActivities:
         if row is None:
             raise missing_row("contact")
         crm = self._crm(attempt.op.item.tenant)
+        if row["crm_record_id"]:
+            followed = await self._follow(attempt, crm, str(row["contact_id"]),
+                                          row["crm_record_id"])
+            if followed is not None:
+                # The survivor is the record now, as a salesperson left it: like an adopted
+                # record it gets our external ID only (where it carries none), never our
+                # fields over theirs; and one carrying another contact's ID of ours is not
+                # upserted by ours at all (that would create a second record).
+                return followed[0]
         try:
             record = await crm.upsert_contact(
                 str(row["contact_id"]),
@@ -213,6 +237,49 @@ class CrmActivities:
         if record.adopted:
             await self._adopted(attempt, crm.name, record)
         return record.record_id
+
+    async def _follow(self, attempt: Attempt, crm: CrmClient, contact_id: str,
+                      record_id: str) -> tuple[str, bool] | None:
+        """The contact's stored record was merged in the CRM: follow it to the survivor (our
+        external ID written onto it where it carries none), store the survivor as the
+        contact's record, audit (`crm_record_merged`) and count. (survivor, carries our ID),
+        or None when the record was not merged (or the CRM cannot tell)."""
+        if not isinstance(crm, CrmMerges):
+            return None
+        survivor = await crm.survivor_of(record_id)
+        if survivor is None:
+            return None
+        claimed = await crm.claim_survivor(survivor, contact_id)
+        count("inboxcrm_crm_merges_followed", "Merged CRM records followed to the survivor",
+              provider=crm.name)
+        item = attempt.op.item
+        async with self._pool.acquire() as conn, conn.transaction():
+            await contacts.record_survivor(conn, contact_id=contact_id,
+                                           crm_record_id=survivor.record_id)
+            await audit.append(
+                conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
+                contact_id=contact_id, actor="crm", action="crm_record_merged",
+                detail={"old": record_id, "survivor": survivor.record_id, "crm": crm.name,
+                        "op_key": attempt.op.op_key, "external_id_written": claimed,
+                        "attempt": attempt.claim.attempts})
+        return survivor.record_id, claimed
+
+    async def _on_record(self, attempt: Attempt, row: asyncpg.Record,
+                         call: Callable[[str], Awaitable[str]]) -> str:
+        """Write to the contact's record; refused for good (the record was merged away since
+        the upsert stored it: Salesforce's deleted record), follow the merge and write to the
+        survivor once. No extra read while the record answers."""
+        record_id: str = row["crm_record_id"]
+        try:
+            return await call(record_id)
+        except AdapterError as exc:
+            if exc.classified.category is not Category.PERMANENT:
+                raise
+            crm = self._crm(attempt.op.item.tenant)
+            followed = await self._follow(attempt, crm, str(row["contact_id"]), record_id)
+            if followed is None:
+                raise
+        return await call(followed[0])
 
     async def _adopted(self, attempt: Attempt, provider: str, record: CrmRecord) -> None:
         """An existing record (created outside inboxcrm) is now ours: audited, counted."""

@@ -27,7 +27,7 @@ from inboxcrm.adapters.errors import ErrorType
 from inboxcrm.domain import planning
 from inboxcrm.domain.policy import TenantPolicy, get_policy
 from inboxcrm.schemas.models import Action, ItemState, PlanInput, PlanResult, operation_key
-from inboxcrm.store import audit, contacts, events, intents, ledger, matches
+from inboxcrm.store import audit, contact_links, contacts, events, intents, ledger, matches
 from inboxcrm.store.suppression import SendInFlight, lock_identity, suppress_identity
 
 if TYPE_CHECKING:
@@ -88,6 +88,10 @@ async def _gather(conn: Conn, plan: PlanInput, policy: TenantPolicy) -> _Gathere
         raise missing_row("event")
     extraction: dict[str, Any] = event["extraction"] or {}
     identity: str | None = event["canonical_email"]
+    if identity is not None:
+        # A linked second address (`inboxcrm contact link`, migration 077) is its contact's.
+        identity = await contact_links.linked_identity(
+            conn, tenant=item.tenant, canonical_email=identity) or identity
     base = planning.Facts(policy=policy, route=str(event["route"]), identity=identity,
                           extraction=extraction, approved=plan.approved_by is not None)
     if identity is None:

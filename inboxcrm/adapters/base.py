@@ -148,6 +148,33 @@ class CrmConsent(Protocol):
 
 
 @dataclass(frozen=True)
+class Survivor:
+    """The record a merged record now stands for (docs/architecture.md §5, "Changes of address
+    and merges"). `external_id`: our external ID on it (None: it carries none)."""
+
+    record_id: str
+    external_id: str | None
+
+
+@runtime_checkable
+class CrmMerges(Protocol):
+    """Optional: a CRM whose merges can be told from a read by the record's own ID (HubSpot:
+    the old ID answers the survivor; Salesforce: the deleted record's `MasterRecordId`).
+    A contact whose stored record was merged is followed to the survivor, never re-created."""
+
+    async def survivor_of(self, record_id: str) -> Survivor | None:
+        """The survivor `record_id` was merged into; None when it was not merged (it still
+        answers as itself, or it is gone without a survivor). A record read, no search."""
+        ...
+
+    async def claim_survivor(self, survivor: Survivor, external_id: str) -> bool:
+        """Write our external ID onto the survivor when it carries none (that field only:
+        the owner and what a person set stay). False when it carries another ID of ours (a
+        record of another contact of ours): then nothing is written. Safe to repeat."""
+        ...
+
+
+@dataclass(frozen=True)
 class GuaranteeCheck:
     """One field a CRM's no-duplicates guarantee rests on, as the CRM defines it now
     (`inboxcrm crm check`, and the worker at start). `problem`: None when the field exists,

@@ -17,6 +17,11 @@ every field a person set are left alone), so later lookups by our ID find it wit
 second as our create; HubSpot's email uniqueness then makes one of the two creates a 409,
 which is adopted the same way.
 
+Merges (`survivor_of`, `claim_survivor`): a contact merged in HubSpot answers a read by its
+old ID with the surviving record (another `id`, `hs_merged_object_ids`); the CRM step follows
+it (docs/architecture.md §5, "Changes of address and merges") and writes our ID onto the
+survivor when it carries none (`PATCH`, that property only).
+
 A 429 names its limit in `policyName`: SECONDLY and TEN_SECONDLY_ROLLING are retried after
 a short wait; DAILY parks the tenant's CRM scope until the reset (`inboxcrm.adapters.errors`).
 """
@@ -41,6 +46,7 @@ from inboxcrm.adapters.base import (
     GuaranteeCheck,
     OptOut,
     OptOutWritten,
+    Survivor,
 )
 from inboxcrm.adapters.errors import Category, Classified, classify_response
 from inboxcrm.adapters.http import json_field, send_request
@@ -67,6 +73,8 @@ EMAIL_TO_CONTACT = 198
 # "Unsubscribed from all email": read-only on the contact, set through the communication
 # preferences API (v4 `unsubscribe-all` on the EMAIL channel).
 OPT_OUT_PROPERTY = "hs_email_optout"
+# The IDs of the contacts merged into a record (`;`-separated), set by HubSpot's merge.
+MERGED_IDS_PROPERTY = "hs_merged_object_ids"
 _EXISTING_ID = re.compile(r"Existing ID:\s*(\d+)")
 
 
@@ -91,6 +99,19 @@ def _batch_error(response: httpx.Response) -> dict[str, Any]:
         return {}
     first = errors[0] if isinstance(errors, list) and errors else None
     return first if isinstance(first, dict) else {}
+
+
+def _view(response: httpx.Response, id_property: str) -> CrmRecordView:
+    """A contact answer's own ID and our external-ID property on it."""
+    try:
+        body = response.json()
+        properties = body.get("properties") or {}
+        found = str(body["id"])
+    except (ValueError, AttributeError, KeyError, TypeError):
+        raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None,
+                                      response.status_code)) from None
+    owner = properties.get(id_property) if isinstance(properties, dict) else None
+    return CrmRecordView(record_id=found, external_id=str(owner) if owner else None)
 
 
 def _split_name(name: str | None) -> tuple[str | None, str | None]:
@@ -263,15 +284,30 @@ class HubSpotCrm:
         )
         if response.status_code == 404:
             return None
-        try:
-            body = response.json()
-            properties = body.get("properties") or {}
-            found = str(body["id"])
-        except (ValueError, AttributeError, KeyError, TypeError):
-            raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None,
-                                          response.status_code)) from None
-        owner = properties.get(self._id_property) if isinstance(properties, dict) else None
-        return CrmRecordView(record_id=found, external_id=str(owner) if owner else None)
+        return _view(response, self._id_property)
+
+    async def survivor_of(self, record_id: str) -> Survivor | None:
+        """GET by the stored ID: a merged contact's old ID answers the surviving record (its
+        `id` differs; `hs_merged_object_ids` lists the IDs merged into it)."""
+        response = await send_request(
+            self._client, "GET", f"/crm/v3/objects/contacts/{quote(record_id, safe='')}",
+            params={"properties": f"{self._id_property},{MERGED_IDS_PROPERTY}"},
+            passthrough=(404,), reason=_reason)
+        if response.status_code == 404:
+            return None
+        view = _view(response, self._id_property)
+        if view.record_id == record_id:
+            return None
+        return Survivor(record_id=view.record_id, external_id=view.external_id)
+
+    async def claim_survivor(self, survivor: Survivor, external_id: str) -> bool:
+        if survivor.external_id:
+            return survivor.external_id == external_id
+        await send_request(
+            self._client, "PATCH",
+            f"/crm/v3/objects/contacts/{quote(survivor.record_id, safe='')}",
+            json={"properties": {self._id_property: external_id}}, reason=_reason)
+        return True
 
     consent_field = OPT_OUT_PROPERTY
 

@@ -52,6 +52,11 @@ candidates. Our own Lead, once a salesperson converts it, is followed to its Con
 gets our ID. A record's object is told by its Id's key prefix (`00Q` Lead, else Contact), so
 the drift check, the opt-out read and the note (`WhoId`) reach a Lead too.
 
+Merges (`survivor_of`, `claim_survivor`): a merged Contact is deleted, its `MasterRecordId`
+the survivor, read by `queryAll` (deleted records included); the CRM step follows it
+(docs/architecture.md §5, "Changes of address and merges") and writes our External ID onto the
+master when it carries none (`PATCH …/sobjects/Contact/{Id}`, that field only).
+
 Guarantee check (`check_external_id`, `inboxcrm crm check`): `GET …/sobjects/{Contact|Lead|
 Task}/describe` must list our field with `externalId` and `unique` true.
 """
@@ -77,6 +82,7 @@ from inboxcrm.adapters.base import (
     MatchCandidates,
     OptOut,
     OptOutWritten,
+    Survivor,
 )
 from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.http import send_request
@@ -212,6 +218,7 @@ def _converted_to(lead: dict[str, Any]) -> str | None:
 _SOQL_ESCAPES = {"\\": "\\\\", "'": "\\'", '"': '\\"', "\n": "\\n", "\r": "\\r",
                  "\t": "\\t", "\b": "\\b", "\f": "\\f"}
 MAX_CANDIDATES = 10
+MAX_MERGE_HOPS = 5
 
 
 def soql_quote(value: str) -> str:
@@ -449,6 +456,43 @@ class SalesforceCrm:
                                           response.status_code))
         owner = body.get(self._field)
         return CrmRecordView(record_id=found, external_id=str(owner) if owner else None)
+
+    async def survivor_of(self, record_id: str) -> Survivor | None:
+        """A merged Contact is deleted and names its survivor in `MasterRecordId`, which only
+        `queryAll` shows (`SELECT Id, IsDeleted, MasterRecordId FROM Contact WHERE Id = '…'`,
+        a record read); a master merged in turn is followed, `MAX_MERGE_HOPS` at most. Leads
+        are not followed here (a merged Lead's record ID is not stored by us unconverted
+        for long: conversion is followed by `upsert_contact`)."""
+        if sobject_of(record_id) != "Contact":
+            return None
+        current = record_id
+        for _ in range(MAX_MERGE_HOPS):
+            query = " ".join(("SELECT", "Id,", "IsDeleted,", "MasterRecordId", "FROM",
+                              "Contact", "WHERE", "Id", "=", soql_quote(current)))
+            response = await self._call("GET", f"{self._api}/queryAll", params={"q": query})
+            records = _json(response).get("records")
+            if not isinstance(records, list):
+                raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None,
+                                              response.status_code))
+            first = records[0] if records and isinstance(records[0], dict) else {}
+            master = first.get("MasterRecordId")
+            if first.get("IsDeleted") is not True or not isinstance(master, str) or not master:
+                break
+            current = master
+        if current == record_id:
+            return None
+        record = await self._read(self._by_id(current), ("Id", self._field))
+        if record is None:
+            return None
+        held = record.get(self._field)
+        return Survivor(record_id=current, external_id=str(held) if held else None)
+
+    async def claim_survivor(self, survivor: Survivor, external_id: str) -> bool:
+        if survivor.external_id:
+            return survivor.external_id == external_id
+        await self._call("PATCH", self._by_id(survivor.record_id),
+                         json={self._field: external_id})
+        return True
 
     consent_field = OPT_OUT_FIELD
 

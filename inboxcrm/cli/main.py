@@ -22,6 +22,7 @@ from inboxcrm.cli import (
     templates,
     verify,
 )
+from inboxcrm.cli.contact import contact_app
 from inboxcrm.cli.crm import crm_app
 from inboxcrm.cli.mailbox import mailbox_app
 
@@ -59,6 +60,7 @@ app.add_typer(reviewer.reviewer_app, name="reviewer")
 app.add_typer(templates.template_app, name="template")
 app.add_typer(mailbox_app, name="mailbox")
 app.add_typer(crm_app, name="crm")
+app.add_typer(contact_app, name="contact")
 
 app.command()(stack.up)
 app.command()(items.status)

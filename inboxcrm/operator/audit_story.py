@@ -150,6 +150,15 @@ SENTENCES: dict[str, Callable[[Detail], str]] = {
         f"CRM ({d.get('crm')}) record {d.get('crm_record_id')} existed (created outside "
         "inboxcrm) and was adopted" + (": our external ID written onto it"
                                        if d.get("external_id_written") else "")),
+    "crm_record_merged": lambda d: (
+        f"CRM ({d.get('crm')}) record {d.get('old')} was merged into {d.get('survivor')}: "
+        "followed, the survivor is the contact's record" + (
+            " (our external ID written onto it)" if d.get("external_id_written") else "")),
+    "contact_linked": lambda d: (
+        f"a second address was linked to contact {_short(d.get('contact_id'))}"
+        + (f" (contact {_short(d.get('joined_contact_id'))} joined to it)"
+           if d.get("joined_contact_id") else "")
+        + (f": {d.get('note')}" if d.get("note") else "")),
     "crm_match_needs_review": lambda d: (
         f"CRM ({d.get('crm')}) holds several records with this email "
         f"({', '.join(str(c) for c in d.get('candidates') or [])}): none adopted, none "

@@ -19,6 +19,7 @@ import asyncpg
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from inboxcrm.sandbox import merges
 from inboxcrm.sandbox.core import (
     Outcome,
     SandboxDep,
@@ -360,11 +361,46 @@ async def get_contact(
             row = await sandbox.pool.fetchrow(
                 f"{select} WHERE id_property = $1 AND id_value = $2", idProperty, record_id
             )
+        if row is None and idProperty in (None, "", "hs_object_id") and record_id.isdigit() \
+                and len(record_id) < 19:
+            # Merged away: HubSpot answers the old ID with the surviving record.
+            survivor = await merges.survivor_of(sandbox.pool, int(record_id))
+            if survivor is not None:
+                row = await sandbox.pool.fetchrow(f"{select} WHERE id = $1", survivor)
         if row is None:
             return Outcome(not_found("Object not found."), "not_found")
         return Outcome(JSONResponse(contact_json(row)))
 
     return await sandbox.run(request, "crm.search", operation)
+
+
+# --- merge (as a salesperson merges two contacts) ---------------------------------------
+
+
+@router.post("/merge")
+async def merge_contacts(request: Request, sandbox: SandboxDep) -> Response:
+    """`POST /crm/v3/objects/contacts/merge` `{"primaryObjectId", "objectIdToMerge"}`: the
+    primary survives (it keeps its ID here) and answers 200 with its record
+    (`inboxcrm/sandbox/merges.py`). Fault target `crm.update`."""
+
+    async def operation() -> Outcome:
+        body = await read_json(request)
+        ids = ([body.get("primaryObjectId"), body.get("objectIdToMerge")]
+               if isinstance(body, dict) and set(body) == {"primaryObjectId", "objectIdToMerge"}
+               else [])
+        if len(ids) != 2 or not all(isinstance(i, str | int) and str(i).isdigit()
+                                    and len(str(i)) < 19 for i in ids):
+            return Outcome(validation_error("Request body must be {\"primaryObjectId\": …, "
+                                            "\"objectIdToMerge\": …}."), "invalid")
+        try:
+            row = await merges.merge(sandbox.pool, crm="hubspot", survivor=int(str(ids[0])),
+                                     merged=int(str(ids[1])))
+        except merges.MergeRefused as exc:
+            error = not_found(str(exc)) if exc.status == 404 else validation_error(str(exc))
+            return Outcome(error, "not_found" if exc.status == 404 else "invalid")
+        return Outcome(JSONResponse(contact_json(row)))
+
+    return await sandbox.run(request, "crm.update", operation)
 
 
 # --- update by record ID ----------------------------------------------------------------

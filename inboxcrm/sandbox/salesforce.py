@@ -62,6 +62,7 @@ import asyncpg
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from inboxcrm.sandbox import merges
 from inboxcrm.sandbox.core import Outcome, Sandbox, SandboxDep, field_modes, iso, read_json
 from inboxcrm.sandbox.notes import GET_NOTE, UPSERT_LEAD_NOTE, UPSERT_NOTE
 
@@ -545,6 +546,11 @@ async def get_by_id(
             row = await sandbox.pool.fetchrow(
                 "SELECT id, properties, created_at, updated_at FROM sandbox.contacts "
                 "WHERE id = $1", int(record_id))
+            if row is None and await sandbox.pool.fetchval(
+                    "SELECT 1 FROM sandbox.merged_contacts WHERE id = $1", int(record_id)):
+                # Merged away: the record is deleted (its MasterRecordId: queryAll).
+                return Outcome(sf_error(404, "ENTITY_IS_DELETED", "entity is deleted"),
+                               "not_found")
         if row is None:
             return Outcome(_not_found(), "not_found")
         wanted = [f.strip() for f in fields.split(",") if f.strip()] if fields else None
@@ -645,6 +651,48 @@ async def query(request: Request, version: str, sandbox: SandboxDep,
         read = query_leads if sobject == "Lead" else query_contacts
         body = await read(sandbox.pool, version, fields, where, value, limit)
         return Outcome(JSONResponse(body))
+
+    return await run(request, sandbox, "crm.search", operation)
+
+
+# `queryAll` (deleted records too): `SELECT Id, IsDeleted, MasterRecordId FROM Contact WHERE
+# Id = '…'`, the shape a merge is followed by; a live record answers IsDeleted false.
+QUERY_ALL_FIELDS = frozenset({"Id", "IsDeleted", "MasterRecordId"})
+
+
+@router.get("/{version}/queryAll")
+@router.get("/{version}/queryAll/")
+async def query_all(request: Request, version: str, sandbox: SandboxDep,
+                    q: str | None = None) -> Response:
+    """`GET …/queryAll?q=SELECT Id, IsDeleted, MasterRecordId FROM Contact WHERE Id = '…'`: a
+    Contact merged away is deleted, its `MasterRecordId` the survivor (the merge's master;
+    followed to the end when the master was merged in turn, as one lookup per hop would)."""
+
+    async def operation() -> Outcome:
+        if (error := _path_error(version)) is not None:
+            return Outcome(error, "not_found")
+        match = _SOQL.match(q or "")
+        fields = [f.strip() for f in match.group("fields").split(",")] if match else []
+        if (match is None or match.group("sobject").lower() != "contact"
+                or match.group("field") != "Id" or not set(fields) <= QUERY_ALL_FIELDS):
+            return Outcome(sf_error(400, "MALFORMED_QUERY", "the sandbox's queryAll answers "
+                                    "SELECT Id, IsDeleted, MasterRecordId FROM Contact WHERE "
+                                    "Id = '…'"), "invalid")
+        value = match.group("value")
+        records: list[dict[str, Any]] = []
+        if _RECORD_ID.match(value):
+            number = int(value)
+            live = await sandbox.pool.fetchval("SELECT id FROM sandbox.contacts WHERE id = $1",
+                                               number)
+            master = None if live else await merges.survivor_of(sandbox.pool, number)
+            if live or master is not None:
+                full = {"Id": value, "IsDeleted": master is not None,
+                        "MasterRecordId": str(master) if master is not None else None}
+                records.append({"attributes": {"type": "Contact",
+                                               "url": _record_url(version, number)},
+                                **{k: v for k, v in full.items() if k in fields}})
+        return Outcome(JSONResponse({"totalSize": len(records), "done": True,
+                                     "records": records}))
 
     return await run(request, sandbox, "crm.search", operation)
 
@@ -1064,3 +1112,29 @@ async def convert_lead(request: Request, record_id: str, sandbox: SandboxDep) ->
         await conn.execute("UPDATE sandbox.leads SET converted_contact_id = $2, "
                            "updated_at = clock_timestamp() WHERE id = $1", number, contact)
     return JSONResponse({"lead_id": lead_id(number), "contact_id": str(contact)})
+
+
+@control.post("/merge")
+async def merge_contacts(request: Request, sandbox: SandboxDep) -> Response:
+    """Merge Contacts as a salesperson does (Salesforce merges through its UI, Apex
+    `Database.merge` or the SOAP `merge` call, not a REST resource): `{"masterRecordId": …,
+    "recordToMergeIds": [...]}` (at most two, as Salesforce allows). The master keeps its
+    fields; each merged Contact is deleted, its `MasterRecordId` the master, its Tasks moved
+    to the master (`inboxcrm/sandbox/merges.py`)."""
+    body = await read_json(request)
+    master = body.get("masterRecordId") if isinstance(body, dict) else None
+    merged = body.get("recordToMergeIds") if isinstance(body, dict) else None
+    if (not isinstance(master, str) or not _RECORD_ID.match(master)
+            or not isinstance(merged, list) or not 1 <= len(merged) <= 2
+            or not all(isinstance(m, str) and _RECORD_ID.match(m) for m in merged)):
+        return sf_error(400, "INVALID_FIELD", "give masterRecordId and 1-2 recordToMergeIds "
+                        "(Contact Ids)")
+    for record in merged:
+        try:
+            await merges.merge(sandbox.pool, crm="salesforce", survivor=int(master),
+                               merged=int(record))
+        except merges.MergeRefused as exc:
+            code = "ENTITY_IS_DELETED" if exc.status == 404 else "INVALID_OPERATION"
+            return sf_error(exc.status, code, str(exc))
+    return JSONResponse({"id": master, "success": True, "mergedRecordIds": merged,
+                         "errors": []})

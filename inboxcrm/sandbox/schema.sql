@@ -266,3 +266,19 @@ CREATE TABLE IF NOT EXISTS sandbox.graph_subscriptions (
     reauthorize      boolean     NOT NULL DEFAULT false,
     created_at       timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+-- Merges, as a salesperson makes them (`POST /crm/v3/objects/contacts/merge`, HubSpot;
+-- `POST /_sandbox/salesforce/merge`, Salesforce's merge): the record merged away leaves
+-- `sandbox.contacts` (so every count, search and upsert by external ID no longer sees it) and
+-- is kept here with the record it was merged into. HubSpot's read by its old ID answers the
+-- survivor; Salesforce's is a 404 `ENTITY_IS_DELETED`, and `queryAll` shows it with
+-- `IsDeleted` true and `MasterRecordId`. Its external ID is not carried to the survivor.
+CREATE TABLE IF NOT EXISTS sandbox.merged_contacts (
+    id          bigint PRIMARY KEY,
+    survivor_id bigint NOT NULL,
+    crm         text NOT NULL,
+    id_property text,
+    id_value    text,
+    properties  jsonb NOT NULL,
+    created_at  timestamptz NOT NULL,
+    merged_at   timestamptz NOT NULL DEFAULT clock_timestamp()
+);

@@ -32,13 +32,19 @@ WHERE contact_id = $1
 
 # --- the CRM steps (inboxcrm/activities/crm.py) ---------------------------------------------------
 LOAD_CONTACT = """
-SELECT contact_id, email, name, company FROM contacts WHERE contact_id = $1::uuid
+SELECT contact_id, email, name, company, crm_record_id FROM contacts WHERE contact_id = $1::uuid
+"""
+
+# A merge in the CRM followed: the contact's record is the survivor from now on.
+RECORD_SURVIVOR = """
+UPDATE contacts SET crm_record_id = $2, updated_at = now() WHERE contact_id = $1::uuid
 """
 
 # `written_at`: the message's Date as extraction stored it (migration 041). `head`, the start
 # of the stored message, only for an item extracted before that (NULL once purged).
 LOAD_NOTE_CONTEXT = """
-SELECT c.crm_record_id, e.source, e.received_at, e.route, e.extraction ->> 'intent' AS intent,
+SELECT c.crm_record_id, c.contact_id, e.source, e.received_at, e.route,
+       e.extraction ->> 'intent' AS intent,
        e.delivery_id, e.written_at,
        CASE WHEN e.languages IS NULL THEN substring(e.raw FROM 1 FOR 65536) END AS head
 FROM inbound_events e JOIN contacts c ON c.contact_id = e.contact_id
@@ -49,7 +55,8 @@ WHERE e.event_id = $1::uuid
 # in the CRM"): its contact's record, when it was written and received, and the head of the
 # message (its subject and own text; NULL once purged).
 LOAD_EMAIL_CONTEXT = """
-SELECT c.crm_record_id, e.received_at, e.written_at, substring(e.raw FROM 1 FOR 65536) AS head
+SELECT c.crm_record_id, c.contact_id, e.received_at, e.written_at,
+       substring(e.raw FROM 1 FOR 65536) AS head
 FROM inbound_events e JOIN contacts c ON c.contact_id = e.contact_id
 WHERE e.event_id = $1::uuid
 """
@@ -102,6 +109,10 @@ async def load_note_context(conn: Conn, *, event_id: str) -> asyncpg.Record | No
 async def load_email_context(conn: Conn, *, event_id: str) -> asyncpg.Record | None:
     row: asyncpg.Record | None = await conn.fetchrow(LOAD_EMAIL_CONTEXT, event_id)
     return row
+
+
+async def record_survivor(conn: Conn, *, contact_id: str, crm_record_id: str) -> None:
+    await conn.execute(RECORD_SURVIVOR, contact_id, crm_record_id)
 
 
 async def record_resolved_crm_id(conn: Conn, *, op_key: str, crm_record_id: str) -> None:

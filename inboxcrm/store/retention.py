@@ -54,6 +54,12 @@ UPDATE audit_log SET detail = detail - 'evidence'
 WHERE workflow_id = ANY($1::text[]) AND detail ? 'evidence'
 """
 
+# The address's links (migration 077) and every link to a forgotten contact.
+FORGET_ADDRESSES = """
+DELETE FROM contact_addresses
+WHERE tenant = ANY($1::text[]) AND (canonical_email = $2 OR contact_id = ANY($3::uuid[]))
+"""
+
 CANCEL_OPEN_INTENTS = """
 UPDATE followup_intents SET status = 'cancelled', cancel_reason = 'forgotten'
 WHERE contact_id = ANY($1::uuid[]) AND status IN ('queued', 'awaiting_approval')
@@ -87,6 +93,7 @@ async def forget(conn: Conn, tenants: list[str], canonical: str,
         contacts = await conn.fetch(FORGET_CONTACTS, tenants, canonical, uuid.uuid4().hex)
         contact_ids = [r["contact_id"] for r in contacts]
         events = await conn.fetch(FORGET_EVENTS, tenants, canonical, contact_ids)
+        await conn.execute(FORGET_ADDRESSES, tenants, canonical, contact_ids)
         await conn.execute(CANCEL_OPEN_INTENTS, contact_ids)
         await conn.execute(REDACT_AUDIT, [e["workflow_id"] for e in events])
         for tenant in tenants:

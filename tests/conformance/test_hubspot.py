@@ -267,3 +267,33 @@ async def test_an_email_engagement_is_created_with_its_contact_and_never_twice(
         client.crm.objects.emails.basic_api.get_by_id(email_id="nothing",
                                                       id_property=EMAIL_PROP)
     assert missing.value.status == 404
+
+
+async def test_a_merged_contacts_old_id_answers_the_survivor(
+        client: Any, sandbox: SandboxProcess) -> None:
+    """A merge as a salesperson makes it (`basic_api.merge`, the SDK's `PublicMergeInput`):
+    the old ID reads as the survivor (another `id`, `hs_merged_object_ids` naming the old
+    one), and our ID on the merged record no longer finds anything."""
+    from hubspot.crm.contacts.models import PublicMergeInput
+
+    ours_external = str(uuid.uuid4())
+    ours = upsert_contact(client, ours_external, f"old.{ours_external[:8]}@example.com")
+    old_id = ours.results[0].id
+    async with httpx.AsyncClient(base_url=sandbox.url) as control:
+        kept = (await control.post("/_sandbox/seed", json={"crm": "hubspot", "contacts": [
+            {"email": f"kept.{ours_external[:8]}@example.com", "owner": "7001"}]})
+                ).json()["contacts"][0]["id"]
+    merged = client.crm.contacts.basic_api.merge(public_merge_input=PublicMergeInput(
+        primary_object_id=kept, object_id_to_merge=old_id))
+    assert merged.id == kept and merged.properties["hubspot_owner_id"] == "7001"
+    read = client.crm.contacts.basic_api.get_by_id(
+        contact_id=old_id, properties=[ID_PROP, "hs_merged_object_ids"])
+    assert read.id == kept and old_id in read.properties["hs_merged_object_ids"].split(";")
+    assert not read.properties.get(ID_PROP)  # the merged record's unique value is not kept
+    with pytest.raises(ContactsApiException) as gone:
+        client.crm.contacts.basic_api.get_by_id(contact_id=ours_external, id_property=ID_PROP)
+    assert gone.value.status == 404
+    with pytest.raises(ContactsApiException) as itself:
+        client.crm.contacts.basic_api.merge(public_merge_input=PublicMergeInput(
+            primary_object_id=kept, object_id_to_merge=kept))
+    assert itself.value.status == 400

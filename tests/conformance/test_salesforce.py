@@ -196,3 +196,35 @@ async def test_leads_upsert_query_convert_as_the_sdk_sees_them(
         state = (await c.get("/_sandbox/state")).json()
         [listed] = [lead for lead in state["leads"] if lead["id"] == seeded]
         assert listed["properties"]["OwnerId"] == "005L" and listed["IsConverted"] is True
+
+
+async def test_a_merged_contact_is_deleted_and_names_its_master(
+        sf: Any, tls_sandbox: SandboxProcess, certificate: tuple[Path, Path]) -> None:
+    """A merge as a salesperson makes it (`POST /_sandbox/salesforce/merge`): the loser is
+    gone from reads (404 `ENTITY_IS_DELETED`) and from `query`, and `queryAll` (the SDK's
+    `query_all(include_deleted=True)`) shows it deleted with its `MasterRecordId`."""
+    external = str(uuid.uuid4())
+    loser = sf.Contact.upsert(f"{FIELD}/{external}", {
+        "Email": f"lost.{external[:8]}@example.com", "LastName": "Lost"})
+    assert loser == 201
+    loser_id = sf.Contact.get_by_custom_id(FIELD, external)["Id"]
+    trusted = ssl.create_default_context(cafile=str(certificate[0]))
+    async with httpx.AsyncClient(base_url=tls_sandbox.url, verify=trusted) as c:
+        master = (await c.post("/_sandbox/seed", json={"crm": "salesforce", "contacts": [
+            {"email": f"master.{external[:8]}@example.com", "lastname": "Master"}]})
+                  ).json()["contacts"][0]["id"]
+        merged = await c.post("/_sandbox/salesforce/merge", json={
+            "masterRecordId": master, "recordToMergeIds": [loser_id]})
+        assert merged.status_code == 200, merged.text
+    with pytest.raises(SalesforceResourceNotFound) as deleted:
+        sf.Contact.get(loser_id)
+    assert deleted.value.content[0]["errorCode"] == "ENTITY_IS_DELETED"
+    query = f"SELECT Id, IsDeleted, MasterRecordId FROM Contact WHERE Id = '{loser_id}'"
+    found = sf.query_all(query, include_deleted=True)
+    assert found["totalSize"] == 1
+    assert found["records"][0]["IsDeleted"] is True
+    assert found["records"][0]["MasterRecordId"] == master
+    live = sf.query_all(query.replace(loser_id, master), include_deleted=True)
+    assert live["records"][0]["IsDeleted"] is False
+    assert live["records"][0]["MasterRecordId"] is None
+    assert sf.query(f"SELECT Id FROM Contact WHERE {FIELD} = '{external}'")["totalSize"] == 0

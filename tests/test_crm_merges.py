@@ -1,0 +1,272 @@
+"""Changes of address and merges (issue 35, docs/architecture.md §5), on real components.
+
+- HubSpot, end to end on the stack: mail from A makes our record; a salesperson merges it
+  into another contact (`POST /crm/v3/objects/contacts/merge`); the next mail from A is
+  logged on the survivor, no record is created, the contact's stored record is the survivor
+  and the audit says `crm_record_merged`.
+- Salesforce, through the CRM steps against a sandbox process of its own: our Contact merged
+  into another (the loser deleted, `MasterRecordId` the master) is followed by the note (its
+  Task refused on the deleted record) and by the upsert; one Contact, no new one.
+- `inboxcrm contact link`: two addresses of one person, then mail from each: one contact row,
+  one CRM record at the sandbox, both notes on it; two contacts that both have CRM records
+  are refused with what to do.
+Counted on the destination side (`/_sandbox/state`)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from inboxcrm.activities.crm import CrmActivities, note_key
+from inboxcrm.adapters.salesforce import SalesforceCrm
+from inboxcrm.schemas.models import ItemRef, OperationInput
+from inboxcrm.stack.stack import Stack
+from inboxcrm.store import db
+from inboxcrm.store.migrate import apply_migrations
+from inboxcrm.verify.probe import StackClient, message_from, unique_email
+from tests.helpers.cli import cli
+from tests.helpers.outbox import planned_item, step_env
+from tests.helpers.sandbox_process import API_KEY, SandboxProcess, own_sandbox
+
+TERMINAL = {"completed", "ignored", "suppressed", "rejected", "failed", "shadowed"}
+SF_FIELD = "Inboxcrm_Contact_Id__c"
+
+
+def _detail(raw: Any) -> dict[str, Any]:
+    return raw if isinstance(raw, dict) else dict(json.loads(raw))
+
+
+async def _audit(pool: asyncpg.Pool, action: str, contact_id: str) -> list[dict[str, Any]]:
+    rows = await pool.fetch("SELECT detail FROM audit_log WHERE action = $1 AND "
+                            "contact_id = $2::uuid ORDER BY audit_id", action, contact_id)
+    return [_detail(r["detail"]) for r in rows]
+
+
+async def _state(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
+    response = await http.get(f"{url}/_sandbox/state")
+    response.raise_for_status()
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _activities_of(state: dict[str, Any], workflow_id: str, action: str) -> list[dict[str, Any]]:
+    key = note_key(f"{workflow_id}:{action}")
+    return [a for a in state["activities"] if key in a["key"].values()]
+
+
+# --- HubSpot, end to end ------------------------------------------------------------------
+
+
+async def test_a_hubspot_merge_is_followed_to_the_survivor(env: StackClient,
+                                                           stack: Stack) -> None:
+    sandbox = stack.sandbox_url
+    a, b = unique_email("merged"), unique_email("survivor")
+    seeded = await env.http.post(f"{sandbox}/_sandbox/seed", json={
+        "crm": "hubspot", "contacts": [{"email": b, "lastname": "Kept", "owner": "7001"}]})
+    seeded.raise_for_status()
+    [survivor] = [c["id"] for c in seeded.json()["contacts"]]
+
+    first = await env.deliver(message_from(a))
+    assert (await env.wait_state(first, TERMINAL, timeout=120))[0] == "completed"
+    contact_id, ours = await env.db.fetchrow(
+        "SELECT contact_id::text, crm_record_id FROM contacts WHERE canonical_email = $1", a)
+    assert ours and ours != survivor
+
+    merged = await env.http.post(f"{sandbox}/crm/v3/objects/contacts/merge",
+                                 json={"primaryObjectId": survivor, "objectIdToMerge": ours})
+    assert merged.status_code == 200, merged.text
+    old = await env.http.get(f"{sandbox}/crm/v3/objects/contacts/{ours}")
+    assert old.json()["id"] == survivor  # the old ID answers with the survivor
+    assert ours in old.json()["properties"]["hs_merged_object_ids"].split(";")
+    records_before = len((await _state(env.http, sandbox))["contacts"])
+
+    second = await env.deliver(message_from(a, subject="One more question"))
+    assert await env.wait_state(second, TERMINAL, timeout=120) != ("failed", None)
+    state = await _state(env.http, sandbox)
+    assert len(state["contacts"]) == records_before  # no record created
+    assert await env.crm_records_for(a) == []  # A lives on as the survivor's second email
+    [kept] = [c for c in state["contacts"] if c["id"] == survivor]
+    assert kept["properties"]["inboxcrm_contact_id"] == contact_id
+    assert kept["properties"]["hubspot_owner_id"] == "7001"
+    [note] = _activities_of(state, second, "crm-note")
+    assert note["records"] == [survivor]
+    assert await env.db.fetchval("SELECT crm_record_id FROM contacts WHERE contact_id = "
+                                 "$1::uuid", contact_id) == survivor
+    [followed] = await _audit(env.db, "crm_record_merged", contact_id)
+    assert followed["old"] == ours and followed["survivor"] == survivor
+    assert followed["crm"] == "hubspot" and followed["external_id_written"] is True
+
+
+# --- Salesforce, the CRM steps ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def org(postgres_server_url: str) -> AsyncIterator[SandboxProcess]:
+    async for process in own_sandbox(postgres_server_url, "sandbox_merges"):
+        yield process
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    await apply_migrations(database_url)
+    pool = await db.create_pool(database_url, max_size=3)
+    yield pool
+    await pool.close()
+
+
+async def _next_item(pool: asyncpg.Pool, contact_id: str, tenant: str = "acme") -> ItemRef:
+    """A later item of the same contact, as match_and_plan leaves it: its event linked to the
+    contact, its CRM upsert and note queued."""
+    delivery = uuid.uuid4().hex
+    workflow_id = f"inbound/{tenant}/test/sales@acme.test/{delivery}"
+    event_id = await pool.fetchval(
+        "INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, "
+        "content_sha256, size_bytes, state, contact_id) VALUES ($1, 'test', "
+        "'sales@acme.test', $2, $3, 'x', 1, 'crm_pending', $4::uuid) RETURNING event_id",
+        tenant, delivery, workflow_id, contact_id)
+    await pool.execute(
+        "INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, "
+        "external_ref) VALUES ($1, $2, $3, 'crm-upsert', 6, $4), "
+        "($5, $2, $3, 'crm-note', 6, $3::text)",
+        f"{workflow_id}:crm-upsert", workflow_id, event_id, contact_id,
+        f"{workflow_id}:crm-note")
+    return ItemRef(event_id=str(event_id), workflow_id=workflow_id, tenant=tenant)
+
+
+async def test_a_salesforce_merge_is_followed_by_the_note_and_the_upsert(
+        org: SandboxProcess, store: asyncpg.Pool) -> None:
+    async with httpx.AsyncClient(base_url=org.url, timeout=10) as control:
+        (await control.post("/_sandbox/reset")).raise_for_status()
+        item = await planned_item(store)
+        crm = SalesforceCrm(org.url, API_KEY)
+        activities = CrmActivities(store, crm, 300)
+        try:
+            first = await step_env().run(activities.upsert_contact_in_crm,
+                                         item.op("crm-upsert"))
+            assert first.status == "completed" and first.destination_id
+            ours = first.destination_id
+            seeded = await control.post("/_sandbox/seed", json={"crm": "salesforce", "contacts": [
+                {"email": unique_email("master"), "lastname": "Master", "owner": "005SALES"}]})
+            [master] = [c["id"] for c in seeded.json()["contacts"]]
+            merged = await control.post("/_sandbox/salesforce/merge", json={
+                "masterRecordId": master, "recordToMergeIds": [ours]})
+            assert merged.status_code == 200, merged.text
+            gone = await control.get(f"/services/data/v62.0/sobjects/Contact/{ours}",
+                                     headers={"Authorization": f"Bearer {API_KEY}"})
+            assert gone.status_code == 404 and gone.json()[0]["errorCode"] == "ENTITY_IS_DELETED"
+            contacts_before = len((await control.get("/_sandbox/state")).json()["contacts"])
+
+            later = await _next_item(store, item.contact_id)
+            # The note first: its Task on the deleted Contact is refused, the merge followed.
+            note = await step_env().run(activities.log_email_on_contact,
+                                        OperationInput(later, f"{later.workflow_id}:crm-note"))
+            assert note.status == "completed", note
+            upsert = await step_env().run(
+                activities.upsert_contact_in_crm,
+                OperationInput(later, f"{later.workflow_id}:crm-upsert"))
+            assert upsert.status == "completed" and upsert.destination_id == master
+        finally:
+            await crm.aclose()
+        state = (await control.get("/_sandbox/state")).json()
+    assert len(state["contacts"]) == contacts_before  # no Contact created
+    [kept] = [c for c in state["contacts"] if c["id"] == master]
+    assert kept["properties"][SF_FIELD] == item.contact_id
+    assert kept["properties"]["OwnerId"] == "005SALES"
+    [task] = _activities_of(state, later.workflow_id, "crm-note")
+    assert task["records"] == [master]
+    assert await store.fetchval("SELECT crm_record_id FROM contacts WHERE contact_id = "
+                                "$1::uuid", item.contact_id) == master
+    [followed] = await _audit(store, "crm_record_merged", item.contact_id)  # once, not twice
+    assert (followed["old"], followed["survivor"], followed["crm"]) == (
+        ours, master, "salesforce")
+
+
+# --- contact link ---------------------------------------------------------------------------
+
+
+async def test_contact_link_makes_two_addresses_one_contact_and_one_record(
+        env: StackClient, stack: Stack) -> None:
+    a, b = unique_email("before"), unique_email("after")
+    refused = cli(stack, "contact", "link", "--tenant", "acme", a, b)
+    assert refused.returncode == 1 and "neither address has a contact" in refused.stderr
+
+    first = await env.deliver(message_from(a))
+    assert (await env.wait_state(first, TERMINAL, timeout=120))[0] == "completed"
+    linked = cli(stack, "contact", "link", "--tenant", "acme", a, b, "--reviewer", "rita",
+                 "--note", "changed jobs", "--json")
+    assert linked.returncode == 0, linked.stderr
+    answer = json.loads(linked.stdout)
+    assert answer["changed"] is True and answer["joined_contact_id"] is None
+    again = cli(stack, "contact", "link", "--tenant", "acme", b, a, "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["changed"] is False
+
+    second = await env.deliver(message_from(b, subject="From my new address"))
+    assert await env.wait_state(second, TERMINAL, timeout=120) != ("failed", None)
+    assert await env.count("SELECT count(*) FROM contacts WHERE tenant = 'acme' AND "
+                           "canonical_email = ANY($1::text[])", [a, b]) == 1
+    assert await env.db.fetchval("SELECT contact_id::text FROM inbound_events WHERE "
+                                 "workflow_id = $1", second) == answer["contact_id"]
+    assert len(await env.crm_records_for(a)) == 1 and await env.crm_records_for(b) == []
+    state = await _state(env.http, stack.sandbox_url)
+    [record] = await env.crm_records_for(a)
+    for workflow_id in (first, second):
+        [note] = _activities_of(state, workflow_id, "crm-note")
+        assert note["records"] == [record["id"]]
+    [entry] = await _audit(env.db, "contact_linked", answer["contact_id"])
+    assert entry["note"] == "changed jobs"
+    assert await env.db.fetchval(
+        "SELECT actor FROM audit_log WHERE action = 'contact_linked' AND contact_id = $1::uuid",
+        answer["contact_id"]) == "reviewer:rita"
+
+
+async def test_contact_link_refuses_two_contacts_with_records_of_their_own(
+        env: StackClient, stack: Stack) -> None:
+    a, b = unique_email("one"), unique_email("two")
+    for address in (a, b):
+        workflow_id = await env.deliver(message_from(address))
+        assert (await env.wait_state(workflow_id, TERMINAL, timeout=120))[0] == "completed"
+    refused = cli(stack, "contact", "link", "--tenant", "acme", a, b)
+    assert refused.returncode == 1
+    assert "merge the two records in the CRM first" in refused.stderr
+    assert await env.count("SELECT count(*) FROM contact_addresses WHERE canonical_email = "
+                           "ANY($1::text[])", [a, b]) == 0
+
+
+async def test_contact_link_refuses_an_opted_out_address_with_one_that_is_not(
+        env: StackClient, stack: Stack) -> None:
+    a, b = unique_email("kept"), unique_email("optedout")
+    workflow_id = await env.deliver(message_from(a))
+    assert (await env.wait_state(workflow_id, TERMINAL, timeout=120))[0] == "completed"
+    await env.db.execute("INSERT INTO suppressions (tenant, canonical_email, reason, source) "
+                         "VALUES ('acme', $1, 'unsubscribe', 'test')", b)
+    refused = cli(stack, "contact", "link", "--tenant", "acme", a, b)
+    assert refused.returncode == 1 and "record the same opt-out for both" in refused.stderr
+    assert await env.count("SELECT count(*) FROM contact_addresses WHERE canonical_email = "
+                           "ANY($1::text[])", [a, b]) == 0
+
+
+async def test_contact_link_joins_a_contact_without_a_record_to_the_one_with(
+        env: StackClient, stack: Stack) -> None:
+    a, b = unique_email("withrecord"), unique_email("norecord")
+    workflow_id = await env.deliver(message_from(a))
+    assert (await env.wait_state(workflow_id, TERMINAL, timeout=120))[0] == "completed"
+    # B's own contact, never written to the CRM (as one whose item waits in review).
+    other = await env.db.fetchval("INSERT INTO contacts (tenant, canonical_email, email) "
+                                  "VALUES ('acme', $1, $1) RETURNING contact_id::text", b)
+    linked = cli(stack, "contact", "link", "--tenant", "acme", b, a, "--json")
+    assert linked.returncode == 0, linked.stderr
+    answer = json.loads(linked.stdout)
+    kept = await env.db.fetchval("SELECT contact_id::text FROM contacts WHERE "
+                                 "canonical_email = $1", a)
+    assert (answer["contact_id"], answer["joined_contact_id"]) == (kept, other)
+    second = await env.deliver(message_from(b, subject="Me again"))
+    assert await env.wait_state(second, TERMINAL, timeout=120) != ("failed", None)
+    assert await env.db.fetchval("SELECT contact_id::text FROM inbound_events WHERE "
+                                 "workflow_id = $1", second) == kept
+    assert len(await env.crm_records_for(a)) == 1 and await env.crm_records_for(b) == []
