@@ -114,7 +114,7 @@ def activity_functions(pool: asyncpg.Pool, crm: CrmClient | Destinations,
     extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url,
                                 model_queue, runner)
     match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
-    crm_acts = CrmActivities(pool, destinations, max_retry_after, max_park)
+    crm_acts = CrmActivities(pool, destinations, max_retry_after, max_park, settings)
     send = SendActivities(pool, destinations, max_retry_after, settings, max_park)
     # Unproven decisions are refused by what the process runs under (production, unless
     # Temporal authorises decisions itself); a test's activities without settings record.

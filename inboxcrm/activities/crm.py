@@ -47,7 +47,7 @@ from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
 from inboxcrm.domain.extraction.minimise import date_written, minimise
 from inboxcrm.domain.policy import get_policy
-from inboxcrm.platform.config import get_settings
+from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.schemas.models import Action, ItemState, OperationInput, OperationResult
 from inboxcrm.store import audit, contacts, intents, ledger
 
@@ -56,11 +56,16 @@ CANDIDATES_REASON = "crm_candidates"
 # A Date header further ahead of the receipt than clock skew explains is not believed.
 MAX_DATE_AHEAD = timedelta(hours=1)
 
+
 class CrmActivities:
     def __init__(self, pool: asyncpg.Pool, crm: CrmClient | Destinations,
-                 max_retry_after: float, max_park: float = MAX_PARK_SECONDS) -> None:
-        """`crm`: each tenant's account (`Destinations`), or one client for every tenant."""
+                 max_retry_after: float, max_park: float = MAX_PARK_SECONDS,
+                 settings: Settings | None = None) -> None:
+        """`crm`: each tenant's account (`Destinations`), or one client for every tenant.
+        `settings`: the worker's (the follow-up's log is composed as the send composed it),
+        else the process's."""
         self._pool = pool
+        self._settings = settings or get_settings()
         self._destinations = crm if isinstance(crm, Destinations) else Destinations.fixed(crm)
         self._runner = OutboxRunner(pool, action=Action.CRM_UPSERT.value, pause_scope="crm",
                                     max_retry_after=max_retry_after, max_park=max_park,
@@ -123,7 +128,7 @@ class CrmActivities:
                                                  event_id=item.event_id)
                 if row is None:
                     raise missing_row("followup_intent")
-                followup = await compose_intent(conn, row, get_settings(), for_log=True)
+                followup = await compose_intent(conn, row, self._settings, for_log=True)
         if context is None or context["crm_record_id"] is None:
             raise missing_row("crm_record")
         email = EmailActivity(
