@@ -29,6 +29,7 @@ from temporalio.service import RPCError
 from inboxcrm.adapters.gmail import GmailClient, GmailFailure, HistoryExpired
 from inboxcrm.adapters.imap import message_id_of
 from inboxcrm.domain.policy import tenant_priority
+from inboxcrm.platform.conflicts import ConflictKind, count_conflict
 from inboxcrm.platform.gmail_config import GmailSettings
 from inboxcrm.schemas.contract import WORKFLOW_TYPE, start_search_attributes
 from inboxcrm.schemas.mailboxes import MailboxWatch, WatchSummary
@@ -176,6 +177,8 @@ class MailboxGmailActivities:
                 message_id=message_id_of(raw) if raw is not None else None,
                 content_sha256=hashlib.sha256(raw).hexdigest() if raw is not None else None,
                 workflow_id=workflow_id, history_id=history_id)
+        if stored.raced:
+            count_conflict(ConflictKind.MAILBOX_MESSAGE)
         if not stored.new:
             summary.duplicates += 1
         elif stored.role == "item":

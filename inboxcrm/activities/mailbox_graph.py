@@ -33,6 +33,7 @@ from inboxcrm.activities.heartbeat import heartbeating
 from inboxcrm.adapters.graph import MESSAGE_ID, GraphClient, GraphFailure, parse_graph_time
 from inboxcrm.adapters.imap import message_id_of
 from inboxcrm.domain.policy import tenant_priority
+from inboxcrm.platform.conflicts import ConflictKind, count_conflict
 from inboxcrm.schemas.contract import WORKFLOW_TYPE, start_search_attributes
 from inboxcrm.schemas.graph_mailbox import (
     GRAPH_KIND,
@@ -270,6 +271,8 @@ class MailboxGraphActivities:
                 conn, tenant=watch.tenant, address=watch.address, folder=watch.folder,
                 immutable_id=immutable_id, raw=raw, message_id=message_id_of(raw),
                 content_sha256=hashlib.sha256(raw).hexdigest(), workflow_id=workflow_id)
+        if stored.raced:
+            count_conflict(ConflictKind.MAILBOX_MESSAGE)
         if not stored.new:
             summary.duplicates += 1
         elif stored.role == "copy":

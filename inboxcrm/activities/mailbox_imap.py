@@ -43,6 +43,7 @@ from inboxcrm.adapters.imap import (
     message_id_of,
 )
 from inboxcrm.domain.policy import tenant_priority
+from inboxcrm.platform.conflicts import ConflictKind, count_conflict
 from inboxcrm.schemas.contract import WORKFLOW_TYPE, start_search_attributes
 from inboxcrm.schemas.mailboxes import MailboxWatch, WatchSummary
 from inboxcrm.schemas.models import InboundEmailInput, inbound_workflow_id
@@ -316,6 +317,8 @@ class MailboxImapActivities:
                 message_id=message_id_of(raw) if raw is not None else None,
                 content_sha256=digest, workflow_id=workflow_id,
                 modseq=state.highest_modseq)
+        if stored.raced:
+            count_conflict(ConflictKind.MAILBOX_MESSAGE)
         if not stored.new:
             summary.duplicates += 1
         elif stored.role == "item":

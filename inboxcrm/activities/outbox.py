@@ -41,6 +41,7 @@ from temporalio.exceptions import ApplicationError
 from inboxcrm.activities.counters import count
 from inboxcrm.activities.failures import refuse_if_worker_draining
 from inboxcrm.activities.heartbeat import heartbeating
+from inboxcrm.adapters import http
 from inboxcrm.adapters.base import AdapterError
 from inboxcrm.adapters.errors import (
     Category,
@@ -177,6 +178,7 @@ class OutboxRunner:
                 return await self._settled(op)
             raise ApplicationError("idempotency key window passed; outcome unconfirmed",
                                    type=ErrorType.AMBIGUOUS.value, non_retryable=True)
+        http.clear_request_id()
         try:
             if claim.needs_reconcile:
                 if reconcile is None:
@@ -219,13 +221,16 @@ class OutboxRunner:
             status = _STATUS_FOR_CATEGORY[classified.category]
             if error.type == ErrorType.AMBIGUOUS.value:
                 status = "ambiguous"
+            # The failing answer's ID, else the step's last answer's (an adapter that
+            # raised after reading a reply, e.g. a 409 it could not resolve).
+            request_id = exc.request_id or http.last_request_id()
             async with self.pool.acquire() as conn, conn.transaction():
                 # Transient and permanent mean the destination took nothing: no key window.
                 owned = await ledger.record_failure(
                     conn, op.op_key, claim.attempts, status, classified.category.value,
                     classified.reason, refused=status != "ambiguous"
                     and classified.category is not Category.UNKNOWN,
-                    window_before=claim.key_window_from)
+                    window_before=claim.key_window_from, request_id=request_id)
                 if owned and on_failure is not None:
                     await on_failure(conn, attempt, classified)
                 await audit.append(
@@ -233,7 +238,8 @@ class OutboxRunner:
                     workflow_id=item.workflow_id, actor=self.action, action="attempt_failed",
                     detail={"op_key": op.op_key, "attempt": claim.attempts,
                             "category": classified.category.value, "reason": classified.reason,
-                            "retry_after": classified.retry_after, "fenced": not owned},
+                            "retry_after": classified.retry_after, "fenced": not owned,
+                            "request_id": request_id},
                 )
             if not owned:
                 return await self._settled(op)
@@ -256,13 +262,17 @@ class OutboxRunner:
         nothing is written)."""
         item = attempt.op.item
         entry = record_success(attempt, destination_id, reconciled)
+        detail = entry.detail
+        request_id = http.last_request_id()
+        if request_id is not None:  # the ledger row takes it from the entry's detail
+            detail = {**detail, "request_id": request_id}
         owned = await ledger.complete_attempt(
             self.pool, attempt.op.op_key, token=attempt.claim.attempts,
             destination_id=destination_id, external_ref=attempt.claim.external_ref,
             also=self._also_record,
             entry=ledger.SuccessEntry(
                 tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
-                actor=entry.actor, action=entry.action, detail=entry.detail,
+                actor=entry.actor, action=entry.action, detail=detail,
                 contact_id=entry.contact_id),
             ends_item=attempt.op.ends_item)
         if not owned:

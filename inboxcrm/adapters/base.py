@@ -12,9 +12,11 @@ from inboxcrm.adapters.errors import Classified
 class AdapterError(Exception):
     """A classified failure of an external call. The message carries no payload."""
 
-    def __init__(self, classified: Classified) -> None:
+    def __init__(self, classified: Classified, request_id: str | None = None) -> None:
         super().__init__(f"{classified.category.value}: {classified.reason}")
         self.classified = classified
+        # The provider's ID of the answer that failed (`adapters.http.request_id_of`), if any.
+        self.request_id = request_id
 
 
 @dataclass(frozen=True)

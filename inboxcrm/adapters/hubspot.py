@@ -58,6 +58,7 @@ from inboxcrm.adapters.registry import (
     secret_value,
 )
 from inboxcrm.adapters.transport import AddressGuard, new_client
+from inboxcrm.platform.conflicts import ConflictKind, count_conflict
 from inboxcrm.schemas.destinations import CrmDestination, SecretRef, field_name
 
 if TYPE_CHECKING:
@@ -150,6 +151,7 @@ class HubSpotCrm:
         )
         if response.status_code == 409:
             # An existing contact already owns this email: adopt it, never create another.
+            count_conflict(ConflictKind.CRM_CONTACT_EMAIL)
             match = _EXISTING_ID.search(json_field(response, "message") or "")
             if match is None:
                 raise AdapterError(Classified(Category.PERMANENT, "http_409:CONFLICT", None, 409))
@@ -160,6 +162,7 @@ class HubSpotCrm:
             # anything else is classified by its category like any error answer.
             match = _EXISTING_ID.search(str(error.get("message") or ""))
             if error.get("category") == "CONFLICT" and match is not None:
+                count_conflict(ConflictKind.CRM_CONTACT_EMAIL)
                 return await self._adopt(match.group(1), external_id)
             raise AdapterError(classify_response(response, _reason(response)))
         results = response.json().get("results") or []
@@ -258,6 +261,7 @@ class HubSpotCrm:
         response = await send_request(self._client, "POST", "/crm/v3/objects/emails",
                                       json=body, passthrough=(409,), reason=_reason)
         if response.status_code == 409:
+            count_conflict(ConflictKind.CRM_EMAIL_ACTIVITY)
             found = await self.find_email(email_key)
             if found is None:
                 raise AdapterError(Classified(Category.UNKNOWN, "email_conflict", None, 409))

@@ -1,6 +1,6 @@
 """`inboxcrm` command line (docs/architecture.md §10), assembled from one module per group:
-`stack`, `items`, `review`, `verify`, `extract`. Commands are registered here, in the order
-`inboxcrm --help` lists them."""
+`stack`, `items`, `review`, `verify`, `extract`, `report`. Commands are registered here, in
+the order `inboxcrm --help` lists them."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from inboxcrm.cli import (
     golive,
     items,
     recover,
+    report,
     review,
     reviewer,
     stack,
@@ -61,6 +62,7 @@ app.add_typer(templates.template_app, name="template")
 app.add_typer(mailbox_app, name="mailbox")
 app.add_typer(crm_app, name="crm")
 app.add_typer(contact_app, name="contact")
+app.add_typer(report.report_app, name="report")
 
 app.command()(stack.up)
 app.command()(items.status)

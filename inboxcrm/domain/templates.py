@@ -284,8 +284,27 @@ def rule_version(rule_id: str, version: int, template: Template) -> int:
     """The follow-up rule's version as the intent key stores it (`(event_id, rule_id,
     rule_version)`): derived from the rule's own number and its template's words, so a
     changed template is a new rule version. A positive 31-bit integer (the column's type)."""
-    digest = hashlib.sha256(f"{rule_id}:{version}:{template.version}".encode()).digest()
+    return derived_rule_version(rule_id, version, template.version)
+
+
+def derived_rule_version(rule_id: str, version: int, template_version: str) -> int:
+    """`rule_version` from the template's version string (what an intent's `<name>@<version>`
+    reference keeps), so a stored version can be traced back to the rule's number."""
+    digest = hashlib.sha256(f"{rule_id}:{version}:{template_version}".encode()).digest()
     return int.from_bytes(digest[:4], "big") & 0x7FFF_FFFF or 1
+
+
+def planned_rule_number(rule_id: str, stored: int, template_ref: str, *, below: int
+                        ) -> int | None:
+    """The rule's own `version` (1 to `below - 1`) an intent's stored `rule_version` was
+    derived from with the words `template_ref` names, or None (planned under `below` or a
+    later number). The stored version is a hash, not ordered: this is how "planned under an
+    older version than V" is answered (`inboxcrm report rule-change`)."""
+    template_version = template_ref.rpartition("@")[2]
+    for number in range(1, below):
+        if derived_rule_version(rule_id, number, template_version) == stored:
+            return number
+    return None
 
 
 def _check(source: str, where: str, *, html: bool, part: str) -> None:

@@ -32,6 +32,7 @@ from inboxcrm.ingress.admission import Admission
 from inboxcrm.ingress.metrics import RelayMetrics
 from inboxcrm.platform import temporal
 from inboxcrm.platform.config import Settings
+from inboxcrm.platform.conflicts import ConflictKind
 from inboxcrm.schemas.contract import WORKFLOW_TYPE, start_search_attributes
 from inboxcrm.schemas.models import InboundEmailInput, inbound_workflow_id
 from inboxcrm.store import audit, copies, events
@@ -76,6 +77,9 @@ class IngestResult:
     status: str          # accepted | duplicate | copy | unavailable | ledger_unavailable
     workflow_id: str
     state: str
+    # A duplicate a concurrent request stored first (the unique key answered it, not our
+    # snapshot): counted as `inboxcrm_unique_conflicts_total{kind="intake_delivery"}`.
+    raced: bool = False
 
     @property
     def stored(self) -> bool:
@@ -157,13 +161,14 @@ class Ingestor:
         if not row["started"]:
             # The first delivery was stored but its start failed: heal it now.
             await self.start(str(row["event_id"]), delivery.tenant, workflow_id)
-        return IngestResult("duplicate", workflow_id, row["state"])
+        return IngestResult("duplicate", workflow_id, row["state"], raced="new" not in row)
 
     async def _insert(self, conn: Conn, delivery: Delivery, workflow_id: str,
                       digest: str, message_id: str | None) -> asyncpg.Record | None:
         # One round trip: the new event with its "received" audit entry, or the existing
         # one. Its snapshot cannot see a row a concurrent request committed while this
-        # statement waited on the unique key; then one more read finds it.
+        # statement waited on the unique key; then one more read finds it (a row without
+        # `new`: the race `IngestResult.raced` reports).
         return await events.insert_event(
             conn, tenant=delivery.tenant, source=delivery.source, mailbox=delivery.mailbox,
             delivery_id=delivery.delivery_id, workflow_id=workflow_id, raw=delivery.raw,
@@ -267,6 +272,8 @@ class Intake:
             log.warning("ledger unavailable")
             result = IngestResult("ledger_unavailable", delivery.workflow_id, "")
         self.metrics.deliveries.labels(delivery.source, result.status).inc()
+        if result.raced:
+            self.metrics.unique_conflicts.labels(ConflictKind.INTAKE_DELIVERY.value).inc()
         return result
 
     def count_auth_failure(self, source: str) -> None:

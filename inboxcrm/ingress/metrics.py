@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest, start
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from inboxcrm.platform import conflicts
 from inboxcrm.schemas.drift import DriftKind
 from inboxcrm.store import gauges
 
@@ -29,6 +30,7 @@ log = logging.getLogger("inboxcrm.ingress.metrics")
 
 DELIVERIES = "inboxcrm_deliveries_received"
 SIGNATURE_FAILURES = "inboxcrm_signature_failures"
+UNIQUE_CONFLICTS = conflicts.NAME
 
 class RelayMetrics:
     def __init__(self) -> None:
@@ -40,6 +42,10 @@ class RelayMetrics:
         self.signature_failures = Counter(
             SIGNATURE_FAILURES, "Deliveries rejected for a bad or missing signature",
             ["source"], registry=self.registry)
+        # The relay's share of the counter the workers export too (its one kind here:
+        # intake_delivery); the alert sums both.
+        self.unique_conflicts = Counter(UNIQUE_CONFLICTS, conflicts.DESCRIPTION, ["kind"],
+                                        registry=self.registry)
         self._store = _StoreCollector()
         self.registry.register(self._store)
 

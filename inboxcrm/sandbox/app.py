@@ -301,7 +301,7 @@ def create_app(
     @app.get("/_sandbox/calls")
     async def calls(sandbox: SandboxDep, target: str | None = None) -> dict[str, Any]:
         rows = await sandbox.pool.fetch(
-            "SELECT target, outcome, status_code, at FROM sandbox.calls "
+            "SELECT target, outcome, status_code, at, request_id FROM sandbox.calls "
             "WHERE $1::text IS NULL OR target = $1 ORDER BY id",
             target,
         )
@@ -312,6 +312,7 @@ def create_app(
                     "outcome": r["outcome"],
                     "status_code": r["status_code"],
                     "at": iso(r["at"]),
+                    "request_id": r["request_id"],
                 }
                 for r in rows
             ]

@@ -229,12 +229,15 @@ class Sandbox:
                 return None
         return None
 
-    async def log_call(self, target: str, outcome: str, status_code: int) -> None:
+    async def log_call(self, target: str, outcome: str, status_code: int,
+                       request_id: str | None = None) -> None:
         await self.pool.execute(
-            "INSERT INTO sandbox.calls (target, outcome, status_code) VALUES ($1, $2, $3)",
+            "INSERT INTO sandbox.calls (target, outcome, status_code, request_id) "
+            "VALUES ($1, $2, $3, $4)",
             target,
             outcome,
             status_code,
+            request_id,
         )
 
     def denied(self, request: Request, target: str) -> Response | None:
@@ -265,14 +268,22 @@ class Sandbox:
         `authenticated`: the caller already checked the credential (a Salesforce OAuth
         access token), so the API key is not asked for.
         """
+        # Every answer carries a request ID of its own, as the providers' do (HubSpot's
+        # correlation ID on its paths, `X-Request-Id` elsewhere), logged with the call so a
+        # test can find the one the product recorded.
+        request_id = f"sbx-{uuid.uuid4().hex}"
+        header = ("X-HubSpot-Correlation-Id" if request.url.path.startswith("/crm/")
+                  else "X-Request-Id")
         if not authenticated and (denial := self.denied(request, target)) is not None:
-            await self.log_call(target, "unauthenticated", denial.status_code)
+            await self.log_call(target, "unauthenticated", denial.status_code, request_id)
+            denial.headers[header] = request_id
             return denial
         fault = await self.consume_fault(target)
         mode = fault.mode if fault else None
         if fault is not None and fault.mode in IMMEDIATE_MODES:
             response = fault_response(target, fault)
-            await self.log_call(target, fault.mode, response.status_code)
+            await self.log_call(target, fault.mode, response.status_code, request_id)
+            response.headers[header] = request_id
             return response
         if mode == "timeout_before_commit":
             hang = (await self.config()).hang_seconds
@@ -285,7 +296,9 @@ class Sandbox:
                     await release()
             return gateway_timeout(target)
         outcome = await operation()
-        await self.log_call(target, mode or outcome.label, outcome.response.status_code)
+        await self.log_call(target, mode or outcome.label, outcome.response.status_code,
+                            request_id)
+        outcome.response.headers[header] = request_id
         try:
             if mode == "timeout_after_commit":
                 await asyncio.sleep((await self.config()).hang_seconds)

@@ -102,6 +102,8 @@ ALTER TABLE sandbox.email_requests ADD COLUMN IF NOT EXISTS created_at timestamp
 
 -- A rate-limit fault may name HubSpot's policy (SECONDLY, TEN_SECONDLY_ROLLING, DAILY).
 ALTER TABLE sandbox.faults ADD COLUMN IF NOT EXISTS policy text;
+-- The request ID the call's answer carried (X-Request-Id / X-HubSpot-Correlation-Id).
+ALTER TABLE sandbox.calls ADD COLUMN IF NOT EXISTS request_id text;
 
 -- HubSpot notes carry hs_timestamp and are associated with a contact by the v4 association
 -- call, not by the upsert: `contact_id` is only a Salesforce Task's WhoId.

@@ -79,6 +79,9 @@ class StoredGmail:
     event_id: str | None
     workflow_id: str | None
     started: bool
+    # Stored first by a concurrent read (a unique key answered, not our snapshot):
+    # `inboxcrm_unique_conflicts_total{kind="mailbox_message"}`.
+    raced: bool = False
 
 
 async def add_gmail_mailbox(conn: Conn, *, tenant: str, address: str, oauth_token_env: str,
@@ -138,14 +141,14 @@ async def store_gmail_message(conn: Conn, *, tenant: str, address: str, folder: 
             assert row is not None
             if not row["new"]:
                 return StoredGmail("item", False, str(row["event_id"]), workflow_id,
-                                   bool(row["started"]))
+                                   bool(row["started"]), raced=True)
             event_id, item_workflow = str(row["event_id"]), workflow_id
         inserted = await conn.fetchval(INSERT_MESSAGE, tenant, address, gmail_id, role,
                                        event_id, message_id, content_sha256, size, history_id)
         if history_id is not None:
             await conn.execute(ADVANCE_CURSOR, tenant, address, folder, str(history_id))
         if inserted is None:
-            return StoredGmail(role, False, event_id, None, True)
+            return StoredGmail(role, False, event_id, None, True, raced=True)
         if role == "item":
             await conn.execute(TOUCH_MAILBOX, tenant, address, folder)
         elif role == "copy" and first is not None:

@@ -58,7 +58,7 @@ async def store_graph_message(conn: Conn, *, tenant: str, address: str, folder: 
         assert row is not None
         if not row["new"]:
             return StoredMessage("item", False, str(row["event_id"]), workflow_id,
-                                 bool(row["started"]))
+                                 bool(row["started"]), raced=True)
         await conn.execute(TOUCH_MAILBOX, tenant, address, folder)
     return StoredMessage("item", True, str(row["event_id"]), workflow_id, False)
 

@@ -295,3 +295,40 @@ async def thread_of_event(conn: Conn, *, event_id: str) -> asyncpg.Record | None
 
 async def record_message_id(conn: Conn, *, intent_id: str, message_id: str) -> None:
     await conn.execute(RECORD_MESSAGE_ID, intent_id, message_id)
+
+
+# --- `inboxcrm report rule-change` (inboxcrm/cli/report.py) --------------------------------
+# The versions rule $1 was planned under ($2 tenant, NULL: every tenant): each stored
+# `rule_version` with the template reference it was planned with (the stored version derives
+# from the rule's number and those words, `domain.templates.rule_version`), how many intents
+# and when. A report, not the per-item path: it reads the whole table for the rule.
+RULE_VERSIONS = """
+SELECT rule_version, template_id, count(*) AS items, min(created_at) AS first_planned,
+       max(created_at) AS last_planned
+FROM followup_intents
+WHERE rule_id = $1 AND ($2::text IS NULL OR tenant = $2)
+GROUP BY rule_version, template_id
+ORDER BY min(created_at)
+"""
+
+# The items whose intent for rule $1 was planned under one of the stored versions $3 ($2
+# tenant or NULL), oldest plan first, at most $4.
+ITEMS_UNDER_VERSIONS = """
+SELECT e.workflow_id, e.tenant, e.state, i.status AS intent_status, i.rule_version,
+       i.template_id, i.created_at AS planned_at
+FROM followup_intents i JOIN inbound_events e ON e.event_id = i.event_id
+WHERE i.rule_id = $1 AND ($2::text IS NULL OR i.tenant = $2)
+  AND i.rule_version = ANY($3::int[])
+ORDER BY i.created_at, e.workflow_id
+LIMIT $4
+"""
+
+
+async def rule_versions(conn: Conn, *, rule_id: str, tenant: str | None
+                        ) -> list[asyncpg.Record]:
+    return list(await conn.fetch(RULE_VERSIONS, rule_id, tenant))
+
+
+async def items_under_versions(conn: Conn, *, rule_id: str, tenant: str | None,
+                               rule_versions: list[int], limit: int) -> list[asyncpg.Record]:
+    return list(await conn.fetch(ITEMS_UNDER_VERSIONS, rule_id, tenant, rule_versions, limit))

@@ -25,7 +25,7 @@ WHERE e.workflow_id = $1
 ITEM_OPERATIONS = """
 SELECT op_key, action, status, attempts, max_attempts, last_error_category, last_error,
        external_ref, destination_id, first_seen, first_attempt_at, key_window_from,
-       last_transition
+       last_transition, last_request_id
 FROM operations WHERE workflow_id = $1 ORDER BY first_seen
 """
 

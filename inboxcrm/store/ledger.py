@@ -100,11 +100,14 @@ SET status = 'completed', destination_id = $2, evidence = COALESCE($3, evidence)
 WHERE op_key = $1 AND status NOT IN ('completed', 'cancelled')
 """
 
-# An attempt's success, fenced by its claim token ($3).
+# An attempt's success, fenced by its claim token ($3). The provider's request ID is the
+# audit detail's `request_id` ($10): one value for both, no parameter more (kept when the
+# attempt's last answer had none).
 _COMPLETE_CLAIMED = """
 UPDATE operations
 SET status = 'completed', destination_id = $2, last_error_category = NULL, last_error = NULL,
-    last_transition = now()
+    last_transition = now(),
+    last_request_id = COALESCE($10::jsonb ->> 'request_id', last_request_id)
 WHERE op_key = $1 AND status = 'in_progress' AND attempts = $3
 RETURNING op_key
 """
@@ -209,10 +212,12 @@ async def complete_attempt(conn: Conn | asyncpg.Pool, op_key: str, *, token: int
     return bool(owned)
 
 
-# An attempt's failure (or its cancellation, $3/$4 NULL), fenced by its claim token ($5).
+# An attempt's failure (or its cancellation, $3/$4 NULL), fenced by its claim token ($5),
+# with the provider's request ID of its last answer ($6; NULL keeps the one there).
 RECORD_FAILURE = """
 UPDATE operations
-SET status = $2, last_error_category = $3, last_error = $4, last_transition = now()
+SET status = $2, last_error_category = $3, last_error = $4, last_transition = now(),
+    last_request_id = COALESCE($6, last_request_id)
 WHERE op_key = $1 AND status = 'in_progress' AND attempts = $5
 RETURNING op_key
 """
@@ -222,7 +227,7 @@ RETURNING op_key
 RECORD_REFUSAL = """
 UPDATE operations
 SET status = $2, last_error_category = $3, last_error = $4, last_transition = now(),
-    key_window_from = $6
+    key_window_from = $6, last_request_id = COALESCE($7, last_request_id)
 WHERE op_key = $1 AND status = 'in_progress' AND attempts = $5
 RETURNING op_key
 """
@@ -362,18 +367,19 @@ async def complete(
 
 async def record_failure(conn: Conn, op_key: str, token: int, status: str,
                          category: str | None, reason: str | None, *,
-                         refused: bool = False, window_before: datetime | None = None
-                         ) -> bool:
+                         refused: bool = False, window_before: datetime | None = None,
+                         request_id: str | None = None) -> bool:
     """Store the failure category and a payload-free reason, if the claim `token` still owns
     the row. False: fenced off (a later attempt claimed it, or it is settled). `refused`: the
     destination certainly took nothing, so the attempt opens no key window (the window goes
-    back to `window_before`, the claim's `key_window_from`)."""
+    back to `window_before`, the claim's `key_window_from`). `request_id`: the provider's ID
+    of the attempt's last answer (None keeps the row's)."""
     reason = reason[:200] if reason else None
     if refused:
         return await conn.fetchval(RECORD_REFUSAL, op_key, status, category, reason, token,
-                                   window_before) is not None
+                                   window_before, request_id) is not None
     return await conn.fetchval(RECORD_FAILURE, op_key, status, category, reason,
-                               token) is not None
+                               token, request_id) is not None
 
 
 async def park_scope(conn: Conn, op_key: str, token: int, classified: Classified, *,

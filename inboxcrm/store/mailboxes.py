@@ -147,6 +147,9 @@ class StoredMessage:
     event_id: str | None
     workflow_id: str | None
     started: bool
+    # Stored first by a concurrent read (a unique key answered, not our snapshot):
+    # `inboxcrm_unique_conflicts_total{kind="mailbox_message"}`.
+    raced: bool = False
 
 
 def delivery_id(folder: str, uidvalidity: int, uid: int) -> str:
@@ -241,7 +244,7 @@ async def store_imap_message(conn: Conn, *, tenant: str, address: str, folder: s
                 # Stored before under the same delivery key by an attempt whose identity
                 # row this snapshot cannot see yet: a duplicate read, nothing more.
                 return StoredMessage("item", False, str(row["event_id"]), workflow_id,
-                                     bool(row["started"]))
+                                     bool(row["started"]), raced=True)
             event_id, item_workflow = str(row["event_id"]), workflow_id
         inserted = await conn.fetchval(
             INSERT_MESSAGE, tenant, address, folder, uidvalidity, uid, role, event_id,
@@ -250,7 +253,7 @@ async def store_imap_message(conn: Conn, *, tenant: str, address: str, folder: s
         if inserted is None:
             # A concurrent attempt stored this identity first (a copy or a sighting: no
             # ledger row of ours to undo).
-            return StoredMessage(role, False, event_id, None, True)
+            return StoredMessage(role, False, event_id, None, True, raced=True)
         if role == "item":
             await conn.execute(TOUCH_MAILBOX, tenant, address, folder)
         elif role == "copy" and copy_of is not None:

@@ -126,9 +126,9 @@ def test_every_scrape_job_has_a_rule_that_fires_when_it_is_gone(overlay: str) ->
 def test_relay_gauges_alert_once_per_installation() -> None:
     """Every relay replica exports the same store gauges: a rule on one of them aggregates the
     replicas away, or it fires once per replica (deploy/alerts.test.yml feeds two)."""
-    from inboxcrm.ingress.metrics import DELIVERIES, SIGNATURE_FAILURES
+    from inboxcrm.ingress.metrics import DELIVERIES, SIGNATURE_FAILURES, UNIQUE_CONFLICTS
 
-    counters = {f"{name}{suffix}" for name in (DELIVERIES, SIGNATURE_FAILURES)
+    counters = {f"{name}{suffix}" for name in (DELIVERIES, SIGNATURE_FAILURES, UNIQUE_CONFLICTS)
                 for suffix in ("_total", "_created")}
     gauges = relay_metric_names() - counters
     checked = 0

@@ -9,6 +9,7 @@ from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 from temporalio.testing import ActivityEnvironment
 
 from inboxcrm.activities import counters
+from inboxcrm.platform import meter
 
 
 def _count_twice(outcome: str) -> None:
@@ -25,7 +26,7 @@ def test_counts_reach_the_runtime_with_their_labels_and_the_activity_labels() ->
                                    task_queue="counters-test")
     env.run(_count_twice, "completed")
     env.run(_count_twice, "failed")
-    bound = [key for key in counters._bound if "counters-test" in key]
+    bound = [key for key in meter._bound if "counters-test" in key]
     assert len(bound) == 2  # one per label set, however many counts
 
     totals: dict[tuple[str, str, str], int] = {}
