@@ -267,15 +267,17 @@ def write_chart(result: dict[str, Any]) -> Path | None:
     fig, axes = plt.subplots(1, len(slots), figsize=(4.2 * len(slots), 4.4))
     axes = list(axes) if len(slots) > 1 else [axes]
     ax_iter = iter(axes)
-    colors = {"floor": "#7f7f7f", "floor-same-shape": "#c7c7c7", "product": "#1f77b4"}
+    colors = {"floor": "#7f7f7f", "floor-same-shape": "#c7c7c7", "samework": "#9edae5",
+              "product": "#1f77b4"}
     tp = result.get("throughput")
     if tp:
         runs = tp["runs"]
-        short = {"floor": "floor", "floor-same-shape": "own\nshape", "product": "prod"}
+        short = {"floor": "floor", "floor-same-shape": "own\nshape", "samework": "same\nwork",
+                 "product": "prod"}
         labels = [f"{short.get(r['kind'], r['kind'])}\nr{r['round'] + 1}" for r in runs]
         ax = next(ax_iter)
         bars = ax.bar(labels, [r.get("per_second") or 0 for r in runs],
-                      color=[colors[r["kind"]] for r in runs])
+                      color=[colors.get(r["kind"], "#bcbd22") for r in runs])
         ax.bar_label(bars, fmt="%.1f")
         ax.set_title(f"end-to-end throughput (n={result['options']['n']})\n"
                      f"product/floor = {tp['ratio']}")
