@@ -531,7 +531,10 @@ async def test_calls_log_has_outcomes_and_no_bodies(client, anon) -> None:
         ("mail.send", "ok", 200),
         ("crm.upsert", "conflict", 409),
     ]
-    assert all(set(c) == {"target", "outcome", "status_code", "at"} for c in everything)
+    assert all(set(c) == {"target", "outcome", "status_code", "at", "request_id"}
+               for c in everything)
+    # The request ID the sandbox answered with: opaque, never derived from the request.
+    assert all(str(c["request_id"]).startswith("sbx-") for c in everything)
     assert "example.com" not in str(everything)
     assert len(await calls(anon, "crm.upsert")) == 2
 
