@@ -50,6 +50,19 @@ async def database_url(postgres_server_url: str) -> AsyncIterator[str]:
     await postgres.drop_database(postgres_server_url, url)
 
 
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    """The session's database, migrated, without the stack: for tests that run the steps
+    themselves against a sandbox of their own (tests/helpers/sandbox_process.py)."""
+    from inboxcrm.store import db as inboxcrm_db
+    from inboxcrm.store.migrate import apply_migrations
+
+    await apply_migrations(database_url)
+    pool = await inboxcrm_db.create_pool(database_url, max_size=3)
+    yield pool
+    await pool.close()
+
+
 # --- the whole stack: real Temporal dev server, sandbox, worker and relay processes -----
 
 

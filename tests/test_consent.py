@@ -41,8 +41,6 @@ from inboxcrm.platform.config import Settings
 from inboxcrm.schemas.consent import ConsentSyncInput
 from inboxcrm.schemas.contract import CONSENT_SYNC_WORKFLOW_TYPE
 from inboxcrm.stack.stack import Stack
-from inboxcrm.store import db
-from inboxcrm.store.migrate import apply_migrations
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers.outbox import planned_item, step_env
 from tests.helpers.sandbox_process import API_KEY, SandboxProcess, own_sandbox
@@ -65,14 +63,6 @@ async def control(org: SandboxProcess) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=org.url, timeout=10) as client:
         (await client.post("/_sandbox/reset")).raise_for_status()
         yield client
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    await apply_migrations(database_url)
-    pool = await db.create_pool(database_url, max_size=3)
-    yield pool
-    await pool.close()
 
 
 def _crm(org: SandboxProcess, provider: str) -> CrmClient:

@@ -20,8 +20,6 @@ from inboxcrm.activities.crm import CrmActivities
 from inboxcrm.adapters.base import ContactFields, CrmClient, CrmRecord
 from inboxcrm.adapters.hubspot import HubSpotCrm
 from inboxcrm.adapters.salesforce import SalesforceCrm
-from inboxcrm.store import db
-from inboxcrm.store.migrate import apply_migrations
 from tests.helpers.outbox import planned_item, step_env
 from tests.helpers.sandbox_process import API_KEY, SandboxProcess, own_sandbox
 
@@ -42,14 +40,6 @@ async def control(org: SandboxProcess) -> AsyncIterator[httpx.AsyncClient]:
         (await client.post("/_sandbox/reset")).raise_for_status()
         yield client
         await client.post("/_sandbox/config", json={"salesforce_duplicate_rule": "alert"})
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    await apply_migrations(database_url)
-    pool = await db.create_pool(database_url, max_size=3)
-    yield pool
-    await pool.close()
 
 
 async def _seed(control: httpx.AsyncClient, crm: str, *contacts: dict[str, Any]) -> list[str]:

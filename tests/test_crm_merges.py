@@ -27,8 +27,6 @@ from inboxcrm.activities.crm import CrmActivities, note_key
 from inboxcrm.adapters.salesforce import SalesforceCrm
 from inboxcrm.schemas.models import ItemRef, OperationInput
 from inboxcrm.stack.stack import Stack
-from inboxcrm.store import db
-from inboxcrm.store.migrate import apply_migrations
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers.cli import cli
 from tests.helpers.outbox import planned_item, step_env
@@ -110,14 +108,6 @@ async def test_a_hubspot_merge_is_followed_to_the_survivor(env: StackClient,
 async def org(postgres_server_url: str) -> AsyncIterator[SandboxProcess]:
     async for process in own_sandbox(postgres_server_url, "sandbox_merges"):
         yield process
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    await apply_migrations(database_url)
-    pool = await db.create_pool(database_url, max_size=3)
-    yield pool
-    await pool.close()
 
 
 async def _next_item(pool: asyncpg.Pool, contact_id: str, tenant: str = "acme") -> ItemRef:

@@ -32,8 +32,6 @@ from inboxcrm.platform.config import Settings
 from inboxcrm.sandbox.pipedrive import CUSTOM_FIELD_KEY
 from inboxcrm.schemas.consent import ConsentSyncInput
 from inboxcrm.schemas.destinations import TenantDestinations
-from inboxcrm.store import db
-from inboxcrm.store.migrate import apply_migrations
 from tests.helpers.outbox import planned_item, step_env
 from tests.helpers.sandbox_process import API_KEY, SandboxProcess, own_sandbox
 
@@ -55,14 +53,6 @@ async def control(company: SandboxProcess) -> AsyncIterator[httpx.AsyncClient]:
         yield client
         await client.post("/_sandbox/config", json={"hang_seconds": 30,
                                                     "search_lag_seconds": before})
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    await apply_migrations(database_url)
-    pool = await db.create_pool(database_url, max_size=3)
-    yield pool
-    await pool.close()
 
 
 def _client(company: SandboxProcess, monkeypatch: pytest.MonkeyPatch,

@@ -20,8 +20,6 @@ from inboxcrm.activities.crm import CrmActivities
 from inboxcrm.adapters.base import AdapterError, ContactFields
 from inboxcrm.adapters.errors import Category
 from inboxcrm.adapters.salesforce import ClientCredentials, SalesforceCrm
-from inboxcrm.store import db
-from inboxcrm.store.migrate import apply_migrations
 from tests.helpers.outbox import planned_item, step_env
 from tests.helpers.sandbox_process import API_KEY, SandboxProcess, own_sandbox
 
@@ -108,15 +106,6 @@ async def test_an_expired_token_is_renewed_once_and_the_upsert_goes_through(
         ("session_expired", 401)]
     assert await _calls(control, "crm.oauth") == [("ok", 200)] * 3
     assert len(await _records(control, first)) == 1 and len(await _records(control, second)) == 1
-
-
-@pytest.fixture
-async def store(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    """The product's store (migrated), without the rest of the stack."""
-    await apply_migrations(database_url)
-    pool = await db.create_pool(database_url, max_size=3)
-    yield pool
-    await pool.close()
 
 
 async def test_an_item_is_not_blocked_by_an_expired_session(
