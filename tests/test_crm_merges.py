@@ -28,7 +28,7 @@ from inboxcrm.adapters.salesforce import SalesforceCrm
 from inboxcrm.schemas.models import ItemRef, OperationInput
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from tests.helpers.cli import cli
+from tests.helpers.cli import as_reviewer, cli
 from tests.helpers.outbox import planned_item, step_env
 from tests.helpers.sandbox_process import API_KEY, SandboxProcess, own_sandbox
 
@@ -210,9 +210,11 @@ async def test_contact_link_makes_two_addresses_one_contact_and_one_record(
         assert note["records"] == [record["id"]]
     [entry] = await _audit(env.db, "contact_linked", answer["contact_id"])
     assert entry["note"] == "changed jobs"
+    # The actor is who authenticated (the stack's operator token); the typed name a label.
+    assert entry["typed_reviewer"] == "rita"
     assert await env.db.fetchval(
         "SELECT actor FROM audit_log WHERE action = 'contact_linked' AND contact_id = $1::uuid",
-        answer["contact_id"]) == "reviewer:rita"
+        answer["contact_id"]) == "operator"
 
 
 async def test_contact_link_refuses_two_contacts_with_records_of_their_own(
@@ -224,6 +226,21 @@ async def test_contact_link_refuses_two_contacts_with_records_of_their_own(
     refused = cli(stack, "contact", "link", "--tenant", "acme", a, b)
     assert refused.returncode == 1
     assert "merge the two records in the CRM first" in refused.stderr
+    assert await env.count("SELECT count(*) FROM contact_addresses WHERE canonical_email = "
+                           "ANY($1::text[])", [a, b]) == 0
+
+
+async def test_contact_link_refuses_a_reviewer_of_another_tenant(
+        env: StackClient, stack: Stack) -> None:
+    a, b = unique_email("othertenant"), unique_email("othertenant2")
+    workflow_id = await env.deliver(message_from(a))
+    assert (await env.wait_state(workflow_id, TERMINAL, timeout=120))[0] == "completed"
+    added = cli(stack, "reviewer", "add", f"gil-{a.split('@')[0][-6:]}", "--tenant", "globex",
+                "--json")
+    assert added.returncode == 0, added.stderr
+    token = json.loads(added.stdout)["token"]
+    refused = as_reviewer(stack, token, "contact", "link", "--tenant", "acme", a, b)
+    assert refused.returncode == 1 and "not a reviewer of tenant 'acme'" in refused.stderr
     assert await env.count("SELECT count(*) FROM contact_addresses WHERE canonical_email = "
                            "ANY($1::text[])", [a, b]) == 0
 

@@ -20,6 +20,7 @@ from inboxcrm.domain.policy import (
     canonical_email,
     get_policy,
 )
+from inboxcrm.operator.reviewer_auth import NotAuthorised, cli_principal
 from inboxcrm.store import contact_links
 
 contact_app = typer.Typer(no_args_is_help=True,
@@ -32,7 +33,8 @@ def link(
     address_b: Annotated[str, typer.Argument(help="The person's other address.")],
     tenant: Annotated[str, typer.Option("--tenant", help="The tenant of both addresses.")],
     reviewer: Annotated[str | None, typer.Option(
-        "--reviewer", help="Who decided the two are one person (the audit's actor).")] = None,
+        "--reviewer", help="A label for who decided the two are one person (the audit's "
+                           "actor is who authenticated).")] = None,
     note: Annotated[str | None, typer.Option(
         "--note", help="Why (kept in the audit entry; no message text).")] = None,
     as_json: JsonOpt = False,
@@ -51,14 +53,23 @@ def link(
     except PolicyError as exc:
         fail(str(exc))
         return
-    actor = f"reviewer:{reviewer}" if reviewer else (os.environ.get("USER") or "operator")
+    settings = settings_from_env()
 
     async def run(conn: Any) -> contact_links.Linked:
+        # As the review commands: the reviewer of INBOXCRM_REVIEWER_TOKEN (their tenants
+        # only), else the operator; the audit's actor is who authenticated, `--reviewer` a
+        # label (docs/architecture.md §6).
+        principal = await cli_principal(conn, os.environ, settings)
+        if not principal.may_see(tenant):
+            raise NotAuthorised(f"not a reviewer of tenant {tenant!r}")
         return await contact_links.link(conn, tenant=tenant, first=first, second=second,
-                                        actor=actor, note=note)
+                                        actor=principal.decider, note=note, label=reviewer)
 
     try:
-        linked = with_db(settings_from_env(), run)
+        linked = with_db(settings, run)
+    except NotAuthorised as exc:
+        fail(str(exc))
+        return
     except contact_links.LinkRefused as exc:
         fail(f"refused: {exc}")
         return

@@ -77,7 +77,7 @@ async def linked_identity(conn: Conn, *, tenant: str, canonical_email: str) -> s
 
 
 async def link(conn: Conn, *, tenant: str, first: str, second: str, actor: str,
-               note: str | None) -> Linked:
+               note: str | None, label: str | None = None) -> Linked:
     """Join `second` to the contact `first` reaches (or the other way round when only the
     second has one; the contact that has a CRM record wins, else the older). Two contacts that
     both have CRM records are refused: the CRM holds two records for the person, and which
@@ -110,7 +110,8 @@ async def link(conn: Conn, *, tenant: str, first: str, second: str, actor: str,
                 conn, tenant=tenant, event_id=None, workflow_id=None,
                 contact_id=str(keep["contact_id"]), actor=actor, action="contact_linked",
                 detail={"contact_id": str(keep["contact_id"]), "joined_contact_id": joined,
-                        "crm_record_id": keep["crm_record_id"], "note": note})
+                        "crm_record_id": keep["crm_record_id"], "note": note,
+                        "typed_reviewer": label})
     return Linked(str(keep["contact_id"]), keep["crm_record_id"], changed, joined)
 
 
