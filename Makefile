@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: pin-hashes up test test-fast test-stack lint typecheck chaos bench bench-neighbour bench-imap test-ui clean-data dist
+.PHONY: pin-hashes up test test-fast test-stack test-long lint typecheck chaos bench bench-neighbour bench-imap test-ui clean-data dist
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,12 +41,20 @@ test: test-fast test-stack
 test-fast: $(STAMP) lint typecheck
 	$(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/fast $(PYTEST_ARGS)
 
-## test-stack: every test that talks to real PostgreSQL, a Temporal server and the sandbox
-## (tests marked `isolated` stop a shared server, so they run after the rest, on their own)
-## --durations: the 30 slowest tests are printed, so the suite's time can be read off CI
+## test-stack: every test that talks to real PostgreSQL, a Temporal server and the sandbox, in
+## STACK_WORKERS pytest-xdist processes (default 2), each with its own PostgreSQL and stack and
+## whole files to itself (--dist loadfile); tests marked `isolated` stop a shared server, so they
+## run after the rest, in one process; the long runs (marker `long`) are `make test-long`'s.
+## --durations: the 40 slowest tests are printed, so the suite's time can be read off CI
+STACK_WORKERS ?= 2
 test-stack: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 --ignore=tests/fast -m "not isolated" $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/fast -m isolated $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=40 --ignore=tests/fast -n $(STACK_WORKERS) --dist loadfile -m "not isolated and not long" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/fast -m "isolated and not long" $(PYTEST_ARGS)
+
+## test-long: the long runs, one after another on one stack: chaos at CI size, the full
+## rehearsal, the IMAP durability run and the crash loop (about 9 min); CI runs it after `make test`
+test-long: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 --ignore=tests/fast -m long $(PYTEST_ARGS)
 
 ## lint: ruff, and the rooms contract (.importlinter): an upward import fails here
 lint: $(STAMP)
@@ -72,7 +80,7 @@ dist: $(STAMP)
 	$(BIN)/python -m tests.helpers.dist_check dist
 
 clean-data:
-	rm -rf .data/test-stack .data/test-pg
+	rm -rf .data/test-stack* .data/test-pg*
 
 ## chaos: >=1,000 events with sandbox faults, kill -9s of either of two worker processes
 ## (CHAOS_WORKERS) and a relay restart, then a

@@ -15,7 +15,7 @@ import pytest
 from inboxcrm.platform.config import LOCAL_MAIL_FROM
 from inboxcrm.stack import postgres
 from inboxcrm.stack.processes import free_port
-from tests.helpers.stack import ROOT, TEST_GLOBEX_WEBHOOK_SECRET, TEST_WEBHOOK_SECRET
+from tests.helpers.stack import TEST_GLOBEX_WEBHOOK_SECRET, TEST_WEBHOOK_SECRET, worker_data_dir
 
 if TYPE_CHECKING:
     from inboxcrm.platform.config import Settings
@@ -34,7 +34,7 @@ def postgres_server_url() -> Iterator[str]:
     if os.environ.get("DATABASE_URL"):
         yield os.environ["DATABASE_URL"]
         return
-    data_dir = ROOT / ".data" / "test-pg"
+    data_dir = worker_data_dir("test-pg")
     already_running = postgres.is_running(data_dir)
     url = postgres.start(data_dir, free_port())
     yield url
@@ -71,7 +71,7 @@ def stack(database_url: str) -> Iterator[Stack]:
     from inboxcrm.stack.stack import Stack, isolated_config
 
     config = isolated_config(
-        ROOT / ".data" / "test-stack", database_url, queue_prefix="inboxcrm-test",
+        worker_data_dir("test-stack"), database_url, queue_prefix="inboxcrm-test",
         temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None,
         extra_env={"INBOXCRM_WEBHOOK_SECRET": TEST_WEBHOOK_SECRET,
                    "INBOXCRM_WEBHOOK_SECRET_GLOBEX": TEST_GLOBEX_WEBHOOK_SECRET},

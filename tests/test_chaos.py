@@ -13,7 +13,7 @@ from inboxcrm.verify.chaos import ChaosConfig, format_table, run_chaos, summary_
 from inboxcrm.verify.probe import StackClient
 
 
-@pytest.mark.slow
+@pytest.mark.long
 async def test_chaos_ci_size(stack: Stack, env: StackClient) -> None:
     config = ChaosConfig(events=100, seed=7, kills=3, workers=2, relay_restarts=1, rate=8.0,
                          scope_to_run=True,  # the session's store is shared with other tests

@@ -23,7 +23,7 @@ from inboxcrm.store import items
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from inboxcrm.workflows.inbound_email import InboundEmailWorkflow
 from tests.helpers.cli import cli
-from tests.helpers.stack import ROOT
+from tests.helpers.stack import worker_data_dir
 from tests.helpers.time_skipping import skipping_worker, stored_event
 
 # Longer than every step's retry budget against a refused connection (bookkeeping ~15 s,
@@ -110,7 +110,7 @@ async def test_a_store_outage_longer_than_every_retry_budget_needs_no_one(
     finishes on its own, once. The outage shows on the worker's metrics."""
     if os.environ.get("DATABASE_URL"):
         pytest.skip("needs the embedded PostgreSQL server it can stop")
-    data_dir = ROOT / ".data" / "test-pg"
+    data_dir = worker_data_dir("test-pg")
     port = postgres.running_port(data_dir)
     assert port is not None
     emails = [unique_email("outage") for _ in range(3)]

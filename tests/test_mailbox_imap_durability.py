@@ -46,7 +46,7 @@ from tests.helpers.dovecot import Dovecot
 from tests.helpers.own_worker import OwnWorker
 
 pytestmark = [pytest.mark.skipif(not dovecot_helper.available(), reason=dovecot_helper.MISSING),
-              pytest.mark.slow]
+              pytest.mark.long]
 
 USER = "durable"
 PASSWORD = "imap-durability-password"

@@ -54,7 +54,7 @@ async def test_rehearse_refuses_a_worker_that_would_call_a_live_destination(
     assert rows and all(r["mail_url"].startswith(stack.sandbox_url) for r in rows)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 async def test_rehearse_runs_the_runbook_cases_and_shows_the_evidence(
         stack: Stack, env: StackClient) -> None:
     stack_workers = {name: proc.pid for name, proc in stack.processes.items()

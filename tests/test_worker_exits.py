@@ -175,7 +175,7 @@ async def test_sigterm_during_extraction_hands_the_next_step_over(
     await replays(env, handle, "drain-handover-step", app_settings)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 async def test_a_message_that_kills_the_worker_every_time_ends_blocked_crash_loop(
         env: StackClient, db: asyncpg.Pool, stack: Stack, llm_stub: StubServer) -> None:
     """Every time the worker asks the model about this message, the worker dies (kill -9
