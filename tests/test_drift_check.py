@@ -153,6 +153,35 @@ async def test_a_record_deleted_behind_our_back_is_reported_by_the_next_schedule
     assert result.replay_failure is None
 
 
+async def test_a_note_and_an_email_activity_deleted_in_the_crm_are_reported(
+        env: StackClient, stack: Stack, db: asyncpg.Pool) -> None:
+    """What was logged on the contact is checked too: a salesperson deletes the note and the
+    inbound email's activity from the timeline; the next check names each by its operation,
+    and the follow-up's activity, left alone, is not named."""
+    workflow_id, _, _ = await _completed_contact(env, db, "drift-note")
+    ops = {r["action"]: r for r in await db.fetch(
+        "SELECT op_key, action, destination_id FROM operations"
+        " WHERE workflow_id = $1 AND status = 'completed'", workflow_id)}
+    assert {"crm-note", "crm-email", "crm-sent"} <= set(ops), sorted(ops)
+    state = await env.sandbox_state()
+    held = {str(n["id"]) for n in state["activities"]}
+    assert {ops[a]["destination_id"] for a in ("crm-note", "crm-email", "crm-sent")} <= held
+    for action in ("crm-note", "crm-email"):
+        response = await env.http.delete(
+            f"{stack.sandbox_url}/_sandbox/notes/{ops[action]['destination_id']}")
+        assert response.status_code == 200, response.text
+
+    now = cli(stack, "reconcile", "--since", "10m", "--sample", "10000", "--json")
+    assert now.returncode == 1, now.stderr
+    findings = {f["subject"]: f for f in json.loads(now.stdout)["on_demand"]["findings"]}
+    for action in ("crm-note", "crm-email"):
+        op = ops[action]
+        assert findings[f"logged:{op['op_key']}"] == {
+            "kind": "missing", "subject": f"logged:{op['op_key']}",
+            "detail": f"missing_activity:{op['destination_id']}", "op_key": op["op_key"]}
+    assert f"logged:{ops['crm-sent']['op_key']}" not in findings
+
+
 async def test_the_adapters_read_what_the_destination_holds_now(stack: Stack) -> None:
     """The drift check's reads: a record by its CRM ID with our external-ID property (HubSpot
     and Salesforce shapes), an email by the provider's ID; gone is None; SMTP cannot say."""

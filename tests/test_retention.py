@@ -14,6 +14,7 @@ from inboxcrm.schemas.retention import RetentionSummary
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers.cli import cli
+from tests.test_sources import post_postmark, postmark
 
 
 async def test_purge_deletes_raw_content_but_keeps_hashes_and_trail(
@@ -116,6 +117,44 @@ async def test_export_returns_everything_held_about_a_person_and_records_it(
     assert target.stat().st_mode & 0o777 == 0o600
     assert cli(stack, "export", "--email", email, "-o", str(target)).returncode == 1
     assert cli(stack, "export", "--email", "not an address").returncode == 1
+
+
+async def test_the_providers_own_event_is_exported_purged_and_forgotten_with_the_message(
+    env: StackClient, stack: Stack,
+) -> None:
+    """Postmark's JSON is kept next to the MIME rebuilt from it; an access request returns
+    it, and purge and forget remove it with the raw message."""
+    purged_email, forgotten_email = unique_email("pmpurge"), unique_email("pmforget")
+    workflows = []
+    for email in (purged_email, forgotten_email):
+        payload = postmark(sender=email)
+        response = await post_postmark(env, stack, payload)
+        assert response.status_code == 200, response.text
+        workflows.append(response.json()["workflow_id"])
+        await env.wait_state(workflows[-1], "completed")
+    purged, forgotten = workflows
+
+    async def kept(workflow_id: str) -> int:
+        return await env.count(
+            "SELECT count(*) FROM provider_events JOIN inbound_events e USING (event_id)"
+            " WHERE e.workflow_id = $1", workflow_id)
+
+    assert (await kept(purged), await kept(forgotten)) == (1, 1)
+    result = cli(stack, "export", "--email", forgotten_email, "--tenant", "acme")
+    assert result.returncode == 0, result.stderr
+    [message] = json.loads(result.stdout)["messages"]
+    assert message["provider_event_type"] == "application/json"
+    event = json.loads(base64.b64decode(message["provider_event_base64"]))
+    assert event["FromFull"]["Email"] == forgotten_email
+
+    await env.db.execute("UPDATE inbound_events SET received_at = now() - interval '40 days'"
+                         " WHERE workflow_id = $1", purged)
+    assert cli(stack, "purge", "--older-than", "30", "--yes").returncode == 0
+    assert (await kept(purged), await kept(forgotten)) == (0, 1)
+    assert cli(stack, "forget", "--email", forgotten_email, "--yes").returncode == 0
+    assert await kept(forgotten) == 0
+    assert await env.count("SELECT count(*) FROM inbound_events WHERE workflow_id = ANY($1)",
+                           workflows) == 2  # the items and their trail stay
 
 
 async def test_the_scheduled_retention_run_removes_what_is_past_its_period_and_says_so(

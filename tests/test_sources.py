@@ -269,6 +269,12 @@ async def test_postmark_accepted_then_duplicate(env: StackClient, stack: Stack) 
     assert await env.count("SELECT count(*) FROM inbound_events WHERE delivery_id = $1",
                            payload["MessageID"]) == 1
     assert len(await env.emails_to(email)) == 1
+    # Postmark's own event is kept as posted, once, next to the MIME rebuilt from it.
+    kept = await env.db.fetch(
+        "SELECT p.content_type, p.body FROM provider_events p JOIN inbound_events e"
+        " USING (event_id) WHERE e.workflow_id = $1", workflow_id)
+    assert [(r["content_type"], bytes(r["body"])) for r in kept] == [
+        ("application/json", json.dumps(payload).encode())]
 
 
 async def test_postmark_raw_email_variant_completes(env: StackClient, stack: Stack) -> None:
@@ -392,6 +398,15 @@ async def test_mailgun_accepted_redelivery_duplicate_and_replay_rejected(
     assert await env.count("SELECT count(*) FROM inbound_events WHERE delivery_id = $1",
                            message_id) == 1
     assert len(await env.emails_to(email)) == 1
+    # Mailgun's own event, the form's fields as JSON: the first delivery's, signature and all.
+    kept = await env.db.fetch(
+        "SELECT p.content_type, p.body FROM provider_events p JOIN inbound_events e"
+        " USING (event_id) WHERE e.workflow_id = $1", workflow_id)
+    assert [r["content_type"] for r in kept] == ["application/vnd.inboxcrm.mailgun-form+json"]
+    event = json.loads(bytes(kept[0]["body"]))
+    assert event["fields"]["signature"] == [first["signature"]]
+    assert event["fields"]["token"] == [first["token"]]
+    assert event["fields"]["body-plain"] == [form["body-plain"]]
 
 
 async def test_mailgun_bad_signatures_are_rejected_and_nothing_is_stored(

@@ -7,6 +7,9 @@ A sample of the operations completed in a window is checked one by one:
   "changed behind our back" (our external-ID property gone to another contact);
 - a follow-up by the provider's message ID (the mail adapter's read); SMTP cannot be asked:
   "unverifiable", never "present";
+- a note or email activity logged on the contact (the inbound email, the follow-up sent) by
+  the key it was logged under (`note_key`, the CRM's unique property): gone, or the key now
+  on another activity;
 - provider message IDs recorded for two intents, from the ledger.
 A lookup that fails (outage, expired credential) is "unchecked", with the error category:
 the report never turns an unanswered question into "fine".
@@ -24,10 +27,12 @@ from datetime import datetime
 import asyncpg
 from temporalio import activity
 
+from inboxcrm.activities.crm import note_key
 from inboxcrm.adapters.base import AdapterError, CrmClient, MailClient, Unverifiable
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
 from inboxcrm.schemas.contract import DRIFT_CHECK_ACTIVITY
 from inboxcrm.schemas.drift import (
+    LOGGED_ACTIONS,
     DriftCheckRequest,
     DriftFinding,
     DriftKind,
@@ -96,20 +101,26 @@ class _Checker:
         self._slots = asyncio.Semaphore(CONCURRENCY)
 
     async def check(self, item: drift.Sampled) -> DriftFinding | None:
-        subject = f"{'contact' if item.action == 'crm-upsert' else 'intent'}:{item.external_ref}"
-        if not item.external_ref or not item.destination_id:
+        logged = item.action in LOGGED_ACTIONS
+        subject = (f"logged:{item.op_key}" if logged else
+                   f"{'contact' if item.action == 'crm-upsert' else 'intent'}:{item.external_ref}")
+        if not (logged or item.external_ref) or not item.destination_id:
             # Completed without a destination reference (e.g. resolved by a reviewer without
             # evidence): nothing to look up.
             return _finding(DriftKind.UNCHECKED, subject, "no_destination_id", item)
+        ref = item.external_ref or ""
         async with self._slots:
             tenant = item.tenant or ""
             try:
-                if item.action == "crm-upsert":
-                    found = await self._contact(self._destinations.crm(tenant),
-                                                item.external_ref, item.destination_id)
+                if logged:
+                    found = await self._logged(self._destinations.crm(tenant), item.action,
+                                               item.op_key, item.destination_id)
+                elif item.action == "crm-upsert":
+                    found = await self._contact(self._destinations.crm(tenant), ref,
+                                                item.destination_id)
                 else:
-                    found = await self._email(self._destinations.mail(tenant),
-                                              item.external_ref, item.destination_id)
+                    found = await self._email(self._destinations.mail(tenant), ref,
+                                              item.destination_id)
             except ConfigurationError:
                 return _finding(DriftKind.UNCHECKED, subject, "permanent:destination_config",
                                 item)
@@ -132,6 +143,13 @@ class _Checker:
             contact_id, record_id, exists=stored is not None,
             owner=stored.external_id if stored else None,
             found_by_external_id=by_external_id.record_id if by_external_id else None)
+
+    async def _logged(self, crm: CrmClient, action: str, op_key: str,
+                      activity_id: str) -> DriftFinding | None:
+        """One lookup by the key the activity was logged under, as the step's reconcile does."""
+        key = note_key(op_key)
+        found = await (crm.find_note(key) if action == "crm-note" else crm.find_email(key))
+        return drift.logged_drift(op_key, activity_id, found=found)
 
     async def _email(self, mail: MailClient, intent_id: str,
                      message_id: str) -> DriftFinding | None:

@@ -354,10 +354,11 @@ def forget(email: Annotated[str, typer.Option("--email")],
 
 
 def _exportable(value: Any) -> Any:
-    """A row's value as JSON: times in ISO 8601, IDs as text, the stored message as base64
-    (its exact bytes; `base64 -d` gives the .eml)."""
+    """A row's value as JSON: times in ISO 8601, IDs as text, the stored message and the
+    provider's own event as base64 (their exact bytes; `base64 -d` gives the .eml)."""
     if isinstance(value, dict):
-        return {("raw_base64" if k == "raw" else k): _exportable(v) for k, v in value.items()}
+        return {(f"{k}_base64" if k in ("raw", "provider_event") else k): _exportable(v)
+                for k, v in value.items()}
     if isinstance(value, list):
         return [_exportable(v) for v in value]
     if isinstance(value, bytes | bytearray | memoryview):

@@ -53,6 +53,14 @@ class BadRequest(Exception):
 
 
 @dataclass(frozen=True)
+class ProviderEvent:
+    """What the provider posted, as it posted it (the MIME is rebuilt from it)."""
+
+    content_type: str
+    body: bytes
+
+
+@dataclass(frozen=True)
 class Delivery:
     """What a source hands to the ingest path, push route or mailbox watcher alike: the
     tenant (decided from authenticated data only), the source's name (schemas.sources), the
@@ -66,6 +74,9 @@ class Delivery:
     delivery_id: str
     raw: bytes
     received_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    # The provider's own event where the raw message was rebuilt from it (Postmark's JSON,
+    # Mailgun's form as JSON), stored next to it as evidence of what was received.
+    provider_event: ProviderEvent | None = None
 
     @property
     def workflow_id(self) -> str:
@@ -174,6 +185,9 @@ class Ingestor:
             delivery_id=delivery.delivery_id, workflow_id=workflow_id, raw=delivery.raw,
             content_sha256=digest, size_bytes=len(delivery.raw),
             actor=f"relay:{delivery.source}", message_id=message_id,
+            provider_event=delivery.provider_event.body if delivery.provider_event else None,
+            provider_event_type=(delivery.provider_event.content_type
+                                 if delivery.provider_event else None),
         ) or await events.find_event(conn, tenant=delivery.tenant, source=delivery.source,
                                      mailbox=delivery.mailbox,
                                      delivery_id=delivery.delivery_id)

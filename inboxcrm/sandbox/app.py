@@ -219,7 +219,7 @@ def create_app(
     app.include_router(salesforce.oauth)  # the token endpoint (client credentials flow)
     app.include_router(pipedrive.router)  # persons and notes (API v1), same tables
     app.include_router(salesforce.control)  # /_sandbox/salesforce: converting a Lead
-    app.include_router(tamper.router)  # /_sandbox/contacts: changes behind the product's back
+    app.include_router(tamper.router)  # /_sandbox/contacts, /_sandbox/notes: behind our back
     app.include_router(gmail.router)  # Gmail API subset: /gmail/v1/users/{userId}/...
     app.include_router(gmail.certs)  # the push tokens' keys: /oauth2/v3/certs
     app.include_router(gmail.control)  # /_sandbox/gmail/: deliver, push, expire history

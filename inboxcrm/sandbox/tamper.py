@@ -7,6 +7,8 @@ them, so tests can prove the drift check notices (control API, not a CRM route):
   empty string clears one). Changing the record's unique ID property changes the value the
   upsert and the lookup by that property see, as on HubSpot, where the property *is* the
   external ID.
+- `DELETE /_sandbox/notes/{id}`: one note, Task or email activity is deleted, as a
+  salesperson tidying a timeline would; 404 when there is no such activity.
 
 Neither consumes faults nor appears in `/_sandbox/calls`: they are not the product's calls.
 """
@@ -21,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from inboxcrm.sandbox.core import SandboxDep, read_json
 from inboxcrm.sandbox.crm import contact_json, not_found, validation_error
 
-router = APIRouter(prefix="/_sandbox/contacts")
+router = APIRouter(prefix="/_sandbox")
 
 _PATCH = """
 UPDATE sandbox.contacts
@@ -37,7 +39,7 @@ def _record_id(raw: str) -> int | None:
     return int(raw) if raw.isdigit() and len(raw) < 19 else None
 
 
-@router.delete("/{record_id}")
+@router.delete("/contacts/{record_id}")
 async def delete_contact(record_id: str, sandbox: SandboxDep) -> Response:
     found = _record_id(record_id)
     async with sandbox.pool.acquire() as conn, conn.transaction():
@@ -49,7 +51,7 @@ async def delete_contact(record_id: str, sandbox: SandboxDep) -> Response:
     return JSONResponse({"deleted": str(deleted)})
 
 
-@router.patch("/{record_id}")
+@router.patch("/contacts/{record_id}")
 async def change_contact(request: Request, record_id: str, sandbox: SandboxDep) -> Response:
     body: Any = await read_json(request)
     properties = body.get("properties") if isinstance(body, dict) else None
@@ -60,3 +62,12 @@ async def change_contact(request: Request, record_id: str, sandbox: SandboxDep) 
     if row is None:
         return not_found("Object not found.")
     return JSONResponse(contact_json(row))
+
+
+@router.delete("/notes/{note_id}")
+async def delete_note(note_id: str, sandbox: SandboxDep) -> Response:
+    deleted = await sandbox.pool.fetchval(
+        "DELETE FROM sandbox.notes WHERE id = $1 RETURNING id", _record_id(note_id))
+    if deleted is None:
+        return not_found("Object not found.")
+    return JSONResponse({"deleted": str(deleted)})

@@ -24,8 +24,11 @@ class DriftKind(StrEnum):
 
 # Kinds that mean the destination disagrees with the ledger (the alert's kinds).
 DRIFT_KINDS = (DriftKind.MISSING, DriftKind.CHANGED, DriftKind.DUPLICATE_MESSAGE_ID)
-# The operations a run samples: the contact in the CRM and the follow-up at the provider.
-CHECKED_ACTIONS = ("crm-upsert", "send")
+# The operations a run samples: the contact in the CRM, the note and the two email activities
+# logged on it (the inbound email, the follow-up sent), and the follow-up at the provider.
+CHECKED_ACTIONS = ("crm-upsert", "crm-note", "crm-email", "send", "crm-sent")
+# The CRM activities among them, found again by the key they were logged under.
+LOGGED_ACTIONS = ("crm-note", "crm-email", "crm-sent")
 
 
 class Trigger(StrEnum):
@@ -54,7 +57,7 @@ class DriftCheckRequest:
 @dataclass
 class DriftFinding:
     kind: str        # a DriftKind
-    subject: str     # e.g. "contact:{id}", "intent:{id}", "message:{id}"
+    subject: str     # e.g. "contact:{id}", "intent:{id}", "logged:{op_key}", "message:{id}"
     detail: str      # e.g. "missing_record:101", "external_id_changed:101"
     op_key: str | None = None
 

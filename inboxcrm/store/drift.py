@@ -25,15 +25,19 @@ if TYPE_CHECKING:
     Conn = asyncpg.Connection[Any] | asyncpg.pool.PoolConnectionProxy[Any] | asyncpg.Pool
 
 # $1, $2: the window; $3: the actions. The reference the check needs is the contact's current
-# CRM record ID (a reviewer's resolution may have changed it) or the intent's message ID.
-# A forgotten person's CRM record is deleted on purpose (`inboxcrm forget`): not drift.
+# CRM record ID (a reviewer's resolution may have changed it), the intent's message ID, or the
+# note's or email activity's CRM ID (the operation's destination ID). A forgotten person's
+# CRM record is deleted on purpose (`inboxcrm forget`), with what was logged on it: not drift.
 _COMPLETED_IN_WINDOW = """
 FROM operations o
-LEFT JOIN contacts c ON o.action = 'crm-upsert' AND c.contact_id::text = o.external_ref
+JOIN inbound_events e ON e.event_id = o.event_id
+LEFT JOIN contacts c ON c.contact_id::text =
+    CASE WHEN o.action = 'crm-upsert' THEN o.external_ref END
+LEFT JOIN contacts ec ON o.action <> 'crm-upsert' AND ec.contact_id = e.contact_id
 LEFT JOIN followup_intents i ON o.action = 'send' AND i.intent_id::text = o.external_ref
 WHERE o.status = 'completed' AND o.action = ANY($3::text[])
   AND o.last_transition >= $1 AND o.last_transition < $2
-  AND c.status IS DISTINCT FROM 'forgotten'
+  AND coalesce(c.status, ec.status) IS DISTINCT FROM 'forgotten'
 """
 
 COUNT_COMPLETED = f"SELECT count(*) {_COMPLETED_IN_WINDOW}"
@@ -42,7 +46,7 @@ COUNT_COMPLETED = f"SELECT count(*) {_COMPLETED_IN_WINDOW}"
 SAMPLE_COMPLETED = f"""
 SELECT o.op_key, o.action, o.external_ref,
        coalesce(c.crm_record_id, i.provider_message_id, o.destination_id) AS destination_id,
-       coalesce(c.tenant, i.tenant) AS tenant
+       e.tenant
 {_COMPLETED_IN_WINDOW}
 ORDER BY random() LIMIT $4
 """
@@ -168,6 +172,17 @@ def crm_record_drift(contact_id: str, record_id: str, *, exists: bool, owner: st
     if found_by_external_id is not None and found_by_external_id != record_id:
         return DriftFinding(DriftKind.CHANGED.value, subject,
                             f"external_id_on_other_record:{found_by_external_id}")
+    return None
+
+
+def logged_drift(op_key: str, activity_id: str, *, found: str | None) -> DriftFinding | None:
+    """A note or email activity we logged in the CRM, looked up again by the key we logged it
+    under. `found`: the CRM ID that lookup returned (None: nothing carries the key now)."""
+    subject = f"logged:{op_key}"
+    if found is None:
+        return DriftFinding(DriftKind.MISSING.value, subject, f"missing_activity:{activity_id}")
+    if found != activity_id:
+        return DriftFinding(DriftKind.CHANGED.value, subject, f"key_on_other_activity:{found}")
     return None
 
 

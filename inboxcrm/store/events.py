@@ -25,7 +25,8 @@ UPDATE inbound_events SET state = $2, reason = $3, updated_at = now() WHERE even
 # $1 tenant, $2 source, $3 mailbox, $4 delivery_id, $5 workflow_id, $6 raw,
 # $7 content_sha256, $8 size_bytes, $9 the audit actor, $10 the Message-ID (or NULL; the
 # tenant's one item per Message-ID and content hash is a unique index too: a copy the caller
-# did not see under its lock is a no-op here, never a second item, see store/copies.py).
+# did not see under its lock is a no-op here, never a second item, see store/copies.py);
+# $11, $12 the provider's own event and its content type (NULL where the source posts MIME).
 INSERT_EVENT = """
 WITH inserted AS (
     INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, raw,
@@ -33,6 +34,9 @@ WITH inserted AS (
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $10)
     ON CONFLICT DO NOTHING
     RETURNING event_id
+), kept AS (
+    INSERT INTO provider_events (event_id, content_type, body)
+    SELECT event_id, $12, $11 FROM inserted WHERE $11::bytea IS NOT NULL
 ), received AS (
     INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
     SELECT $1, event_id, $5, $9, 'received', jsonb_build_object(
@@ -195,12 +199,14 @@ async def state_of_workflow(conn: Conn | asyncpg.Pool, *, workflow_id: str
 # --- intake (the relay): for inboxcrm/ingress/intake.py to call in place of the constants
 async def insert_event(conn: Conn, *, tenant: str, source: str, mailbox: str,
                        delivery_id: str, workflow_id: str, raw: bytes, content_sha256: str,
-                       size_bytes: int, actor: str, message_id: str | None = None
-                       ) -> asyncpg.Record | None:
-    """The new event with its `received` audit entry, or the existing one (INSERT_EVENT)."""
+                       size_bytes: int, actor: str, message_id: str | None = None,
+                       provider_event: bytes | None = None,
+                       provider_event_type: str | None = None) -> asyncpg.Record | None:
+    """The new event with its `received` audit entry (and the provider's own event, where
+    given), or the existing one (INSERT_EVENT)."""
     row: asyncpg.Record | None = await conn.fetchrow(
         INSERT_EVENT, tenant, source, mailbox, delivery_id, workflow_id, raw, content_sha256,
-        size_bytes, actor, message_id)
+        size_bytes, actor, message_id, provider_event, provider_event_type)
     return row
 
 

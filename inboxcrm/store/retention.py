@@ -21,17 +21,23 @@ if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
 
 # Items still waiting for a person keep their content: the reviewer needs it.
+# The provider's own event (migration 083) goes with the raw message it was rebuilt into.
 PURGE_RAW = """
-UPDATE inbound_events
-SET raw = NULL,
-    extraction = CASE WHEN extraction IS NULL THEN NULL ELSE jsonb_build_object(
-        'intent', extraction -> 'intent',
-        'purged', true) END,
-    updated_at = now()
-WHERE received_at < now() - make_interval(days => $1)
-  AND raw IS NOT NULL
-  AND state IN ('completed', 'ignored', 'suppressed', 'rejected', 'failed', 'shadowed')
-RETURNING event_id, workflow_id
+WITH purged AS (
+    UPDATE inbound_events
+    SET raw = NULL,
+        extraction = CASE WHEN extraction IS NULL THEN NULL ELSE jsonb_build_object(
+            'intent', extraction -> 'intent',
+            'purged', true) END,
+        updated_at = now()
+    WHERE received_at < now() - make_interval(days => $1)
+      AND raw IS NOT NULL
+      AND state IN ('completed', 'ignored', 'suppressed', 'rejected', 'failed', 'shadowed')
+    RETURNING event_id, workflow_id
+), dropped AS (
+    DELETE FROM provider_events p USING purged WHERE p.event_id = purged.event_id
+)
+SELECT event_id, workflow_id FROM purged
 """
 
 FORGET_CONTACTS = """
@@ -43,10 +49,15 @@ RETURNING contact_id, tenant
 """
 
 FORGET_EVENTS = """
-UPDATE inbound_events
-SET raw = NULL, extraction = NULL, canonical_email = NULL, updated_at = now()
-WHERE tenant = ANY($1::text[]) AND (canonical_email = $2 OR contact_id = ANY($3::uuid[]))
-RETURNING event_id, workflow_id, tenant
+WITH forgotten AS (
+    UPDATE inbound_events
+    SET raw = NULL, extraction = NULL, canonical_email = NULL, updated_at = now()
+    WHERE tenant = ANY($1::text[]) AND (canonical_email = $2 OR contact_id = ANY($3::uuid[]))
+    RETURNING event_id, workflow_id, tenant
+), dropped AS (
+    DELETE FROM provider_events p USING forgotten WHERE p.event_id = forgotten.event_id
+)
+SELECT event_id, workflow_id, tenant FROM forgotten
 """
 
 REDACT_AUDIT = """
@@ -115,8 +126,9 @@ ORDER BY tenant, created_at
 EXPORT_EVENTS = """
 SELECT event_id, tenant, source, mailbox, delivery_id, workflow_id, message_id, received_at,
        state, reason, route, route_reasons, extraction, canonical_email, contact_id,
-       content_sha256, size_bytes, raw
-FROM inbound_events
+       content_sha256, size_bytes, raw, p.content_type AS provider_event_type,
+       p.body AS provider_event
+FROM inbound_events LEFT JOIN provider_events p USING (event_id)
 WHERE tenant = ANY($1::text[]) AND (canonical_email = $2 OR contact_id = ANY($3::uuid[]))
 ORDER BY received_at, event_id
 """
@@ -209,6 +221,8 @@ WITH due AS (
         updated_at = now()
     FROM due WHERE e.event_id = due.event_id
     RETURNING e.event_id, e.workflow_id, e.tenant
+), dropped AS (
+    DELETE FROM provider_events p USING emptied WHERE p.event_id = emptied.event_id
 )
 INSERT INTO audit_log (tenant, event_id, workflow_id, actor, action, detail)
 SELECT tenant, event_id, workflow_id, $4, 'retention_applied',

@@ -68,6 +68,7 @@ from inboxcrm.ingress.intake import (
     DELIVERY_ID,
     BadRequest,
     Delivery,
+    ProviderEvent,
     TooLarge,
     Unauthenticated,
 )
@@ -92,6 +93,8 @@ from inboxcrm.platform.config import Settings
 log = logging.getLogger("inboxcrm.ingress.mailgun")
 
 MAILGUN: Final = "mailgun"
+# The provider event kept for a Mailgun delivery: its form's fields as JSON (mailgun_event).
+MAILGUN_EVENT_TYPE: Final = "application/vnd.inboxcrm.mailgun-form+json"
 
 
 def mailgun_signature(signing_key: str, timestamp: str, token: str) -> str:
@@ -226,7 +229,27 @@ def parse_mailgun(form: Form, binding: Binding, max_raw_bytes: int) -> Delivery:
     if len(raw) > max_raw_bytes:
         raise TooLarge(f"message exceeds {max_raw_bytes} bytes")
     delivery_id = mailgun_delivery_id(first_header(headers, "Message-ID"), raw)
-    return Delivery(tenant, MAILGUN, mailbox, delivery_id, raw)
+    return Delivery(tenant, MAILGUN, mailbox, delivery_id, raw,
+                    provider_event=mailgun_event(form))
+
+
+def mailgun_event(form: Form) -> ProviderEvent:
+    """The form as Mailgun posted it, as JSON: every field as sent (the signature fields too:
+    they are what proves it came from Mailgun), each file by name, type, size and SHA-256
+    (its bytes are in the stored MIME), and `body-mime` by its SHA-256 (it *is* the stored
+    MIME)."""
+    fields = {name: ([f"sha256:{_sha256(v.encode('utf-8', 'surrogateescape'))}"
+                      for v in values] if name == "body-mime" else values)
+              for name, values in form.fields.items()}
+    files = {name: [{"filename": u.filename, "content_type": u.content_type,
+                     "size": len(u.data), "sha256": _sha256(u.data)} for u in uploads]
+             for name, uploads in form.files.items()}
+    body = json.dumps({"fields": fields, "files": files}, sort_keys=True).encode("ascii")
+    return ProviderEvent(MAILGUN_EVENT_TYPE, body)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 

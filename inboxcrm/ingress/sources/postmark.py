@@ -12,9 +12,10 @@ import base64
 import binascii
 import hmac
 import logging
+from dataclasses import replace
 from typing import Any, Final
 
-from inboxcrm.ingress.intake import DELIVERY_ID, BadRequest, Delivery, TooLarge
+from inboxcrm.ingress.intake import DELIVERY_ID, BadRequest, Delivery, ProviderEvent, TooLarge
 from inboxcrm.ingress.mime import (
     BODY_HEADERS,
     CONTENT_ID,
@@ -228,8 +229,10 @@ class PostmarkSource(BodySource[Binding]):
         return Proof((presented,))  # basic auth: authenticated by the headers alone
 
     def parse(self, body: bytes, proof: Proof) -> Delivery:
+        """The delivery, with Postmark's JSON kept as posted (its own event)."""
         [binding] = proof.bindings
-        return parse_postmark(json_body(body), binding, self.max_body_bytes)
+        delivery = parse_postmark(json_body(body), binding, self.max_body_bytes)
+        return replace(delivery, provider_event=ProviderEvent("application/json", body))
 
 
 SOURCE = PostmarkSource
