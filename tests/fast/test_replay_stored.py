@@ -24,7 +24,18 @@ from inboxcrm.platform.codec import data_converter
 from inboxcrm.platform.config import Settings
 from inboxcrm.workflows import inbound_email
 from inboxcrm.workflows.inbound_email import InboundEmailWorkflow
+from inboxcrm.workflows.mailbox_gmail import GmailWatchWorkflow
+from inboxcrm.workflows.mailbox_graph import GraphMailboxWorkflow
+from inboxcrm.workflows.mailbox_watch import MailboxWatchWorkflow
 from tests.helpers.histories import HISTORIES, HISTORY_KEYS
+
+WATCHER_HISTORIES = HISTORIES / "watchers"
+# Each stored watcher history replays against its own class, told by its workflow type.
+WATCHERS: dict[str, type] = {
+    "GmailWatchWorkflow": GmailWatchWorkflow,
+    "GraphMailboxWorkflow": GraphMailboxWorkflow,
+    "MailboxWatchWorkflow": MailboxWatchWorkflow,
+}
 
 
 def _stored() -> list[Path]:
@@ -34,6 +45,19 @@ def _stored() -> list[Path]:
 def _load(path: Path) -> dict[str, Any]:
     document: dict[str, Any] = json.loads(path.read_text())
     return document
+
+
+def _watchers() -> list[Path]:
+    return sorted(WATCHER_HISTORIES.glob("*.json"))
+
+
+def _workflow_type(document: dict[str, Any]) -> str:
+    started = document["history"]["events"][0]["workflowExecutionStartedEventAttributes"]
+    return str(started["workflowType"]["name"])
+
+
+def _history(document: dict[str, Any]) -> WorkflowHistory:
+    return WorkflowHistory.from_json(document["workflow_id"], document["history"])
 
 
 def test_there_are_stored_histories() -> None:
@@ -98,3 +122,21 @@ async def test_a_retired_run_fails_its_replay_instead_of_running_on() -> None:
                         data_converter=data_converter(settings))
     with pytest.raises(NondeterminismError):
         await replayer.replay_workflow(history, raise_on_replay_failure=True)
+
+
+def test_every_watcher_has_a_stored_history() -> None:
+    """A Gmail, a Graph and an IMAP watcher run, each one that was removed (cancelled)."""
+    kinds = {_workflow_type(_load(p)) for p in _watchers()}
+    assert kinds == set(WATCHERS)
+
+
+@pytest.mark.parametrize("path", _watchers(), ids=lambda p: p.stem)
+async def test_stored_watcher_histories_replay(path: Path) -> None:
+    """Mailbox watchers run for as long as their mailbox is registered: a run started by
+    earlier code is still open when this code takes it over."""
+    settings = Settings(codec_keys_file=str(HISTORY_KEYS))
+    document = _load(path)
+    replayer = Replayer(workflows=[WATCHERS[_workflow_type(document)]],
+                        data_converter=data_converter(settings))
+    result = await replayer.replay_workflow(_history(document), raise_on_replay_failure=True)
+    assert result.replay_failure is None
