@@ -98,6 +98,7 @@ async def test_gmail_watcher_history(env: StackClient, db: asyncpg.Pool, gmail_b
     client = await env.temporal()
     history = await _closed_history(
         client, mailbox_workflow_id("acme", "gmail", ADDRESS, "INBOX"))
+    assert [s["had_watch"] for s in (await box.state())["stops"]] == [True]  # users.stop
     assert _has(history, "workflow_execution_signaled_event_attributes")
     assert _has(history, "workflow_execution_update_accepted_event_attributes")
     await _replay_and_keep(history, GmailWatchWorkflow, client, "gmail-removed", app_settings)
