@@ -10,7 +10,9 @@ sandbox's mailbox, the contacts and emails on the sandbox.
   twice, are still one item (the second delivery a copy);
 - a history gap (the stored historyId expired: 404) is caught up by the bounded full sync
   with nothing lost and nothing run twice;
-- the watch is renewed when its 7 days are nearly up.
+- the watch is renewed when its 7 days are nearly up;
+- `mailbox remove` stops the watch at Gmail's end (`users.stop`, recorded by the sandbox):
+  no further push, and the watcher has closed when the command returns.
 """
 
 from __future__ import annotations
@@ -27,10 +29,14 @@ import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.worker import Replayer
 
 from inboxcrm.platform.gmail_config import LOCAL_PUSH_AUDIENCE, LOCAL_PUSH_SERVICE_ACCOUNT
+from inboxcrm.schemas.mailboxes import GMAIL_STOP_PATCH, mailbox_workflow_id
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
+from inboxcrm.workflows.mailbox_gmail import GmailWatchWorkflow
 from tests.helpers.own_worker import OwnWorker
 
 ADDRESS = "sales@acme.test"
@@ -267,6 +273,46 @@ async def test_the_watch_is_renewed_before_it_lapses(
     left = await db.fetchval("SELECT expires_at - now() FROM mailbox_subscriptions"
                              " WHERE kind = 'gmail' AND address = $1", ADDRESS)
     assert left.total_seconds() > 6.9 * 86400
+
+
+async def test_remove_stops_the_watch_at_gmails_end(
+        env: StackClient, db: asyncpg.Pool, box: GmailBox) -> None:
+    """The watcher, cancelled by `mailbox remove`, calls `users.stop` before it ends (the
+    `gmail-stop-on-remove` marker first): the sandbox records one stop of a live watch,
+    the watch is gone, and mail delivered afterwards is pushed to no one."""
+    box.worker.start()
+    box.add()
+    await env.wait_for(lambda: _cursor(db), timeout=60, what="the first catch-up")
+    [pushed] = await box.deliver(1)
+    assert pushed["push_status"] == 200
+    await wait_items(env, db, box, 1)
+    assert (await box.state())["stops"] == []
+
+    removed = box.cli("mailbox", "remove", "--tenant", "acme", "--address", ADDRESS)
+    assert removed.returncode == 0, removed.stderr
+    # The command waited for the watcher: closed, and the stop made, when it returns.
+    client = await env.temporal()
+    handle = client.get_workflow_handle(mailbox_workflow_id("acme", "gmail", ADDRESS, "INBOX"))
+    assert (await handle.describe()).status == WorkflowExecutionStatus.CANCELED
+    state = await box.state()
+    assert [s["had_watch"] for s in state["stops"]] == [True]
+    assert state["watch"] is None
+    pushes = len(state["pushes"])
+    [after] = await box.deliver(1)
+    assert after["push_status"] is None  # no watch: nothing is pushed
+    assert len((await box.state())["pushes"]) == pushes
+
+    history = await handle.fetch_history()
+    markers = [e.marker_recorded_event_attributes for e in history.events
+               if e.HasField("marker_recorded_event_attributes")]
+    assert [json.loads(m.details["patch-data"].payloads[0].data)["id"] for m in markers] \
+        == [GMAIL_STOP_PATCH]
+    stops = [e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")
+             and e.activity_task_scheduled_event_attributes.activity_type.name
+             == "stop_gmail_watch"]
+    assert len(stops) == 1
+    await Replayer(workflows=[GmailWatchWorkflow],
+                   data_converter=client.data_converter).replay_workflow(history)
 
 
 async def _cursor(db: asyncpg.Pool) -> Any:

@@ -1,4 +1,5 @@
-"""The Gmail API watcher's activity: one catch-up of a Gmail mailbox (docs/mailboxes.md).
+"""The Gmail API watcher's activities: one catch-up of a Gmail mailbox, and the watch
+stopped when the mailbox is removed (docs/mailboxes.md).
 
 Renew the `users.watch` when less than `renew_before_seconds` is left of its 7 days; then
 `users.history.list` (`messageAdded`, the INBOX label) from the stored historyId, each
@@ -9,6 +10,7 @@ Gmail message ID)` with its inbound event and the historyId in one transaction
 older than Gmail keeps) falls back to a bounded full sync (`messages.list`) matched by
 message ID, so nothing stored runs again and nothing newer is lost. The relay's Pub/Sub
 route only wakes the watcher: the mail is read here, with the tenant's own token.
+`stop_gmail_watch` (`users.stop`) ends the pushes of a removed mailbox.
 """
 
 from __future__ import annotations
@@ -88,6 +90,32 @@ class MailboxGmailActivities:
             await mailboxes.mark_checked(conn, tenant=watch.tenant, kind=store.KIND,
                                          address=watch.address, folder=watch.folder)
         return summary
+
+    @activity.defn(name="stop_gmail_watch")
+    async def stop_gmail_watch(self, watch: MailboxWatch) -> None:
+        """`inboxcrm mailbox remove` cancelled the watcher, the registration not yet
+        deleted: `users.stop` with its token, so Gmail publishes no more of its pushes. A
+        transient failure is raised for the workflow's few retries; after them, or with the
+        registration already gone or its token refused or unset, the watch is left to lapse
+        (within its 7 days), its pushes finding no watcher meanwhile."""
+        async with self.pool.acquire() as conn:
+            box = await mailboxes.get_mailbox(conn, tenant=watch.tenant, kind=store.KIND,
+                                              address=watch.address, folder=watch.folder)
+        token = self.environ.get(box["oauth_token_env"] or "") if box is not None else None
+        if not token:
+            log.warning("gmail watch of tenant %s not stopped: %s", watch.tenant,
+                        "no registration" if box is None else "token unset")
+            return
+        try:
+            async with httpx.AsyncClient() as http:
+                await GmailClient(self.gmail.api_url or "", watch.address, token, http).stop()
+        except GmailFailure as exc:
+            log.warning("gmail watch of tenant %s not stopped: %s", watch.tenant,
+                        exc.classified.reason)
+            if exc.classified.category is Category.TRANSIENT:
+                raise ApplicationError(exc.classified.reason, type="TransientError") from None
+            return
+        log.info("gmail watch of tenant %s stopped", watch.tenant)
 
     async def _catch_up(self, client: GmailClient, watch: MailboxWatch, topic: str,
                         summary: WatchSummary) -> None:
@@ -224,7 +252,8 @@ class MailboxGmailActivities:
 
 
 def gmail_activities(pool: asyncpg.Pool, gmail: GmailSettings, max_message_bytes: int
-                     ) -> list[Callable[..., Awaitable[WatchSummary]]]:
-    """The Gmail watcher's activity, for the worker to register."""
-    return [MailboxGmailActivities(pool, gmail, max_message_bytes).catch_up_gmail_mailbox]
+                     ) -> list[Callable[..., Awaitable[WatchSummary | None]]]:
+    """The Gmail watcher's activities, for the worker to register."""
+    acts = MailboxGmailActivities(pool, gmail, max_message_bytes)
+    return [acts.catch_up_gmail_mailbox, acts.stop_gmail_watch]
 

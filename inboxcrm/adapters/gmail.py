@@ -1,5 +1,5 @@
 """A Gmail API client for one mailbox (the calls the watcher needs, REST v1): `users.watch`,
-`users.history.list`, `users.messages.list` and `users.messages.get?format=raw`
+`users.stop`, `users.history.list`, `users.messages.list` and `users.messages.get?format=raw`
 (https://developers.google.com/workspace/gmail/api/reference/rest/v1/users).
 
 The access token is handed in per call: the watcher reads it from the worker's
@@ -71,13 +71,18 @@ class GmailClient:
             raise HistoryExpired
         if response.status_code >= 400:
             raise GmailFailure(classify_status(response.status_code))
-        return response.json()
+        return response.json() if response.content else {}
 
     async def watch(self, topic: str, label_ids: list[str]) -> Watch:
         body = await self._call("POST", "/watch", json={
             "topicName": topic, "labelIds": label_ids, "labelFilterBehavior": "INCLUDE"})
         expires = datetime.fromtimestamp(int(body["expiration"]) / 1000, UTC)
         return Watch(int(body["historyId"]), expires)
+
+    async def stop(self) -> None:
+        """`users.stop`: Gmail publishes no more pushes for this mailbox (an empty body
+        both ways)."""
+        await self._call("POST", "/stop")
 
     async def history(self, start_history_id: int, label_id: str,
                       page_token: str | None) -> HistoryPage:

@@ -15,7 +15,13 @@ from typing import Annotated, Any
 import typer
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from rich.table import Table
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
 
@@ -25,7 +31,6 @@ from inboxcrm.cli.mailbox_graph import (
     graph_cursor,
     register_graph,
     start_graph_watcher,
-    wait_graph_watcher_closed,
 )
 from inboxcrm.domain.policy import PolicyError, UnknownTenant, get_policy
 from inboxcrm.platform import temporal
@@ -48,6 +53,9 @@ add_app = typer.Typer(no_args_is_help=True, help="Register a mailbox and start i
 mailbox_app.add_typer(add_app, name="add")
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# How long `remove` waits for a Gmail or Graph watcher to stop its watch or delete its
+# subscription and end.
+REMOVE_WAIT_SECONDS = 30.0
 FOLDER = re.compile(r"^[\x20-\x7e]{1,200}$")  # IMAP names are modified UTF-7: ASCII
 
 
@@ -377,18 +385,30 @@ def sync(tenant: TenantOpt, address: AddressOpt,
               f"copies {answer['copies']}", highlight=False)
 
 
+async def _wait_closed(handle: WorkflowHandle[Any, Any]) -> None:
+    """Until the cancelled watcher has undone its registration at the provider's end
+    (Gmail: `users.stop`; Graph: the subscription deleted) and ended, so a mailbox added
+    again at once gets a new watcher, not the closing one."""
+    with contextlib.suppress(WorkflowFailureError, RPCError, TimeoutError):
+        await asyncio.wait_for(handle.result(), REMOVE_WAIT_SECONDS)
+
+
 @mailbox_app.command("remove")
 def remove(tenant: TenantOpt, address: AddressOpt,
            as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False
            ) -> None:
-    """Stop the mailbox's watchers and unregister it (what it stored stays stored)."""
+    """Stop the mailbox's watchers and unregister it (what it stored stays stored); a Gmail
+    watch is stopped and a Graph subscription deleted at the provider's end."""
     settings = settings_from_env()
     address = address.strip().lower()
+
+    async def folders(conn: Any) -> list[Any]:
+        return await mailboxes.mailbox_folders(conn, tenant=tenant, address=address)
 
     async def delete(conn: Any) -> list[Any]:
         return await mailboxes.remove_mailbox(conn, tenant=tenant, address=address)
 
-    rows = with_db(settings, delete)
+    rows = with_db(settings, folders)
     if not rows:
         fail(f"no mailbox {address} registered for tenant {tenant}")
 
@@ -399,10 +419,14 @@ def remove(tenant: TenantOpt, address: AddressOpt,
                 mailbox_workflow_id(tenant, row["kind"], address, row["folder"]))
             with contextlib.suppress(RPCError):  # not running: nothing to stop
                 await handle.cancel()
-                if row["kind"] == GRAPH_KIND:
-                    await wait_graph_watcher_closed(handle)
+                if row["kind"] in (GRAPH_KIND, gmail.KIND):
+                    await _wait_closed(handle)
 
+    # The watchers first: a Gmail watcher's `users.stop` reads the token's variable from the
+    # registration. One that has not closed within REMOVE_WAIT_SECONDS (no worker running)
+    # finds the registration gone when it does, and leaves its watch to lapse.
     asyncio.run(stop())
+    rows = with_db(settings, delete)
     removed = [str(r["folder"]) for r in rows]
     if as_json:
         out.print_json(json.dumps({"tenant": tenant, "address": address, "removed": removed}))

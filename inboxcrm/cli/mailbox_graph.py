@@ -7,7 +7,6 @@ holding the Graph access token (`Mail.Read`); the workers read its value at each
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 from collections.abc import Callable
@@ -15,9 +14,8 @@ from typing import Annotated, Any
 
 import typer
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.service import RPCError
 
 from inboxcrm.cli.common import fail, out, settings_from_env, with_db
 from inboxcrm.platform import temporal
@@ -27,11 +25,7 @@ from inboxcrm.schemas.mailboxes import mailbox_workflow_id
 from inboxcrm.store import mailboxes, subscriptions
 from inboxcrm.workflows.mailbox_graph import GraphMailboxWorkflow
 
-__all__ = ["GRAPH_KIND", "graph_cursor", "register_graph", "start_graph_watcher",
-           "wait_graph_watcher_closed"]
-
-# How long `remove` waits for the watcher to delete its subscription and end.
-REMOVE_WAIT_SECONDS = 30.0
+__all__ = ["GRAPH_KIND", "graph_cursor", "register_graph", "start_graph_watcher"]
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
@@ -68,13 +62,6 @@ async def start_graph_watcher(client: Client, settings: Settings, tenant: str,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
     return workflow_id
-
-
-async def wait_graph_watcher_closed(handle: WorkflowHandle[Any, Any]) -> None:
-    """Until the cancelled watcher has deleted its subscription and ended, so a mailbox
-    added again at once gets a new watcher, not the closing one."""
-    with contextlib.suppress(WorkflowFailureError, RPCError, TimeoutError):
-        await asyncio.wait_for(handle.result(), REMOVE_WAIT_SECONDS)
 
 
 async def graph_cursor(conn: Any, row: Any) -> dict[str, Any] | None:

@@ -2,7 +2,8 @@
 
 The calls the watcher makes, shaped as the reference documents them
 (https://developers.google.com/workspace/gmail/api/reference/rest/v1/users): `users.watch`
-(`historyId` + `expiration`), `users.history.list` (`startHistoryId`,
+(`historyId` + `expiration`), `users.stop` (the watch ends: no more pushes; an empty JSON
+object back), `users.history.list` (`startHistoryId`,
 `historyTypes=messageAdded`, `labelId`, pagination; 404 for a `startHistoryId` older than
 the history kept), `users.messages.list` (`labelIds`, pagination, newest first),
 `users.messages.get` (`format=raw`: base64url RFC 5322) and `users.getProfile`, each with
@@ -132,6 +133,20 @@ async def watch(user_id: str, request: Request, sandbox: SandboxDep) -> Response
         expiration)
     return JSONResponse({"historyId": str(user["history_id"]),
                          "expiration": str(int(expiration.timestamp() * 1000))})
+
+
+@router.post("/stop")
+async def stop(user_id: str, request: Request, sandbox: SandboxDep) -> Response:
+    """`users.stop`: the user's watch ends, its pushes with it; the call is recorded."""
+    user = await _user(request, sandbox, user_id)
+    if isinstance(user, Response):
+        return user
+    async with sandbox.pool.acquire() as conn, conn.transaction():
+        gone = await conn.fetchval(
+            "DELETE FROM sandbox.gmail_watches WHERE email = $1 RETURNING email", user["email"])
+        await conn.execute("INSERT INTO sandbox.gmail_stops (email, had_watch) VALUES ($1, $2)",
+                           user["email"], gone is not None)
+    return JSONResponse({})
 
 
 @router.get("/history")
@@ -352,6 +367,7 @@ async def add_user(body: UserIn, sandbox: SandboxDep) -> Response:
     """A mailbox with its access token; an existing one is emptied (a test's fresh start)."""
     async with sandbox.pool.acquire() as conn, conn.transaction():
         await conn.execute("DELETE FROM sandbox.gmail_users WHERE email = $1", body.email)
+        await conn.execute("DELETE FROM sandbox.gmail_stops WHERE email = $1", body.email)
         history = await conn.fetchval("SELECT nextval('sandbox.gmail_history')")
         await conn.execute("INSERT INTO sandbox.gmail_users (email, token, history_id) "
                            "VALUES ($1, $2, $3)", body.email, body.token, history)
@@ -418,7 +434,8 @@ async def sign(body: SignIn, request: Request, sandbox: SandboxDep) -> Response:
 
 @control.get("/state")
 async def state(email: str, sandbox: SandboxDep) -> Response:
-    """What the mailbox holds, its watch and the pushes sent (tests count these)."""
+    """What the mailbox holds, its watch, the pushes sent and the `users.stop` calls (tests
+    count these)."""
     user = await sandbox.pool.fetchrow("SELECT * FROM sandbox.gmail_users WHERE email = $1",
                                        email)
     if user is None:
@@ -432,6 +449,9 @@ async def state(email: str, sandbox: SandboxDep) -> Response:
     pushes = await sandbox.pool.fetch(
         "SELECT history_id, status FROM sandbox.gmail_pushes WHERE email = $1 ORDER BY id",
         email)
+    stops = await sandbox.pool.fetch(
+        "SELECT had_watch, stopped_at FROM sandbox.gmail_stops WHERE email = $1 ORDER BY id",
+        email)
     return JSONResponse({
         "historyId": str(user["history_id"]), "history_floor": str(user["history_floor"]),
         "messages": [{"id": m["id"], "historyId": str(m["history_id"]),
@@ -440,4 +460,6 @@ async def state(email: str, sandbox: SandboxDep) -> Response:
             "topic": watch_row["topic"], "labelIds": list(watch_row["label_ids"]),
             "expiration": watch_row["expiration"].isoformat(), "calls": watch_row["calls"]},
         "pushes": [{"historyId": str(p["history_id"]), "status": p["status"]}
-                   for p in pushes]})
+                   for p in pushes],
+        "stops": [{"had_watch": s["had_watch"], "at": s["stopped_at"].isoformat()}
+                  for s in stops]})

@@ -223,6 +223,13 @@ CREATE TABLE IF NOT EXISTS sandbox.gmail_watches (
     expiration  timestamptz NOT NULL,
     calls       integer NOT NULL DEFAULT 1
 );
+-- Every users.stop call (the watch row goes; the stops stay, for tests to count).
+CREATE TABLE IF NOT EXISTS sandbox.gmail_stops (
+    id         bigserial PRIMARY KEY,
+    email      text NOT NULL,
+    had_watch  boolean NOT NULL,
+    stopped_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 CREATE TABLE IF NOT EXISTS sandbox.gmail_push_subscriptions (
     topic           text PRIMARY KEY,
     name            text NOT NULL,

@@ -62,3 +62,7 @@ class WatchSummary:
 # pattern; the relay's Pub/Sub route signals it with the push's historyId.
 GMAIL_WATCH_WORKFLOW_TYPE = "GmailWatchWorkflow"
 GMAIL_PUSH_SIGNAL = "gmail_push"
+# Asked by the Gmail watcher when it is cancelled (`inboxcrm mailbox remove`): runs that
+# record it stop the watch at Gmail's end (`users.stop`); runs cancelled before it ended
+# without (docs/architecture.md §5).
+GMAIL_STOP_PATCH = "gmail-stop-on-remove"

@@ -5,22 +5,28 @@ watcher's. It catches up (`catch_up_gmail_mailbox`: renew the watch when due, hi
 the stored historyId) on start, on every Pub/Sub push the relay signals
 (`gmail_push`), and at least every `idle_seconds` without one (a push Pub/Sub lost, a watch
 to renew); the `sync` update (`inboxcrm mailbox sync`) runs one now and answers with what
-it stored. The run continues as new before its history grows long.
+it stored. The run continues as new before its history grows long. Cancelled (`inboxcrm
+mailbox remove`), it stops the watch at Gmail's end (`stop_gmail_watch`, `users.stop`)
+before it ends, so Gmail publishes no more pushes for the mailbox (the CLI deletes the
+registration only then: the activity reads the token's variable from it). Runs cancelled
+under the code before this (no `gmail-stop-on-remove` marker) ended without it.
 
 No `from __future__ import annotations`: the sandbox evaluates this file for every run.
 """
 
+import asyncio
 import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from inboxcrm.activities.mailbox_gmail import MailboxGmailActivities
     from inboxcrm.schemas.mailboxes import (
         GMAIL_PUSH_SIGNAL,
+        GMAIL_STOP_PATCH,
         GMAIL_WATCH_WORKFLOW_TYPE,
         SYNC_UPDATE,
         MailboxWatch,
@@ -34,6 +40,10 @@ CATCH_UP_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coef
 SYNC_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                          maximum_interval=timedelta(seconds=10), maximum_attempts=3)
 CATCH_UP_TIMEOUT = timedelta(minutes=10)
+# users.stop on removal: a few tries, then the watch is left to lapse (within 7 days).
+STOP_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+                         maximum_interval=timedelta(seconds=10), maximum_attempts=3)
+STOP_TIMEOUT = timedelta(seconds=60)
 
 
 @workflow.defn(name=GMAIL_WATCH_WORKFLOW_TYPE)
@@ -47,6 +57,28 @@ class GmailWatchWorkflow:
 
     @workflow.run
     async def run(self, watch: MailboxWatch) -> WatchSummary:
+        try:
+            return await self._run(watch)
+        except asyncio.CancelledError:
+            await self._stop_watch(watch)
+            raise
+        except ActivityError as exc:
+            if not isinstance(exc.cause, CancelledError):
+                raise
+            await self._stop_watch(watch)
+            raise
+
+    async def _stop_watch(self, watch: MailboxWatch) -> None:
+        """`inboxcrm mailbox remove` cancelled the watcher: stop the watch at Gmail's end."""
+        if not workflow.patched(GMAIL_STOP_PATCH):
+            return
+        # Best effort: a watch left behind lapses, its pushes find no watcher meanwhile.
+        with contextlib.suppress(ActivityError):
+            await workflow.execute_activity_method(
+                MailboxGmailActivities.stop_gmail_watch, watch,
+                start_to_close_timeout=STOP_TIMEOUT, retry_policy=STOP_RETRY)
+
+    async def _run(self, watch: MailboxWatch) -> WatchSummary:
         total = WatchSummary()
         while True:
             if self._syncs_asked > self._syncs_done:

@@ -1,9 +1,9 @@
 """The Gmail API subset through Google's own client (`google-api-python-client`, the
-static discovery document it ships): `users.watch`, `users.history.list` with its pages and
-its 404 for an expired `startHistoryId`, `users.messages.list`, `users.messages.get` in
-`raw` format, and a refused token; then the push the sandbox sends, checked as the relay
-checks it (the OIDC token against the sandbox's JWKS). The watcher (adapters/gmail.py)
-relies on exactly these shapes."""
+static discovery document it ships): `users.watch`, `users.stop`, `users.history.list`
+with its pages and its 404 for an expired `startHistoryId`, `users.messages.list`,
+`users.messages.get` in `raw` format, and a refused token; then the push the sandbox
+sends, checked as the relay checks it (the OIDC token against the sandbox's JWKS). The
+watcher (adapters/gmail.py) relies on exactly these shapes."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from google.oauth2.credentials import Credentials
 from googleapiclient.discovery import build
 from googleapiclient.errors import HttpError
 
+from inboxcrm.adapters.gmail import GmailClient, GmailFailure
 from tests.helpers.sandbox_process import SandboxProcess, free_port
 
 USER = "sales@acme.test"
@@ -172,3 +173,41 @@ def test_a_delivery_is_pushed_with_an_oidc_token(sandbox: SandboxProcess, user: 
     claims = jwt.decode(token, key, algorithms=["RS256"], audience=AUDIENCE,
                         issuer=sandbox.url)
     assert claims["email"] == PUSHER and claims["email_verified"] is True
+
+
+
+def test_stop_ends_the_watch_and_its_pushes(sandbox: SandboxProcess, user: str,
+                                            receiver: str) -> None:
+    """`users.stop` through Google's client answers the empty JSON object the reference
+    documents (the discovery document gives it no response schema: the client hands back
+    the bytes); the watch is gone and a delivery is no longer pushed."""
+    httpx.post(f"{sandbox.url}/_sandbox/gmail/push-subscriptions", json={
+        "topic": TOPIC, "endpoint": receiver, "audience": AUDIENCE,
+        "service_account": PUSHER}).raise_for_status()
+    api = gmail(sandbox)
+    api.users().watch(userId="me", body={"topicName": TOPIC,
+                                         "labelIds": ["INBOX"]}).execute()
+    assert deliver(sandbox, 1, push=True)["push_status"] == 204
+    assert api.users().stop(userId=user).execute() == b"{}"
+    assert deliver(sandbox, 2, push=True)["push_status"] is None
+    assert len(_Receiver.pushes) == 1
+    state = httpx.get(f"{sandbox.url}/_sandbox/gmail/state", params={"email": USER}).json()
+    assert state["watch"] is None
+    assert [s["had_watch"] for s in state["stops"]] == [True]
+
+
+async def test_inboxcrms_client_stops_the_same_way(sandbox: SandboxProcess, user: str) -> None:
+    """The watcher's `stop_gmail_watch` call (adapters/gmail.py) against the same endpoint:
+    taken with or without a watch (an empty body, as older versions of the reference
+    describe, is taken too); a refused token is its classified 401."""
+    async with httpx.AsyncClient() as http:
+        await GmailClient(sandbox.url, user, TOKEN, http).watch(TOPIC, ["INBOX"])
+        await GmailClient(sandbox.url, user, TOKEN, http).stop()
+        await GmailClient(sandbox.url, user, TOKEN, http).stop()
+        with pytest.raises(GmailFailure) as refused:
+            await GmailClient(sandbox.url, user, "ya29.someone-else", http).stop()
+        state = (await http.get(f"{sandbox.url}/_sandbox/gmail/state",
+                                params={"email": user})).json()
+    assert refused.value.classified.status_code == 401
+    assert state["watch"] is None
+    assert [s["had_watch"] for s in state["stops"]] == [True, False]

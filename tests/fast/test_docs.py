@@ -5,8 +5,11 @@ README, CONTRIBUTING and the architecture document mention exists."""
 from __future__ import annotations
 
 import configparser
+import importlib
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -256,14 +259,19 @@ def test_only_the_console_scripts_print() -> None:
 
 
 def test_the_patch_table_names_every_patch_of_the_workflow() -> None:
-    """§5 "Workflow versions": one row per `workflow.patched` / `deprecate_patch` ID, with
-    its number of sites, and the deprecated ones marked deprecated."""
-    import inboxcrm.workflows.inbound_email as module
+    """§5 "Workflow versions": one row per `workflow.patched` / `deprecate_patch` ID of the
+    item workflow and of the mailbox watchers, with its number of sites, and the deprecated
+    ones marked deprecated."""
+    def named(module: Any) -> Callable[[re.Match[str]], str]:
+        """A patch ID given by a named constant counts under its value."""
+        return lambda m: f'{m[1]}("{getattr(module, m[2])}")'
 
-    source = (ROOT / "inboxcrm" / "workflows" / "inbound_email.py").read_text()
-    # A patch ID given by a named constant counts under its value.
-    source = re.sub(r"(workflow\.patched|workflow\.deprecate_patch)\(([A-Z_0-9]+)\)",
-                    lambda m: f'{m[1]}("{getattr(module, m[2])}")', source)
+    source = ""
+    for name in ("inbound_email", "mailbox_gmail", "mailbox_graph", "mailbox_watch"):
+        module = importlib.import_module(f"inboxcrm.workflows.{name}")
+        source += re.sub(r"(workflow\.patched|workflow\.deprecate_patch)\(([A-Z_0-9]+)\)",
+                         named(module),
+                         (ROOT / "inboxcrm" / "workflows" / f"{name}.py").read_text())
     patched = re.findall(r'workflow\.patched\("([^"]+)"\)', source)
     deprecated = set(re.findall(r'workflow\.deprecate_patch\("([^"]+)"\)', source))
     rows = {m[0]: m[1] for m in re.findall(r"^\| `([a-z0-9.-]+)`[^|]*\| (\d+) ",

@@ -25,6 +25,8 @@ def store_history(history: WorkflowHistory, name: str, settings: Settings) -> No
     current = json.loads(Path(settings.codec_keys_file).read_text())
     stored["keys"].update(current["keys"])  # histories of several captures, one key file
     HISTORY_KEYS.write_text(json.dumps(stored, indent=1) + "\n")
-    (HISTORIES / f"{name}.json").write_text(
+    path = HISTORIES / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
         json.dumps({"workflow_id": history.workflow_id,
                     "history": json.loads(history.to_json())}, indent=None) + "\n")
