@@ -203,10 +203,10 @@ WHERE o.op_key = $1 AND o.action = 'send'
 
 # The new intent (generation $2, repeating the intent behind send operation $1), approved by
 # $3 for reason $4, with its send operation ($5 op key, $6 max attempts), its log in the CRM
-# ($7 op key or NULL, $8 max attempts) and the audit entry `followup_send_again_approved`
-# ($9 workflow_id), in one statement. Idempotent: a re-run (or a redelivered decision) finds
-# the intent of that generation, or the one that already repeats the same intent, and
-# creates nothing more. Returns the new intent (one row).
+# ($7 op key or NULL, $8 max attempts), the first send's log cancelled, and the audit entry
+# `followup_send_again_approved` ($9 workflow_id), in one statement. Idempotent: a re-run
+# (or a redelivered decision) finds the intent of that generation, or the one that already
+# repeats the same intent, and creates nothing more. Returns the new intent (one row).
 PLAN_SEND_AGAIN = """
 WITH repeated AS (
     SELECT i.* FROM operations o JOIN followup_intents i ON i.intent_id = o.external_ref::uuid
@@ -237,6 +237,13 @@ WITH repeated AS (
     SELECT $7, $9, event_id, 'crm-sent', $8, intent_id::text FROM intent
     WHERE $7::text IS NOT NULL
     ON CONFLICT (op_key) DO NOTHING
+), unlogged AS (
+    -- The first send's log in the CRM never runs (its send is not confirmed): cancelled,
+    -- as a cancelled intent's is (`CANCEL_INTENT`); the new intent has its own.
+    UPDATE operations SET status = 'cancelled', last_transition = now()
+    WHERE action = 'crm-sent' AND status = 'pending'
+      AND external_ref = (SELECT intent_id::text FROM repeated)
+      AND EXISTS (SELECT 1 FROM inserted)
 ), audited AS (
     INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
     SELECT tenant, event_id, $9, contact_id, $3, 'followup_send_again_approved',

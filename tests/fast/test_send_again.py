@@ -172,3 +172,23 @@ def test_the_desk_offers_it_with_a_required_reason() -> None:
                                 "note": ["customer asked"]}, lead, WF)
     assert isinstance(request, DecisionRequest)
     assert request.action == Decision.SEND_AGAIN and request.note == "customer asked"
+
+
+def test_the_check_counts_the_first_send_as_settled_by_its_repeat() -> None:
+    """`inboxcrm check`: a completed item whose unconfirmed send a person sent again keeps
+    that first send `ambiguous` (the evidence); anything else left unsettled is flagged."""
+    from inboxcrm.verify.check import _completed_operations
+
+    events = [{"workflow_id": WF, "state": "completed"}]
+    operations = [
+        {"op_key": f"{WF}:send", "workflow_id": WF, "action": "send", "status": "ambiguous",
+         "external_ref": "first"},
+        {"op_key": f"{WF}:again-2:send", "workflow_id": WF, "action": "send",
+         "status": "completed", "external_ref": "second"},
+    ]
+    intents = [{"intent_id": "first", "repeats_intent_id": None},
+               {"intent_id": "second", "repeats_intent_id": "first"}]
+    assert _completed_operations(events, operations, intents).violations == []
+    unrepeated = [{"intent_id": "first", "repeats_intent_id": None}]
+    assert _completed_operations(events, operations, unrepeated).violations == [
+        f"{WF}:send status:ambiguous"]
