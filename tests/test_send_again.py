@@ -185,3 +185,25 @@ async def test_send_again_needs_a_followup_that_is_unconfirmed(env: StackClient,
     rejected = as_reviewer(stack, lead_token, "review", "reject", workflow_id,
                            "--reviewer", "lia")
     assert rejected.returncode == 0, rejected.stderr
+
+
+async def test_a_person_suppressed_since_cannot_be_sent_it_again(env: StackClient,
+                                                                 stack: Stack) -> None:
+    """The opt-out came after the unconfirmed send: a send-again is refused with the reason,
+    nothing more is sent and no intent is made; the item still waits for a person."""
+    lead_token = add_reviewer(stack, f"lex-lead-{uuid.uuid4().hex[:6]}", "lead")
+    workflow_id, email = await _sent_then_ambiguous(env)
+    await env.db.execute("INSERT INTO suppressions (tenant, canonical_email, reason, source) "
+                         "VALUES ('acme', lower($1), 'unsubscribe', 'test_send_again')", email)
+    refused = as_reviewer(stack, lead_token, "review", "send-again", workflow_id,
+                          "--reviewer", "lex", "--reason", "customer asked again")
+    assert refused.returncode != 0
+    assert "suppressed" in refused.stdout + refused.stderr
+    assert (await env.state(workflow_id))[0] == "ambiguous"
+    assert len(await _intents(env, workflow_id)) == 1
+    assert len(await env.emails_to(email)) == 1
+    recorded = await _audit(env, workflow_id, "update_send_again")
+    assert [(r["accepted"], r["ignored_reason"]) for r in recorded] == [(False, "suppressed")]
+    rejected = as_reviewer(stack, lead_token, "review", "reject", workflow_id,
+                           "--reviewer", "lex", "--note", "opted out")
+    assert rejected.returncode == 0, rejected.stderr

@@ -192,3 +192,20 @@ def test_the_check_counts_the_first_send_as_settled_by_its_repeat() -> None:
     unrepeated = [{"intent_id": "first", "repeats_intent_id": None}]
     assert _completed_operations(events, operations, unrepeated).violations == [
         f"{WF}:send status:ambiguous"]
+
+
+def test_the_desk_renders_a_send_again_form_that_asks_why() -> None:
+    from inboxcrm.domain.review_card import DecisionOption, ReviewCard
+    from inboxcrm.ingress.review import DeskForms, render_html
+
+    card = ReviewCard(workflow_id=WF, tenant="acme", source="imap", mailbox="sales",
+                      state="ambiguous", reason="outcome_unconfirmed", reasons=[],
+                      waiting=True, wait_id="w3-recovery", wait_reason="outcome_unconfirmed")
+    card.decisions = [DecisionOption(a, decision_body(a, "w3-recovery"))
+                      for a in ("hold", "reject", "resolve", "retry", "send_again")]
+    lead = Principal("reviewer:lea", "lea", frozenset({"acme"}), 2, role="lead")
+    page = render_html(card, DeskForms("csrf-token", lead, True))
+    form = page[page.index("id='decide-send_again'"):]
+    form = form[:form.index("</form>")]
+    assert "name='action' value='send_again'" in form
+    assert "name='note'" in form and " required" in form and ">Send again</button>" in form
