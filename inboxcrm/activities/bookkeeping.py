@@ -11,13 +11,14 @@ import asyncpg
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 
+from inboxcrm.activities.review import repeat_refusal
 from inboxcrm.platform.reviewer_identity import (
     PATH_UI_SIGNAL,
     PATH_UI_UPDATE,
     DecisionClaim,
     verify_decision,
 )
-from inboxcrm.schemas.contract import Decision, authority_refusal
+from inboxcrm.schemas.contract import Decision, authority_refusal, send_again_refusal
 from inboxcrm.schemas.models import (
     REVIEW_STATES,
     TERMINAL_STATES,
@@ -145,7 +146,16 @@ class BookkeepingActivities:
             role = await self._role_of(record.decider) if proven else None
             detail["decider_role"] = role
             if role != record.required_role:
-                refused = "authority_required", authority_refusal(record.required_role)
+                refused = "authority_required", authority_refusal(record.required_role,
+                                                                  record.action)
+        if (detail.get("accepted") and refused is None and record.action == Decision.SEND_AGAIN
+                and record.op_key):
+            # The follow-up must be one that may be sent again now (unconfirmed or sent, to
+            # someone who may still be written to): the person reads why not at once.
+            async with self._pool.acquire() as conn:
+                code = await repeat_refusal(conn, record.op_key)
+            if code is not None:
+                refused = code, send_again_refusal(code)
         if refused is not None:
             detail |= {"accepted": False, "ignored_reason": refused[0]}
         if proven:

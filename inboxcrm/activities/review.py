@@ -4,12 +4,20 @@ entry in the same transaction. State mirroring is `inboxcrm/activities/bookkeepi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from temporalio import activity
 
-from inboxcrm.domain.policy import InvalidAddress, canonical_email, get_policy
+from inboxcrm.activities.failures import missing_row
+from inboxcrm.domain.followup import RepeatFacts, send_again_refusal
+from inboxcrm.domain.policy import (
+    InvalidAddress,
+    PolicyError,
+    UnknownTenant,
+    canonical_email,
+    get_policy,
+)
 from inboxcrm.schemas.models import (
     CorrectionInput,
     IntentApproval,
@@ -18,11 +26,41 @@ from inboxcrm.schemas.models import (
     OperationView,
     ResolveInput,
     RetryGrant,
+    SendAgainInput,
+    SendAgainResult,
+    again_op_key,
 )
 from inboxcrm.store import audit, contacts, events, intents, ledger
 
+if TYPE_CHECKING:
+    from inboxcrm.store.db import Conn
+
 # Fields a reviewer may correct on approve, and where they live in the extraction record.
 CORRECTABLE = {"sender_email": "sender_email", "name": "contact_name", "company": "company"}
+
+
+async def repeat_refusal(conn: Conn, op_key: str) -> str | None:
+    """Why the follow-up behind send operation `op_key` may not be sent again now, or None
+    (`domain.followup.send_again_refusal` over the store's facts and the rule's quiet
+    period). Asked as the decision is recorded, so the person reads the reason at once."""
+    row = await intents.send_again_facts(conn, op_key=op_key)
+    if row is None:
+        return send_again_refusal(None)
+    purpose, quiet = "service", None
+    try:
+        rule = get_policy(row["tenant"]).rule_by_id(row["rule_id"])
+    except (UnknownTenant, PolicyError):
+        rule = None
+    if rule is not None:
+        purpose, quiet = rule.purpose, rule.quiet_period_hours
+    suppressed, recent, marketing = await intents.followup_blockers(
+        conn, tenant=row["tenant"], canonical_email=row["canonical_email"],
+        contact_id=row["contact_id"], event_id=row["event_id"],
+        quiet_period_hours=quiet if quiet is not None else 0)
+    return send_again_refusal(RepeatFacts(
+        status=str(row["status"]), contact_status=str(row["contact_status"]),
+        suppressed=suppressed, marketing_suppressed=marketing,
+        recent=recent and quiet is not None, purpose=purpose))
 
 
 class ReviewActivities:
@@ -62,6 +100,29 @@ class ReviewActivities:
                         "previous_status": granted.previous_status,
                         "checked_not_sent": granted.checked_not_sent},
             )
+
+    @activity.defn(name="send_followup_again")
+    async def send_followup_again(self, again: SendAgainInput) -> SendAgainResult:
+        """A person's deliberate second send (docs/architecture.md §6, "Authority"): a new
+        intent of the next generation, with its own UUID (the provider's idempotency key),
+        its approval (who, when, why, which intent it repeats), its send operation and, where
+        the first send is logged in the CRM, its log; audited as
+        `followup_send_again_approved`. The intent it repeats is not touched. A re-run
+        answers the intent it made (one per generation, one repeat per intent)."""
+        item = again.item
+        send_key = again_op_key(item.workflow_id, again.generation, "send")
+        sent_key = (again_op_key(item.workflow_id, again.generation, "crm-sent")
+                    if again.logs_sent else None)
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await intents.plan_send_again(
+                conn, op_key=again.op_key, generation=again.generation,
+                approved_by=again.reviewer, reason=again.reason[:2000], send_op_key=send_key,
+                send_max_attempts=again.max_attempts, sent_op_key=sent_key,
+                log_max_attempts=again.max_attempts, workflow_id=item.workflow_id)
+        if row is None:
+            raise missing_row("followup_intent")
+        return SendAgainResult(intent_id=str(row["intent_id"]), send_op_key=send_key,
+                               sent_op_key=sent_key)
 
     @activity.defn(name="apply_review_corrections")
     async def apply_review_corrections(self, correction: CorrectionInput) -> list[str]:

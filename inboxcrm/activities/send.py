@@ -51,7 +51,13 @@ from inboxcrm.domain.templates import (
     reply_languages,
 )
 from inboxcrm.platform.config import Settings, get_settings
-from inboxcrm.schemas.models import Action, ItemState, OperationInput, OperationResult
+from inboxcrm.schemas.models import (
+    Action,
+    ItemState,
+    OperationInput,
+    OperationResult,
+    is_again_key,
+)
 from inboxcrm.store import audit, intents, ledger
 from inboxcrm.store import consent as consent_store
 from inboxcrm.store import templates as template_store
@@ -272,7 +278,9 @@ class SendActivities:
                 mail: MailClient) -> Recorded:
         """The intent becomes `sent` (`AlsoRecord.INTENT_SENT`) with this entry."""
         return Recorded(
-            actor="send", action="followup_sent",
+            # A deliberate second send is audited as such (docs/architecture.md §6).
+            actor="send",
+            action="followup_sent_again" if is_again_key(attempt.op.op_key) else "followup_sent",
             detail={"op_key": attempt.op.op_key, "intent_id": _intent_id(attempt),
                     "idempotency_key": _intent_id(attempt), "provider": mail.name,
                     "provider_message_id": message_id, "attempt": attempt.claim.attempts,

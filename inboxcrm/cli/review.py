@@ -156,3 +156,17 @@ def review_resolve(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None
                    as_json: JsonOpt = False) -> None:
     """Mark the blocked/ambiguous side effect as done, with evidence (e.g. the CRM record ID)."""
     _decide(Decision.RESOLVE, workflow_id, reviewer, note, evidence, wait_id, as_json=as_json)
+
+
+@review_app.command("send-again")
+def review_send_again(workflow_id: str, reviewer: ReviewerOpt,
+                      reason: Annotated[str, typer.Option(
+                          "--reason", help="Why the customer should get the follow-up again "
+                          "(recorded with the approval).")],
+                      wait_id: WaitOpt = None, as_json: JsonOpt = False) -> None:
+    """Send an unconfirmed follow-up again, deliberately: a new intent with its own
+    idempotency key and this approval (the customer may get two; the first intent stays as
+    it was). Only the role the tenant's policy names (`authority.repeat_customer_facing`)."""
+    if not reason.strip():
+        fail("--reason must say why the customer should get the follow-up again")
+    _decide(Decision.SEND_AGAIN, workflow_id, reviewer, reason, None, wait_id, as_json=as_json)

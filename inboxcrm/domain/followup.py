@@ -62,6 +62,41 @@ def followup_message_id(intent_id: str, sender: str) -> str:
     return f"<{intent_id}@{domain}>"
 
 
+# The intent statuses a deliberate second send may repeat: a send whose outcome is unknown
+# (`sending`: the lease of an unconfirmed attempt) or one that is known to have gone out.
+REPEATABLE = frozenset({"sending", "sent"})
+
+
+@dataclass(frozen=True)
+class RepeatFacts:
+    """What decides whether a follow-up may be sent again now (`intents.send_again_facts`
+    and the planner's blockers)."""
+
+    status: str
+    contact_status: str
+    suppressed: bool
+    marketing_suppressed: bool
+    recent: bool
+    purpose: str = "service"
+
+
+def send_again_refusal(facts: RepeatFacts | None) -> str | None:
+    """Why a person may not send this follow-up again (a code of
+    `contract.send_again_refusal`), or None. The same checks as any follow-up: the send step
+    checks suppression and consent once more right before it submits."""
+    if facts is None:
+        return "no_followup_to_repeat"
+    if facts.suppressed or (facts.marketing_suppressed and facts.purpose == "marketing"):
+        return "suppressed"
+    if facts.contact_status != "active":
+        return "contact_inactive"
+    if facts.status not in REPEATABLE:
+        return "followup_not_sent"
+    if facts.recent:
+        return "quiet_period"
+    return None
+
+
 class FollowupRefused(Exception):  # noqa: N818 - a decision, not a crash
     """The follow-up must not be sent as things are configured. `reason` is a short code
     for the ledger; the message says what to change (never personal data)."""

@@ -613,7 +613,8 @@ def render_text(card: ReviewCard) -> list[str]:
                 f"key window from: {a.key_window_from}", f"lookup: {a.lookup}",
                 f"WARNING: {a.warning}"]
         if a.retry_role:
-            out.append(f"retry needs the reviewer role {a.retry_role!r} (tenant policy)")
+            out.append(f"retry and send-again need the reviewer role {a.retry_role!r} "
+                       "(tenant policy)")
     out += ["", "== decisions allowed now =="]
     out += [f"{d.action}: {json.dumps(d.body)}" for d in card.decisions] or ["none"]
     return out

@@ -321,6 +321,8 @@ WHAT = {
     "reject": "Reject: end it; nothing more is written or sent",
     "retry": "Retry: run the step again with the same operation key",
     "resolve": "Resolve: the side effect exists; record the evidence and continue",
+    "send_again": ("Send again: a new follow-up with its own idempotency key (the customer "
+                   "may get two); say why below"),
 }
 
 
@@ -365,9 +367,14 @@ def _decision_forms(card: ReviewCard, forms: DeskForms) -> str:
         if action == "resolve":
             fields.append(_input("evidence", "Evidence (CRM record ID or provider message ID)",
                                  required=True))
-        fields.append(f"<label>Note <input type='text' name='note' "
-                      f"maxlength='{MAX_FIELD_CHARS}'></label>")
-        fields.append(f"<button type='submit'>{escape(action.capitalize())}</button>")
+        if action == "send_again":
+            fields.append(_input("note", "Why send it again (required, recorded with the "
+                                 "approval)", required=True))
+        else:
+            fields.append(f"<label>Note <input type='text' name='note' "
+                          f"maxlength='{MAX_FIELD_CHARS}'></label>")
+        label = "Send again" if action == "send_again" else action.capitalize()
+        fields.append(f"<button type='submit'>{escape(label)}</button>")
         parts.append(f"<form class='decision' id='decide-{escape(action)}' method='post' "
                      f"action='{escape(_card_path(card.workflow_id), quote=True)}'>"
                      + "".join(fields) + "</form>")
@@ -444,8 +451,9 @@ def render_html(card: ReviewCard, forms: DeskForms | None = None,
                                       ("key window from", amb.key_window_from),
                                       ("lookup", amb.lookup))) + "</dl>"
                      f"<p class='warning'><b>Warning:</b> {escape(amb.warning)}</p>"
-                     + (f"<p>retry needs the reviewer role <b>{escape(amb.retry_role)}</b> "
-                        "(tenant policy)</p>" if amb.retry_role else ""))
+                     + (f"<p>retry and send again need the reviewer role "
+                        f"<b>{escape(amb.retry_role)}</b> (tenant policy)</p>"
+                        if amb.retry_role else ""))
     parts.append("<h2>Decisions allowed now</h2>")
     if forms is None:
         parts.append("<ul id='decisions'>" + "".join(

@@ -167,6 +167,13 @@ SENTENCES: dict[str, Callable[[Detail], str]] = {
         f"follow-up sent via {d.get('provider')}: message {d.get('provider_message_id')}, "
         f"idempotency key {_short(d.get('idempotency_key'))}, attempt {d.get('attempt')}"
         + (" (found by reconciliation, not re-sent)" if d.get("reconciled") else "")),
+    "followup_send_again_approved": lambda d: (
+        f"a person approved sending the follow-up again: new intent "
+        f"{_short(d.get('intent_id'))} (its own idempotency key) repeats intent "
+        f"{_short(d.get('repeats_intent_id'))}: {d.get('reason')}"),
+    "followup_sent_again": lambda d: (
+        f"follow-up sent again, deliberately, via {d.get('provider')}: message "
+        f"{d.get('provider_message_id')}, idempotency key {_short(d.get('idempotency_key'))}"),
     "attempt_failed": _attempt_failed,
     "state_changed": _state,
     "operation_resolved": lambda d: (
@@ -211,7 +218,7 @@ def sentence(action: str, detail: Detail) -> str:
 def summary(entries: list[dict[str, Any]]) -> list[str]:
     """Counts that answer the usual questions first."""
     workflows = sorted({e["workflow_id"] for e in entries if e.get("workflow_id")})
-    sent = [e for e in entries if e["action"] == "followup_sent"]
+    sent = [e for e in entries if e["action"] in ("followup_sent", "followup_sent_again")]
     not_planned = [e["detail"].get("reason") for e in entries
                    if e["action"] == "followup_not_planned"]
     refused = [e["detail"].get("reason") for e in entries
@@ -221,7 +228,7 @@ def summary(entries: list[dict[str, Any]]) -> list[str]:
         keys = {e["detail"].get("idempotency_key") for e in sent}
         lines.append(f"follow-ups came from {len(keys)} distinct intent(s): each intent is at "
                      "most one email; several intents mean several items outside each "
-                     "other's quiet period")
+                     "other's quiet period, or a person's deliberate send-again")
     if not_planned or refused:
         lines.append("follow-ups not sent because: "
                      + ", ".join(str(r) for r in not_planned + refused))

@@ -104,15 +104,17 @@ def accepted_text(action: str, wait_id: str, workflow_id: str, status: ItemStatu
 
 def lacks_authority(request: DecisionRequest, review: OpenReview | None,
                     wait_id: str) -> DecisionResult | None:
-    """A retry of an ambiguous customer-facing send by someone without the role the tenant's
-    policy asks for (`OpenReview.repeat_role`) is refused here, before anything is sent; the
+    """A retry (or a send-again) of an ambiguous customer-facing send by someone without the
+    role the tenant's policy asks for (`OpenReview.repeat_role`) is refused here, before
+    anything is sent; the
     workflow refuses it too (its decision record checks the proven reviewer's role), so a
     Temporal client that skips this check gets the same answer."""
     if (review is None or review.wait_id != wait_id or not review.repeat_role
             or request.decider.role == review.repeat_role):
         return None
     log.info("%s decision refused: authority_required", request.path)
-    return DecisionResult(False, "refused", authority_refusal(review.repeat_role), wait_id)
+    return DecisionResult(False, "refused",
+                          authority_refusal(review.repeat_role, request.action.value), wait_id)
 
 
 UNSIGNED = ("refused: INBOXCRM_DECISION_SECRET is not set here, so the worker could not tell "
@@ -137,7 +139,7 @@ async def send_decision(connect: Callable[[], Awaitable[Client]], secret: str | 
     wait_id = request.wait_id
     try:
         async with asyncio.timeout(timeout):
-            if wait_id is None or request.action == Decision.RETRY:
+            if wait_id is None or request.action in (Decision.RETRY, Decision.SEND_AGAIN):
                 current = await handle.query(QUERY_STATUS, result_type=ItemStatus)
                 open_wait = current.review
                 if wait_id is None:

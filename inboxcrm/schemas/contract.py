@@ -27,6 +27,9 @@ class Decision(StrEnum):
     REJECT = "reject"
     RETRY = "retry"
     RESOLVE = "resolve"
+    # A deliberate second send of a follow-up whose send is unconfirmed: a new intent with
+    # its own key and approval (docs/architecture.md §6, "Authority").
+    SEND_AGAIN = "send_again"
 
 
 # The ApplicationError type of a decision the workflow refused after accepting the update
@@ -117,14 +120,33 @@ def retention_schedule_id(task_queue: str) -> str:
     return f"{RETENTION_SCHEDULE_ID}/{task_queue}"
 
 
-def authority_refusal(role: str) -> str:
-    """What a person reads (desk, CLI, UI) when a retry of an ambiguous send needs a role
-    they lack."""
-    return (f"refused (authority_required): retrying this ambiguous send may email the "
+def authority_refusal(role: str, action: str = "retry") -> str:
+    """What a person reads (desk, CLI, UI) when a retry (or a send-again) of an ambiguous
+    send needs a role they lack."""
+    doing = "sending this follow-up again" if action == "send_again" else (
+        "retrying this ambiguous send")
+    return (f"refused (authority_required): {doing} may email the "
             f"customer a second time; the tenant's policy lets only a reviewer with the role "
             f"{role!r} do it, through the review desk or `inboxcrm review` with their own "
             "token (check the destination first, see the review card; `resolve` with the "
             "provider's message ID if it was sent)")
+
+
+def send_again_refusal(code: str) -> str:
+    """What a person reads when a send-again cannot be made: the code names why."""
+    why = {
+        "no_followup_to_repeat": "this wait has no follow-up whose send is unconfirmed or "
+                                 "was sent; send-again repeats only such a follow-up (a "
+                                 "blocked send that sent nothing: retry)",
+        "followup_not_sent": "the follow-up was not sent (its intent is neither sending nor "
+                             "sent): retry it with its own key instead",
+        "suppressed": "the person is suppressed now: nothing more may be sent to them",
+        "contact_inactive": "the contact is no longer active: nothing more may be sent",
+        "quiet_period": "another follow-up reached this contact within the rule's quiet "
+                        "period",
+        "reason_required": "say why the customer should get it again (--reason, the note)",
+    }.get(code, code)
+    return f"refused ({code}): send-again: {why}"
 
 
 def decision_body(action: str, wait_id: str, needs_sender: bool = False) -> dict[str, object]:
@@ -133,6 +155,8 @@ def decision_body(action: str, wait_id: str, needs_sender: bool = False) -> dict
     body: dict[str, object] = {"reviewer": "<your name>", "wait_id": wait_id, "note": "<why>"}
     if action == Decision.RESOLVE:
         body["evidence"] = "<CRM record ID or provider message ID>"
+    if action == Decision.SEND_AGAIN:
+        body["note"] = "<why the customer should get it again (required)>"
     if action == Decision.APPROVE and needs_sender:
         body["corrections"] = {"sender_email": "<the sender's address>"}
     return body

@@ -17,7 +17,7 @@ PlanOutcome = Literal["planned", "review", "suppressed", "opted_out"]
 # `review`: the operation wrote nothing and needs a person's decision first (a CRM upsert
 # that met several existing records with the contact's email).
 OperationOutcome = Literal["completed", "parked", "cancelled", "review"]
-DecisionAction = Literal["approve", "hold", "reject", "retry", "resolve"]
+DecisionAction = Literal["approve", "hold", "reject", "retry", "resolve", "send_again"]
 
 ROUTES: tuple[Route, ...] = get_args(Route)
 DECISION_ACTIONS: tuple[DecisionAction, ...] = get_args(DecisionAction)
@@ -68,6 +68,27 @@ def operation_key(workflow_id: str, action: str) -> str:
     """`{workflow_id}:{action}`: built from the workflow ID, never the run ID, so a replay
     or reset of the same item reuses every key."""
     return f"{workflow_id}:{action}"
+
+
+# A deliberate second send (`send_again`, docs/architecture.md §6 "Authority"): generation n
+# of an item's follow-up has its own operations, `{workflow_id}:again-{n}:send` and
+# `…:again-{n}:crm-sent`, so the action stays the last part (budgets, the status query) and
+# no key of the first send is reused.
+AGAIN_PREFIX = "again-"
+
+
+def again_op_key(workflow_id: str, generation: int, action: str) -> str:
+    """The operation key of `action` for the follow-up's generation (1: the planned one)."""
+    if generation <= 1:
+        return operation_key(workflow_id, action)
+    return f"{workflow_id}:{AGAIN_PREFIX}{generation}:{action}"
+
+
+def is_again_key(op_key: str) -> bool:
+    """An operation of a deliberate second (or later) send."""
+    parts = op_key.rsplit(":", 2)
+    return len(parts) == 3 and parts[1].startswith(AGAIN_PREFIX) and parts[1][
+        len(AGAIN_PREFIX):].isdigit()
 
 
 def inbound_workflow_id(tenant: str, source: str, mailbox: str, delivery_id: str) -> str:
@@ -185,6 +206,9 @@ class WorkflowState:
     # (from the extraction, see ExtractResult), for every later wait of the item.
     owners: dict[str, str] = field(default_factory=dict)
     repeat_role: str | None = None
+    # The follow-up's generation: 1 as planned, n after n-1 deliberate sends again
+    # (`send_again`); the keys of its operations derive from it (`again_op_key`).
+    send_generation: int = 1
 
 
 @dataclass
@@ -325,6 +349,9 @@ class DecisionRecord:
     # the policy names `authority.repeat_customer_facing`): a `retry` by anyone else, or
     # without a proof of who decided, is refused.
     required_role: str | None = None
+    # A `send_again`: the send operation it repeats (its follow-up must be unconfirmed or
+    # sent, and may still be written to), checked as the decision is recorded.
+    op_key: str | None = None
 
 
 @dataclass
@@ -362,6 +389,31 @@ class RetryGrant:
     op_key: str
     reviewer: str
     budget: int
+
+
+@dataclass
+class SendAgainInput:
+    """A person's deliberate second send of the follow-up behind `op_key` (the send whose
+    outcome is unconfirmed or known): a new intent of `generation`, approved by `reviewer`
+    for `reason`."""
+
+    item: ItemRef
+    op_key: str
+    reviewer: str
+    reason: str
+    generation: int
+    max_attempts: int
+    # The first send is logged in the CRM once sent (`crm-sent`): so is the new one.
+    logs_sent: bool = False
+
+
+@dataclass
+class SendAgainResult:
+    """The new intent and the keys of its send and of its log in the CRM."""
+
+    intent_id: str
+    send_op_key: str
+    sent_op_key: str | None = None
 
 
 @dataclass

@@ -60,13 +60,13 @@ WITH saved AS (
     INSERT INTO followup_intents (event_id, tenant, contact_id, rule_id, rule_version,
                                   template_id, status, needs_approval, approval_reason)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-    ON CONFLICT (event_id, rule_id, rule_version) DO NOTHING
+    ON CONFLICT (event_id, rule_id, rule_version) WHERE generation = 1 DO NOTHING
     RETURNING intent_id, status, needs_approval, approval_reason
 ), intent AS (
     SELECT intent_id, status, needs_approval, approval_reason FROM inserted
     UNION ALL
     SELECT intent_id, status, needs_approval, approval_reason FROM followup_intents
-    WHERE event_id = $1 AND rule_id = $4 AND rule_version = $5
+    WHERE event_id = $1 AND rule_id = $4 AND rule_version = $5 AND generation = 1
       AND NOT EXISTS (SELECT 1 FROM inserted)
 ), queued AS (
     INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, external_ref)
@@ -183,6 +183,94 @@ SET status = 'cancelled', lease_owner = NULL, lease_until = NULL,
     cancel_reason = CASE status WHEN 'sending' THEN 'rejected_unconfirmed' ELSE 'rejected' END
 WHERE event_id = $1 AND status IN ('queued', 'awaiting_approval', 'sending')
 """
+
+
+# --- send-again (inboxcrm/activities/review.py, bookkeeping.py; migration 082) --------------
+# What a deliberate second send of the follow-up behind send operation $1 depends on: the
+# intent it would repeat (its status, generation, rule), whether it was repeated already and
+# the contact's status; the suppression and quiet period are `followup_blockers`' (the
+# planner's own facts).
+SEND_AGAIN_FACTS = """
+SELECT i.intent_id, i.event_id, i.tenant, i.contact_id, i.rule_id, i.status, i.generation,
+       c.status AS contact_status, c.canonical_email,
+       (SELECT r.intent_id FROM followup_intents r WHERE r.repeats_intent_id = i.intent_id)
+           AS repeated_by
+FROM operations o
+JOIN followup_intents i ON i.intent_id = o.external_ref::uuid
+JOIN contacts c ON c.contact_id = i.contact_id
+WHERE o.op_key = $1 AND o.action = 'send'
+"""
+
+# The new intent (generation $2, repeating the intent behind send operation $1), approved by
+# $3 for reason $4, with its send operation ($5 op key, $6 max attempts), its log in the CRM
+# ($7 op key or NULL, $8 max attempts), the first send's log cancelled, and the audit entry
+# `followup_send_again_approved` ($9 workflow_id), in one statement. Idempotent: a re-run
+# (or a redelivered decision) finds the intent of that generation, or the one that already
+# repeats the same intent, and creates nothing more. Returns the new intent (one row).
+PLAN_SEND_AGAIN = """
+WITH repeated AS (
+    SELECT i.* FROM operations o JOIN followup_intents i ON i.intent_id = o.external_ref::uuid
+    WHERE o.op_key = $1 AND o.action = 'send'
+), inserted AS (
+    INSERT INTO followup_intents (event_id, tenant, contact_id, rule_id, rule_version,
+                                  template_id, status, needs_approval, approved_by,
+                                  generation, repeats_intent_id, repeat_reason,
+                                  repeat_approved_at)
+    SELECT event_id, tenant, contact_id, rule_id, rule_version, template_id, 'queued', true,
+           $3, $2, intent_id, $4, now()
+    FROM repeated
+    ON CONFLICT DO NOTHING
+    RETURNING intent_id, event_id, tenant, contact_id, repeats_intent_id, generation
+), intent AS (
+    SELECT intent_id, event_id, tenant, contact_id, repeats_intent_id, generation
+    FROM inserted
+    UNION ALL
+    SELECT r.intent_id, r.event_id, r.tenant, r.contact_id, r.repeats_intent_id, r.generation
+    FROM followup_intents r JOIN repeated ON r.repeats_intent_id = repeated.intent_id
+    WHERE NOT EXISTS (SELECT 1 FROM inserted)
+), send_op AS (
+    INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, external_ref)
+    SELECT $5, $9, event_id, 'send', $6, intent_id::text FROM intent
+    ON CONFLICT (op_key) DO NOTHING
+), log_op AS (
+    INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, external_ref)
+    SELECT $7, $9, event_id, 'crm-sent', $8, intent_id::text FROM intent
+    WHERE $7::text IS NOT NULL
+    ON CONFLICT (op_key) DO NOTHING
+), unlogged AS (
+    -- The first send's log in the CRM never runs (its send is not confirmed): cancelled,
+    -- as a cancelled intent's is (`CANCEL_INTENT`); the new intent has its own.
+    UPDATE operations SET status = 'cancelled', last_transition = now()
+    WHERE action = 'crm-sent' AND status = 'pending'
+      AND external_ref = (SELECT intent_id::text FROM repeated)
+      AND EXISTS (SELECT 1 FROM inserted)
+), audited AS (
+    INSERT INTO audit_log (tenant, event_id, workflow_id, contact_id, actor, action, detail)
+    SELECT tenant, event_id, $9, contact_id, $3, 'followup_send_again_approved',
+           jsonb_build_object('intent_id', intent_id::text,
+                              'repeats_intent_id', repeats_intent_id::text,
+                              'generation', generation, 'op_key', $5::text,
+                              'repeats_op_key', $1::text, 'reason', $4::text,
+                              'approved_by', $3::text)
+    FROM inserted
+)
+SELECT intent_id, generation FROM intent
+"""
+
+
+async def send_again_facts(conn: Conn, *, op_key: str) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(SEND_AGAIN_FACTS, op_key)
+    return row
+
+
+async def plan_send_again(conn: Conn, *, op_key: str, generation: int, approved_by: str,
+                          reason: str, send_op_key: str, send_max_attempts: int,
+                          sent_op_key: str | None, log_max_attempts: int,
+                          workflow_id: str) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(
+        PLAN_SEND_AGAIN, op_key, generation, approved_by, reason, send_op_key,
+        send_max_attempts, sent_op_key, log_max_attempts, workflow_id)
+    return row
 
 
 async def followup_blockers(conn: Conn, *, tenant: str, canonical_email: str,

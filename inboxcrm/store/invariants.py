@@ -44,7 +44,8 @@ WHERE $1::text IS NULL OR EXISTS (
 
 SCOPED_INTENTS = f"""
 SELECT i.intent_id::text AS intent_id, i.event_id, i.rule_id, i.rule_version, i.status,
-       i.sent_at, i.provider_message_id, c.tenant, lower(c.canonical_email) AS identity
+       i.sent_at, i.provider_message_id, c.tenant, lower(c.canonical_email) AS identity,
+       i.repeats_intent_id::text AS repeats_intent_id
 FROM followup_intents i
 JOIN inbound_events e ON e.event_id = i.event_id
 JOIN contacts c ON c.contact_id = i.contact_id

@@ -146,7 +146,7 @@ async def check_invariants(conn: asyncpg.Pool | Conn, sandbox_url: str | None, *
     report.results.append(accounted)
     report.in_flight = in_flight
     report.results.append(_review_queue(events))
-    report.results.append(_completed_operations(events, operations))
+    report.results.append(_completed_operations(events, operations, intents))
     report.results.append(_attempts(operations))
     return report
 
@@ -435,14 +435,20 @@ def _review_queue(events: list[Any]) -> CheckResult:
 FINISHED_STATES = ("completed", "suppressed", "ignored")
 
 
-def _completed_operations(events: list[Any], operations: list[Any]) -> CheckResult:
+def _completed_operations(events: list[Any], operations: list[Any],
+                          intents: list[Any]) -> CheckResult:
     """An item reported `suppressed` with its send still in progress would hide an email
-    that may have gone out (a re-planned item did, before plans were kept on re-runs)."""
+    that may have gone out (a re-planned item did, before plans were kept on re-runs). The
+    unconfirmed send a person sent again (`send_again`, a later intent repeats its intent)
+    stays as it was: it is the evidence, settled by the repeat."""
     finished = {e["workflow_id"] for e in events if e["state"] in FINISHED_STATES}
+    repeated = {i["repeats_intent_id"] for i in intents if i["repeats_intent_id"]}
     result = CheckResult("finished_items_have_settled_operations",
                          "a completed, suppressed or ignored item has no operation left "
                          "pending, failed or in progress", examined=len(finished))
     for op in operations:
+        if op["action"] == "send" and op["external_ref"] in repeated:
+            continue
         if op["workflow_id"] in finished and op["status"] not in ("completed", "cancelled"):
             result.flag([f"{op['op_key']} status:{op['status']}"])
     return result

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from temporalio.exceptions import ApplicationError
 
 from inboxcrm.adapters.errors import failure_cause
-from inboxcrm.schemas.contract import authority_refusal, decision_body
+from inboxcrm.schemas.contract import authority_refusal, decision_body, send_again_refusal
 from inboxcrm.schemas.models import (
     DECISION_ACTIONS,
     REVIEWER_LABEL_CHARS,
@@ -36,6 +36,9 @@ WaitKind = Literal["review", "followup", "recovery"]
 
 REVIEW_ACTIONS = {"approve", "hold", "reject"}
 RECOVERY_ACTIONS = {"retry", "resolve", "hold", "reject"}
+# Offered besides them where a customer-facing send is unconfirmed (behind the patch
+# `send-again`): a deliberate second send, a new intent with its own key and approval.
+SEND_AGAIN = "send_again"
 DECISION_FIELDS = {"reviewer", "note", "evidence", "corrections", "wait_id", "send_followup",
                    "decider", "path", "proof"}
 
@@ -94,6 +97,8 @@ CHOICES = {
     "reject": "reject: end it; nothing more is written or sent",
     "retry": "retry: run the step again with the same operation key",
     "resolve": "resolve: the side effect exists; record the evidence and continue",
+    "send_again": ("send_again: send the follow-up again, deliberately, as a new intent with "
+                   "its own idempotency key (the customer may get two); the note says why"),
 }
 FOLLOWUP_CHOICE = ("approve: send this follow-up (this intent only); "
                    "`\"send_followup\": false` completes the item without it")
@@ -118,7 +123,8 @@ def details(waiting: Waiting, state: ItemState) -> str:
     if waiting.error:
         lines.append(f"- destination error: `{waiting.error}`")
     if waiting.required_role:
-        lines.append(f"- retry only by a reviewer with the role `{waiting.required_role}`, "
+        lines.append(f"- retry (and send_again) only by a reviewer with the role "
+                     f"`{waiting.required_role}`, "
                      "through the review desk or `inboxcrm review` (a retry may send twice: "
                      "check the destination first, see the review card)")
     if waiting.card_url:
@@ -239,12 +245,19 @@ def refusal(waiting: Waiting | None, action: str, body: Any, state: str, *,
 def check_action(waiting: Waiting, decision: ReviewDecision) -> Refusal | None:
     """The checks that depend on what the wait is for."""
     action = decision.action
+    if action == SEND_AGAIN and action not in waiting.allowed:
+        return Refusal("no_followup_to_repeat", send_again_refusal("no_followup_to_repeat")
+                       + f" (wait {waiting.wait_id}: {waiting.reason}; allowed: "
+                       f"{', '.join(sorted(waiting.allowed))})")
     if action not in waiting.allowed:
         return Refusal(f"not_allowed_while_{waiting.kind}",
                        f"refused: {action} is not allowed at wait {waiting.wait_id} "
                        f"({waiting.reason}); allowed: {', '.join(sorted(waiting.allowed))}")
-    if action == "retry" and waiting.required_role and not decision.proof:
-        return Refusal("authority_required", authority_refusal(waiting.required_role))
+    if action in ("retry", SEND_AGAIN) and waiting.required_role and not decision.proof:
+        return Refusal("authority_required", authority_refusal(waiting.required_role, action))
+    if action == SEND_AGAIN and not (decision.note or "").strip():
+        return Refusal("reason_required", send_again_refusal("reason_required") + ", e.g. "
+                       f"{json.dumps(body_for(action, waiting))}")
     if action == "resolve" and not decision.evidence:
         return Refusal("evidence_required", "refused: resolve needs evidence (the CRM record "
                        "ID or the provider's message ID you found), e.g. "
@@ -274,6 +287,11 @@ _DESCRIPTIONS = {
     "resolve": "Blocked or ambiguous side effect already exists: mark it complete with "
                "evidence (e.g. the CRM record ID) and continue. Body: {\"reviewer\": \"name\", "
                "\"wait_id\": \"...\", \"evidence\": \"...\", \"note\": \"...\"}",
+    "send_again": "Ambiguous follow-up send: send it again deliberately, as a new intent with "
+                  "its own idempotency key and this approval (the customer may get two; the "
+                  "first intent stays as evidence). Needs the role the tenant's policy names "
+                  "(authority.repeat_customer_facing) and a note saying why. Body: "
+                  "{\"reviewer\": \"name\", \"wait_id\": \"...\", \"note\": \"why\"}",
 }
 
 

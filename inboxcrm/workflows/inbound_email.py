@@ -72,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
         ResolveInput,
         RetryGrant,
         ReviewDecision,
+        SendAgainInput,
         StateChange,
         WorkflowState,
     )
@@ -80,6 +81,7 @@ with workflow.unsafe.imports_passed_through():
         NEEDS_SENDER,
         RECOVERY_ACTIONS,
         REVIEW_ACTIONS,
+        SEND_AGAIN,
         WAIT_BARRIER,
         Refusal,
         Rejected,
@@ -135,6 +137,10 @@ PATCHES_OF_0_2 = "patches-of-0.2"
 # follow-up logged as the CRM's email activities, each its own operation. Asked only for a
 # plan that has their keys, so a plan made before them asks nothing and replays as it ran.
 CONVERSATION_IN_CRM = "conversation-in-crm"
+# A deliberate second send (docs/architecture.md §6, "Authority"): an unconfirmed follow-up
+# send's wait also offers `send_again`. Asked where such a wait opens, so a run that opened
+# one before it replays with the four recovery decisions it offered.
+SEND_AGAIN_PATCH = "send-again"
 
 # A step keeps its activity's signature: `fn(self, arg) -> result` in, `result` out.
 Owner = TypeVar("Owner")
@@ -366,9 +372,14 @@ class InboundEmailWorkflow:
                     self._continue_if_long()
                     continue
                 self._state.operations[action].status = "failed"
-                if await self._recover(err, op_key=op_key) == "resolved":
+                recovered = await self._recover(err, op_key=op_key)
+                if recovered == "resolved":
                     self._state.operations[action].status = "completed"
                     return OperationResult(status="completed", reason="resolved_by_reviewer")
+                if recovered == SEND_AGAIN:
+                    # The new intent's own operation; the first one stays as it was.
+                    op_key = self._state.operations[action].op_key
+                    op = OperationInput(self.item, op_key, ends_item=ends)
                 continue
             if result.status == "parked":
                 self._show(state, "paused", publish=True)
@@ -434,7 +445,7 @@ class InboundEmailWorkflow:
 
     # --- people in the loop --------------------------------------------------------------
     async def _recover(self, err: FailureError, op_key: str | None) -> str:
-        """Park a failed step for a person. Returns 'retry' or 'resolved'."""
+        """Park a failed step for a person. Returns 'retry', 'resolved' or 'send_again'."""
         cause = err.cause if isinstance(err, ActivityError) else err
         error_type = cause.type if isinstance(cause, ApplicationError) else None
         if error_type == ErrorType.AMBIGUOUS.value:
@@ -450,6 +461,8 @@ class InboundEmailWorkflow:
             # (docs/architecture.md §6, "Authority"). A run extracted before issue 37 has
             # none, so it replays as it ran.
             waiting.required_role = self._state.repeat_role
+            if workflow.patched(SEND_AGAIN_PATCH):
+                waiting.allowed.add(SEND_AGAIN)
         if op_key:
             # The ledger's attempts and error label, for the current details.
             view = await self._bookkeeping(ReviewActivities.describe_operation,
@@ -465,11 +478,33 @@ class InboundEmailWorkflow:
             await self._bookkeeping(ReviewActivities.resolve_operation, ResolveInput(
                 self.item, op_key, decision.reviewer, decision.evidence or ""))
             return "resolved"
+        if decision.action == SEND_AGAIN:
+            assert op_key is not None
+            await self._send_again(op_key, decision)
+            return SEND_AGAIN
         if op_key:
             await self._bookkeeping(ReviewActivities.grant_operation_retry,
                                     RetryGrant(self.item, op_key, decision.reviewer,
                                                _budget(op_key)))
         return "retry"
+
+    async def _send_again(self, op_key: str, decision: ReviewDecision) -> None:
+        """A person's deliberate second send: a new intent of the next generation, with its
+        own send (and CRM log) operation, takes the plan's place; the first intent and its
+        operations stay as they were."""
+        plan = self._state.plan
+        assert plan is not None
+        generation = self._state.send_generation + 1
+        again = await self._bookkeeping(ReviewActivities.send_followup_again, SendAgainInput(
+            self.item, op_key, decision.reviewer, decision.note or "", generation,
+            _budget(op_key), logs_sent=bool(plan.sent_op_key)))
+        self._state.send_generation = generation
+        plan.send_op_key, plan.intent_id = again.send_op_key, again.intent_id
+        self._state.operations["send"] = OperationStatus(op_key=again.send_op_key)
+        self._state.next_attempt.pop("send", None)
+        if again.sent_op_key:
+            plan.sent_op_key = again.sent_op_key
+            self._state.operations["crm-sent"] = OperationStatus(op_key=again.sent_op_key)
 
     async def _review(self, reason: str, kind: WaitKind = "review",
                       intent_id: str | None = None) -> ReviewDecision:
@@ -571,7 +606,9 @@ class InboundEmailWorkflow:
                 evidence=decision.evidence if decision else None,
                 corrections=dict(decision.corrections) if decision else {},
                 send_followup=decision.send_followup if decision else True,
-                required_role=waiting.required_role if request.action == "retry" else None))
+                required_role=(waiting.required_role
+                               if request.action in ("retry", SEND_AGAIN) else None),
+                op_key=waiting.op_key if request.action == SEND_AGAIN else None))
         if decision is not None:
             decision.reviewer = identity.decider
         if problem is None and identity.refused:
@@ -641,6 +678,11 @@ class InboundEmailWorkflow:
     def resolve(self, body: Any) -> None:
         self._arrived(Decision.RESOLVE, body, "signal")
 
+    @workflow.signal(name=Decision.SEND_AGAIN,
+                     description=signal_description(Decision.SEND_AGAIN))
+    def send_again(self, body: Any) -> None:
+        self._arrived(Decision.SEND_AGAIN, body, "signal")
+
     @workflow.update(name=Decision.APPROVE, description=update_description(Decision.APPROVE))
     async def approve_update(self, body: DecisionBody) -> ItemStatus:
         return await self._answer(Decision.APPROVE, body)
@@ -680,6 +722,15 @@ class InboundEmailWorkflow:
     @resolve_update.validator
     def validate_resolve(self, body: DecisionBody) -> None:
         self._validate(Decision.RESOLVE, body)
+
+    @workflow.update(name=Decision.SEND_AGAIN,
+                     description=update_description(Decision.SEND_AGAIN))
+    async def send_again_update(self, body: DecisionBody) -> ItemStatus:
+        return await self._answer(Decision.SEND_AGAIN, body)
+
+    @send_again_update.validator
+    def validate_send_again(self, body: DecisionBody) -> None:
+        self._validate(Decision.SEND_AGAIN, body)
 
     @workflow.signal(name=SIGNAL_WAKE, description=(
         "Sent by `inboxcrm resume`: an item parked on a pause (or waiting for the store) "
