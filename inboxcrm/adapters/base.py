@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -24,6 +25,31 @@ class ContactFields:
     email: str
     name: str | None = None
     company: str | None = None
+
+
+# Our fields a record we did not create may be filled with (policy's `updatable_fields`): never
+# the email (the record's primary email is the salesperson's), never the owner.
+FILLABLE_FIELDS = ("name", "company")
+
+
+def fields_to_fill(fields: ContactFields, allowed: Collection[str],
+                   empty: Collection[str]) -> dict[str, str]:
+    """What a fill-only write (`CrmClient.fill_contact`) sends, by our field name: the fields
+    the tenant's policy lets us update (`allowed`), that we have a value for and that the
+    record holds empty (`empty`, as the adapter read it). Anything a person set stays."""
+    ours = {"name": fields.name, "company": fields.company}
+    return {name: value.strip() for name in FILLABLE_FIELDS
+            if name in allowed and name in empty
+            and (value := ours[name]) is not None and value.strip()}
+
+
+@dataclass(frozen=True)
+class Filled:
+    """A fill-only write on a record we did not create: the record, and which of our fields
+    were written onto it (none: it held every allowed field already, nothing was sent)."""
+
+    record_id: str
+    fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,6 +105,14 @@ class CrmClient(Protocol):
 
     async def find_contact(self, external_id: str) -> CrmRecord | None:
         """Look the contact up by external ID; read-after-write consistent where possible."""
+        ...
+
+    async def fill_contact(self, record_id: str, fields: ContactFields,
+                           allowed: Collection[str]) -> Filled | None:
+        """A later write to a record we did not create (adopted, or a merge's survivor): one
+        read of it by the CRM's own ID, then only `fields_to_fill` (allowed by policy, empty
+        on the record) written; never the email, the owner, our external ID or a field a
+        person set. None: the record no longer answers (deleted), nothing was written."""
         ...
 
     async def log_note(self, note_key: str, record_id: str, text: str,

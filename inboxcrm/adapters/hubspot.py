@@ -13,9 +13,12 @@ Adoption: HubSpot keeps email unique, so a contact a salesperson created (no ID 
 answers our upsert with 409 naming it. It is adopted, and our external ID property is
 written onto it (`PATCH /crm/v3/objects/contacts/{id}`, only that property: the owner and
 every field a person set are left alone), so later lookups by our ID find it without the
-409. What no lookup rules out: a person creating the contact in HubSpot's UI in the same
-second as our create; HubSpot's email uniqueness then makes one of the two creates a 409,
-which is adopted the same way.
+409. Later writes to a record we did not create (adopted, or a merge's survivor) go through
+`fill_contact`: one `GET` of `firstname,lastname,company`, then a `PATCH` of only what policy
+allows and the record holds empty (the name counts as set when either part is); never
+`email` (the record's primary email) or `hubspot_owner_id`. What no lookup rules out: a
+person creating the contact in HubSpot's UI in the same second as our create; HubSpot's email
+uniqueness then makes one of the two creates a 409, which is adopted the same way.
 
 Merges (`survivor_of`, `claim_survivor`): a contact merged in HubSpot answers a read by its
 old ID with the surviving record (another `id`, `hs_merged_object_ids`); the CRM step follows
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
@@ -43,10 +47,12 @@ from inboxcrm.adapters.base import (
     CrmRecord,
     CrmRecordView,
     EmailActivity,
+    Filled,
     GuaranteeCheck,
     OptOut,
     OptOutWritten,
     Survivor,
+    fields_to_fill,
 )
 from inboxcrm.adapters.errors import Category, Classified, classify_response
 from inboxcrm.adapters.http import json_field, send_request
@@ -200,6 +206,37 @@ class HubSpotCrm:
         if response.status_code == 404:
             return None
         return CrmRecord(record_id=str(response.json()["id"]))
+
+    async def fill_contact(self, record_id: str, fields: ContactFields,
+                           allowed: Collection[str]) -> Filled | None:
+        path = f"/crm/v3/objects/contacts/{quote(record_id, safe='')}"
+        response = await send_request(self._client, "GET", path,
+                                      params={"properties": "firstname,lastname,company"},
+                                      passthrough=(404,), reason=_reason)
+        if response.status_code == 404:
+            return None
+        # A contact merged since the step's merge read answers as its survivor: filled so.
+        found = _view(response, self._id_property).record_id
+        properties = response.json().get("properties")
+        if not isinstance(properties, dict):
+            properties = {}
+        empty = set()
+        if not properties.get("firstname") and not properties.get("lastname"):
+            empty.add("name")
+        if not properties.get("company"):
+            empty.add("company")
+        fill = fields_to_fill(fields, allowed, empty)
+        update: dict[str, str] = {}
+        if "name" in fill:
+            first, last = _split_name(fill["name"])
+            update.update({k: v for k, v in (("firstname", first), ("lastname", last)) if v})
+        if "company" in fill:
+            update["company"] = fill["company"]
+        if update:
+            await send_request(self._client, "PATCH",
+                               f"/crm/v3/objects/contacts/{quote(found, safe='')}",
+                               json={"properties": update}, reason=_reason)
+        return Filled(record_id=found, fields=tuple(fill))
 
     async def log_note(self, note_key: str, record_id: str, text: str,
                        occurred_at: datetime) -> str:

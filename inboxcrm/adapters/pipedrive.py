@@ -20,6 +20,11 @@ failure"): the person's ID, once known, is kept on our contact row (the CRM step
    without an ID of ours is adopted: `PUT /v1/persons/{id}` with our ID in the custom field
    and `first_name`/`last_name` only where they are empty; never `owner_id`, never what a
    salesperson set. Several → `MatchCandidates` (review with the candidates).
+   Later writes to a person we did not create (adopted) are `fill_contact`: the person read
+   by ID (`GET /v1/persons/{id}`, no search), then `PUT` of `first_name`/`last_name` only
+   when the person has no name of a person's (policy allowing `name`); the company is an
+   organization (`org_id`), a lookup we never write. Persons we created are not written
+   again after the create (as before).
 3. none: `POST /v1/persons` (`name`, `email`, our ID in the custom field; no owner, so the
    person is the API token's user's, as Pipedrive assigns).
 
@@ -50,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import html
 import re
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -62,9 +68,11 @@ from inboxcrm.adapters.base import (
     CrmRecord,
     CrmRecordView,
     EmailActivity,
+    Filled,
     MatchCandidates,
     OptOut,
     OptOutWritten,
+    fields_to_fill,
 )
 from inboxcrm.adapters.errors import Category, Classified, parse_retry_after
 from inboxcrm.adapters.http import send_request
@@ -224,6 +232,21 @@ class PipedriveCrm:
         if len(ours) > 1:
             raise AdapterError(Classified(Category.PERMANENT, "pipedrive_duplicate_external_id"))
         return CrmRecord(record_id=str(ours[0]["id"]), created=False) if ours else None
+
+    async def fill_contact(self, record_id: str, fields: ContactFields,
+                           allowed: Collection[str]) -> Filled | None:
+        person = await self._person(record_id)
+        if person is None:
+            return None
+        # Pipedrive shows the email as the name of a person created without one.
+        named = person.get("first_name") or person.get("last_name") or (
+            person.get("name") and str(person.get("name")).lower() != fields.email.lower())
+        fill = fields_to_fill(fields, allowed, () if named else ("name",))
+        if "name" in fill:
+            first, last = _split_name(fill["name"])
+            await self._call("PUT", f"/v1/persons/{int(person['id'])}", json={
+                k: v for k, v in (("first_name", first), ("last_name", last)) if v})
+        return Filled(record_id=str(person["id"]), fields=tuple(fill))
 
     async def upsert_contact(self, external_id: str, fields: ContactFields) -> CrmRecord:
         """Ours by our ID, else the one person with the email adopted, else created."""

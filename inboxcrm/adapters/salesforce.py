@@ -39,7 +39,11 @@ company fields that are empty on it (`ADOPT_FILLS`), never `OwnerId` or a field 
 several → `MatchCandidates` (a person picks). Records that carry another of our IDs are not
 candidates. Our own writers are serialised by the contact row lock; what this read cannot
 rule out is a person creating the same Contact in Salesforce's UI between the read and the
-write (docs/architecture.md §5, "Activities").
+write (docs/architecture.md §5, "Activities"). Later writes to a record we did not create
+(adopted, or a merge's master) are `fill_contact`: the record read by Id (`FirstName`,
+`LastName`, the company field; a Lead's `Company`), then a `PATCH` by Id of only what policy
+allows and the record holds empty (the placeholders count as empty); never `Email`,
+`OwnerId` or our External ID.
 
 Leads. Where inbound sales mail usually lands. The tenant's `new_prospects` (`contact`, the
 default, or `lead`) decides what a person no record holds becomes: a Lead is upserted by the
@@ -65,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Collection
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from urllib.parse import quote
@@ -78,11 +83,13 @@ from inboxcrm.adapters.base import (
     CrmRecord,
     CrmRecordView,
     EmailActivity,
+    Filled,
     GuaranteeCheck,
     MatchCandidates,
     OptOut,
     OptOutWritten,
     Survivor,
+    fields_to_fill,
 )
 from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.http import send_request
@@ -415,6 +422,34 @@ class SalesforceCrm:
         if lead is None:
             return None
         return CrmRecord(record_id=_converted_to(lead) or str(lead["Id"]))
+
+    async def fill_contact(self, record_id: str, fields: ContactFields,
+                           allowed: Collection[str]) -> Filled | None:
+        lead = sobject_of(record_id) == "Lead"
+        company = "Company" if lead else self._company_field
+        names = ("FirstName", "LastName", *((company,) if company else ()))
+        record = await self._read(self._by_id(record_id), ("Id", *names))
+        if record is None:
+            return None
+        empty = set()
+        if (not record.get("FirstName")
+                and record.get("LastName") in (None, "", LAST_NAME_PLACEHOLDER)):
+            empty.add("name")
+        if company and record.get(company) in (None, "", COMPANY_PLACEHOLDER):
+            empty.add("company")
+        fill = fields_to_fill(fields, allowed, empty)
+        update: dict[str, Any] = {}
+        if "name" in fill:
+            first, last = _split_name(fill["name"])
+            if first:
+                update["FirstName"] = first
+            if last != LAST_NAME_PLACEHOLDER:
+                update["LastName"] = last
+        if "company" in fill and company:
+            update[company] = fill["company"]
+        if update:
+            await self._call("PATCH", self._by_id(record_id), json=update)
+        return Filled(record_id=record_id, fields=tuple(fill))
 
     async def log_note(self, note_key: str, record_id: str, text: str,
                        occurred_at: datetime) -> str:
