@@ -4,8 +4,9 @@ ledger, `contacts.crm_origin`) against real sandbox processes: the person writes
 another display name, company and spelling of the address; the record keeps the
 salesperson's name, email and owner, and gets only the empty field the policy allows. Our own
 record is still updated as before, with no read more. Read back through the official SDKs
-(hubspot-api-client, simple-salesforce over https; Pipedrive's documented `GET
-/v1/persons/{id}`) from the destination side."""
+(hubspot-api-client, simple-salesforce over https, pipedrive-python-lib as the conformance
+suite uses it) from the destination side. The merges: HubSpot's and Salesforce's, and
+Pipedrive's `PUT /v1/persons/{id}/merge`, followed to the survivor with no record created."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from pipedrive.client import Client as PipedriveClient
 
 from inboxcrm.activities.crm import CrmActivities
 from inboxcrm.adapters.base import CrmClient
@@ -129,8 +131,9 @@ def _read_back(org: tuple[SandboxProcess, SandboxProcess], provider: str,
         return {"first": r.get("FirstName"), "last": r.get("LastName"),
                 "company": r.get(SF_COMPANY), "email": r.get("Email"),
                 "owner": r.get("OwnerId"), "ours": r.get(SF_FIELD)}
-    person = httpx.get(f"{plain.url}/v1/persons/{record_id}",
-                       headers={"x-api-token": API_KEY}).json()["data"]
+    client = PipedriveClient(domain=plain.url)
+    client.set_api_token(API_KEY)
+    person = client.persons.get_person(int(record_id))["data"]
     return {"first": person["first_name"], "last": person["last_name"], "company": None,
             "email": person["email"][0]["value"], "owner": str(person["owner_id"]["id"]),
             "ours": person.get(CUSTOM_FIELD_KEY)}
@@ -139,6 +142,14 @@ def _read_back(org: tuple[SandboxProcess, SandboxProcess], provider: str,
 async def _upserted(store: asyncpg.Pool, op: OperationInput) -> list[dict[str, Any]]:
     rows = await store.fetch("SELECT detail FROM audit_log WHERE workflow_id = $1 AND "
                              "action = 'crm_upserted'", op.item.workflow_id)
+    return [r["detail"] if isinstance(r["detail"], dict) else json.loads(r["detail"])
+            for r in rows]
+
+
+async def _audit_of(store: asyncpg.Pool, contact_id: str, action: str
+                    ) -> list[dict[str, Any]]:
+    rows = await store.fetch("SELECT detail FROM audit_log WHERE contact_id = $1::uuid AND "
+                             "action = $2 ORDER BY audit_id", contact_id, action)
     return [r["detail"] if isinstance(r["detail"], dict) else json.loads(r["detail"])
             for r in rows]
 
@@ -199,7 +210,7 @@ async def test_an_adopted_pipedrive_person_without_a_name_gets_ours(
     assert (held["first"], held["last"], held["owner"]) == ("Fen", "Ce", "4242")
 
 
-@pytest.mark.parametrize("provider", ["hubspot", "salesforce"])
+@pytest.mark.parametrize("provider", ["hubspot", "salesforce", "pipedrive"])
 async def test_a_merge_survivor_keeps_its_email_name_and_owner(
         org: tuple[SandboxProcess, SandboxProcess], control: httpx.AsyncClient,
         store: asyncpg.Pool, provider: str) -> None:
@@ -213,6 +224,12 @@ async def test_a_merge_survivor_keeps_its_email_name_and_owner(
     if provider == "hubspot":
         merged = await control.post("/crm/v3/objects/contacts/merge", headers=AUTH, json={
             "primaryObjectId": survivor, "objectIdToMerge": ours})
+    elif provider == "pipedrive":  # `{id}` is merged into `merge_with_id`, which survives
+        merged = await control.put(f"/v1/persons/{ours}/merge",
+                                   headers={"x-api-token": API_KEY},
+                                   json={"merge_with_id": int(survivor)})
+        assert (await control.get(f"/v1/persons/{ours}", headers={"x-api-token": API_KEY})
+                ).status_code == 404
     else:
         merged = await control.post("/_sandbox/salesforce/merge", json={
             "masterRecordId": survivor, "recordToMergeIds": [ours]})
@@ -229,8 +246,15 @@ async def test_a_merge_survivor_keeps_its_email_name_and_owner(
     held = _read_back(org, provider, survivor)
     assert held["email"] == kept_email  # the survivor's primary email, not ours
     assert (held["first"], held["last"], held["owner"]) == ("Kim", "Kept", OWNERS[provider])
-    assert held["company"] == "Globex Corp" and held["ours"] == item.contact_id
+    assert held["ours"] == item.contact_id
+    if provider != "pipedrive":
+        assert held["company"] == "Globex Corp"  # empty, allowed: filled
     assert await _origin(store, item.contact_id) == (survivor, "merged")
+    [followed] = await _audit_of(store, item.contact_id, "crm_record_merged")
+    assert (followed["old"], followed["survivor"]) == (ours, survivor)
+    state = (await control.get("/_sandbox/state")).json()["contacts"]
+    assert not [c for c in state if str(c["properties"].get("email", "")).lower()
+                == item.email]  # no record created for our address
 
 
 @pytest.mark.parametrize("provider", ["hubspot", "salesforce"])

@@ -273,7 +273,7 @@ class CrmActivities:
         or None when the record was not merged (or the CRM cannot tell)."""
         if not isinstance(crm, CrmMerges):
             return None
-        survivor = await crm.survivor_of(record_id)
+        survivor = await crm.survivor_of(record_id, contact_id)
         if survivor is None:
             return None
         claimed = await crm.claim_survivor(survivor, contact_id)

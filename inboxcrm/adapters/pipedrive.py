@@ -40,6 +40,15 @@ and returns the one carrying the key, so a retry never logs the email twice;
 reconciliation without the person reads the company's newest notes (`GET /v1/notes?sort=id
 DESC`), then the persons search on `notes`.
 
+Merges (`CrmMerges`): a person merged away in Pipedrive (`PUT /v1/persons/{id}/merge` with
+`merge_with_id`, the survivor) is removed; Pipedrive's merge keeps the survivor's values and
+moves the merged person's into the survivor's empty fields, our ID field among them. So a
+stored person that no longer answers (`GET /v1/persons/{id}`: 404, or inactive) is followed
+to the person carrying our ID (`find_contact`); one merged into a person carrying another
+ID of ours is not followed (ours did not move), and the next upsert matches by email as
+for a new contact. Pipedrive's docs do not say what a read of a merged-away ID answers; the
+adapter needs only that it does not answer as an active person.
+
 Consent (`CrmConsent`): the person's `marketing_status` (`subscribed`, `unsubscribed`,
 `no_consent`, `archived`; Campaigns' field, shown on every person): `unsubscribed` is an
 opt-out; inboxcrm's own suppressions set it to `unsubscribed` by `PUT /v1/persons/{id}`.
@@ -72,6 +81,7 @@ from inboxcrm.adapters.base import (
     MatchCandidates,
     OptOut,
     OptOutWritten,
+    Survivor,
     fields_to_fill,
 )
 from inboxcrm.adapters.errors import Category, Classified, parse_retry_after
@@ -357,6 +367,32 @@ class PipedriveCrm:
 
     async def associate_note(self, note_id: str, record_id: str) -> None:
         """The note's `person_id` is set by the create itself: nothing to do."""
+
+    # --- merges ----------------------------------------------------------------------------
+    async def survivor_of(self, record_id: str,
+                          external_id: str | None = None) -> Survivor | None:
+        """A person merged away (`PUT /v1/persons/{id}/merge`) is removed, and its read names
+        no survivor; the survivor (`merge_with_id`) keeps its own values and takes the merged
+        person's where its own are empty, our ID field among them. So: the stored person
+        read by ID (one record read; the common case, it answers active, ends here); gone,
+        the person now carrying our ID is the survivor. None: still there, or gone with our
+        ID on no other person (deleted, or merged into one carrying another ID of ours)."""
+        if not record_id.isdigit() or await self._person(record_id) is not None:
+            return None
+        if external_id is None:
+            return None
+        found = await self.find_contact(external_id)
+        if found is None or found.record_id == record_id:
+            return None
+        return Survivor(record_id=found.record_id, external_id=external_id)
+
+    async def claim_survivor(self, survivor: Survivor, external_id: str) -> bool:
+        if survivor.external_id:
+            return survivor.external_id == external_id
+        key = await self.field_key()
+        await self._call("PUT", f"/v1/persons/{int(survivor.record_id)}",
+                         json={key: external_id})
+        return True
 
     # --- consent ---------------------------------------------------------------------------
     consent_field = OPT_OUT_FIELD

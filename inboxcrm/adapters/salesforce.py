@@ -492,7 +492,8 @@ class SalesforceCrm:
         owner = body.get(self._field)
         return CrmRecordView(record_id=found, external_id=str(owner) if owner else None)
 
-    async def survivor_of(self, record_id: str) -> Survivor | None:
+    async def survivor_of(self, record_id: str,
+                          external_id: str | None = None) -> Survivor | None:
         """A merged Contact is deleted and names its survivor in `MasterRecordId`, which only
         `queryAll` shows (`SELECT Id, IsDeleted, MasterRecordId FROM Contact WHERE Id = '…'`,
         a record read); a master merged in turn is followed, `MAX_MERGE_HOPS` at most. Leads
