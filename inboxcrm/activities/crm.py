@@ -234,7 +234,10 @@ class CrmActivities:
             raise missing_row("contact")
         crm = self._crm(attempt.op.item.tenant)
         contact_id = str(row["contact_id"])
-        fields = ContactFields(email=row["email"], name=row["name"], company=row["company"])
+        # What an adoption, or a later write to a record we did not create, may fill.
+        allowed = tuple(get_policy(attempt.op.item.tenant).updatable_fields)
+        fields = ContactFields(email=row["email"], name=row["name"], company=row["company"],
+                               fill=allowed)
         if row["crm_record_id"]:
             followed = await self._follow(attempt, crm, contact_id, row["crm_record_id"])
             if followed is not None:
@@ -247,7 +250,6 @@ class CrmActivities:
             if row["crm_origin"] != contacts.CrmOrigin.CREATED:
                 # Not ours (adopted, a merge's survivor, or not known): filled where empty as
                 # policy allows, by the record's own ID (one read), never written over.
-                allowed = get_policy(attempt.op.item.tenant).updatable_fields
                 filled = await crm.fill_contact(row["crm_record_id"], fields, allowed)
                 if filled is not None:
                     origin = row["crm_origin"]

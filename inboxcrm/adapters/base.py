@@ -20,16 +20,19 @@ class AdapterError(Exception):
         self.request_id = request_id
 
 
+# Our fields a record we did not create may be filled with (policy's `updatable_fields`): never
+# the email (the record's primary email is the salesperson's), never the owner.
+FILLABLE_FIELDS = ("name", "company")
+
+
 @dataclass(frozen=True)
 class ContactFields:
     email: str
     name: str | None = None
     company: str | None = None
-
-
-# Our fields a record we did not create may be filled with (policy's `updatable_fields`): never
-# the email (the record's primary email is the salesperson's), never the owner.
-FILLABLE_FIELDS = ("name", "company")
+    # Which of them an adoption may fill where the existing record holds them empty: the
+    # tenant's `updatable_fields` (the CRM step passes them).
+    fill: tuple[str, ...] = FILLABLE_FIELDS
 
 
 def fields_to_fill(fields: ContactFields, allowed: Collection[str],

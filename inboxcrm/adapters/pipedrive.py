@@ -18,8 +18,9 @@ failure"): the person's ID, once known, is kept on our contact row (the CRM step
    second create happens only when Pipedrive holds no person with our ID.
 2. the email: `…/persons/search?term={email}&fields=email&exact_match=true`. One person
    without an ID of ours is adopted: `PUT /v1/persons/{id}` with our ID in the custom field
-   and `first_name`/`last_name` only where they are empty; never `owner_id`, never what a
-   salesperson set. Several → `MatchCandidates` (review with the candidates).
+   and `first_name`/`last_name` only when the person has no name and the policy allows the
+   name; never `owner_id`, never what a salesperson set. Several → `MatchCandidates`
+   (review with the candidates).
    Later writes to a person we did not create (adopted) are `fill_contact`: the person read
    by ID (`GET /v1/persons/{id}`, no search), then `PUT` of `first_name`/`last_name` only
    when the person has no name of a person's (policy allowing `name`); the company is an
@@ -248,15 +249,10 @@ class PipedriveCrm:
         person = await self._person(record_id)
         if person is None:
             return None
-        # Pipedrive shows the email as the name of a person created without one.
-        named = person.get("first_name") or person.get("last_name") or (
-            person.get("name") and str(person.get("name")).lower() != fields.email.lower())
-        fill = fields_to_fill(fields, allowed, () if named else ("name",))
-        if "name" in fill:
-            first, last = _split_name(fill["name"])
-            await self._call("PUT", f"/v1/persons/{int(person['id'])}", json={
-                k: v for k, v in (("first_name", first), ("last_name", last)) if v})
-        return Filled(record_id=str(person["id"]), fields=tuple(fill))
+        update, filled = _fill_update(person, fields, allowed)
+        if update:
+            await self._call("PUT", f"/v1/persons/{int(person['id'])}", json=update)
+        return Filled(record_id=str(person["id"]), fields=filled)
 
     async def upsert_contact(self, external_id: str, fields: ContactFields) -> CrmRecord:
         """Ours by our ID, else the one person with the email adopted, else created."""
@@ -271,11 +267,9 @@ class PipedriveCrm:
             raise MatchCandidates(tuple(str(p["id"]) for p in free[:MAX_CANDIDATES]))
         if free:
             person = free[0]
-            update: dict[str, Any] = {key: external_id}
-            for name, value in (("first_name", first), ("last_name", last)):
-                if value and not person.get(name):
-                    update[name] = value
-            await self._call("PUT", f"/v1/persons/{person['id']}", json=update)
+            update, _ = _fill_update(person, fields, fields.fill)
+            await self._call("PUT", f"/v1/persons/{person['id']}",
+                             json={key: external_id, **update})
             return CrmRecord(record_id=str(person["id"]), created=False, adopted=True,
                              marked=True)
         body: dict[str, Any] = {
@@ -420,6 +414,20 @@ class PipedriveCrm:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _fill_update(person: dict[str, Any], fields: ContactFields,
+                 allowed: Collection[str]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """`first_name`/`last_name` for a person we did not create, only when it has no name of a
+    person's (Pipedrive shows the email as the name of a person saved without one) and the
+    policy allows the name; the company is an organization, never written by us."""
+    named = person.get("first_name") or person.get("last_name") or (
+        person.get("name") and str(person.get("name")).lower() != fields.email.lower())
+    fill = fields_to_fill(fields, allowed, () if named else ("name",))
+    if "name" not in fill:
+        return {}, ()
+    first, last = _split_name(fill["name"])
+    return {k: v for k, v in (("first_name", first), ("last_name", last)) if v}, ("name",)
 
 
 def _holds(person: dict[str, Any], email: str) -> bool:

@@ -161,3 +161,43 @@ async def test_pipedrive_fills_an_empty_name_only(held: dict[str, Any],
         [put] = puts
         assert _sent(put) == sent and filled.fields == ("name",)
     await crm.aclose()
+
+
+# --- the first adoption fills by the same rule, with the policy's fields (`fields.fill`) ---
+async def test_a_hubspot_adoption_fills_only_what_the_policy_allows() -> None:
+    crm = HubSpotCrm("http://crm.test", "t", "inboxcrm_contact_id", 5)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/batch/upsert"):
+            return httpx.Response(409, json={"status": "error", "category": "CONFLICT",
+                                             "message": "Contact already exists. Existing "
+                                                        "ID: 101"})
+        if request.method == "GET":
+            return httpx.Response(200, json={"id": "101", "properties": {
+                "firstname": "", "lastname": "", "company": "", "hubspot_owner_id": "7001"}})
+        return httpx.Response(200, json={"id": "101", "properties": {}})
+
+    seen = _recording(crm, answer)
+    fields = ContactFields("pat@example.com", "Pat Other", "Globex", fill=("company",))
+    record = await crm.upsert_contact("c-1", fields)
+    assert (record.record_id, record.adopted, record.marked) == ("101", True, True)
+    [patch] = [r for r in seen if r.method == "PATCH"]
+    assert _sent(patch) == {"properties": {"inboxcrm_contact_id": "c-1", "company": "Globex"}}
+    await crm.aclose()
+
+
+@pytest.mark.parametrize("fill, sent", [
+    (("name", "company"), {"Inboxcrm_Contact_Id__c": "c-1", "Inboxcrm_Company__c": "Globex"}),
+    ((), {"Inboxcrm_Contact_Id__c": "c-1"}),
+])
+async def test_a_salesforce_adoption_fills_only_what_the_policy_allows(
+        fill: tuple[str, ...], sent: dict[str, str]) -> None:
+    crm = SalesforceCrm("http://crm.test", "t")
+    seen = _recording(crm, lambda r: httpx.Response(204))
+    record = {"Id": "0030000000001", "FirstName": None, "LastName": "Seller",
+              "Inboxcrm_Company__c": None, "OwnerId": "005SALES"}
+    fields = ContactFields("pat@example.com", "Pat Other", "Globex", fill=fill)
+    await crm._mark("0030000000001", record, "c-1", fields)
+    [patch] = seen
+    assert _sent(patch) == sent  # the name is the salesperson's (LastName set)
+    await crm.aclose()
