@@ -19,6 +19,7 @@ import asyncpg
 import httpx
 import pytest
 from pipedrive.client import Client as PipedriveClient
+from temporalio.exceptions import ApplicationError
 
 from inboxcrm.activities.crm import CrmActivities
 from inboxcrm.adapters.base import CrmClient
@@ -281,3 +282,38 @@ async def test_a_record_we_created_is_still_updated_without_a_read(
     assert await _origin(store, item.contact_id) == (ours, "created")
     [entry] = await _upserted(store, later)
     assert (entry["crm_origin"], entry["fields_filled"]) == ("created", None)
+
+
+async def test_an_adoption_reconciled_after_a_lost_answer_is_not_written_over(
+        org: tuple[SandboxProcess, SandboxProcess], control: httpx.AsyncClient,
+        store: asyncpg.Pool) -> None:
+    """The adoption's write commits and its answer is lost (a real timeout after commit): the
+    reconciliation finds the record by our ID but cannot tell our create from an adoption,
+    so the origin is not known and later upserts fill only, as for an adopted record."""
+    item = await planned_item(store)
+    seeded = await _seed(control, "hubspot", {"email": item.email, "owner": "7001",
+                                              "firstname": "Sally", "lastname": "Seller"})
+    hang = (await control.get("/_sandbox/config")).json()["hang_seconds"]
+    (await control.post("/_sandbox/config", json={"hang_seconds": 3})).raise_for_status()
+    (await control.post("/_sandbox/faults", json={"target": "crm.update",
+                                                  "mode": "timeout_after_commit"})
+     ).raise_for_status()
+    crm = HubSpotCrm(org[0].url, API_KEY, HS_PROPERTY, 1.0)
+    try:
+        with pytest.raises(ApplicationError):  # unknown outcome: the step is retried
+            await step_env().run(CrmActivities(store, crm, 300).upsert_contact_in_crm,
+                                 item.op("crm-upsert"))
+    finally:
+        await crm.aclose()
+    again = await _step(org, "hubspot", store, item.op("crm-upsert"))
+    assert (again.status, again.reconciled, again.destination_id) == (
+        "completed", True, seeded)
+    assert await _origin(store, item.contact_id) == (seeded, None)
+
+    later = await _later(store, item, name="Other Display", company="Globex Corp")
+    assert (await _step(org, "hubspot", store, later)).destination_id == seeded
+    held = _read_back(org, "hubspot", seeded)
+    assert (held["first"], held["last"], held["owner"]) == ("Sally", "Seller", "7001")
+    assert held["email"] == item.email and held["company"] == "Globex Corp"
+    assert held["ours"] == item.contact_id
+    (await control.post("/_sandbox/config", json={"hang_seconds": hang})).raise_for_status()
