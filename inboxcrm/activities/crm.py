@@ -14,6 +14,13 @@ email is adopted, audited (`crm_record_adopted`) and counted
 (`inboxcrm_crm_adoptions_total{provider}`); several such records send the item to review
 (`crm_candidates`, the CRM's record IDs in the audit and on the card) with nothing written.
 
+A record we did not create is never written over (`contacts.crm_origin`, migration 080,
+stored with the record ID): later upserts of an adopted record, a merge's survivor or one
+whose origin is not known (reconciled) go through `CrmClient.fill_contact` by the record's
+own ID: one read, then only the fields the tenant's `updatable_fields` allows and the record
+holds empty; never the email or the owner. Records we created are upserted by our ID as
+before, with no read more.
+
 Merges (docs/architecture.md §5, "Changes of address and merges"): a contact whose stored
 record was merged in the CRM is followed to the survivor before the upsert (`CrmMerges`),
 and on a note, email or association refused for good on the stored record; audited
@@ -25,6 +32,7 @@ from __future__ import annotations
 import email.parser
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -76,6 +84,8 @@ class CrmActivities:
         self._email_runner = OutboxRunner(pool, action=Action.CRM_EMAIL.value,
                                           pause_scope="crm", max_retry_after=max_retry_after,
                                           max_park=max_park)
+        # What each upsert attempt wrote, until its success entry takes it (`_record`).
+        self._written: dict[tuple[str, int], _Written] = {}
         self._sent_runner = OutboxRunner(pool, action=Action.CRM_SENT.value, pause_scope="crm",
                                          max_retry_after=max_retry_after, max_park=max_park)
 
@@ -223,24 +233,38 @@ class CrmActivities:
         if row is None:
             raise missing_row("contact")
         crm = self._crm(attempt.op.item.tenant)
+        contact_id = str(row["contact_id"])
+        # What an adoption, or a later write to a record we did not create, may fill.
+        allowed = tuple(get_policy(attempt.op.item.tenant).updatable_fields)
+        fields = ContactFields(email=row["email"], name=row["name"], company=row["company"],
+                               fill=allowed)
         if row["crm_record_id"]:
-            followed = await self._follow(attempt, crm, str(row["contact_id"]),
-                                          row["crm_record_id"])
+            followed = await self._follow(attempt, crm, contact_id, row["crm_record_id"])
             if followed is not None:
                 # The survivor is the record now, as a salesperson left it: like an adopted
                 # record it gets our external ID only (where it carries none), never our
                 # fields over theirs; and one carrying another contact's ID of ours is not
                 # upserted by ours at all (that would create a second record).
+                self._written[_token(attempt)] = _Written(contacts.CrmOrigin.MERGED, ())
                 return followed[0]
+            if row["crm_origin"] != contacts.CrmOrigin.CREATED:
+                # Not ours (adopted, a merge's survivor, or not known): filled where empty as
+                # policy allows, by the record's own ID (one read), never written over.
+                filled = await crm.fill_contact(row["crm_record_id"], fields, allowed)
+                if filled is not None:
+                    origin = row["crm_origin"]
+                    self._written[_token(attempt)] = _Written(
+                        contacts.CrmOrigin(origin) if origin else None, filled.fields)
+                    return filled.record_id
+                # The record is gone (deleted, no survivor): matched again as a new one.
         try:
-            record = await crm.upsert_contact(
-                str(row["contact_id"]),
-                ContactFields(email=row["email"], name=row["name"], company=row["company"]),
-            )
+            record = await crm.upsert_contact(contact_id, fields)
         except MatchCandidates as many:
             return await self._to_review(attempt, crm.name, many.record_ids)
         if record.adopted:
             await self._adopted(attempt, crm.name, record)
+        self._written[_token(attempt)] = _Written(
+            contacts.CrmOrigin.ADOPTED if record.adopted else contacts.CrmOrigin.CREATED, None)
         return record.record_id
 
     async def _follow(self, attempt: Attempt, crm: CrmClient, contact_id: str,
@@ -251,7 +275,7 @@ class CrmActivities:
         or None when the record was not merged (or the CRM cannot tell)."""
         if not isinstance(crm, CrmMerges):
             return None
-        survivor = await crm.survivor_of(record_id)
+        survivor = await crm.survivor_of(record_id, contact_id)
         if survivor is None:
             return None
         claimed = await crm.claim_survivor(survivor, contact_id)
@@ -322,13 +346,34 @@ class CrmActivities:
 
     def _record(self, attempt: Attempt, record_id: str, reconciled: bool) -> Recorded:
         """The record ID goes onto the contact (`AlsoRecord.CRM_RECORD_ON_CONTACT`) with this
-        entry."""
+        entry, and with it where the record came from (`crm_origin`: None when reconciled,
+        which cannot tell our create from an adoption). `fields_filled`: our field names a
+        fill-only write put on a record we did not create (None: a normal upsert)."""
+        written = self._written.pop(_token(attempt), _Written(None, None))
         return Recorded(
             actor="crm", action="crm_upserted", contact_id=_contact_id(attempt),
             detail={"op_key": attempt.op.op_key, "crm": self._crm(attempt.op.item.tenant).name,
                     "crm_record_id": record_id, "attempt": attempt.claim.attempts,
-                    "reconciled": reconciled},
+                    "reconciled": reconciled,
+                    "crm_origin": written.origin.value if written.origin else None,
+                    "fields_filled": None if written.filled is None
+                    else list(written.filled)},
         )
+
+
+@dataclass(frozen=True)
+class _Written:
+    """What an upsert attempt did, for its success entry: the record's origin and, for a
+    record we did not create, the fields filled (None: a normal upsert)."""
+
+    origin: contacts.CrmOrigin | None
+    filled: tuple[str, ...] | None
+
+
+def _token(attempt: Attempt) -> tuple[str, int]:
+    """One attempt of one operation (its claim token): where its `_Written` is kept between
+    the write and its success entry."""
+    return attempt.op.op_key, attempt.claim.attempts
 
 
 def _contact_id(attempt: Attempt) -> str:

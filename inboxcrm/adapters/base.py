@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -19,11 +20,39 @@ class AdapterError(Exception):
         self.request_id = request_id
 
 
+# Our fields a record we did not create may be filled with (policy's `updatable_fields`): never
+# the email (the record's primary email is the salesperson's), never the owner.
+FILLABLE_FIELDS = ("name", "company")
+
+
 @dataclass(frozen=True)
 class ContactFields:
     email: str
     name: str | None = None
     company: str | None = None
+    # Which of them an adoption may fill where the existing record holds them empty: the
+    # tenant's `updatable_fields` (the CRM step passes them).
+    fill: tuple[str, ...] = FILLABLE_FIELDS
+
+
+def fields_to_fill(fields: ContactFields, allowed: Collection[str],
+                   empty: Collection[str]) -> dict[str, str]:
+    """What a fill-only write (`CrmClient.fill_contact`) sends, by our field name: the fields
+    the tenant's policy lets us update (`allowed`), that we have a value for and that the
+    record holds empty (`empty`, as the adapter read it). Anything a person set stays."""
+    ours = {"name": fields.name, "company": fields.company}
+    return {name: value.strip() for name in FILLABLE_FIELDS
+            if name in allowed and name in empty
+            and (value := ours[name]) is not None and value.strip()}
+
+
+@dataclass(frozen=True)
+class Filled:
+    """A fill-only write on a record we did not create: the record, and which of our fields
+    were written onto it (none: it held every allowed field already, nothing was sent)."""
+
+    record_id: str
+    fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,6 +108,14 @@ class CrmClient(Protocol):
 
     async def find_contact(self, external_id: str) -> CrmRecord | None:
         """Look the contact up by external ID; read-after-write consistent where possible."""
+        ...
+
+    async def fill_contact(self, record_id: str, fields: ContactFields,
+                           allowed: Collection[str]) -> Filled | None:
+        """A later write to a record we did not create (adopted, or a merge's survivor): one
+        read of it by the CRM's own ID, then only `fields_to_fill` (allowed by policy, empty
+        on the record) written; never the email, the owner, our external ID or a field a
+        person set. None: the record no longer answers (deleted), nothing was written."""
         ...
 
     async def log_note(self, note_key: str, record_id: str, text: str,
@@ -161,12 +198,17 @@ class Survivor:
 @runtime_checkable
 class CrmMerges(Protocol):
     """Optional: a CRM whose merges can be told from a read by the record's own ID (HubSpot:
-    the old ID answers the survivor; Salesforce: the deleted record's `MasterRecordId`).
+    the old ID answers the survivor; Salesforce: the deleted record's `MasterRecordId`;
+    Pipedrive: the old ID is gone and our external ID moved to the survivor).
     A contact whose stored record was merged is followed to the survivor, never re-created."""
 
-    async def survivor_of(self, record_id: str) -> Survivor | None:
+    async def survivor_of(self, record_id: str,
+                          external_id: str | None = None) -> Survivor | None:
         """The survivor `record_id` was merged into; None when it was not merged (it still
-        answers as itself, or it is gone without a survivor). A record read, no search."""
+        answers as itself, or it is gone without a survivor). A record read, no search, where
+        the CRM's read of the old ID names the survivor (HubSpot, Salesforce); Pipedrive's
+        does not, and its survivor is the person our `external_id` moved to (a lookup by it,
+        only once the old ID no longer answers)."""
         ...
 
     async def claim_survivor(self, survivor: Survivor, external_id: str) -> bool:

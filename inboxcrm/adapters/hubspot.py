@@ -11,11 +11,15 @@ default association `PUT /crm/v4/objects/notes/{noteId}/associations/default/con
 
 Adoption: HubSpot keeps email unique, so a contact a salesperson created (no ID of ours)
 answers our upsert with 409 naming it. It is adopted, and our external ID property is
-written onto it (`PATCH /crm/v3/objects/contacts/{id}`, only that property: the owner and
-every field a person set are left alone), so later lookups by our ID find it without the
-409. What no lookup rules out: a person creating the contact in HubSpot's UI in the same
-second as our create; HubSpot's email uniqueness then makes one of the two creates a 409,
-which is adopted the same way.
+written onto it (`PATCH /crm/v3/objects/contacts/{id}`, with only the name and company
+properties the policy allows that it holds empty: the owner, the email and every field a
+person set are left alone), so later lookups by our ID find it without the 409. Later
+writes to a record we did not create (adopted, or a merge's survivor) go through
+`fill_contact`: one `GET` of `firstname,lastname,company`, then a `PATCH` of only what policy
+allows and the record holds empty (the name counts as set when either part is); never
+`email` (the record's primary email) or `hubspot_owner_id`. What no lookup rules out: a
+person creating the contact in HubSpot's UI in the same second as our create; HubSpot's email
+uniqueness then makes one of the two creates a 409, which is adopted the same way.
 
 Merges (`survivor_of`, `claim_survivor`): a contact merged in HubSpot answers a read by its
 old ID with the surviving record (another `id`, `hs_merged_object_ids`); the CRM step follows
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
@@ -43,10 +48,12 @@ from inboxcrm.adapters.base import (
     CrmRecord,
     CrmRecordView,
     EmailActivity,
+    Filled,
     GuaranteeCheck,
     OptOut,
     OptOutWritten,
     Survivor,
+    fields_to_fill,
 )
 from inboxcrm.adapters.errors import Category, Classified, classify_response
 from inboxcrm.adapters.http import json_field, send_request
@@ -76,6 +83,8 @@ EMAIL_TO_CONTACT = 198
 OPT_OUT_PROPERTY = "hs_email_optout"
 # The IDs of the contacts merged into a record (`;`-separated), set by HubSpot's merge.
 MERGED_IDS_PROPERTY = "hs_merged_object_ids"
+# What a fill-only write reads: the properties it may fill.
+FILL_PROPERTIES = "firstname,lastname,company"
 _EXISTING_ID = re.compile(r"Existing ID:\s*(\d+)")
 
 
@@ -122,6 +131,33 @@ def _split_name(name: str | None) -> tuple[str | None, str | None]:
     return first or None, last or None
 
 
+def _properties(response: httpx.Response) -> dict[str, Any]:
+    try:
+        properties = response.json().get("properties")
+    except (ValueError, AttributeError):
+        return {}
+    return properties if isinstance(properties, dict) else {}
+
+
+def _fill_update(properties: dict[str, Any], fields: ContactFields,
+                 allowed: Collection[str]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The properties a fill-only write sends onto a contact we did not create (the name
+    counts as set when either part is), and our field names they are."""
+    empty = set()
+    if not properties.get("firstname") and not properties.get("lastname"):
+        empty.add("name")
+    if not properties.get("company"):
+        empty.add("company")
+    fill = fields_to_fill(fields, allowed, empty)
+    update: dict[str, str] = {}
+    if "name" in fill:
+        first, last = _split_name(fill["name"])
+        update.update({k: v for k, v in (("firstname", first), ("lastname", last)) if v})
+    if "company" in fill:
+        update["company"] = fill["company"]
+    return update, tuple(fill)
+
+
 class HubSpotCrm:
     name = "hubspot"
 
@@ -155,7 +191,7 @@ class HubSpotCrm:
             match = _EXISTING_ID.search(json_field(response, "message") or "")
             if match is None:
                 raise AdapterError(Classified(Category.PERMANENT, "http_409:CONFLICT", None, 409))
-            return await self._adopt(match.group(1), external_id)
+            return await self._adopt(match.group(1), external_id, fields)
         error = _batch_error(response) if response.status_code == 207 else {}
         if error:
             # Multi-status: our one input failed. A conflict names the owner (adopt it);
@@ -163,7 +199,7 @@ class HubSpotCrm:
             match = _EXISTING_ID.search(str(error.get("message") or ""))
             if error.get("category") == "CONFLICT" and match is not None:
                 count_conflict(ConflictKind.CRM_CONTACT_EMAIL)
-                return await self._adopt(match.group(1), external_id)
+                return await self._adopt(match.group(1), external_id, fields)
             raise AdapterError(classify_response(response, _reason(response)))
         results = response.json().get("results") or []
         if len(results) != 1 or "id" not in results[0]:
@@ -171,24 +207,26 @@ class HubSpotCrm:
             raise AdapterError(Classified(Category.UNKNOWN, "response_mismatch", None, 200))
         return CrmRecord(record_id=str(results[0]["id"]), created=results[0].get("new"))
 
-    async def _adopt(self, record_id: str, external_id: str) -> CrmRecord:
-        """Write our external ID onto the existing contact, nothing else. A contact that
-        already carries another ID of ours (two tenants sharing one HubSpot account, where
-        each holds its own contact for one address) is adopted as it is: its ID is the
-        other's, and overwriting it would take the record away from them."""
+    async def _adopt(self, record_id: str, external_id: str,
+                     fields: ContactFields) -> CrmRecord:
+        """Write our external ID onto the existing contact, with only the properties the
+        policy lets an adoption fill (`fields.fill`) that it holds empty; never the email,
+        the owner or what a person set. A contact that already carries another ID of ours
+        (two tenants sharing one HubSpot account, where each holds its own contact for one
+        address) is adopted as it is: its ID is the other's, and overwriting it would take
+        the record away from them."""
         path = f"/crm/v3/objects/contacts/{quote(record_id, safe='')}"
-        current = await send_request(self._client, "GET", path,
-                                     params={"properties": self._id_property}, reason=_reason)
-        try:
-            properties = current.json().get("properties") or {}
-        except (ValueError, AttributeError):
-            properties = {}
-        held = properties.get(self._id_property) if isinstance(properties, dict) else None
+        current = await send_request(
+            self._client, "GET", path,
+            params={"properties": f"{self._id_property},{FILL_PROPERTIES}"}, reason=_reason)
+        properties = _properties(current)
+        held = properties.get(self._id_property)
         if held:
             return CrmRecord(record_id=record_id, created=False, adopted=True,
                              marked=held == external_id)
+        update, _ = _fill_update(properties, fields, fields.fill)
         await send_request(self._client, "PATCH", path,
-                           json={"properties": {self._id_property: external_id}},
+                           json={"properties": {self._id_property: external_id, **update}},
                            reason=_reason)
         return CrmRecord(record_id=record_id, created=False, adopted=True, marked=True)
 
@@ -200,6 +238,23 @@ class HubSpotCrm:
         if response.status_code == 404:
             return None
         return CrmRecord(record_id=str(response.json()["id"]))
+
+    async def fill_contact(self, record_id: str, fields: ContactFields,
+                           allowed: Collection[str]) -> Filled | None:
+        path = f"/crm/v3/objects/contacts/{quote(record_id, safe='')}"
+        response = await send_request(self._client, "GET", path,
+                                      params={"properties": FILL_PROPERTIES},
+                                      passthrough=(404,), reason=_reason)
+        if response.status_code == 404:
+            return None
+        # A contact merged since the step's merge read answers as its survivor: filled so.
+        found = _view(response, self._id_property).record_id
+        update, filled = _fill_update(_properties(response), fields, allowed)
+        if update:
+            await send_request(self._client, "PATCH",
+                               f"/crm/v3/objects/contacts/{quote(found, safe='')}",
+                               json={"properties": update}, reason=_reason)
+        return Filled(record_id=found, fields=filled)
 
     async def log_note(self, note_key: str, record_id: str, text: str,
                        occurred_at: datetime) -> str:
@@ -290,7 +345,8 @@ class HubSpotCrm:
             return None
         return _view(response, self._id_property)
 
-    async def survivor_of(self, record_id: str) -> Survivor | None:
+    async def survivor_of(self, record_id: str,
+                          external_id: str | None = None) -> Survivor | None:
         """GET by the stored ID: a merged contact's old ID answers the surviving record (its
         `id` differs; `hs_merged_object_ids` lists the IDs merged into it)."""
         response = await send_request(

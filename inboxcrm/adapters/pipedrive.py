@@ -18,8 +18,14 @@ failure"): the person's ID, once known, is kept on our contact row (the CRM step
    second create happens only when Pipedrive holds no person with our ID.
 2. the email: `…/persons/search?term={email}&fields=email&exact_match=true`. One person
    without an ID of ours is adopted: `PUT /v1/persons/{id}` with our ID in the custom field
-   and `first_name`/`last_name` only where they are empty; never `owner_id`, never what a
-   salesperson set. Several → `MatchCandidates` (review with the candidates).
+   and `first_name`/`last_name` only when the person has no name and the policy allows the
+   name; never `owner_id`, never what a salesperson set. Several → `MatchCandidates`
+   (review with the candidates).
+   Later writes to a person we did not create (adopted) are `fill_contact`: the person read
+   by ID (`GET /v1/persons/{id}`, no search), then `PUT` of `first_name`/`last_name` only
+   when the person has no name of a person's (policy allowing `name`); the company is an
+   organization (`org_id`), a lookup we never write. Persons we created are not written
+   again after the create (as before).
 3. none: `POST /v1/persons` (`name`, `email`, our ID in the custom field; no owner, so the
    person is the API token's user's, as Pipedrive assigns).
 
@@ -34,6 +40,15 @@ key, and a log first lists the person's notes (`GET /v1/notes?person_id=`, a rec
 and returns the one carrying the key, so a retry never logs the email twice;
 reconciliation without the person reads the company's newest notes (`GET /v1/notes?sort=id
 DESC`), then the persons search on `notes`.
+
+Merges (`CrmMerges`): a person merged away in Pipedrive (`PUT /v1/persons/{id}/merge` with
+`merge_with_id`, the survivor) is removed; Pipedrive's merge keeps the survivor's values and
+moves the merged person's into the survivor's empty fields, our ID field among them. So a
+stored person that no longer answers (`GET /v1/persons/{id}`: 404, or inactive) is followed
+to the person carrying our ID (`find_contact`); one merged into a person carrying another
+ID of ours is not followed (ours did not move), and the next upsert matches by email as
+for a new contact. Pipedrive's docs do not say what a read of a merged-away ID answers; the
+adapter needs only that it does not answer as an active person.
 
 Consent (`CrmConsent`): the person's `marketing_status` (`subscribed`, `unsubscribed`,
 `no_consent`, `archived`; Campaigns' field, shown on every person): `unsubscribed` is an
@@ -50,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import html
 import re
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -62,9 +78,12 @@ from inboxcrm.adapters.base import (
     CrmRecord,
     CrmRecordView,
     EmailActivity,
+    Filled,
     MatchCandidates,
     OptOut,
     OptOutWritten,
+    Survivor,
+    fields_to_fill,
 )
 from inboxcrm.adapters.errors import Category, Classified, parse_retry_after
 from inboxcrm.adapters.http import send_request
@@ -225,6 +244,16 @@ class PipedriveCrm:
             raise AdapterError(Classified(Category.PERMANENT, "pipedrive_duplicate_external_id"))
         return CrmRecord(record_id=str(ours[0]["id"]), created=False) if ours else None
 
+    async def fill_contact(self, record_id: str, fields: ContactFields,
+                           allowed: Collection[str]) -> Filled | None:
+        person = await self._person(record_id)
+        if person is None:
+            return None
+        update, filled = _fill_update(person, fields, allowed)
+        if update:
+            await self._call("PUT", f"/v1/persons/{int(person['id'])}", json=update)
+        return Filled(record_id=str(person["id"]), fields=filled)
+
     async def upsert_contact(self, external_id: str, fields: ContactFields) -> CrmRecord:
         """Ours by our ID, else the one person with the email adopted, else created."""
         found = await self.find_contact(external_id)
@@ -238,11 +267,9 @@ class PipedriveCrm:
             raise MatchCandidates(tuple(str(p["id"]) for p in free[:MAX_CANDIDATES]))
         if free:
             person = free[0]
-            update: dict[str, Any] = {key: external_id}
-            for name, value in (("first_name", first), ("last_name", last)):
-                if value and not person.get(name):
-                    update[name] = value
-            await self._call("PUT", f"/v1/persons/{person['id']}", json=update)
+            update, _ = _fill_update(person, fields, fields.fill)
+            await self._call("PUT", f"/v1/persons/{person['id']}",
+                             json={key: external_id, **update})
             return CrmRecord(record_id=str(person["id"]), created=False, adopted=True,
                              marked=True)
         body: dict[str, Any] = {
@@ -335,6 +362,32 @@ class PipedriveCrm:
     async def associate_note(self, note_id: str, record_id: str) -> None:
         """The note's `person_id` is set by the create itself: nothing to do."""
 
+    # --- merges ----------------------------------------------------------------------------
+    async def survivor_of(self, record_id: str,
+                          external_id: str | None = None) -> Survivor | None:
+        """A person merged away (`PUT /v1/persons/{id}/merge`) is removed, and its read names
+        no survivor; the survivor (`merge_with_id`) keeps its own values and takes the merged
+        person's where its own are empty, our ID field among them. So: the stored person
+        read by ID (one record read; the common case, it answers active, ends here); gone,
+        the person now carrying our ID is the survivor. None: still there, or gone with our
+        ID on no other person (deleted, or merged into one carrying another ID of ours)."""
+        if not record_id.isdigit() or await self._person(record_id) is not None:
+            return None
+        if external_id is None:
+            return None
+        found = await self.find_contact(external_id)
+        if found is None or found.record_id == record_id:
+            return None
+        return Survivor(record_id=found.record_id, external_id=external_id)
+
+    async def claim_survivor(self, survivor: Survivor, external_id: str) -> bool:
+        if survivor.external_id:
+            return survivor.external_id == external_id
+        key = await self.field_key()
+        await self._call("PUT", f"/v1/persons/{int(survivor.record_id)}",
+                         json={key: external_id})
+        return True
+
     # --- consent ---------------------------------------------------------------------------
     consent_field = OPT_OUT_FIELD
 
@@ -361,6 +414,20 @@ class PipedriveCrm:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _fill_update(person: dict[str, Any], fields: ContactFields,
+                 allowed: Collection[str]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """`first_name`/`last_name` for a person we did not create, only when it has no name of a
+    person's (Pipedrive shows the email as the name of a person saved without one) and the
+    policy allows the name; the company is an organization, never written by us."""
+    named = person.get("first_name") or person.get("last_name") or (
+        person.get("name") and str(person.get("name")).lower() != fields.email.lower())
+    fill = fields_to_fill(fields, allowed, () if named else ("name",))
+    if "name" not in fill:
+        return {}, ()
+    first, last = _split_name(fill["name"])
+    return {k: v for k, v in (("first_name", first), ("last_name", last)) if v}, ("name",)
 
 
 def _holds(person: dict[str, Any], email: str) -> bool:

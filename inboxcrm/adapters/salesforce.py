@@ -35,11 +35,16 @@ upsert alone would create a second one (an org without a duplicate rule) or be r
 canonical email are read with SOQL (`GET …/query?q=SELECT … FROM Contact WHERE Email = '…'`,
 a record read, not a search index): none → the upsert creates ours; one → adopted: our
 External ID is written onto it by `PATCH …/sobjects/Contact/{Id}`, with only the name and
-company fields that are empty on it (`ADOPT_FILLS`), never `OwnerId` or a field a person set;
+company fields the policy allows that are empty on it (the name counts as set when any part
+is), never `Email`, `OwnerId` or a field a person set;
 several → `MatchCandidates` (a person picks). Records that carry another of our IDs are not
 candidates. Our own writers are serialised by the contact row lock; what this read cannot
 rule out is a person creating the same Contact in Salesforce's UI between the read and the
-write (docs/architecture.md §5, "Activities").
+write (docs/architecture.md §5, "Activities"). Later writes to a record we did not create
+(adopted, or a merge's master) are `fill_contact`: the record read by Id (`FirstName`,
+`LastName`, the company field; a Lead's `Company`), then a `PATCH` by Id of only what policy
+allows and the record holds empty (the placeholders count as empty); never `Email`,
+`OwnerId` or our External ID.
 
 Leads. Where inbound sales mail usually lands. The tenant's `new_prospects` (`contact`, the
 default, or `lead`) decides what a person no record holds becomes: a Lead is upserted by the
@@ -65,6 +70,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Collection
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from urllib.parse import quote
@@ -78,11 +84,13 @@ from inboxcrm.adapters.base import (
     CrmRecord,
     CrmRecordView,
     EmailActivity,
+    Filled,
     GuaranteeCheck,
     MatchCandidates,
     OptOut,
     OptOutWritten,
     Survivor,
+    fields_to_fill,
 )
 from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.http import send_request
@@ -317,9 +325,9 @@ class SalesforceCrm:
         if lead is not None:
             converted = _converted_to(lead)
             if converted is not None:
-                return await self._take_converted(converted, external_id, body)
+                return await self._take_converted(converted, external_id, fields)
             return await self._upsert(lead_path, self.lead_fields(fields))
-        adopted = await self._adopt(external_id, body)
+        adopted = await self._adopt(external_id, fields)
         if adopted is not None:
             return adopted
         if self._new_prospects == "lead":
@@ -327,7 +335,7 @@ class SalesforceCrm:
         return await self._upsert(path, body)
 
     async def _take_converted(self, contact_id: str, external_id: str,
-                              body: dict[str, Any]) -> CrmRecord:
+                              fields: ContactFields) -> CrmRecord:
         """Our Lead was converted: its Contact is the person's record from now on. Our ID is
         written onto it (unless it carries it already); one carrying another ID of ours is a
         person's call (`MatchCandidates`)."""
@@ -339,7 +347,7 @@ class SalesforceCrm:
             return CrmRecord(record_id=contact_id, created=False)
         if record.get(self._field):
             raise MatchCandidates((contact_id,))
-        return await self._mark(contact_id, record, external_id, body)
+        return await self._mark(contact_id, record, external_id, fields)
 
     def _adopt_fills(self) -> tuple[str, ...]:
         """The fields an adoption may fill, and only where the record has them empty."""
@@ -351,7 +359,8 @@ class SalesforceCrm:
         """The Contacts (or Leads) holding `email` (Salesforce compares it
         case-insensitively)."""
         extra = LEAD_STATE[1:] if sobject == "Lead" else ()
-        names = self._adopt_fills() if sobject == "Contact" else ("FirstName", "LastName")
+        names = self._adopt_fills() if sobject == "Contact" else (
+            "FirstName", "LastName", "Company")
         select = ", ".join(dict.fromkeys(("Id", "Email", self._field, *names, *extra)))
         # SOQL for Salesforce's query resource (not our store's SQL): built from words.
         query = " ".join(("SELECT", select, "FROM", sobject, "WHERE", "Email", "=",
@@ -363,10 +372,10 @@ class SalesforceCrm:
                                           response.status_code))
         return [r for r in records if isinstance(r, dict) and isinstance(r.get("Id"), str)]
 
-    async def _adopt(self, external_id: str, body: dict[str, Any]) -> CrmRecord | None:
+    async def _adopt(self, external_id: str, fields: ContactFields) -> CrmRecord | None:
         """Adopt the one Contact or unconverted Lead with the email that carries no ID of
         ours (a converted Lead stands for its Contact); None: there is none, create."""
-        email = str(body["Email"])
+        email = fields.email
         contacts = await self.existing_by_email(email)
         free = {str(r["Id"]): r for r in contacts if not r.get(self._field)}
         taken = {str(r["Id"]) for r in contacts if r.get(self._field)}
@@ -388,21 +397,47 @@ class SalesforceCrm:
         if not free:
             return None
         [(record_id, record)] = free.items()
-        return await self._mark(record_id, record, external_id, body)
+        return await self._mark(record_id, record, external_id, fields)
 
     async def _mark(self, record_id: str, record: dict[str, Any], external_id: str,
-                    body: dict[str, Any]) -> CrmRecord:
-        """Write our External ID onto a record a person created, with only the name (and
-        company) fields that are empty on it; never `OwnerId` or a field a person set."""
-        update: dict[str, Any] = {self._field: external_id}
-        fills = self._adopt_fills() if sobject_of(record_id) == "Contact" else (
-            "FirstName", "LastName")
-        for name in fills:
-            empty = record.get(name) in (None, "")
-            if empty and body.get(name) and body[name] != LAST_NAME_PLACEHOLDER:
-                update[name] = body[name]
-        await self._call("PATCH", self._by_id(record_id), json=update)
+                    fields: ContactFields) -> CrmRecord:
+        """Write our External ID onto a record a person created, with only the name and
+        company fields the policy lets an adoption fill (`fields.fill`) that are empty on it;
+        never `Email`, `OwnerId` or a field a person set."""
+        update, _ = self._fill_update(record_id, record, fields, fields.fill)
+        await self._call("PATCH", self._by_id(record_id),
+                         json={self._field: external_id, **update})
         return CrmRecord(record_id=record_id, created=False, adopted=True, marked=True)
+
+    def _fillable(self, record_id: str) -> tuple[str | None, tuple[str, ...]]:
+        """The record's company field (a Lead's standard `Company`) and the fields a fill
+        reads."""
+        company = "Company" if sobject_of(record_id) == "Lead" else self._company_field
+        return company, ("FirstName", "LastName", *((company,) if company else ()))
+
+    def _fill_update(self, record_id: str, record: dict[str, Any], fields: ContactFields,
+                     allowed: Collection[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """The fields a fill-only write sends onto a record we did not create (the name
+        counts as set when any part is; the placeholders count as empty), and our field
+        names they are."""
+        company, _ = self._fillable(record_id)
+        empty = set()
+        if (not record.get("FirstName")
+                and record.get("LastName") in (None, "", LAST_NAME_PLACEHOLDER)):
+            empty.add("name")
+        if company and record.get(company) in (None, "", COMPANY_PLACEHOLDER):
+            empty.add("company")
+        fill = fields_to_fill(fields, allowed, empty)
+        update: dict[str, Any] = {}
+        if "name" in fill:
+            first, last = _split_name(fill["name"])
+            if first:
+                update["FirstName"] = first
+            if last != LAST_NAME_PLACEHOLDER:
+                update["LastName"] = last
+        if "company" in fill and company:
+            update[company] = fill["company"]
+        return update, tuple(fill)
 
     async def find_contact(self, external_id: str) -> CrmRecord | None:
         """GET by external ID: a record read, consistent right after a write (no search
@@ -415,6 +450,17 @@ class SalesforceCrm:
         if lead is None:
             return None
         return CrmRecord(record_id=_converted_to(lead) or str(lead["Id"]))
+
+    async def fill_contact(self, record_id: str, fields: ContactFields,
+                           allowed: Collection[str]) -> Filled | None:
+        _, names = self._fillable(record_id)
+        record = await self._read(self._by_id(record_id), ("Id", *names))
+        if record is None:
+            return None
+        update, filled = self._fill_update(record_id, record, fields, allowed)
+        if update:
+            await self._call("PATCH", self._by_id(record_id), json=update)
+        return Filled(record_id=record_id, fields=filled)
 
     async def log_note(self, note_key: str, record_id: str, text: str,
                        occurred_at: datetime) -> str:
@@ -457,7 +503,8 @@ class SalesforceCrm:
         owner = body.get(self._field)
         return CrmRecordView(record_id=found, external_id=str(owner) if owner else None)
 
-    async def survivor_of(self, record_id: str) -> Survivor | None:
+    async def survivor_of(self, record_id: str,
+                          external_id: str | None = None) -> Survivor | None:
         """A merged Contact is deleted and names its survivor in `MasterRecordId`, which only
         `queryAll` shows (`SELECT Id, IsDeleted, MasterRecordId FROM Contact WHERE Id = '…'`,
         a record read); a master merged in turn is followed, `MAX_MERGE_HOPS` at most. Leads

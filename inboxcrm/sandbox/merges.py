@@ -9,7 +9,10 @@ values; HubSpot fills the survivor's empty properties from the merged one and re
 `hs_merged_object_ids` (`;`-separated) and the merged email in `hs_additional_emails`;
 Salesforce keeps the master's fields. The merged record's external ID (a unique property /
 External ID field) is not carried over: a later upsert by it finds nothing, which is what an
-integration that does not follow the merge meets.
+integration that does not follow the merge meets. Pipedrive (`PUT /v1/persons/{id}/merge`)
+keeps the survivor's (`merge_with_id`) values and fills its empty fields from the merged
+person, custom fields included, so our ID moves to a survivor that had none; the merged
+person is removed (its ID answers 404).
 """
 
 from __future__ import annotations
@@ -86,6 +89,13 @@ async def merge(pool: asyncpg.Pool, *, crm: str, survivor: int,
 
 def _merged_properties(crm: str, keep: dict[str, Any], gone: dict[str, Any],
                        merged: int) -> dict[str, Any]:
+    if crm == "pipedrive":
+        # The survivor's values win; its empty fields take the merged person's (our ID
+        # field among them: Pipedrive keeps it in a custom field, not a unique property).
+        out = {**{k: v for k, v in gone.items() if v not in (None, "")},
+               **{k: v for k, v in keep.items() if v not in (None, "")}}
+        out["email"] = keep.get("email", "")
+        return out
     if crm != "hubspot":
         return keep  # Salesforce: the master's fields
     out = {**{k: v for k, v in gone.items() if v not in (None, "")},

@@ -23,6 +23,8 @@ github.com/pipedrive/client-nodejs docs/PersonsApi.md, NotesApi.md, ItemSearchAp
   not unique by email, and a custom field is not unique either: Pipedrive has no upsert by
   an external ID, so repeating a create creates another person (that is the point).
 - `PUT /v1/persons/{id}` — 200 and the person; only the fields given change.
+- `PUT /v1/persons/{id}/merge` (`merge_with_id`) — `{id}` merged into `merge_with_id`: 200
+  and the survivor with `merge_what_id`; the merged person is gone (404).
 - `POST /v1/notes` (`content` HTML, `person_id`, `add_time` "YYYY-MM-DD HH:MM:SS") — 201 and
   the note; `GET /v1/notes?person_id=&sort=id DESC` — (the person's) notes, a record read.
 
@@ -54,6 +56,7 @@ import asyncpg
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from inboxcrm.sandbox import merges
 from inboxcrm.sandbox.core import Outcome, Sandbox, SandboxDep, read_json
 
 router = APIRouter(prefix="/v1")
@@ -374,6 +377,33 @@ async def update_person(request: Request, person_id: str, sandbox: SandboxDep) -
 
     return await run(request, sandbox, "crm.consent" if consent_only else "crm.update",
                      operation)
+
+
+@router.put("/persons/{person_id}/merge")
+async def merge_persons(request: Request, person_id: str, sandbox: SandboxDep) -> Response:
+    """`PUT /v1/persons/{id}/merge` `{"merge_with_id"}`: `{id}` is merged into `merge_with_id`,
+    which survives with its own values (its empty fields filled from the merged person) and
+    answers 200 with it and `merge_what_id`; the merged person is removed (its ID answers
+    404) and its notes move to the survivor (`inboxcrm/sandbox/merges.py`). Fault target
+    `crm.update`."""
+    body = await read_json(request)
+
+    async def operation() -> Outcome:
+        target = body.get("merge_with_id") if isinstance(body, dict) else None
+        if not person_id.isdigit() or not isinstance(target, int) or isinstance(target, bool):
+            return Outcome(pd_error(400, "Bad request: merge_with_id must be an integer"),
+                           "invalid")
+        try:
+            row = await merges.merge(sandbox.pool, crm="pipedrive", survivor=target,
+                                     merged=int(person_id))
+        except merges.MergeRefused as exc:
+            status = 404 if exc.status == 404 else 400
+            message = "Person not found" if status == 404 else str(exc)
+            return Outcome(pd_error(status, message),
+                           "not_found" if status == 404 else "invalid")
+        return Outcome(_ok({**person_json(row), "merge_what_id": int(person_id)}))
+
+    return await run(request, sandbox, "crm.update", operation)
 
 
 def _note_json(row: asyncpg.Record) -> dict[str, Any]:

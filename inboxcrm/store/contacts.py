@@ -3,12 +3,23 @@ follow-up and CRM record hangs on (docs/architecture.md §2)."""
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
+
+class CrmOrigin(enum.StrEnum):
+    """Where a contact's CRM record came from (`contacts.crm_origin`, migration 080). Only a
+    record we created is written over by later upserts; the others are filled, never
+    overwritten (`CrmClient.fill_contact`). No origin (NULL) counts as not ours."""
+
+    CREATED = "created"
+    ADOPTED = "adopted"
+    MERGED = "merged"
+
 
 # --- planning (inboxcrm/activities/match.py) ------------------------------------------------------
 UPSERT_CONTACT = """
@@ -32,12 +43,15 @@ WHERE contact_id = $1
 
 # --- the CRM steps (inboxcrm/activities/crm.py) ---------------------------------------------------
 LOAD_CONTACT = """
-SELECT contact_id, email, name, company, crm_record_id FROM contacts WHERE contact_id = $1::uuid
+SELECT contact_id, email, name, company, crm_record_id, crm_origin FROM contacts
+WHERE contact_id = $1::uuid
 """
 
-# A merge in the CRM followed: the contact's record is the survivor from now on.
+# A merge in the CRM followed: the contact's record is the survivor from now on, one a
+# salesperson kept (never written over).
 RECORD_SURVIVOR = """
-UPDATE contacts SET crm_record_id = $2, updated_at = now() WHERE contact_id = $1::uuid
+UPDATE contacts SET crm_record_id = $2, crm_origin = 'merged', updated_at = now()
+WHERE contact_id = $1::uuid
 """
 
 # `written_at`: the message's Date as extraction stored it (migration 041). `head`, the start
@@ -61,9 +75,12 @@ FROM inbound_events e JOIN contacts c ON c.contact_id = e.contact_id
 WHERE e.event_id = $1::uuid
 """
 
-# A reviewer's resolve of a CRM upsert names the contact's record ($1 op key, $2 record ID).
+# A reviewer's resolve of a CRM upsert names the contact's record ($1 op key, $2 record ID);
+# another record than the stored one has no known origin (treated as not ours).
 RECORD_RESOLVED_CRM_ID = """
-UPDATE contacts SET crm_record_id = $2, updated_at = now()
+UPDATE contacts SET crm_record_id = $2, updated_at = now(),
+    crm_origin = CASE WHEN contacts.crm_record_id IS NOT DISTINCT FROM $2
+                      THEN contacts.crm_origin END
 FROM operations o
 WHERE o.op_key = $1 AND o.action = 'crm-upsert' AND contacts.contact_id = o.external_ref::uuid
 """

@@ -132,8 +132,13 @@ class AlsoRecord(enum.Enum):
 # The mirrors, in the success statement's parameters: $2 the destination ID, $11 the
 # operation's external reference. Each applies only with the completed row.
 _MIRRORS = {
+    # With where the record came from (the detail's `crm_origin`, migration 080); a success
+    # that cannot tell (reconciled) keeps the stored origin for the same record, else none.
     AlsoRecord.CRM_RECORD_ON_CONTACT: """
-UPDATE contacts SET crm_record_id = $2, updated_at = now()
+UPDATE contacts SET crm_record_id = $2, updated_at = now(),
+    crm_origin = CASE WHEN $10::jsonb ->> 'crm_origin' IS NOT NULL
+                      THEN $10::jsonb ->> 'crm_origin'
+                      WHEN crm_record_id IS NOT DISTINCT FROM $2 THEN crm_origin END
 WHERE contact_id = $11::uuid AND EXISTS (SELECT 1 FROM completed)
 """,
     AlsoRecord.INTENT_SENT: """

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -19,6 +20,7 @@ from inboxcrm.adapters.base import (
     CrmClient,
     CrmRecord,
     CrmRecordView,
+    Filled,
     MailClient,
     OutgoingEmail,
     SentEmail,
@@ -111,6 +113,10 @@ class GatedCrm:
 
     async def find_contact(self, external_id: str) -> CrmRecord | None:
         return await self._real.find_contact(external_id)
+
+    async def fill_contact(self, record_id: str, fields: ContactFields,
+                           allowed: Collection[str]) -> Filled | None:
+        return await self._real.fill_contact(record_id, fields, allowed)
 
     async def log_note(self, note_key: str, record_id: str, text: str,
                        occurred_at: datetime) -> str:
