@@ -38,8 +38,10 @@ test: test-fast test-stack
 ## test-fast: no stack at all (pure functions, the rooms contract, workflow branches in the
 ## SDK's time-skipping environment, the alert rules under promtool); under a minute.
 ## -rs prints why a test was skipped (promtool missing where apt could not install it).
+## FAST_WORKERS: pytest-xdist processes (default 2; 0 runs them in this one)
+FAST_WORKERS ?= 2
 test-fast: $(STAMP) lint typecheck
-	$(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/fast $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n $(FAST_WORKERS) tests/fast $(PYTEST_ARGS)
 
 ## test-stack: every test that talks to real PostgreSQL, a Temporal server and the sandbox, in
 ## STACK_WORKERS pytest-xdist processes (default 2), each with its own PostgreSQL and stack and

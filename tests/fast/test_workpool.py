@@ -74,6 +74,11 @@ async def test_a_runaway_call_is_killed_at_the_limit_and_its_child_replaced(
     # the child that ran it is gone; the pool keeps answering with a new one
     assert await pool.run(work_jobs.square, 3) == 9
     pids = await _children(pool)
+    deadline = time.monotonic() + 10
+    while len(pids) < 2 and time.monotonic() < deadline:
+        # The replacement may still be starting on a busy machine: until it serves, both
+        # held calls land on the one child that answers.
+        pids = await _children(pool)
     dead = [pid for pid in victims if not _alive(pid)]
     assert len(dead) == 1 and dead[0] not in pids and len(pids) == 2
 
