@@ -17,7 +17,8 @@ roles in `imap_messages`), each sender one CRM contact and one follow-up (the sa
 registration's cap. Dovecot's own `mail_max_userip_connections` is set to that cap, so a
 login beyond it would be refused and logged; `doveadm who` is also sampled throughout.
 
-Marked slow: a few minutes on a loaded 2-core machine at the default size.
+Marked `long` (`make test-long`, which CI runs): a few minutes on a loaded 2-core machine at
+the default size.
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from inboxcrm.schemas.contract import Decision
 from inboxcrm.schemas.models import ItemStatus
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
+from tests.helpers.ambiguous import SEND_KEY, hold_send_ambiguous
 from tests.helpers.cli import add_reviewer, as_reviewer, cli
 
-SEND_KEY = "{}:send"
 CRM_KEY = "{}:crm-upsert"
 
 
@@ -65,27 +65,7 @@ async def test_an_expired_crm_token_is_queued_for_the_integration_owner(
 
 
 async def _ambiguous_send(env: StackClient) -> tuple[str, str]:
-    """A send whose first attempt hung before the provider committed it; a day passes, so
-    the key's window has passed and nothing can confirm the outcome: held `ambiguous`."""
-    email = unique_email("ambiguous")
-    await env.inject("mail.send", "timeout_before_commit")
-    await env.inject("mail.send", "timeout_before_commit", count=50)  # later attempts hang
-    workflow_id = await env.deliver(message_from(email))
-    op_key = SEND_KEY.format(workflow_id)
-
-    async def second_attempt_running() -> bool:
-        op = await env.operation(op_key)
-        return op is not None and op["attempts"] >= 2
-
-    await env.wait_for(second_attempt_running, timeout=60, what="a second send attempt")
-    await env.db.execute("UPDATE operations SET first_attempt_at = first_attempt_at - "
-                         "interval '25 hours', key_window_from = key_window_from - "
-                         "interval '25 hours' WHERE op_key = $1", op_key)
-    await env.move_sandbox_clock(advance_seconds=25 * 3600)
-    await env.reset_faults()
-    state, reason = await env.wait_state(workflow_id, "ambiguous", timeout=90)
-    assert reason == "outcome_unconfirmed"
-    return workflow_id, email
+    return await hold_send_ambiguous(env, "ambiguous", "timeout_before_commit", attempts_timeout=60)
 
 
 async def test_only_a_lead_may_retry_an_ambiguous_send(env: StackClient, stack: Stack) -> None:

@@ -26,38 +26,16 @@ from inboxcrm.platform.reviewer_identity import PATH_CLI, Principal
 from inboxcrm.schemas.contract import Decision
 from inboxcrm.schemas.models import ItemStatus
 from inboxcrm.stack.stack import Stack
-from inboxcrm.verify.probe import StackClient, message_from, unique_email
+from inboxcrm.verify.probe import StackClient
 from inboxcrm.workflows.inbound_email import InboundEmailWorkflow
+from tests.helpers.ambiguous import SEND_KEY, hold_send_ambiguous
 from tests.helpers.cli import add_reviewer, as_reviewer, cli
 from tests.helpers.histories import store_history
 from tests.helpers.messages import no_sender_message
 
-SEND_KEY = "{}:send"
-
 
 async def _sent_then_ambiguous(env: StackClient) -> tuple[str, str]:
-    """The provider took the email but its answer never came; the later attempts hang; a
-    day passes, so the key's window is over and nothing confirms the outcome: held
-    `ambiguous`, with one email in the provider's log."""
-    email = unique_email("sendagain")
-    await env.inject("mail.send", "timeout_after_commit")
-    await env.inject("mail.send", "timeout_before_commit", count=50)
-    workflow_id = await env.deliver(message_from(email))
-    op_key = SEND_KEY.format(workflow_id)
-
-    async def second_attempt_running() -> bool:
-        op = await env.operation(op_key)
-        return op is not None and op["attempts"] >= 2
-
-    await env.wait_for(second_attempt_running, timeout=90, what="a second send attempt")
-    await env.db.execute("UPDATE operations SET first_attempt_at = first_attempt_at - "
-                         "interval '25 hours', key_window_from = key_window_from - "
-                         "interval '25 hours' WHERE op_key = $1", op_key)
-    await env.move_sandbox_clock(advance_seconds=25 * 3600)
-    await env.reset_faults()
-    state, reason = await env.wait_state(workflow_id, "ambiguous", timeout=90)
-    assert (state, reason) == ("ambiguous", "outcome_unconfirmed")
-    return workflow_id, email
+    return await hold_send_ambiguous(env, "sendagain", "timeout_after_commit", attempts_timeout=90)
 
 
 async def _intents(env: StackClient, workflow_id: str) -> list[dict[str, Any]]:
