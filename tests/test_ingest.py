@@ -14,7 +14,7 @@ import pytest
 
 from inboxcrm.schemas.models import inbound_workflow_id
 from inboxcrm.stack import postgres
-from inboxcrm.store.events import FIND_EVENT, INSERT_EVENT
+from inboxcrm.store.events import find_event, insert_event
 from inboxcrm.store.migrate import apply_migrations
 
 CONCURRENT = 8
@@ -33,12 +33,15 @@ async def pool(postgres_server_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 async def _ingest(pool: asyncpg.Pool, delivery_id: str, start: asyncio.Event) -> bool:
     """What the relay does per request; True when this request stored the delivery."""
-    key = ("acme", "standard", "sales@acme.test", delivery_id)
+    key = {"tenant": "acme", "source": "postmark", "mailbox": "sales@acme.test",
+           "delivery_id": delivery_id}
     async with pool.acquire() as conn:
         await start.wait()
-        row = await conn.fetchrow(INSERT_EVENT, *key, inbound_workflow_id(*key), b"raw",
-                                  "sha", 3, "relay:standard", None)
-        row = row or await conn.fetchrow(FIND_EVENT, *key)
+        row = await insert_event(
+            conn, **key, workflow_id=inbound_workflow_id(*key.values()), raw=b"raw",
+            content_sha256="sha", size_bytes=3, actor="relay:postmark",
+            provider_event=b"{}", provider_event_type="application/json")
+        row = row or await find_event(conn, **key)
     assert row is not None
     return bool(row.get("new"))
 
@@ -60,5 +63,8 @@ async def test_concurrent_redeliveries_store_once_and_never_fail(pool: asyncpg.P
         received = await pool.fetchval(
             "SELECT count(*) FROM audit_log a JOIN inbound_events e USING (event_id) "
             "WHERE e.delivery_id = $1 AND a.action = 'received'", delivery_id)
-        assert (stored, received) == (1, 1)
+        kept = await pool.fetchval(
+            "SELECT count(*) FROM provider_events p JOIN inbound_events e USING (event_id) "
+            "WHERE e.delivery_id = $1", delivery_id)
+        assert (stored, received, kept) == (1, 1, 1)
     assert failures == []
