@@ -63,11 +63,7 @@ from inboxcrm.schemas.destinations import TenantDestinations
 from inboxcrm.store import audit, db, worker_destinations
 from inboxcrm.workflows.consent_sync import ConsentSyncWorkflow
 from inboxcrm.workflows.drift_check import DriftCheckWorkflow
-from inboxcrm.workflows.inbound_email import (
-    CRM_MAX_ATTEMPTS,
-    SEND_MAX_ATTEMPTS,
-    InboundEmailWorkflow,
-)
+from inboxcrm.workflows.inbound_email import InboundEmailWorkflow
 from inboxcrm.workflows.mailbox_gmail import GmailWatchWorkflow
 from inboxcrm.workflows.mailbox_graph import GraphMailboxWorkflow
 from inboxcrm.workflows.mailbox_watch import MailboxWatchWorkflow
@@ -113,7 +109,7 @@ def activity_functions(pool: asyncpg.Pool, crm: CrmClient | Destinations,
     destinations = crm if isinstance(crm, Destinations) else Destinations.fixed(crm, mail)
     extract = ExtractActivities(pool, extractor, max_retry_after, review_base_url,
                                 model_queue, runner)
-    match = MatchActivities(pool, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
+    match = MatchActivities(pool)
     crm_acts = CrmActivities(pool, destinations, max_retry_after, max_park, settings)
     send = SendActivities(pool, destinations, max_retry_after, settings, max_park)
     # Unproven decisions are refused by what the process runs under (production, unless

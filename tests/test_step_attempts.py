@@ -19,7 +19,7 @@ from inboxcrm.schemas.models import ItemRef, PlanInput
 from inboxcrm.schemas.outcomes import ErrorType
 from inboxcrm.store.suppression import suppress_identity
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
-from inboxcrm.workflows.inbound_email import CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS
+from inboxcrm.workflows.inbound_email import SEND_MAX_ATTEMPTS
 from tests.helpers.time_skipping import stored_event
 
 
@@ -84,7 +84,7 @@ async def test_a_rerun_of_planning_keeps_the_first_runs_decisions(
     item = ItemRef(event_id=event_id, workflow_id=workflow_id, tenant="acme")
     await ActivityEnvironment().run(
         ExtractActivities(db, RulesExtractor(), 30.0).extract_message, item)
-    planner = MatchActivities(db, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
+    planner = MatchActivities(db)
 
     first = await ActivityEnvironment().run(planner.match_and_plan, PlanInput(item))
     async with db.acquire() as conn, conn.transaction():
@@ -113,7 +113,7 @@ async def test_planning_a_followup_writes_it_whole_and_clears_its_count(
     item = ItemRef(event_id=event_id, workflow_id=workflow_id, tenant="acme")
     await ActivityEnvironment().run(
         ExtractActivities(db, RulesExtractor(), 30.0).extract_message, item)
-    planner = MatchActivities(db, CRM_MAX_ATTEMPTS, SEND_MAX_ATTEMPTS)
+    planner = MatchActivities(db)
 
     for _ in range(2):
         plan = await ActivityEnvironment().run(planner.match_and_plan, PlanInput(item))

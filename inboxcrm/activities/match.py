@@ -38,10 +38,8 @@ PLAN_STEP = "plan"
 
 
 class MatchActivities:
-    def __init__(self, pool: asyncpg.Pool, crm_max_attempts: int, send_max_attempts: int) -> None:
+    def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
-        self._crm_max_attempts = crm_max_attempts
-        self._send_max_attempts = send_max_attempts
 
     @activity.defn(name="match_and_plan")
     async def match_and_plan(self, plan: PlanInput) -> PlanResult:
@@ -63,8 +61,7 @@ class MatchActivities:
         async with self._pool.acquire() as conn, conn.transaction():
             gathered = await _gather(conn, plan, policy)
             decided = planning.plan(gathered.facts)
-            writer = _Writer(conn, plan, policy, gathered, self._crm_max_attempts,
-                             self._send_max_attempts, attempt)
+            writer = _Writer(conn, plan, policy, gathered, attempt)
             return await writer.write(decided)
 
 
@@ -141,7 +138,7 @@ class _Writer:
 
     def __init__(
         self, conn: Conn, plan: PlanInput, policy: TenantPolicy, gathered: _Gathered,
-        crm_max_attempts: int, send_max_attempts: int, attempt: StepAttempt,
+        attempt: StepAttempt,
     ) -> None:
         self.conn = conn
         self.item = plan.item
@@ -149,8 +146,9 @@ class _Writer:
         self.policy = policy
         self.gathered = gathered
         self.contact_id = gathered.contact_id
-        self.crm_max_attempts = crm_max_attempts
-        self.send_max_attempts = send_max_attempts
+        # The tenant's retry settings (policy `retries`): the ledger's budgets, carried in
+        # the plan for the workflow's retry policies.
+        self.crm_retry = policy.retries.crm.step_retry()
         # The step's attempt count, cleared by the planned follow-up's statement.
         self.attempt = attempt
 
@@ -219,10 +217,10 @@ class _Writer:
                                               "rule": "exact_canonical_email",
                                               "approved_by": self.approved_by}),
                 crm_op_key=crm_key, crm_action=Action.CRM_UPSERT.value,
-                max_attempts=self.crm_max_attempts, note_op_key=note_key,
+                max_attempts=self.crm_retry.max_attempts, note_op_key=note_key,
                 note_action=Action.CRM_NOTE.value)
         result = PlanResult(outcome="planned", contact_id=str(self.contact_id),
-                            crm_op_key=crm_key, note_op_key=note_key)
+                            crm_op_key=crm_key, note_op_key=note_key, crm_retry=self.crm_retry)
         # The inbound email as the CRM's email activity: its own operation and key.
         result.email_op_key = await self._operation(Action.CRM_EMAIL, self.item.event_id)
         assert decided.followup is not None
@@ -237,7 +235,7 @@ class _Writer:
         await ledger.plan_operation(
             self.conn, op_key=key, workflow_id=self.item.workflow_id,
             event_id=self.item.event_id, action=action.value,
-            max_attempts=self.crm_max_attempts, external_ref=external_ref)
+            max_attempts=self.crm_retry.max_attempts, external_ref=external_ref)
         return key
 
     async def _followup(self, result: PlanResult,
@@ -284,6 +282,7 @@ class _Writer:
         # the template at this version is stored with the intent (docs/architecture.md §5).
         template = self.policy.template_for(rule)
         version = self.policy.rule_version(rule)
+        send_retry = self.policy.send_retry(rule)
         intent = await intents.plan_followup(
             self.conn, event_id=self.item.event_id, tenant=self.item.tenant,
             contact_id=self.contact_id, rule_id=rule.rule_id, rule_version=version,
@@ -291,7 +290,7 @@ class _Writer:
             needs_approval=decision.needs_approval, approval_reason=decision.approval_reason,
             template_sources=template.sources(), send_op_key=send_key,
             workflow_id=self.item.workflow_id, action=Action.SEND.value,
-            max_attempts=self.send_max_attempts,
+            max_attempts=send_retry.max_attempts,
             audit_detail=audit.json_safe({"rule_id": rule.rule_id, "rule_version": version,
                                           "template": template.ref}),
             step=PLAN_STEP, ramp=decision.ramp)
@@ -299,6 +298,7 @@ class _Writer:
             raise missing_row("followup_intent")
         self.attempt.cleared()
         result.send_op_key = send_key
+        result.send_retry = send_retry
         result.intent_id = str(intent["intent_id"])
         result.intent_needs_approval = intent["status"] == "awaiting_approval"
         result.approval_reason = intent["approval_reason"]

@@ -40,6 +40,16 @@ from inboxcrm.schemas.destinations import (
     check_secret,
     tenant_env_suffix,
 )
+from inboxcrm.schemas.models import (
+    DEFAULT_CRM_RETRY,
+    DEFAULT_SEND_RETRY,
+    DEFAULT_URGENT_SEND_RETRY,
+    RETRY_BACKOFF,
+    RETRY_INITIAL_SECONDS,
+    RETRY_MAX_ATTEMPTS,
+    RETRY_MAXIMUM_SECONDS,
+    StepRetry,
+)
 from inboxcrm.schemas.outcomes import OWNER_CAUSES
 from inboxcrm.schemas.sources import SourceName
 
@@ -88,6 +98,10 @@ class FollowupRule(_Strict):
     # the latter. The lawful basis is the consent record each send of the rule carries.
     purpose: SendPurpose = "service"
     lawful_basis: str = Field(default="reply_to_inquiry", pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    # How soon its follow-up must go out or reach a person: `urgent` sends with the policy's
+    # `retries.urgent_send` (quick attempts, a person asked within about a minute), `normal`
+    # with `retries.send`.
+    urgency: Literal["normal", "urgent"] = "normal"
 
     @field_validator("intents")
     @classmethod
@@ -171,6 +185,44 @@ class Ramp(_Strict):
 
     days: float = Field(gt=0, le=90)
     max_auto_followups_per_hour: int = Field(ge=0, le=100_000)
+
+
+class RetrySettings(_Strict):
+    """The retries of one kind of destination call: the first wait, doubling (`backoff`) up to
+    `maximum_seconds`, at most `max_attempts` attempts; then a person is asked. Held within
+    the bounds of inboxcrm/schemas/models.py (RETRY_*), so no tenant can hammer a shared
+    provider account or leave an item unseen for long."""
+
+    max_attempts: int = Field(ge=1, le=RETRY_MAX_ATTEMPTS)
+    initial_seconds: float = Field(ge=RETRY_INITIAL_SECONDS[0], le=RETRY_INITIAL_SECONDS[1])
+    maximum_seconds: float = Field(gt=0, le=RETRY_MAXIMUM_SECONDS)
+    backoff: float = Field(default=2.0, ge=RETRY_BACKOFF[0], le=RETRY_BACKOFF[1])
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RetrySettings:
+        if self.maximum_seconds < self.initial_seconds:
+            raise ValueError(f"maximum_seconds ({self.maximum_seconds}) is below "
+                             f"initial_seconds ({self.initial_seconds})")
+        return self
+
+    @classmethod
+    def of(cls, settings: StepRetry) -> RetrySettings:
+        return cls(max_attempts=settings.max_attempts, initial_seconds=settings.initial_seconds,
+                   maximum_seconds=settings.maximum_seconds, backoff=settings.backoff)
+
+    def step_retry(self) -> StepRetry:
+        return StepRetry(max_attempts=self.max_attempts, initial_seconds=self.initial_seconds,
+                         maximum_seconds=self.maximum_seconds, backoff=self.backoff)
+
+
+class Retries(_Strict):
+    """The tenant's retry settings (docs/architecture.md §4, "Retries"): CRM calls, the send,
+    and the send of a rule of `urgency = "urgent"`. The plan carries them, so the workflow's
+    retries and the ledger's budget agree, and an edit applies to items planned after it."""
+
+    crm: RetrySettings = RetrySettings.of(DEFAULT_CRM_RETRY)
+    send: RetrySettings = RetrySettings.of(DEFAULT_SEND_RETRY)
+    urgent_send: RetrySettings = RetrySettings.of(DEFAULT_URGENT_SEND_RETRY)
 
 
 class Retention(_Strict):
@@ -333,6 +385,7 @@ class TenantPolicy(_Strict):
     spam_action: Literal["ignore", "review"] = "ignore"
     # Its share of the installation: Temporal fairness weight and relay intake rate.
     capacity: Capacity = Capacity()
+    retries: Retries = Retries()
     # How long its data is kept (the scheduled retention run): nothing by default.
     retention: Retention = Retention()
     # The scope of each kind of suppression (docs/consent.md), e.g.
@@ -384,6 +437,11 @@ class TenantPolicy(_Strict):
     def suppression_scope(self, reason: str) -> SuppressionScope:
         """The scope a suppression recorded for `reason` gets under this policy."""
         return self.suppression_scopes.get(reason, "all")
+
+    def send_retry(self, rule: FollowupRule) -> StepRetry:
+        """The send's retry settings under the rule's urgency."""
+        chosen = self.retries.urgent_send if rule.urgency == "urgent" else self.retries.send
+        return chosen.step_retry()
 
     def marketing_rule_ids(self) -> list[str]:
         return [r.rule_id for r in self.followup_rules if r.purpose == "marketing"]

@@ -137,6 +137,35 @@ class PlanInput:
 
 
 @dataclass
+class StepRetry:
+    """A tenant's retry settings of one kind of destination call (policy `retries`), carried
+    in the plan so that the workflow's retry policy and the ledger's attempt budget agree and
+    a policy edit never changes a plan already made (docs/architecture.md §4, "Retries")."""
+
+    max_attempts: int
+    initial_seconds: float
+    maximum_seconds: float
+    backoff: float = 2.0
+
+
+# The bounds a tenant's retry settings stay within (policy `retries`): enough attempts to ride
+# out a provider's rate limit or a short outage, never so many or so fast that one tenant
+# hammers a shared provider account, and never a wait so long that an item sits unseen (past
+# the last attempt a person is asked). The ledger enforces the same budget.
+RETRY_MAX_ATTEMPTS = 10
+RETRY_INITIAL_SECONDS = (0.5, 60.0)
+RETRY_MAXIMUM_SECONDS = 600.0
+RETRY_BACKOFF = (1.0, 4.0)
+# The defaults: what every tenant had before policy `retries`.
+DEFAULT_CRM_RETRY = StepRetry(max_attempts=6, initial_seconds=1.0, maximum_seconds=60.0)
+DEFAULT_SEND_RETRY = StepRetry(max_attempts=6, initial_seconds=1.0, maximum_seconds=60.0)
+# A rule of `urgency = "urgent"`: quick attempts, so its follow-up goes out or reaches a
+# person within about a minute.
+DEFAULT_URGENT_SEND_RETRY = StepRetry(max_attempts=4, initial_seconds=0.5,
+                                      maximum_seconds=10.0)
+
+
+@dataclass
 class PlanResult:
     outcome: PlanOutcome
     reason: str | None = None
@@ -154,6 +183,10 @@ class PlanResult:
     # follow-up's (`crm-sent`). None in a plan made before them: the workflow skips them.
     email_op_key: str | None = None
     sent_op_key: str | None = None
+    # The tenant's retry settings of the CRM calls and of the send (policy `retries`, the
+    # rule's `send_retry`). None in a plan made before them: the code's defaults.
+    crm_retry: StepRetry | None = None
+    send_retry: StepRetry | None = None
 
 
 @dataclass

@@ -122,6 +122,7 @@ with workflow.unsafe.imports_passed_through():
         STORE_WAIT_FIRST,
         STORE_WAIT_MAX,
         WAIT_JITTER,
+        destination_retry,
         is_store_outage,
         is_worker_draining,
     )
@@ -266,17 +267,22 @@ class InboundEmailWorkflow:
         # send.
         end = None if plan.send_op_key and plan.intent_id else _end_without_followup(plan)
         logs_email = bool(plan.email_op_key) and workflow.patched(CONVERSATION_IN_CRM)
+        # The tenant's retry settings as planned (policy `retries`); a plan made before them
+        # carries none and runs with the defaults it ran with.
+        crm_retry = CRM_RETRY if plan.crm_retry is None else destination_retry(plan.crm_retry)
+        send_retry = (SEND_RETRY if plan.send_retry is None
+                      else destination_retry(plan.send_retry))
         last = await self._operation(CrmActivities.upsert_contact_in_crm, plan.crm_op_key,
-                                     ItemState.CRM_PENDING, CRM_RETRY,
+                                     ItemState.CRM_PENDING, crm_retry,
                                      ends=None if plan.note_op_key or logs_email else end)
         if plan.note_op_key:
             last = await self._operation(CrmActivities.log_email_on_contact, plan.note_op_key,
-                                         ItemState.CRM_PENDING, CRM_RETRY,
+                                         ItemState.CRM_PENDING, crm_retry,
                                          ends=None if logs_email else end)
         if logs_email:
             assert plan.email_op_key is not None
             last = await self._operation(CrmActivities.log_inbound_email_in_crm,
-                                         plan.email_op_key, ItemState.CRM_PENDING, CRM_RETRY,
+                                         plan.email_op_key, ItemState.CRM_PENDING, crm_retry,
                                          ends=end)
         if end is not None:
             await self._ended(end, last)
@@ -300,7 +306,7 @@ class InboundEmailWorkflow:
         # send (the same patch: a plan has both keys or neither of them).
         logs_sent = logs_email and bool(plan.sent_op_key)
         sent = await self._operation(SendActivities.submit_followup_email, plan.send_op_key,
-                                     ItemState.SEND_PENDING, SEND_RETRY,
+                                     ItemState.SEND_PENDING, send_retry,
                                      ends=None if logs_sent else sent_end)
         if sent.status == "cancelled":
             await self._enter(ItemState.SUPPRESSED, sent.reason)
@@ -308,7 +314,7 @@ class InboundEmailWorkflow:
         if logs_sent:
             assert plan.sent_op_key is not None
             sent = await self._operation(CrmActivities.log_followup_in_crm, plan.sent_op_key,
-                                         ItemState.SEND_PENDING, CRM_RETRY, ends=sent_end)
+                                         ItemState.SEND_PENDING, crm_retry, ends=sent_end)
         await self._ended(sent_end, sent)
 
     async def _ended(self, end: ItemEnd, last: OperationResult) -> None:
@@ -349,6 +355,16 @@ class InboundEmailWorkflow:
                     continue
                 await self._recover(err, op_key=None)
 
+    def _budget(self, op_key: str) -> int:
+        """The ledger's attempt budget of an operation (and of each reviewer's retry): the
+        plan's retry settings (policy `retries`), else the defaults a plan was made with."""
+        plan = self._state.plan
+        if op_key.endswith(":send"):
+            settings = plan.send_retry if plan else None
+            return SEND_MAX_ATTEMPTS if settings is None else settings.max_attempts
+        settings = plan.crm_retry if plan else None
+        return CRM_MAX_ATTEMPTS if settings is None else settings.max_attempts
+
     async def _operation(self, fn: Step[Owner, OperationInput, OperationResult], op_key: str,
                          state: ItemState, retry: RetryPolicy,
                          ends: ItemEnd | None = None) -> OperationResult:
@@ -361,7 +377,8 @@ class InboundEmailWorkflow:
         while True:
             self._show(state)
             try:
-                attempt, budget = self._state.next_attempt.get(action, (1, _budget(op_key)))
+                first = (1, self._budget(op_key))
+                attempt, budget = self._state.next_attempt.get(action, first)
                 result = await self._activity(fn, op, OPERATION_TIMEOUT, retry,
                                               summary=f"{action} attempt {attempt}/{budget}")
             except STEP_FAILURES as err:
@@ -471,7 +488,7 @@ class InboundEmailWorkflow:
             waiting.error = view.last_error
             action = op_key.rsplit(":", 1)[-1]
             self._state.next_attempt[action] = (view.attempts + 1,
-                                                view.attempts + _budget(op_key))
+                                                view.attempts + self._budget(op_key))
         decision = await self._wait_for_person(waiting, state)
         if decision.action == "resolve":
             assert op_key is not None
@@ -485,7 +502,7 @@ class InboundEmailWorkflow:
         if op_key:
             await self._bookkeeping(ReviewActivities.grant_operation_retry,
                                     RetryGrant(self.item, op_key, decision.reviewer,
-                                               _budget(op_key)))
+                                               self._budget(op_key)))
         return "retry"
 
     async def _send_again(self, op_key: str, decision: ReviewDecision) -> None:
@@ -497,7 +514,7 @@ class InboundEmailWorkflow:
         generation = self._state.send_generation + 1
         again = await self._bookkeeping(ReviewActivities.send_followup_again, SendAgainInput(
             self.item, op_key, decision.reviewer, decision.note or "", generation,
-            _budget(op_key), logs_sent=bool(plan.sent_op_key)))
+            self._budget(op_key), logs_sent=bool(plan.sent_op_key)))
         self._state.send_generation = generation
         plan.send_op_key, plan.intent_id = again.send_op_key, again.intent_id
         self._state.operations["send"] = OperationStatus(op_key=again.send_op_key)
@@ -888,6 +905,3 @@ def _park_wait(fallback: timedelta, retry_at: str | None) -> timedelta:
     return min(wait, max(remaining, timedelta(0)) + max(spread, timedelta(0)) + PARK_END_MIN)
 
 
-def _budget(op_key: str) -> int:
-    """The ledger's attempt budget of an operation (and of each reviewer's retry)."""
-    return SEND_MAX_ATTEMPTS if op_key.endswith(":send") else CRM_MAX_ATTEMPTS

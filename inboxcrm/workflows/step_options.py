@@ -15,6 +15,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as StepTimeout
 
+from inboxcrm.schemas.models import DEFAULT_CRM_RETRY, DEFAULT_SEND_RETRY, StepRetry
 from inboxcrm.schemas.outcomes import ErrorType
 
 # --- Retry policies: bounded everywhere, each with the reason beside it -----------------
@@ -27,17 +28,25 @@ EXTRACT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_inter
 # ≤5 s at a time, for a send already on the wire: up to one send lease), then a person looks.
 PLAN_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(
     seconds=20), maximum_attempts=8, non_retryable_error_types=NON_RETRYABLE)
-# CRM calls: rate limits and outages clear within minutes; the ledger enforces the same cap.
-CRM_MAX_ATTEMPTS = 6
-CRM_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-                        maximum_interval=timedelta(seconds=60),
-                        maximum_attempts=CRM_MAX_ATTEMPTS, non_retryable_error_types=NON_RETRYABLE)
-# Mail provider: same shape as the CRM; the idempotency key makes every retry safe.
-SEND_MAX_ATTEMPTS = 6
-SEND_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-                         maximum_interval=timedelta(seconds=60),
-                         maximum_attempts=SEND_MAX_ATTEMPTS,
-                         non_retryable_error_types=NON_RETRYABLE)
+# CRM calls and the send: rate limits and outages clear within minutes; the idempotency key
+# makes every retry safe, and the ledger enforces the same cap. These are the defaults; a
+# tenant's policy `retries` may set others within the bounds of inboxcrm/schemas/models.py,
+# and the plan carries them (`destination_retry`).
+CRM_MAX_ATTEMPTS = DEFAULT_CRM_RETRY.max_attempts
+SEND_MAX_ATTEMPTS = DEFAULT_SEND_RETRY.max_attempts
+
+
+def destination_retry(settings: StepRetry) -> RetryPolicy:
+    """The retry policy of a destination call (a CRM call or the send) under settings."""
+    return RetryPolicy(initial_interval=timedelta(seconds=settings.initial_seconds),
+                       backoff_coefficient=settings.backoff,
+                       maximum_interval=timedelta(seconds=settings.maximum_seconds),
+                       maximum_attempts=settings.max_attempts,
+                       non_retryable_error_types=NON_RETRYABLE)
+
+
+CRM_RETRY = destination_retry(DEFAULT_CRM_RETRY)
+SEND_RETRY = destination_retry(DEFAULT_SEND_RETRY)
 # Bookkeeping writes (state, audit, review tasks) are idempotent single statements: a few
 # quick attempts (about a minute against a frozen store), then the workflow waits for the
 # store (STORE_WAIT_*) and tries again, for as long as the outage lasts. Only a store outage
@@ -119,3 +128,42 @@ def is_store_outage(err: BaseException) -> bool:
         return True
     return (isinstance(cause, ApplicationError)
             and cause.type == ErrorType.STORE_UNAVAILABLE.value)
+
+
+def retry_caps_markdown() -> str:
+    """The runbook's table of attempt caps, rendered from the constants above, so the docs
+    cannot drift from the code (docs/architecture.md §4 holds it; tests/fast/
+    test_retry_caps_doc.py compares them)."""
+    from inboxcrm.schemas.models import (
+        DEFAULT_URGENT_SEND_RETRY,
+        RETRY_BACKOFF,
+        RETRY_INITIAL_SECONDS,
+        RETRY_MAX_ATTEMPTS,
+        RETRY_MAXIMUM_SECONDS,
+    )
+
+    def row(step: str, policy: RetryPolicy, then: str) -> str:
+        maximum = policy.maximum_interval.total_seconds() if policy.maximum_interval else 0
+        return (f"| {step} | {policy.maximum_attempts} | "
+                f"{policy.initial_interval.total_seconds():g} s | {maximum:g} s | "
+                f"{policy.backoff_coefficient:g} | {then} |")
+
+    lines = [
+        "| step | attempts | first wait | longest wait | backoff | after the last |",
+        "|---|---|---|---|---|---|",
+        row("extraction", EXTRACT_RETRY, "`blocked`, a person looks"),
+        row("planning", PLAN_RETRY, "`blocked`, a person looks"),
+        row("CRM calls (policy `retries.crm`)", CRM_RETRY,
+            "`blocked / retries_exhausted`; a reviewer's retry grants as many again"),
+        row("the send (policy `retries.send`)", SEND_RETRY,
+            "`blocked / retries_exhausted`; a reviewer's retry grants as many again"),
+        row("an urgent rule's send (policy `retries.urgent_send`)",
+            destination_retry(DEFAULT_URGENT_SEND_RETRY), "as the send"),
+        row("bookkeeping", BOOKKEEPING_RETRY,
+            "the workflow waits for the store, then tries again"),
+    ]
+    bounds = (f"A tenant's `retries` stay within: attempts 1 to {RETRY_MAX_ATTEMPTS}, first wait "
+              f"{RETRY_INITIAL_SECONDS[0]:g} to {RETRY_INITIAL_SECONDS[1]:g} s, longest wait "
+              f"at most {RETRY_MAXIMUM_SECONDS:g} s, backoff {RETRY_BACKOFF[0]:g} to "
+              f"{RETRY_BACKOFF[1]:g}.")
+    return "\n".join([*lines, "", bounds])

@@ -68,6 +68,7 @@ from inboxcrm.schemas.models import (
     RetryGrant,
     ShadowPlanResult,
     StateChange,
+    StepRetry,
 )
 from inboxcrm.schemas.outcomes import ErrorType
 from inboxcrm.workflows import step_options
@@ -105,6 +106,8 @@ class Scenario:
     # do; False: as a step found already completed answers), and what each step was given.
     last_step_records_end: bool = False
     ends: dict[str, ItemEnd | None] = field(default_factory=dict)
+    # The attempt budget each reviewer's retry granted.
+    budgets: list[int] = field(default_factory=list)
 
     def completed(self, op: OperationInput, action: str, destination_id: str
                   ) -> OperationResult:
@@ -190,6 +193,7 @@ class Scenario:
         @activity.defn(name="grant_operation_retry")
         async def grant_operation_retry(grant: RetryGrant) -> None:
             self.calls["retry_granted"] += 1
+            self.budgets.append(grant.budget)
 
         @activity.defn(name="apply_review_corrections")
         async def apply_review_corrections(correction: CorrectionInput) -> list[str]:
@@ -526,6 +530,30 @@ async def test_permanent_crm_error_blocks_until_a_person_retries(
     assert [s for s in summaries if s.startswith("crm-upsert")] == [
         "crm-upsert attempt 1/6", "crm-upsert attempt 2/7"]
     assert {"extract", "match-and-plan", "send attempt 1/6"} <= set(summaries)
+
+
+async def test_the_plans_retry_settings_are_the_crm_steps_retries_and_budget(
+        env: WorkflowEnvironment) -> None:
+    """A tenant's `retries` reach the workflow in the plan: two attempts of the CRM call, then
+    a person; their retry grants two more; the send keeps its own settings."""
+    transient = [ApplicationError("rate limited", type=ErrorType.TRANSIENT.value)
+                 for _ in range(3)]
+    scenario = Scenario(crm_failures=transient, plan=planned(
+        crm_retry=StepRetry(max_attempts=2, initial_seconds=0.5, maximum_seconds=1.0),
+        send_retry=StepRetry(max_attempts=3, initial_seconds=0.5, maximum_seconds=1.0)))
+    summaries: list[str] = []
+
+    async def retry(handle: WorkflowHandle[Any, Any]) -> None:
+        await wait_for_state(handle, "blocked")
+        assert scenario.calls["crm-upsert"] == 2
+        await decide(handle, Decision.RETRY)
+
+    result = await run(env, scenario, retry, summaries=summaries)
+    assert result["state"] == "completed"
+    assert scenario.calls["crm-upsert"] == 4 and scenario.budgets == [2]
+    assert [s for s in summaries if s.startswith("crm-upsert")] == [
+        "crm-upsert attempt 1/2", "crm-upsert attempt 3/4"]
+    assert "send attempt 1/3" in summaries
 
 
 async def test_a_step_refused_by_a_draining_worker_runs_again_without_a_person(
