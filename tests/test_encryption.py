@@ -171,6 +171,8 @@ async def test_history_on_the_server_holds_no_clear_personal_data(
     payloads = [p for p in payloads_of(events) if p.metadata.get("encoding") == ENCRYPTED]
     assert len(payloads) >= 8  # workflow input, activity inputs and results, the result
     assert all(p.metadata.get("encryption-key-id") for p in payloads)
+    # Each sealed with acme's own key, labelled so (the SDK's serialization context).
+    assert {p.metadata.get("encryption-tenant") for p in payloads} == {b"acme"}
     started = next(e for e in events
                    if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED)
     workflow_input = started.workflow_execution_started_event_attributes.input.payloads[0]

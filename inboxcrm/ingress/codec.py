@@ -9,9 +9,12 @@ is refused). Otherwise the credential is the static
 bearer token `INBOXCRM_CODEC_TOKEN` (the local stack, scripts), or the signed-in person's access
 token that a Temporal UI with single sign-on passes (`codec.passAccessToken`): a JWT of
 `INBOXCRM_OIDC_ISSUER` for `INBOXCRM_OIDC_AUDIENCE`, verified against the issuer's published
-keys, naming at least one tenant in `INBOXCRM_OIDC_TENANTS_CLAIM`. The UI does not say which
-workflow a payload belongs to, so the codec cannot narrow by tenant; Temporal's own
-authorisation decides which workflows a person can open."""
+keys, naming at least one tenant in `INBOXCRM_OIDC_TENANTS_CLAIM`. Such a token opens only the
+payloads of the tenants it names: each payload of a tenant's workflow is sealed with that
+tenant's key and labelled with it (`inboxcrm.platform.codec`), and the others are returned
+still sealed (the UI shows them as encoded). The static token and the open local codec open
+every payload. Temporal's own authorisation still decides which workflows a person can list
+(one namespace per tenant: docs/architecture.md §7)."""
 
 from __future__ import annotations
 
@@ -84,8 +87,9 @@ def codec_router(settings: Settings) -> APIRouter:
         response.headers["Vary"] = "Origin"
         return response
 
-    async def refusal(request: Request) -> Response | None:
-        """None when the request may use the codec; else the 401/403 to answer."""
+    async def refusal(request: Request) -> Response | frozenset[str] | None:
+        """The 401/403 to answer; else the tenants whose payloads the caller may open (None:
+        every payload)."""
         if open_access:
             if is_loopback(host_name(request.headers.get("host", ""))):
                 return None
@@ -106,12 +110,12 @@ def codec_router(settings: Settings) -> APIRouter:
                     "WWW-Authenticate": 'Bearer error="invalid_token"'})
             if not principal.tenants:
                 return _json_error(403, "the access token names no tenant this person reviews")
-            return None
+            return principal.tenants
         return Response(status_code=401, headers={"WWW-Authenticate": "Bearer"})
 
     async def apply(request: Request, encode: bool) -> Response:
         refused = await refusal(request)
-        if refused is not None:
+        if isinstance(refused, Response):
             return cors(request, refused)
         namespace = request.headers.get("x-namespace") or default_namespace
         if namespace not in namespaces:
@@ -128,9 +132,12 @@ def codec_router(settings: Settings) -> APIRouter:
             if codec is None:
                 result = list(payloads.payloads)
             elif encode:
-                result = await codec.encode(payloads.payloads)
+                # What a person sends from the UI (a signal's input) is sealed for their
+                # tenant when their token names one, so they can read it back.
+                only = next(iter(refused)) if refused is not None and len(refused) == 1 else None
+                result = await codec.for_tenant(only).encode(payloads.payloads)
             else:
-                result = await codec.decode(payloads.payloads)
+                result = codec.decrypt_for(payloads.payloads, refused)
         except CodecError as exc:
             return cors(request, _json_error(400, str(exc)))
         return cors(request, Response(json_format.MessageToJson(Payloads(payloads=result)),

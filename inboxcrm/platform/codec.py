@@ -19,6 +19,16 @@ Wire format of an encrypted payload: metadata `encoding: binary/encrypted` and
 ID as associated data (so relabelling a payload with another key ID fails authentication).
 The plaintext is the original serialized `Payload` (metadata included).
 
+Keyed per tenant: a payload of a tenant's workflow (its ID `inbound/<tenant>/…` or
+`mailbox/<tenant>/…`, which the SDK hands the codec as its serialization context) is sealed
+with that tenant's own key, derived from the keyring's key by HKDF-SHA256 with the tenant in
+its info, and carries `encryption-tenant: <tenant>`; the key ID and the tenant are its
+associated data, so a payload relabelled to another tenant fails authentication. Payloads of
+no tenant (the drift check, the retention run, a payload the UI encodes) use the key itself.
+The codec endpoint opens only the payloads of the tenants the caller may see (an SSO token
+naming tenant A leaves tenant B's payloads sealed). A tenant's name is no personal data: it is
+a search attribute already.
+
 The codec endpoint (`POST /codec/encode`, `POST /codec/decode`, Temporal codec-server
 contract) lets the Temporal UI and `temporal --codec-endpoint` show readable history to
 authorised operators: bearer token `INBOXCRM_CODEC_TOKEN`, required unless the relay listens on
@@ -29,6 +39,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import dataclasses
 import json
 import logging
@@ -44,16 +55,22 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from google.protobuf.message import DecodeError
 from temporalio.api.common.v1 import Payload
 from temporalio.api.failure.v1 import Failure
 from temporalio.common import MetricCounter, MetricMeter
 from temporalio.converter import (
+    ActivitySerializationContext,
     DataConverter,
     DefaultFailureConverterWithEncodedAttributes,
     PayloadCodec,
     PayloadConverter,
+    SerializationContext,
+    WithSerializationContext,
+    WorkflowSerializationContext,
 )
 from temporalio.exceptions import ApplicationError
 
@@ -65,6 +82,11 @@ log = logging.getLogger("inboxcrm.platform.codec")
 
 ENCODING = b"binary/encrypted"
 KEY_ID_METADATA = "encryption-key-id"
+TENANT_METADATA = "encryption-tenant"
+# The workflows of one tenant: an item and a mailbox watcher (schemas.models.inbound_workflow_id,
+# schemas.mailboxes.mailbox_workflow_id); the tenant pattern is the policy's.
+_TENANT_OF_WORKFLOW = re.compile(r"^(?:inbound|mailbox)/([a-z0-9][a-z0-9_-]{0,63})/")
+_TENANT_KEY_INFO = b"inboxcrm codec tenant v1\x00"
 NONCE_BYTES = 12
 KEY_BYTES = 32
 _KEY_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
@@ -203,10 +225,17 @@ def rotate_key_file(path: Path) -> str:
 
 
 # --- the codec -------------------------------------------------------------------------
-class EncryptionCodec(PayloadCodec):
+def tenant_of_workflow(workflow_id: str | None) -> str | None:
+    """The tenant whose workflow this is, from its ID; None for a workflow of no tenant."""
+    found = _TENANT_OF_WORKFLOW.match(workflow_id or "")
+    return found.group(1) if found else None
+
+
+class EncryptionCodec(PayloadCodec, WithSerializationContext):
     """AES-256-GCM with a key ID per payload; encrypts with the active key, decrypts with any.
     Payloads without `binary/encrypted` pass through decode unchanged (e.g. a signal sent by a
-    client that has no codec).
+    client that has no codec). With a tenant's workflow as its context (`with_context`), it
+    seals with the tenant's key (module docstring).
 
     With a `meter` (the worker's metrics runtime) it counts the bytes it seals and opens
     (`inboxcrm_codec_bytes{direction}`, ciphertext sizes): the benchmark's bytes through the
@@ -215,7 +244,10 @@ class EncryptionCodec(PayloadCodec):
     def __init__(self, keyring: Keyring, meter: MetricMeter | None = None) -> None:
         super().__init__()
         self.keyring = keyring
+        self.tenant: str | None = None
         self._ciphers = {key_id: AESGCM(key) for key_id, key in keyring.keys.items()}
+        # The tenants' derived ciphers, shared by every copy `with_context` makes.
+        self._tenant_ciphers: dict[tuple[str, str], AESGCM] = {}
         # Bound once per direction: attributes given on every `add` cost more than the add.
         self._sealed: MetricCounter | None = None
         self._opened: MetricCounter | None = None
@@ -225,6 +257,21 @@ class EncryptionCodec(PayloadCodec):
                 "the codec", "By")
             self._sealed = counter.with_additional_attributes({"direction": "encode"})
             self._opened = counter.with_additional_attributes({"direction": "decode"})
+
+    def with_context(self, context: SerializationContext) -> EncryptionCodec:
+        """This codec sealing for the tenant of the context's workflow (the SDK calls it for
+        every conversion that belongs to a workflow or its activities)."""
+        workflow_id = (context.workflow_id if isinstance(
+            context, (WorkflowSerializationContext, ActivitySerializationContext)) else None)
+        return self.for_tenant(tenant_of_workflow(workflow_id))
+
+    def for_tenant(self, tenant: str | None) -> EncryptionCodec:
+        """This codec sealing for `tenant` (None: the keyring's keys themselves)."""
+        if tenant == self.tenant:
+            return self
+        scoped = copy.copy(self)
+        scoped.tenant = tenant
+        return scoped
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
         sealed = [self.encrypt(p) for p in payloads]
@@ -238,13 +285,34 @@ class EncryptionCodec(PayloadCodec):
                                  if p.metadata.get("encoding") == ENCODING))
         return [self.decrypt(p) for p in payloads]
 
+    def _cipher(self, key_id: str, tenant: str | None) -> AESGCM:
+        if tenant is None:
+            return self._ciphers[key_id]
+        cipher = self._tenant_ciphers.get((key_id, tenant))
+        if cipher is None:
+            derived = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None,
+                           info=_TENANT_KEY_INFO + tenant.encode()).derive(
+                               self.keyring.keys[key_id])
+            cipher = self._tenant_ciphers[(key_id, tenant)] = AESGCM(derived)
+        return cipher
+
     def encrypt(self, payload: Payload) -> Payload:
         key_id = self.keyring.active
         nonce = os.urandom(NONCE_BYTES)
-        sealed = self._ciphers[key_id].encrypt(nonce, payload.SerializeToString(),
-                                               key_id.encode())
-        return Payload(metadata={"encoding": ENCODING, KEY_ID_METADATA: key_id.encode()},
-                       data=nonce + sealed)
+        metadata = {"encoding": ENCODING, KEY_ID_METADATA: key_id.encode()}
+        associated = key_id.encode()
+        if self.tenant is not None:
+            metadata[TENANT_METADATA] = self.tenant.encode()
+            associated += b"\x00" + self.tenant.encode()
+        sealed = self._cipher(key_id, self.tenant).encrypt(
+            nonce, payload.SerializeToString(), associated)
+        return Payload(metadata=metadata, data=nonce + sealed)
+
+    @staticmethod
+    def tenant_of(payload: Payload) -> str | None:
+        """The tenant a sealed payload belongs to (its metadata); None: no tenant's."""
+        raw = payload.metadata.get(TENANT_METADATA)
+        return None if raw is None else raw.decode("utf-8", errors="replace")[:64]
 
     def decrypt(self, payload: Payload) -> Payload:
         if payload.metadata.get("encoding") != ENCODING:
@@ -253,16 +321,26 @@ class EncryptionCodec(PayloadCodec):
         if raw_id is None:
             raise CodecError(f"encrypted payload has no {KEY_ID_METADATA!r} metadata")
         key_id = raw_id.decode("utf-8", errors="replace")[:64]
-        cipher = self._ciphers.get(key_id)
-        if cipher is None:
+        if key_id not in self._ciphers:
             raise UnknownKeyError(key_id, self._ciphers)
+        tenant = self.tenant_of(payload)
+        associated = raw_id if tenant is None else raw_id + b"\x00" + tenant.encode()
         data = payload.data
         try:
-            plain = cipher.decrypt(data[:NONCE_BYTES], data[NONCE_BYTES:], raw_id)
+            plain = self._cipher(key_id, tenant).decrypt(
+                data[:NONCE_BYTES], data[NONCE_BYTES:], associated)
             return Payload.FromString(plain)
         except (InvalidTag, ValueError, DecodeError):
             raise CodecError(f"payload under key ID {key_id!r} failed authentication "
                              "(tampered, truncated, or different key material)") from None
+
+    def decrypt_for(self, payloads: Sequence[Payload], tenants: frozenset[str] | None
+                    ) -> list[Payload]:
+        """Open the payloads of these tenants (None: every payload, the operator's token);
+        the others, a payload of no tenant included, are returned still sealed."""
+        if tenants is None:
+            return [self.decrypt(p) for p in payloads]
+        return [self.decrypt(p) if self.tenant_of(p) in tenants else p for p in payloads]
 
 
 def payload_codec(settings: Settings, meter: MetricMeter | None = None

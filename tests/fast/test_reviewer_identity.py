@@ -19,11 +19,13 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from fastapi import FastAPI, Request
+from google.protobuf import json_format
+from temporalio.api.common.v1 import Payload, Payloads
 
 from inboxcrm.ingress.codec import codec_router
 from inboxcrm.ingress.reviewer_auth import DeskAuth, Visitor
 from inboxcrm.platform import oidc
-from inboxcrm.platform.codec import ensure_key_file
+from inboxcrm.platform.codec import EncryptionCodec, Keyring, ensure_key_file, load_keyring
 from inboxcrm.platform.config import Settings
 from inboxcrm.platform.reviewer_identity import (
     DecisionClaim,
@@ -215,6 +217,33 @@ async def test_the_codec_refuses_expired_wrongly_signed_and_foreign_tokens(
     assert (await codec.post("/codec/decode", json=PLAIN)).status_code == 401
     # Signed in, but reviewing no tenant: no decoding.
     assert (await _roundtrip(codec, issuer.token()))[0] == 403
+
+
+async def test_a_tenants_token_opens_only_its_tenants_payloads(
+        codec: httpx.AsyncClient, issuer: LocalIssuer, tmp_path: Path) -> None:
+    """Tenant A's reviewer cannot read tenant B's history through the codec: B's payloads come
+    back still sealed; the static (operator) token opens both."""
+    keys = EncryptionCodec(load_keyring(Settings(
+        codec_keys_file=str(tmp_path / "codec-keys.json"))) or Keyring("x", {}))
+    acme = await keys.for_tenant("acme").encode([Payload(data=b'{"acme": 1}')])
+    globex = await keys.for_tenant("globex").encode([Payload(data=b'{"globex": 1}')])
+    body = json_format.MessageToJson(Payloads(payloads=[*acme, *globex]))
+
+    async def decoded(token: str) -> list[Payload]:
+        response = await codec.post("/codec/decode", content=body, headers={
+            "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        assert response.status_code == 200, response.text
+        return list(json_format.Parse(response.text, Payloads()).payloads)
+
+    mine, theirs = await decoded(issuer.token(tenants=["acme"]))
+    assert mine.data == b'{"acme": 1}'
+    assert theirs == globex[0] and b"globex" not in theirs.data
+    assert [p.data for p in await decoded(STATIC_TOKEN)] == [b'{"acme": 1}', b'{"globex": 1}']
+    # What an acme reviewer encodes in the UI is sealed for acme, and reads back.
+    encoded = await codec.post("/codec/encode", json=PLAIN, headers={
+        "Authorization": f"Bearer {issuer.token(tenants=['acme'])}"})
+    sealed = json_format.Parse(encoded.text, Payloads()).payloads[0]
+    assert sealed.metadata["encryption-tenant"] == b"acme"
 
 
 # --- the desk's credentials and cross-site checks ------------------------------------------
