@@ -164,8 +164,29 @@ async def test_cli_acts_as_the_reviewer_token_and_revocation_ends_access(
     outside = gus_cli("review", "hold", acme_item, "--reviewer", "dana")
     assert outside.returncode == 1 and "no item" in outside.stderr
     assert gus_cli("review", "show", acme_item).returncode == 1
-    held = gus_cli("review", "hold", globex_item, "--reviewer", "someone-else")
+    # The reviewer's CLI decides through the relay with their own token and holds no key:
+    # without the decision secret, the database or Temporal it still decides.
+    keyless = {k: v for k, v in as_gus.items() if k not in {
+        "INBOXCRM_DECISION_SECRET", "INBOXCRM_REVIEW_TOKEN", "DATABASE_URL", "TEMPORAL_ADDRESS",
+        "INBOXCRM_CODEC_KEYS_FILE"}}
+
+    def keyless_cli(*args: str) -> Any:
+        import subprocess
+        import sys
+        return subprocess.run([sys.executable, "-m", "inboxcrm.cli", *args], env=keyless,
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    held = keyless_cli("review", "hold", globex_item, "--reviewer", "someone-else")
     assert held.returncode == 0, held.stderr
+    foreign = keyless_cli("review", "hold", acme_item, "--reviewer", "x")
+    assert foreign.returncode == 1 and "no item" in foreign.stderr
+    api = f"{stack.relay_url}/v1/decisions"
+    body = {"workflow_id": globex_item, "action": "reject"}
+    assert (await env.http.post(api, json=body)).status_code == 401
+    assert (await env.http.post(api, json=body, headers={
+        "Authorization": "Bearer not-a-token"})).status_code == 401
+    assert (await env.http.post(api, json=body | {"decider": "operator"}, headers={
+        "Authorization": f"Bearer {token}"})).status_code == 422
     [hold] = await decisions(env, globex_item)
     assert (hold["actor"], hold["path"], hold["authenticated"]) == (
         f"reviewer:gus-cli-{suffix}", "cli", True)

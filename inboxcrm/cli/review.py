@@ -11,6 +11,7 @@ import asyncpg
 import typer
 
 from inboxcrm.cli.common import JsonOpt, ReviewerOpt, fail, out, settings_from_env, with_db
+from inboxcrm.operator.reviewer_auth import REVIEWER_TOKEN_VARIABLE
 from inboxcrm.platform.config import Settings
 from inboxcrm.schemas.contract import Decision
 
@@ -53,6 +54,14 @@ def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
     if any(not sep or not key for key, sep, _ in pairs):
         fail("--set takes FIELD=VALUE")
     settings = settings_from_env()
+    token = os.environ.get(REVIEWER_TOKEN_VARIABLE, "").strip()
+    if token:
+        _decide_through_relay(settings, token, {
+            "workflow_id": workflow_id, "action": action.value, "reviewer": reviewer,
+            "note": note, "evidence": evidence,
+            "corrections": {key: value for key, _, value in pairs},
+            "send_followup": send_followup, "wait_id": wait_id}, as_json)
+        return
     principal = _acting_reviewer(settings, workflow_id)
     request = DecisionRequest(
         workflow_id=workflow_id, action=action, decider=principal, path=PATH_CLI,
@@ -72,6 +81,36 @@ def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
                                    "status": _jsonable(dataclasses.asdict(result.status))}))
         return
     out.print(result.message, highlight=False, markup=False, soft_wrap=True)
+
+
+def _decide_through_relay(settings: Settings, token: str, body: dict[str, Any],
+                          as_json: bool) -> None:
+    """A reviewer's decision (INBOXCRM_REVIEWER_TOKEN) goes through the relay's
+    `POST /v1/decisions` with their own token: the relay checks who they are and which tenants
+    they review and signs the proof, so this machine holds no key (docs/architecture.md §6)."""
+    import httpx
+
+    relay = settings.public_relay_base_url
+    try:
+        response = httpx.post(f"{relay}/v1/decisions", json=body, timeout=60,
+                              headers={"Authorization": f"Bearer {token}"})
+        answer = response.json()
+    except httpx.HTTPError as exc:
+        fail(f"relay not reachable at {relay} ({type(exc).__name__}); set "
+             "INBOXCRM_PUBLIC_RELAY_URL to the relay's address")
+        return
+    except ValueError:
+        fail(f"the relay at {relay} answered {response.status_code} without a decision")
+        return
+    if not answer.get("accepted") or answer.get("status") is None:
+        fail(str(answer.get("message") or f"refused ({response.status_code})"))
+        return
+    if as_json:
+        out.print_json(json.dumps({"decision": body["action"], "wait_id": answer["wait_id"],
+                                   "workflow_id": body["workflow_id"],
+                                   "status": answer["status"]}))
+        return
+    out.print(answer["message"], highlight=False, markup=False, soft_wrap=True)
 
 
 def _jsonable(value: Any) -> Any:

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from inboxcrm.domain.extraction import work_pool
 from inboxcrm.ingress.admission import Admission
 from inboxcrm.ingress.codec import codec_router
+from inboxcrm.ingress.decisions_api import decisions_router
 from inboxcrm.ingress.failed_runs import FailedRuns, check_forever
 from inboxcrm.ingress.gmail_push import gmail_push_router
 from inboxcrm.ingress.graph import graph_router
@@ -116,6 +117,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(codec_router(settings))  # POST /codec/encode, /codec/decode
     app.include_router(unsubscribe_router(settings))  # POST /v1/unsubscribe/{token}
     app.include_router(review_router(settings))  # GET /review/ (queue), GET|POST /review/{id}
+    app.include_router(decisions_router(settings))  # POST /v1/decisions (the CLI's)
 
     async def check() -> tuple[bool, bool]:
         ingestor: Ingestor = app.state.ingestor
