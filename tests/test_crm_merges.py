@@ -6,7 +6,9 @@
   and the audit says `crm_record_merged`.
 - Salesforce, through the CRM steps against a sandbox process of its own: our Contact merged
   into another (the loser deleted, `MasterRecordId` the master) is followed by the note (its
-  Task refused on the deleted record) and by the upsert; one Contact, no new one.
+  Task refused on the deleted record) and by the upsert; one Contact, no new one. Our Lead
+  merged into a salesperson's Lead is followed the same way; an adopted Lead they converted
+  is followed to its Contact (`ConvertedContactId`), never written as a converted Lead.
 - `inboxcrm contact link`: two addresses of one person, then mail from each: one contact row,
   one CRM record at the sandbox, both notes on it; two contacts that both have CRM records
   are refused with what to do.
@@ -175,6 +177,100 @@ async def test_a_salesforce_merge_is_followed_by_the_note_and_the_upsert(
     [followed] = await _audit(store, "crm_record_merged", item.contact_id)  # once, not twice
     assert (followed["old"], followed["survivor"], followed["crm"]) == (
         ours, master, "salesforce")
+
+
+async def _lead_step(org: SandboxProcess, store: asyncpg.Pool, op: OperationInput,
+                     action: str = "upsert") -> Any:
+    crm = SalesforceCrm(org.url, API_KEY, new_prospects="lead")
+    activities = CrmActivities(store, crm, 300)
+    step = (activities.upsert_contact_in_crm if action == "upsert"
+            else activities.log_email_on_contact)
+    try:
+        return await step_env().run(step, op)
+    finally:
+        await crm.aclose()
+
+
+async def test_a_salesforce_lead_merge_is_followed_to_the_master_lead(
+        org: SandboxProcess, store: asyncpg.Pool) -> None:
+    """Our Lead (a new prospect under `new_prospects: lead`) merged by a salesperson into a
+    Lead of theirs: the merged Lead is deleted (`MasterRecordId`), the next item's note and
+    upsert reach the master, no Lead or Contact is created, the master gets our ID and keeps
+    its owner."""
+    async with httpx.AsyncClient(base_url=org.url, timeout=10) as control:
+        (await control.post("/_sandbox/reset")).raise_for_status()
+        item = await planned_item(store)
+        first = await _lead_step(org, store, item.op("crm-upsert"))
+        assert first.status == "completed" and first.destination_id.startswith("00Q")
+        ours = first.destination_id
+        seeded = await control.post("/_sandbox/seed", json={"crm": "salesforce", "leads": [
+            {"email": unique_email("leadmaster"), "lastname": "Master", "owner": "005LEADS",
+             "properties": {"Company": "Initech"}}]})
+        [master] = [lead["id"] for lead in seeded.json()["leads"]]
+        merged = await control.post("/_sandbox/salesforce/merge", json={
+            "masterRecordId": master, "recordToMergeIds": [ours]})
+        assert merged.status_code == 200, merged.text
+        before = (await control.get("/_sandbox/state")).json()
+
+        later = await _next_item(store, item.contact_id)
+        note = await _lead_step(org, store, OperationInput(later, f"{later.workflow_id}:crm-note"),
+                                "note")
+        assert note.status == "completed", note
+        upsert = await _lead_step(org, store,
+                                  OperationInput(later, f"{later.workflow_id}:crm-upsert"))
+        assert (upsert.status, upsert.destination_id) == ("completed", master)
+        state = (await control.get("/_sandbox/state")).json()
+    assert len(state["leads"]) == len(before["leads"])  # no Lead created
+    assert len(state["contacts"]) == len(before["contacts"])  # no Contact either
+    [kept] = [lead for lead in state["leads"] if lead["id"] == master]
+    assert kept["properties"][SF_FIELD] == item.contact_id
+    assert kept["properties"]["OwnerId"] == "005LEADS"
+    assert not any(lead["id"] == ours for lead in state["leads"])
+    [task] = _activities_of(state, later.workflow_id, "crm-note")
+    assert task["records"] == [master]
+    assert await store.fetchval("SELECT crm_record_id FROM contacts WHERE contact_id = "
+                                "$1::uuid", item.contact_id) == master
+    [followed] = await _audit(store, "crm_record_merged", item.contact_id)
+    assert (followed["old"], followed["survivor"], followed["external_id_written"]) == (
+        ours, master, True)
+
+
+async def test_an_adopted_lead_converted_later_is_followed_to_its_contact(
+        org: SandboxProcess, store: asyncpg.Pool) -> None:
+    """A salesperson's Lead we adopted, then converted by them: the next upsert is not a
+    write to the converted Lead (Salesforce refuses that) but follows it to its Contact,
+    which gets our ID, keeps its owner and name; nothing is created."""
+    async with httpx.AsyncClient(base_url=org.url, timeout=10) as control:
+        (await control.post("/_sandbox/reset")).raise_for_status()
+        item = await planned_item(store)
+        [lead] = [r["id"] for r in (await control.post("/_sandbox/seed", json={
+            "crm": "salesforce", "leads": [{"email": item.email, "lastname": "Kept",
+                                            "owner": "005CONV",
+                                            "properties": {"Company": "[unknown]"}}]})
+        ).json()["leads"]]
+        first = await _lead_step(org, store, item.op("crm-upsert"))
+        assert (first.status, first.destination_id) == ("completed", lead)
+        contact = (await control.post(f"/_sandbox/salesforce/leads/{lead}/convert")
+                   ).json()["contact_id"]
+        before = (await control.get("/_sandbox/state")).json()
+
+        later = await _next_item(store, item.contact_id)
+        upsert = await _lead_step(org, store,
+                                  OperationInput(later, f"{later.workflow_id}:crm-upsert"))
+        assert (upsert.status, upsert.destination_id) == ("completed", contact), upsert
+        note = await _lead_step(org, store, OperationInput(later, f"{later.workflow_id}:crm-note"),
+                                "note")
+        assert note.status == "completed", note
+        state = (await control.get("/_sandbox/state")).json()
+    assert len(state["contacts"]) == len(before["contacts"])
+    assert len(state["leads"]) == len(before["leads"])
+    [held] = [c for c in state["contacts"] if c["id"] == contact]
+    assert held["properties"][SF_FIELD] == item.contact_id
+    assert (held["properties"]["OwnerId"], held["properties"]["lastname"]) == ("005CONV", "Kept")
+    [task] = _activities_of(state, later.workflow_id, "crm-note")
+    assert task["records"] == [contact]
+    [followed] = await _audit(store, "crm_record_merged", item.contact_id)
+    assert (followed["old"], followed["survivor"]) == (lead, contact)
 
 
 # --- contact link ---------------------------------------------------------------------------
