@@ -373,3 +373,75 @@ async def test_contact_link_joins_a_contact_without_a_record_to_the_one_with(
     assert await env.db.fetchval("SELECT contact_id::text FROM inbound_events WHERE "
                                  "workflow_id = $1", second) == kept
     assert len(await env.crm_records_for(a)) == 1 and await env.crm_records_for(b) == []
+
+
+async def test_contact_link_moves_a_waiting_item_of_the_joined_contact_to_the_one_record(
+        env: StackClient, stack: Stack) -> None:
+    """B's first item waits at its CRM step (a 429: nothing written) while an operator links
+    B to A, whose contact has a record. The item moves with the link: its retried upsert,
+    its note and its email activity reach A's record; no record is made for B; its
+    follow-up goes out once, to the address that wrote."""
+    a, b = unique_email("linkedkeep"), unique_email("linkedwait")
+    first = await env.deliver(message_from(a))
+    assert (await env.wait_state(first, TERMINAL, timeout=120))[0] == "completed"
+    [record] = await env.crm_records_for(a)
+    await env.inject("crm.upsert", "rate_limit", retry_after=15)
+    try:
+        waiting = await env.deliver(message_from(b, subject="From my other address"))
+        op_key = f"{waiting}:crm-upsert"
+
+        async def refused() -> bool:
+            row = await env.operation(op_key)
+            return row is not None and row["attempts"] >= 1 and row["status"] == "waiting"
+
+        await env.wait_for(refused, timeout=60, what="B's upsert refused once")
+        joined = await env.db.fetchval("SELECT contact_id::text FROM contacts WHERE "
+                                       "tenant = 'acme' AND canonical_email = $1", b)
+        linked = cli(stack, "contact", "link", "--tenant", "acme", a, b, "--json")
+        assert linked.returncode == 0, linked.stderr
+        answer = json.loads(linked.stdout)
+    finally:
+        await env.reset_faults()
+    event_id = await env.db.fetchval("SELECT event_id::text FROM inbound_events WHERE "
+                                     "workflow_id = $1", waiting)
+    assert answer["joined_contact_id"] == joined
+    assert (answer["items_moved"], answer["items_kept"]) == ([event_id], [])
+    assert await env.wait_state(waiting, TERMINAL, timeout=120) == ("completed",
+                                                                    "followup_sent")
+    assert await env.crm_records_for(b) == []
+    assert [r["id"] for r in await env.crm_records_for(a)] == [record["id"]]
+    assert await env.db.fetchval("SELECT contact_id::text FROM inbound_events WHERE "
+                                 "event_id = $1::uuid", event_id) == answer["contact_id"]
+    assert await env.db.fetchval("SELECT crm_record_id FROM contacts WHERE contact_id = "
+                                 "$1::uuid", joined) is None
+    state = await _state(env.http, stack.sandbox_url)
+    [note] = _activities_of(state, waiting, "crm-note")
+    assert note["records"] == [record["id"]]
+    assert len(await env.emails_to(b)) == 1
+    [entry] = await _audit(env.db, "contact_linked", answer["contact_id"])
+    assert (entry["items_moved"], entry["items_kept"]) == ([event_id], [])
+
+
+async def test_contact_link_leaves_an_item_whose_upsert_may_have_written(
+        env: StackClient, stack: Stack) -> None:
+    """An item of the joined contact whose CRM upsert's outcome is not known (it may have
+    made a record by the joined contact's ID) is not moved: only its own reconciliation by
+    that ID can find such a record. The link says so (`items_kept`)."""
+    a, b = unique_email("keepsafe"), unique_email("unknownb")
+    first = await env.deliver(message_from(a))
+    assert (await env.wait_state(first, TERMINAL, timeout=120))[0] == "completed"
+    other = await env.db.fetchval("INSERT INTO contacts (tenant, canonical_email, email) "
+                                  "VALUES ('acme', $1, $1) RETURNING contact_id::text", b)
+    item = await _next_item(env.db, other)
+    await env.db.execute(
+        "UPDATE operations SET status = 'waiting', attempts = 1, last_error_category = "
+        "'unknown', last_error = 'timeout', key_window_from = now() WHERE op_key = $1",
+        f"{item.workflow_id}:crm-upsert")
+    linked = cli(stack, "contact", "link", "--tenant", "acme", a, b, "--json")
+    assert linked.returncode == 0, linked.stderr
+    answer = json.loads(linked.stdout)
+    assert (answer["items_moved"], answer["items_kept"]) == ([], [item.event_id])
+    assert await env.db.fetchval("SELECT external_ref FROM operations WHERE op_key = $1",
+                                 f"{item.workflow_id}:crm-upsert") == other
+    assert await env.db.fetchval("SELECT contact_id::text FROM inbound_events WHERE "
+                                 "event_id = $1::uuid", item.event_id) == other
