@@ -6,7 +6,9 @@
   and the audit says `crm_record_merged`.
 - Salesforce, through the CRM steps against a sandbox process of its own: our Contact merged
   into another (the loser deleted, `MasterRecordId` the master) is followed by the note (its
-  Task refused on the deleted record) and by the upsert; one Contact, no new one.
+  Task refused on the deleted record) and by the upsert; one Contact, no new one. Our Lead
+  merged into a salesperson's Lead is followed the same way; an adopted Lead they converted
+  is followed to its Contact (`ConvertedContactId`), never written as a converted Lead.
 - `inboxcrm contact link`: two addresses of one person, then mail from each: one contact row,
   one CRM record at the sandbox, both notes on it; two contacts that both have CRM records
   are refused with what to do.
@@ -177,6 +179,100 @@ async def test_a_salesforce_merge_is_followed_by_the_note_and_the_upsert(
         ours, master, "salesforce")
 
 
+async def _lead_step(org: SandboxProcess, store: asyncpg.Pool, op: OperationInput,
+                     action: str = "upsert") -> Any:
+    crm = SalesforceCrm(org.url, API_KEY, new_prospects="lead")
+    activities = CrmActivities(store, crm, 300)
+    step = (activities.upsert_contact_in_crm if action == "upsert"
+            else activities.log_email_on_contact)
+    try:
+        return await step_env().run(step, op)
+    finally:
+        await crm.aclose()
+
+
+async def test_a_salesforce_lead_merge_is_followed_to_the_master_lead(
+        org: SandboxProcess, store: asyncpg.Pool) -> None:
+    """Our Lead (a new prospect under `new_prospects: lead`) merged by a salesperson into a
+    Lead of theirs: the merged Lead is deleted (`MasterRecordId`), the next item's note and
+    upsert reach the master, no Lead or Contact is created, the master gets our ID and keeps
+    its owner."""
+    async with httpx.AsyncClient(base_url=org.url, timeout=10) as control:
+        (await control.post("/_sandbox/reset")).raise_for_status()
+        item = await planned_item(store)
+        first = await _lead_step(org, store, item.op("crm-upsert"))
+        assert first.status == "completed" and first.destination_id.startswith("00Q")
+        ours = first.destination_id
+        seeded = await control.post("/_sandbox/seed", json={"crm": "salesforce", "leads": [
+            {"email": unique_email("leadmaster"), "lastname": "Master", "owner": "005LEADS",
+             "properties": {"Company": "Initech"}}]})
+        [master] = [lead["id"] for lead in seeded.json()["leads"]]
+        merged = await control.post("/_sandbox/salesforce/merge", json={
+            "masterRecordId": master, "recordToMergeIds": [ours]})
+        assert merged.status_code == 200, merged.text
+        before = (await control.get("/_sandbox/state")).json()
+
+        later = await _next_item(store, item.contact_id)
+        note = await _lead_step(org, store, OperationInput(later, f"{later.workflow_id}:crm-note"),
+                                "note")
+        assert note.status == "completed", note
+        upsert = await _lead_step(org, store,
+                                  OperationInput(later, f"{later.workflow_id}:crm-upsert"))
+        assert (upsert.status, upsert.destination_id) == ("completed", master)
+        state = (await control.get("/_sandbox/state")).json()
+    assert len(state["leads"]) == len(before["leads"])  # no Lead created
+    assert len(state["contacts"]) == len(before["contacts"])  # no Contact either
+    [kept] = [lead for lead in state["leads"] if lead["id"] == master]
+    assert kept["properties"][SF_FIELD] == item.contact_id
+    assert kept["properties"]["OwnerId"] == "005LEADS"
+    assert not any(lead["id"] == ours for lead in state["leads"])
+    [task] = _activities_of(state, later.workflow_id, "crm-note")
+    assert task["records"] == [master]
+    assert await store.fetchval("SELECT crm_record_id FROM contacts WHERE contact_id = "
+                                "$1::uuid", item.contact_id) == master
+    [followed] = await _audit(store, "crm_record_merged", item.contact_id)
+    assert (followed["old"], followed["survivor"], followed["external_id_written"]) == (
+        ours, master, True)
+
+
+async def test_an_adopted_lead_converted_later_is_followed_to_its_contact(
+        org: SandboxProcess, store: asyncpg.Pool) -> None:
+    """A salesperson's Lead we adopted, then converted by them: the next upsert is not a
+    write to the converted Lead (Salesforce refuses that) but follows it to its Contact,
+    which gets our ID, keeps its owner and name; nothing is created."""
+    async with httpx.AsyncClient(base_url=org.url, timeout=10) as control:
+        (await control.post("/_sandbox/reset")).raise_for_status()
+        item = await planned_item(store)
+        [lead] = [r["id"] for r in (await control.post("/_sandbox/seed", json={
+            "crm": "salesforce", "leads": [{"email": item.email, "lastname": "Kept",
+                                            "owner": "005CONV",
+                                            "properties": {"Company": "[unknown]"}}]})
+        ).json()["leads"]]
+        first = await _lead_step(org, store, item.op("crm-upsert"))
+        assert (first.status, first.destination_id) == ("completed", lead)
+        contact = (await control.post(f"/_sandbox/salesforce/leads/{lead}/convert")
+                   ).json()["contact_id"]
+        before = (await control.get("/_sandbox/state")).json()
+
+        later = await _next_item(store, item.contact_id)
+        upsert = await _lead_step(org, store,
+                                  OperationInput(later, f"{later.workflow_id}:crm-upsert"))
+        assert (upsert.status, upsert.destination_id) == ("completed", contact), upsert
+        note = await _lead_step(org, store, OperationInput(later, f"{later.workflow_id}:crm-note"),
+                                "note")
+        assert note.status == "completed", note
+        state = (await control.get("/_sandbox/state")).json()
+    assert len(state["contacts"]) == len(before["contacts"])
+    assert len(state["leads"]) == len(before["leads"])
+    [held] = [c for c in state["contacts"] if c["id"] == contact]
+    assert held["properties"][SF_FIELD] == item.contact_id
+    assert (held["properties"]["OwnerId"], held["properties"]["lastname"]) == ("005CONV", "Kept")
+    [task] = _activities_of(state, later.workflow_id, "crm-note")
+    assert task["records"] == [contact]
+    [followed] = await _audit(store, "crm_record_merged", item.contact_id)
+    assert (followed["old"], followed["survivor"]) == (lead, contact)
+
+
 # --- contact link ---------------------------------------------------------------------------
 
 
@@ -277,3 +373,75 @@ async def test_contact_link_joins_a_contact_without_a_record_to_the_one_with(
     assert await env.db.fetchval("SELECT contact_id::text FROM inbound_events WHERE "
                                  "workflow_id = $1", second) == kept
     assert len(await env.crm_records_for(a)) == 1 and await env.crm_records_for(b) == []
+
+
+async def test_contact_link_moves_a_waiting_item_of_the_joined_contact_to_the_one_record(
+        env: StackClient, stack: Stack) -> None:
+    """B's first item waits at its CRM step (a 429: nothing written) while an operator links
+    B to A, whose contact has a record. The item moves with the link: its retried upsert,
+    its note and its email activity reach A's record; no record is made for B; its
+    follow-up goes out once, to the address that wrote."""
+    a, b = unique_email("linkedkeep"), unique_email("linkedwait")
+    first = await env.deliver(message_from(a))
+    assert (await env.wait_state(first, TERMINAL, timeout=120))[0] == "completed"
+    [record] = await env.crm_records_for(a)
+    await env.inject("crm.upsert", "rate_limit", retry_after=15)
+    try:
+        waiting = await env.deliver(message_from(b, subject="From my other address"))
+        op_key = f"{waiting}:crm-upsert"
+
+        async def refused() -> bool:
+            row = await env.operation(op_key)
+            return row is not None and row["attempts"] >= 1 and row["status"] == "waiting"
+
+        await env.wait_for(refused, timeout=60, what="B's upsert refused once")
+        joined = await env.db.fetchval("SELECT contact_id::text FROM contacts WHERE "
+                                       "tenant = 'acme' AND canonical_email = $1", b)
+        linked = cli(stack, "contact", "link", "--tenant", "acme", a, b, "--json")
+        assert linked.returncode == 0, linked.stderr
+        answer = json.loads(linked.stdout)
+    finally:
+        await env.reset_faults()
+    event_id = await env.db.fetchval("SELECT event_id::text FROM inbound_events WHERE "
+                                     "workflow_id = $1", waiting)
+    assert answer["joined_contact_id"] == joined
+    assert (answer["items_moved"], answer["items_kept"]) == ([event_id], [])
+    assert await env.wait_state(waiting, TERMINAL, timeout=120) == ("completed",
+                                                                    "followup_sent")
+    assert await env.crm_records_for(b) == []
+    assert [r["id"] for r in await env.crm_records_for(a)] == [record["id"]]
+    assert await env.db.fetchval("SELECT contact_id::text FROM inbound_events WHERE "
+                                 "event_id = $1::uuid", event_id) == answer["contact_id"]
+    assert await env.db.fetchval("SELECT crm_record_id FROM contacts WHERE contact_id = "
+                                 "$1::uuid", joined) is None
+    state = await _state(env.http, stack.sandbox_url)
+    [note] = _activities_of(state, waiting, "crm-note")
+    assert note["records"] == [record["id"]]
+    assert len(await env.emails_to(b)) == 1
+    [entry] = await _audit(env.db, "contact_linked", answer["contact_id"])
+    assert (entry["items_moved"], entry["items_kept"]) == ([event_id], [])
+
+
+async def test_contact_link_leaves_an_item_whose_upsert_may_have_written(
+        env: StackClient, stack: Stack) -> None:
+    """An item of the joined contact whose CRM upsert's outcome is not known (it may have
+    made a record by the joined contact's ID) is not moved: only its own reconciliation by
+    that ID can find such a record. The link says so (`items_kept`)."""
+    a, b = unique_email("keepsafe"), unique_email("unknownb")
+    first = await env.deliver(message_from(a))
+    assert (await env.wait_state(first, TERMINAL, timeout=120))[0] == "completed"
+    other = await env.db.fetchval("INSERT INTO contacts (tenant, canonical_email, email) "
+                                  "VALUES ('acme', $1, $1) RETURNING contact_id::text", b)
+    item = await _next_item(env.db, other)
+    await env.db.execute(
+        "UPDATE operations SET status = 'waiting', attempts = 1, last_error_category = "
+        "'unknown', last_error = 'timeout', key_window_from = now() WHERE op_key = $1",
+        f"{item.workflow_id}:crm-upsert")
+    linked = cli(stack, "contact", "link", "--tenant", "acme", a, b, "--json")
+    assert linked.returncode == 0, linked.stderr
+    answer = json.loads(linked.stdout)
+    assert (answer["items_moved"], answer["items_kept"]) == ([], [item.event_id])
+    assert await env.db.fetchval("SELECT external_ref FROM operations WHERE op_key = $1",
+                                 f"{item.workflow_id}:crm-upsert") == other
+    assert await env.db.fetchval("SELECT contact_id::text FROM inbound_events WHERE "
+                                 "event_id = $1::uuid", item.event_id) == other

@@ -1,11 +1,14 @@
 """Each tenant's own words and destinations, on real components (docs/architecture.md §5):
-two tenants with their own templates, senders and sandbox accounts (two sandbox processes,
-each with its own database and API key; `north` on the HubSpot/Resend surface, `south` on
-Salesforce through the OAuth client credentials flow and the Resend surface) run through a
-real worker process. Each item reaches only its own tenant's account, in its own words,
-from its own sender; the global account sees nothing. Then south's Salesforce session
-expires (its sandbox clock moves past the session timeout) and the next item completes
-anyway: the token is renewed, nothing waits for a person."""
+tenants with their own templates, senders and sandbox accounts (a sandbox process each,
+with its own database and API key; `north` on the HubSpot/Resend surface, `south` and
+`west` on Salesforce through the OAuth client credentials flow and the Resend surface,
+west's new prospects becoming Leads) run through a real worker process. Each item reaches
+only its own tenant's account, in its own words, from its own sender; the global account
+sees nothing. South's Salesforce session expires (its sandbox clock moves past the session
+timeout) and the next item completes anyway: the token is renewed, nothing waits for a
+person. Issue 35 on a Salesforce tenant, under each duplicate rule (none, alert, block): a
+Contact a salesperson created is the one record afterwards, and a new person becomes one
+Contact or one Lead as the policy says, with one follow-up."""
 
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ from inboxcrm.verify.probe import StackClient, unique_email
 from tests.helpers.own_worker import OwnWorker
 from tests.helpers.sandbox_process import SandboxProcess, free_port, running
 
-KEYS = {"north": "north-account-key", "south": "south-account-key"}
+KEYS = {"north": "north-account-key", "south": "south-account-key",
+        "west": "west-account-key"}
 SESSION_SECONDS = 7200
 
 
@@ -56,7 +60,7 @@ def _templates(folder: Path, files: dict[str, str]) -> None:
 
 @pytest.fixture(scope="module")
 async def orgs(postgres_server_url: str) -> AsyncIterator[dict[str, SandboxProcess]]:
-    """Two accounts: a sandbox process each, with its own database and API key."""
+    """Three accounts: a sandbox process each, with its own database and API key."""
     urls = {t: await postgres.create_database(postgres_server_url, f"sandbox_{t}")
             for t in KEYS}
     processes = {t: SandboxProcess(urls[t], free_port(), args=("--api-key", KEYS[t]))
@@ -64,7 +68,8 @@ async def orgs(postgres_server_url: str) -> AsyncIterator[dict[str, SandboxProce
     try:
         async for north in running(processes["north"]):
             async for south in running(processes["south"]):
-                yield {"north": north, "south": south}
+                async for west in running(processes["west"]):
+                    yield {"north": north, "south": south, "west": west}
     finally:
         for url in urls.values():
             await postgres.drop_database(postgres_server_url, url)
@@ -84,7 +89,15 @@ def policy_dir(orgs: dict[str, SandboxProcess], tmp_path_factory: pytest.TempPat
                          "oauth": {"client_id": "south-connected-app",
                                    "client_secret": {"env": "INBOXCRM_TENANT_SOUTH_KEY"}}},
                     language="de")
-    for data in (north, south):
+    # West: Salesforce as south, but a new prospect becomes a Lead.
+    west = _policy("west", orgs["west"].url, sender="West Sales <sales@west.test>",
+                   reply_to="deals@west.test", postal="West Ltd, 1 Harbour Road, Bristol",
+                   crm={"provider": "salesforce", "url": orgs["west"].url,
+                        "new_prospects": "lead",
+                        "oauth": {"client_id": "west-connected-app",
+                                  "client_secret": {"env": "INBOXCRM_TENANT_WEST_KEY"}}},
+                   language="en")
+    for data in (north, south, west):
         (directory / f"{data['tenant']}.json").write_text(json.dumps(data), encoding="utf-8")
     _templates(directory / "north" / "templates", {
         "hello.en.subject": "North got your note, {{ first_name or 'friend' }}",
@@ -97,6 +110,10 @@ def policy_dir(orgs: dict[str, SandboxProcess], tmp_path_factory: pytest.TempPat
         "hello.en.subject": "South thanks you",
         "hello.en.txt": "Hello, South will be in touch.\n{{ postal_address }}\n"
                         "Unsubscribe: {{ opt_out_url }}\n"})
+    _templates(directory / "west" / "templates", {
+        "hello.en.subject": "West got your note",
+        "hello.en.txt": "Hello, West will be in touch.\n{{ postal_address }}\n"
+                        "Unsubscribe: {{ opt_out_url }}\n"})
     return directory
 
 
@@ -104,7 +121,8 @@ def policy_dir(orgs: dict[str, SandboxProcess], tmp_path_factory: pytest.TempPat
 def worker(stack: Stack, policy_dir: Path) -> Iterator[OwnWorker]:
     own = OwnWorker(stack, INBOXCRM_POLICY_DIR=str(policy_dir),
                     INBOXCRM_TENANT_NORTH_KEY=KEYS["north"],
-                    INBOXCRM_TENANT_SOUTH_KEY=KEYS["south"])
+                    INBOXCRM_TENANT_SOUTH_KEY=KEYS["south"],
+                    INBOXCRM_TENANT_WEST_KEY=KEYS["west"])
     own.start()
     yield own
     own.stop_all()
@@ -277,6 +295,39 @@ async def test_a_person_already_in_the_crm_is_adopted_end_to_end(
     assert held["id"] == seeded and props.get(ours)
     assert props[owner_field] == "owner-7" and props["lastname"] == "Seeded"
     assert props.get("Department", props.get("department")) == "Key accounts"
+    assert len(_emails(account, email)) == 1
+
+
+@pytest.mark.parametrize("tenant", ["south", "west"])
+@pytest.mark.parametrize("rule", ["none", "alert", "block"])
+async def test_a_new_person_becomes_what_the_salesforce_policy_says(
+        env: StackClient, db: asyncpg.Pool, worker: OwnWorker,
+        orgs: dict[str, SandboxProcess], tenant: str, rule: str) -> None:
+    """Issue 35: a person no record holds writes in to a Salesforce tenant; under each
+    duplicate rule exactly one record is made, a Contact (south, `new_prospects` default) or
+    a Lead (west, `new_prospects: lead`), carrying our External ID, none of the other kind,
+    one follow-up."""
+    email = unique_email(f"{tenant}-new")
+    async with httpx.AsyncClient(base_url=orgs[tenant].url, timeout=10) as control:
+        (await control.post("/_sandbox/config", json={"salesforce_duplicate_rule": rule})
+         ).raise_for_status()
+    try:
+        result = await _run(env, db, worker, tenant, email)
+    finally:
+        async with httpx.AsyncClient(base_url=orgs[tenant].url, timeout=10) as control:
+            await control.post("/_sandbox/config", json={"salesforce_duplicate_rule": "alert"})
+    assert (result.state, result.reason) == ("completed", "followup_sent")
+    account = await _account(orgs[tenant], tenant)
+    contact_id = await db.fetchval("SELECT contact_id::text FROM contacts WHERE tenant = $1 "
+                                   "AND canonical_email = $2", tenant, email)
+    contacts = _contacts(account, email)
+    leads = [lead for lead in account["leads"] if lead["properties"].get("email") == email]
+    made, other = (leads, contacts) if tenant == "west" else (contacts, leads)
+    assert len(made) == 1 and other == []
+    assert made[0]["properties"]["Inboxcrm_Contact_Id__c"] == contact_id
+    assert made[0]["id"].startswith("00Q") is (tenant == "west")
+    assert await db.fetchval("SELECT crm_record_id FROM contacts WHERE contact_id = $1::uuid",
+                             contact_id) == made[0]["id"]
     assert len(_emails(account, email)) == 1
 
 

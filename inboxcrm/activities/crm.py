@@ -32,7 +32,6 @@ from __future__ import annotations
 import email.parser
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -40,7 +39,13 @@ from temporalio import activity
 
 from inboxcrm.activities.counters import count
 from inboxcrm.activities.failures import missing_row
-from inboxcrm.activities.outbox import MAX_PARK_SECONDS, Attempt, OutboxRunner, Recorded
+from inboxcrm.activities.outbox import (
+    MAX_PARK_SECONDS,
+    Attempt,
+    OutboxRunner,
+    Performed,
+    Recorded,
+)
 from inboxcrm.activities.send import compose_intent
 from inboxcrm.adapters.base import (
     AdapterError,
@@ -84,8 +89,6 @@ class CrmActivities:
         self._email_runner = OutboxRunner(pool, action=Action.CRM_EMAIL.value,
                                           pause_scope="crm", max_retry_after=max_retry_after,
                                           max_park=max_park)
-        # What each upsert attempt wrote, until its success entry takes it (`_record`).
-        self._written: dict[tuple[str, int], _Written] = {}
         self._sent_runner = OutboxRunner(pool, action=Action.CRM_SENT.value, pause_scope="crm",
                                          max_retry_after=max_retry_after, max_park=max_park)
 
@@ -227,7 +230,7 @@ class CrmActivities:
         record = await self._crm(attempt.op.item.tenant).find_contact(_contact_id(attempt))
         return record.record_id if record else None
 
-    async def _upsert(self, attempt: Attempt) -> str | OperationResult:
+    async def _upsert(self, attempt: Attempt) -> Performed | OperationResult:
         async with self._pool.acquire() as conn:
             row = await contacts.load_contact(conn, contact_id=_contact_id(attempt))
         if row is None:
@@ -245,17 +248,16 @@ class CrmActivities:
                 # record it gets our external ID only (where it carries none), never our
                 # fields over theirs; and one carrying another contact's ID of ours is not
                 # upserted by ours at all (that would create a second record).
-                self._written[_token(attempt)] = _Written(contacts.CrmOrigin.MERGED, ())
-                return followed[0]
+                return _written(followed[0], contacts.CrmOrigin.MERGED, ())
             if row["crm_origin"] != contacts.CrmOrigin.CREATED:
                 # Not ours (adopted, a merge's survivor, or not known): filled where empty as
                 # policy allows, by the record's own ID (one read), never written over.
                 filled = await crm.fill_contact(row["crm_record_id"], fields, allowed)
                 if filled is not None:
                     origin = row["crm_origin"]
-                    self._written[_token(attempt)] = _Written(
-                        contacts.CrmOrigin(origin) if origin else None, filled.fields)
-                    return filled.record_id
+                    return _written(filled.record_id,
+                                    contacts.CrmOrigin(origin) if origin else None,
+                                    filled.fields)
                 # The record is gone (deleted, no survivor): matched again as a new one.
         try:
             record = await crm.upsert_contact(contact_id, fields)
@@ -263,9 +265,8 @@ class CrmActivities:
             return await self._to_review(attempt, crm.name, many.record_ids)
         if record.adopted:
             await self._adopted(attempt, crm.name, record)
-        self._written[_token(attempt)] = _Written(
-            contacts.CrmOrigin.ADOPTED if record.adopted else contacts.CrmOrigin.CREATED, None)
-        return record.record_id
+        return _written(record.record_id, contacts.CrmOrigin.ADOPTED if record.adopted
+                        else contacts.CrmOrigin.CREATED, None)
 
     async def _follow(self, attempt: Attempt, crm: CrmClient, contact_id: str,
                       record_id: str) -> tuple[str, bool] | None:
@@ -347,33 +348,24 @@ class CrmActivities:
     def _record(self, attempt: Attempt, record_id: str, reconciled: bool) -> Recorded:
         """The record ID goes onto the contact (`AlsoRecord.CRM_RECORD_ON_CONTACT`) with this
         entry, and with it where the record came from (`crm_origin`: None when reconciled,
-        which cannot tell our create from an adoption). `fields_filled`: our field names a
-        fill-only write put on a record we did not create (None: a normal upsert)."""
-        written = self._written.pop(_token(attempt), _Written(None, None))
+        which cannot tell our create from an adoption; the attempt's own write says it,
+        `_written`). `fields_filled`: our field names a fill-only write put on a record we
+        did not create (None: a normal upsert)."""
         return Recorded(
             actor="crm", action="crm_upserted", contact_id=_contact_id(attempt),
             detail={"op_key": attempt.op.op_key, "crm": self._crm(attempt.op.item.tenant).name,
                     "crm_record_id": record_id, "attempt": attempt.claim.attempts,
-                    "reconciled": reconciled,
-                    "crm_origin": written.origin.value if written.origin else None,
-                    "fields_filled": None if written.filled is None
-                    else list(written.filled)},
+                    "reconciled": reconciled, "crm_origin": None, "fields_filled": None},
         )
 
 
-@dataclass(frozen=True)
-class _Written:
-    """What an upsert attempt did, for its success entry: the record's origin and, for a
-    record we did not create, the fields filled (None: a normal upsert)."""
-
-    origin: contacts.CrmOrigin | None
-    filled: tuple[str, ...] | None
-
-
-def _token(attempt: Attempt) -> tuple[str, int]:
-    """One attempt of one operation (its claim token): where its `_Written` is kept between
-    the write and its success entry."""
-    return attempt.op.op_key, attempt.claim.attempts
+def _written(record_id: str, origin: contacts.CrmOrigin | None,
+             filled: tuple[str, ...] | None) -> Performed:
+    """What an upsert attempt did, handed to its success entry by the runner: the record's
+    origin and, for a record we did not create, the fields filled (None: a normal
+    upsert)."""
+    return Performed(record_id, {"crm_origin": origin.value if origin else None,
+                                 "fields_filled": None if filled is None else list(filled)})
 
 
 def _contact_id(attempt: Attempt) -> str:

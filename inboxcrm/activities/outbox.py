@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -82,6 +82,17 @@ class Recorded:
     contact_id: str | None = None
 
 
+@dataclass(frozen=True)
+class Performed:
+    """A destination's answer with what the action's success entry adds to its detail
+    (`detail`), handed back by `perform` so the runner writes it with the success: nothing is
+    kept between the call and its entry, so an attempt whose success is never recorded
+    (fenced, failed, a lost worker) leaves nothing behind."""
+
+    destination_id: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
 class Fenced(Exception):  # noqa: N818 - a condition, not an error
     """This attempt's claim no longer owns its row (a later attempt claimed it, or it was
     settled): it must not write anything more."""
@@ -124,7 +135,7 @@ class OutboxRunner:
         op: OperationInput,
         *,
         reconcile: Callable[[Attempt], Awaitable[str | None]] | None,
-        perform: Callable[[Attempt], Awaitable[str | OperationResult]],
+        perform: Callable[[Attempt], Awaitable[str | Performed | OperationResult]],
         record_success: Callable[[Attempt, str, bool], Recorded],
         running_state: str,
         on_failure: Callable[[Any, Attempt, Classified], Awaitable[None]] | None = None,
@@ -142,7 +153,7 @@ class OutboxRunner:
         self,
         op: OperationInput,
         reconcile: Callable[[Attempt], Awaitable[str | None]] | None,
-        perform: Callable[[Attempt], Awaitable[str | OperationResult]],
+        perform: Callable[[Attempt], Awaitable[str | Performed | OperationResult]],
         record_success: Callable[[Attempt, str, bool], Recorded],
         running_state: str,
         on_failure: Callable[[Any, Attempt, Classified], Awaitable[None]] | None,
@@ -246,23 +257,26 @@ class OutboxRunner:
             raise error from None
         if isinstance(outcome, OperationResult):
             return outcome
+        performed = outcome if isinstance(outcome, Performed) else Performed(outcome)
         try:
-            await self._succeed(attempt, outcome, False, record_success)
+            await self._succeed(attempt, performed.destination_id, False, record_success,
+                                performed.detail)
         except Fenced:
             return await self._settled(op)
-        return OperationResult(status="completed", destination_id=outcome,
+        return OperationResult(status="completed", destination_id=performed.destination_id,
                                end_recorded=op.ends_item is not None)
 
     async def _succeed(
         self, attempt: Attempt, destination_id: str, reconciled: bool,
         record_success: Callable[[Attempt, str, bool], Recorded],
+        performed: dict[str, Any] | None = None,
     ) -> None:
         """Record the success with its mirror and audit entry (and the item's end, when the
         workflow gave one), if this attempt still owns the row (raises Fenced otherwise:
-        nothing is written)."""
+        nothing is written). `performed`: what `perform` added to the entry's detail."""
         item = attempt.op.item
         entry = record_success(attempt, destination_id, reconciled)
-        detail = entry.detail
+        detail = {**entry.detail, **(performed or {})}
         request_id = http.last_request_id()
         if request_id is not None:  # the ledger row takes it from the entry's detail
             detail = {**detail, "request_id": request_id}

@@ -57,10 +57,12 @@ candidates. Our own Lead, once a salesperson converts it, is followed to its Con
 gets our ID. A record's object is told by its Id's key prefix (`00Q` Lead, else Contact), so
 the drift check, the opt-out read and the note (`WhoId`) reach a Lead too.
 
-Merges (`survivor_of`, `claim_survivor`): a merged Contact is deleted, its `MasterRecordId`
-the survivor, read by `queryAll` (deleted records included); the CRM step follows it
-(docs/architecture.md §5, "Changes of address and merges") and writes our External ID onto the
-master when it carries none (`PATCH …/sobjects/Contact/{Id}`, that field only).
+Merges (`survivor_of`, `claim_survivor`): a merged Contact or Lead is deleted, its
+`MasterRecordId` the survivor, read by `queryAll` (deleted records included); a stored Lead a
+salesperson converted is followed the same way to its Contact (`ConvertedContactId`, in the
+same read). The CRM step follows it (docs/architecture.md §5, "Changes of address and
+merges") and writes our External ID onto the survivor when it carries none (`PATCH
+…/sobjects/{Contact|Lead}/{Id}`, that field only).
 
 Guarantee check (`check_external_id`, `inboxcrm crm check`): `GET …/sobjects/{Contact|Lead|
 Task}/describe` must list our field with `externalId` and `unique` true.
@@ -505,17 +507,17 @@ class SalesforceCrm:
 
     async def survivor_of(self, record_id: str,
                           external_id: str | None = None) -> Survivor | None:
-        """A merged Contact is deleted and names its survivor in `MasterRecordId`, which only
-        `queryAll` shows (`SELECT Id, IsDeleted, MasterRecordId FROM Contact WHERE Id = '…'`,
-        a record read); a master merged in turn is followed, `MAX_MERGE_HOPS` at most. Leads
-        are not followed here (a merged Lead's record ID is not stored by us unconverted
-        for long: conversion is followed by `upsert_contact`)."""
-        if sobject_of(record_id) != "Contact":
-            return None
+        """A merged Contact or Lead is deleted and names its survivor in `MasterRecordId`,
+        which only `queryAll` shows (`SELECT Id, IsDeleted, MasterRecordId FROM Contact|Lead
+        WHERE Id = '…'`, a record read); a Lead a salesperson converted stands for its
+        Contact (`IsConverted`, `ConvertedContactId`, read by the same query). A master merged
+        or converted in turn is followed, `MAX_MERGE_HOPS` at most."""
         current = record_id
         for _ in range(MAX_MERGE_HOPS):
-            query = " ".join(("SELECT", "Id,", "IsDeleted,", "MasterRecordId", "FROM",
-                              "Contact", "WHERE", "Id", "=", soql_quote(current)))
+            sobject = sobject_of(current)
+            extra = (", " + ", ".join(LEAD_STATE[1:])) if sobject == "Lead" else ""
+            query = " ".join(("SELECT", f"Id, IsDeleted, MasterRecordId{extra}", "FROM",
+                              sobject, "WHERE", "Id", "=", soql_quote(current)))
             response = await self._call("GET", f"{self._api}/queryAll", params={"q": query})
             records = _json(response).get("records")
             if not isinstance(records, list):
@@ -523,9 +525,12 @@ class SalesforceCrm:
                                               response.status_code))
             first = records[0] if records and isinstance(records[0], dict) else {}
             master = first.get("MasterRecordId")
-            if first.get("IsDeleted") is not True or not isinstance(master, str) or not master:
+            if first.get("IsDeleted") is True and isinstance(master, str) and master:
+                current = master
+            elif sobject == "Lead" and (converted := _converted_to(first)) is not None:
+                current = converted
+            else:
                 break
-            current = master
         if current == record_id:
             return None
         record = await self._read(self._by_id(current), ("Id", self._field))

@@ -2,7 +2,9 @@
 writes from two) is one identity (docs/architecture.md §5, "Changes of address and
 merges"). The second address is linked to the contact of the first (migration 077), audited
 (`contact_linked`), and from then on mail from either reaches the one contact and its one CRM
-record. Two contacts that both have CRM records are refused: merge them in the CRM first."""
+record. Two contacts that both have CRM records are refused: merge them in the CRM first.
+The joined contact's open items whose CRM upsert has not been done move to the kept contact
+(`items_moved`); the others stay (`items_kept`)."""
 
 from __future__ import annotations
 
@@ -77,9 +79,15 @@ def link(
         out.print_json(json.dumps({
             "tenant": tenant, "contact_id": linked.contact_id,
             "crm_record_id": linked.crm_record_id, "changed": linked.changed,
-            "joined_contact_id": linked.joined_contact_id}))
+            "joined_contact_id": linked.joined_contact_id,
+            "items_moved": list(linked.items_moved), "items_kept": list(linked.items_kept)}))
         return
     what = "linked" if linked.changed else "already linked"
     out.print(f"{what}: both addresses reach contact {linked.contact_id}"
               + (f" (CRM record {linked.crm_record_id})" if linked.crm_record_id else ""),
               highlight=False, markup=False)
+    if linked.items_moved or linked.items_kept:
+        out.print(f"open items of the joined contact: {len(linked.items_moved)} moved to it, "
+                  f"{len(linked.items_kept)} left where they are (past their CRM step, or "
+                  "its outcome not known: see the audit's contact_linked entry)",
+                  highlight=False, markup=False)

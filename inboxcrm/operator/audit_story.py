@@ -158,6 +158,9 @@ SENTENCES: dict[str, Callable[[Detail], str]] = {
         f"a second address was linked to contact {_short(d.get('contact_id'))}"
         + (f" (contact {_short(d.get('joined_contact_id'))} joined to it)"
            if d.get("joined_contact_id") else "")
+        + (f"; {len(d.get('items_moved') or [])} open item(s) moved to it, "
+           f"{len(d.get('items_kept') or [])} left where they were"
+           if d.get("items_moved") or d.get("items_kept") else "")
         + (f": {d.get('note')}" if d.get("note") else "")),
     "crm_match_needs_review": lambda d: (
         f"CRM ({d.get('crm')}) holds several records with this email "

@@ -374,7 +374,7 @@ def create_app(
                     number = await conn.fetchval(
                         "INSERT INTO sandbox.leads (properties) VALUES ($1::jsonb) "
                         "RETURNING id", props)
-                    leads.append({"id": salesforce.lead_id(number), "email": record.email})
+                    leads.append({"id": notes.lead_id(number), "email": record.email})
         except asyncpg.UniqueViolationError:
             # HubSpot keeps email unique: a second contact with an email is refused.
             return JSONResponse({"detail": "a hubspot contact with that email exists"},

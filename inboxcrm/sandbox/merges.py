@@ -12,7 +12,10 @@ External ID field) is not carried over: a later upsert by it finds nothing, whic
 integration that does not follow the merge meets. Pipedrive (`PUT /v1/persons/{id}/merge`)
 keeps the survivor's (`merge_with_id`) values and fills its empty fields from the merged
 person, custom fields included, so our ID moves to a survivor that had none; the merged
-person is removed (its ID answers 404).
+person is removed (its ID answers 404). Salesforce merges Leads the same way (`merge_leads`):
+the master Lead keeps its fields, the merged one leaves `sandbox.leads` for
+`sandbox.merged_leads` with its Tasks moved; a converted Lead cannot be merged (Salesforce
+refuses it).
 """
 
 from __future__ import annotations
@@ -116,4 +119,52 @@ def _merged_properties(crm: str, keep: dict[str, Any], gone: dict[str, Any],
 async def survivor_of(pool: asyncpg.Pool, record_id: int) -> int | None:
     """The record `record_id` was merged into (followed to the end), None when it was not."""
     value: int | None = await pool.fetchval(SURVIVOR_OF, record_id)
+    return value
+
+
+_LOCK_LEADS = """
+SELECT id, id_property, id_value, properties, converted_contact_id, created_at
+FROM sandbox.leads WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
+"""
+_KEEP_LEAD = """
+INSERT INTO sandbox.merged_leads (id, survivor_id, id_property, id_value, properties,
+                                  created_at)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6)
+"""
+_MOVE_LEAD_TASKS = "UPDATE sandbox.notes SET lead_id = $2 WHERE lead_id = $1"
+_DROP_LEAD = "DELETE FROM sandbox.leads WHERE id = $1"
+LEAD_SURVIVOR_OF = """
+WITH RECURSIVE chain(id, survivor_id, depth) AS (
+    SELECT id, survivor_id, 1 FROM sandbox.merged_leads WHERE id = $1
+    UNION ALL
+    SELECT m.id, m.survivor_id, c.depth + 1 FROM sandbox.merged_leads m
+    JOIN chain c ON m.id = c.survivor_id WHERE c.depth < 20
+)
+SELECT survivor_id FROM chain ORDER BY depth DESC LIMIT 1
+"""
+
+
+async def merge_leads(pool: asyncpg.Pool, *, survivor: int, merged: int) -> None:
+    """Merge Lead `merged` into Lead `survivor` in one transaction, as Salesforce does: the
+    master keeps its fields (and its external ID), the merged Lead is deleted with its
+    master named, its Tasks moved. A converted Lead is refused (Salesforce cannot merge
+    one)."""
+    if survivor == merged:
+        raise MergeRefused(400, "A record cannot be merged into itself.")
+    async with pool.acquire() as conn, conn.transaction():
+        rows = {r["id"]: r for r in await conn.fetch(_LOCK_LEADS, [survivor, merged])}
+        if survivor not in rows or merged not in rows:
+            raise MergeRefused(404, "Object not found.")
+        if any(r["converted_contact_id"] is not None for r in rows.values()):
+            raise MergeRefused(400, "Converted leads cannot be merged.")
+        gone = rows[merged]
+        await conn.execute(_KEEP_LEAD, merged, survivor, gone["id_property"], gone["id_value"],
+                           gone["properties"], gone["created_at"])
+        await conn.execute(_MOVE_LEAD_TASKS, merged, survivor)
+        await conn.execute(_DROP_LEAD, merged)
+
+
+async def lead_survivor_of(pool: asyncpg.Pool, lead: int) -> int | None:
+    """The Lead `lead` was merged into (followed to the end), None when it was not."""
+    value: int | None = await pool.fetchval(LEAD_SURVIVOR_OF, lead)
     return value

@@ -80,9 +80,14 @@ RETURNING n.id, (n.xmax = 0) AS created
 """
 
 # A note with every contact it is associated with (a Task's WhoId counts as one).
+def lead_id(number: int) -> str:
+    """A Lead's Id: Salesforce's Lead key prefix `00Q`, then the sandbox's number."""
+    return f"00Q{number:012d}"
+
+
 SELECT_NOTES = """
 SELECT n.id, n.id_property, n.id_value, n.body, n.hs_timestamp, n.created_at, n.updated_at,
-       n.kind, n.subject, n.direction,
+       n.kind, n.subject, n.direction, n.lead_id,
        ARRAY(SELECT n.contact_id WHERE n.contact_id IS NOT NULL
              UNION SELECT a.contact_id FROM sandbox.note_contacts a WHERE a.note_id = n.id
              ORDER BY 1) AS contacts
@@ -116,13 +121,15 @@ def state_json(row: asyncpg.Record) -> dict[str, Any]:
 
 def activity_json(row: asyncpg.Record) -> dict[str, Any]:
     """An activity as `/_sandbox/state` lists it: what it is (`note`, `email`, `task`), the
-    surface it was logged through, its words, and the records (contacts) it belongs to."""
+    surface it was logged through, its words, and the records (contacts; a Salesforce Task's
+    Lead) it belongs to."""
     return {
         "id": str(row["id"]), "type": row["kind"],
         "crm": "salesforce" if row["kind"] == "task" else "hubspot",
         "subject": row["subject"], "text": row["body"], "direction": row["direction"],
         "timestamp": row["hs_timestamp"], "key": {row["id_property"]: row["id_value"]},
-        "records": [str(c) for c in row["contacts"]],
+        "records": [str(c) for c in row["contacts"]]
+        + ([lead_id(row["lead_id"])] if row["lead_id"] is not None else []),
         "createdAt": iso(row["created_at"]),
     }
 

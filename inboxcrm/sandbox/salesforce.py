@@ -64,7 +64,7 @@ from fastapi.responses import JSONResponse, Response
 
 from inboxcrm.sandbox import merges
 from inboxcrm.sandbox.core import Outcome, Sandbox, SandboxDep, field_modes, iso, read_json
-from inboxcrm.sandbox.notes import GET_NOTE, UPSERT_LEAD_NOTE, UPSERT_NOTE
+from inboxcrm.sandbox.notes import GET_NOTE, UPSERT_LEAD_NOTE, UPSERT_NOTE, lead_id
 
 router = APIRouter(prefix="/services/data")
 oauth = APIRouter(prefix="/services/oauth2")
@@ -655,42 +655,73 @@ async def query(request: Request, version: str, sandbox: SandboxDep,
     return await run(request, sandbox, "crm.search", operation)
 
 
-# `queryAll` (deleted records too): `SELECT Id, IsDeleted, MasterRecordId FROM Contact WHERE
-# Id = '…'`, the shape a merge is followed by; a live record answers IsDeleted false.
+# `queryAll` (deleted records too): `SELECT Id, IsDeleted, MasterRecordId FROM Contact|Lead
+# WHERE Id = '…'`, the shape a merge is followed by; a live record answers IsDeleted false.
 QUERY_ALL_FIELDS = frozenset({"Id", "IsDeleted", "MasterRecordId"})
+# A Lead's conversion, read by the same query (a merged Lead was never converted).
+QUERY_ALL_LEAD_FIELDS = QUERY_ALL_FIELDS | {"IsConverted", "ConvertedContactId"}
+
+
+async def _deleted_state(pool: asyncpg.Pool, sobject: str, value: str
+                         ) -> tuple[int, int | None] | None:
+    """(number, master) of the Contact or Lead `value` (master None: it is live); None: no
+    such record, live or merged."""
+    if sobject == "Lead":
+        number = lead_number(value)
+        if number is None:
+            return None
+        live = await pool.fetchval("SELECT id FROM sandbox.leads WHERE id = $1", number)
+        master = None if live else await merges.lead_survivor_of(pool, number)
+    else:
+        if not _RECORD_ID.match(value):
+            return None
+        number = int(value)
+        live = await pool.fetchval("SELECT id FROM sandbox.contacts WHERE id = $1", number)
+        master = None if live else await merges.survivor_of(pool, number)
+    if not live and master is None:
+        return None
+    return number, master
 
 
 @router.get("/{version}/queryAll")
 @router.get("/{version}/queryAll/")
 async def query_all(request: Request, version: str, sandbox: SandboxDep,
                     q: str | None = None) -> Response:
-    """`GET …/queryAll?q=SELECT Id, IsDeleted, MasterRecordId FROM Contact WHERE Id = '…'`: a
-    Contact merged away is deleted, its `MasterRecordId` the survivor (the merge's master;
-    followed to the end when the master was merged in turn, as one lookup per hop would)."""
+    """`GET …/queryAll?q=SELECT Id, IsDeleted, MasterRecordId FROM Contact WHERE Id = '…'`
+    (or `FROM Lead`): a record merged away is deleted, its `MasterRecordId` the survivor
+    (the merge's master; followed to the end when the master was merged in turn, as one
+    lookup per hop would)."""
 
     async def operation() -> Outcome:
         if (error := _path_error(version)) is not None:
             return Outcome(error, "not_found")
         match = _SOQL.match(q or "")
         fields = [f.strip() for f in match.group("fields").split(",")] if match else []
-        if (match is None or match.group("sobject").lower() != "contact"
-                or match.group("field") != "Id" or not set(fields) <= QUERY_ALL_FIELDS):
+        lead = match is not None and match.group("sobject").lower() == "lead"
+        allowed = QUERY_ALL_LEAD_FIELDS if lead else QUERY_ALL_FIELDS
+        if match is None or match.group("field") != "Id" or not set(fields) <= allowed:
             return Outcome(sf_error(400, "MALFORMED_QUERY", "the sandbox's queryAll answers "
-                                    "SELECT Id, IsDeleted, MasterRecordId FROM Contact WHERE "
-                                    "Id = '…'"), "invalid")
+                                    "SELECT Id, IsDeleted, MasterRecordId FROM Contact|Lead "
+                                    "WHERE Id = '…'"), "invalid")
+        sobject = "Lead" if lead else "Contact"
         value = match.group("value")
         records: list[dict[str, Any]] = []
-        if _RECORD_ID.match(value):
-            number = int(value)
-            live = await sandbox.pool.fetchval("SELECT id FROM sandbox.contacts WHERE id = $1",
-                                               number)
-            master = None if live else await merges.survivor_of(sandbox.pool, number)
-            if live or master is not None:
-                full = {"Id": value, "IsDeleted": master is not None,
-                        "MasterRecordId": str(master) if master is not None else None}
-                records.append({"attributes": {"type": "Contact",
-                                               "url": _record_url(version, number)},
-                                **{k: v for k, v in full.items() if k in fields}})
+        found = await _deleted_state(sandbox.pool, sobject, value)
+        if found is not None:
+            number, master = found
+            url = (_lead_url(version, number) if sobject == "Lead"
+                   else _record_url(version, number))
+            named = (None if master is None
+                     else lead_id(master) if sobject == "Lead" else str(master))
+            full: dict[str, Any] = {"Id": value, "IsDeleted": master is not None,
+                                    "MasterRecordId": named}
+            if sobject == "Lead":
+                converted = await sandbox.pool.fetchval(
+                    "SELECT converted_contact_id FROM sandbox.leads WHERE id = $1", number)
+                full["IsConverted"] = converted is not None
+                full["ConvertedContactId"] = str(converted) if converted is not None else None
+            records.append({"attributes": {"type": sobject, "url": url},
+                            **{k: v for k, v in full.items() if k in fields}})
         return Outcome(JSONResponse({"totalSize": len(records), "done": True,
                                      "records": records}))
 
@@ -836,11 +867,6 @@ async def get_task_by_external_id(
 # resource): a new Contact from the Lead's fields, or the existing `contact_id`. No duplicate
 # rule is modelled for Leads.
 control = APIRouter(prefix="/_sandbox/salesforce")
-
-
-def lead_id(number: int) -> str:
-    """A Lead's Id: Salesforce's Lead key prefix `00Q`, then the sandbox's number."""
-    return f"00Q{number:012d}"
 
 
 def lead_number(value: str) -> int | None:
@@ -1024,6 +1050,11 @@ async def get_lead(request: Request, version: str, record_id: str, sandbox: Sand
             return Outcome(_not_found(), "not_found")
         row = await sandbox.pool.fetchrow(
             f"SELECT {_LEAD_COLUMNS} FROM sandbox.leads WHERE id = $1", number)
+        if row is None and await sandbox.pool.fetchval(
+                "SELECT 1 FROM sandbox.merged_leads WHERE id = $1", number):
+            # Merged away: deleted, as a merged Contact (its MasterRecordId: queryAll).
+            return Outcome(sf_error(404, "ENTITY_IS_DELETED", "entity is deleted"),
+                           "not_found")
         if row is None:
             return Outcome(_not_found(), "not_found")
         wanted = [f.strip() for f in fields.split(",") if f.strip()] if fields else None
@@ -1116,23 +1147,35 @@ async def convert_lead(request: Request, record_id: str, sandbox: SandboxDep) ->
 
 @control.post("/merge")
 async def merge_contacts(request: Request, sandbox: SandboxDep) -> Response:
-    """Merge Contacts as a salesperson does (Salesforce merges through its UI, Apex
+    """Merge Contacts, or Leads, as a salesperson does (Salesforce merges through its UI, Apex
     `Database.merge` or the SOAP `merge` call, not a REST resource): `{"masterRecordId": …,
-    "recordToMergeIds": [...]}` (at most two, as Salesforce allows). The master keeps its
-    fields; each merged Contact is deleted, its `MasterRecordId` the master, its Tasks moved
-    to the master (`inboxcrm/sandbox/merges.py`)."""
+    "recordToMergeIds": [...]}` (at most two, as Salesforce allows, all of the master's
+    object). The master keeps its fields; each merged record is deleted, its
+    `MasterRecordId` the master, its Tasks moved to the master
+    (`inboxcrm/sandbox/merges.py`); a converted Lead cannot be merged."""
     body = await read_json(request)
     master = body.get("masterRecordId") if isinstance(body, dict) else None
     merged = body.get("recordToMergeIds") if isinstance(body, dict) else None
-    if (not isinstance(master, str) or not _RECORD_ID.match(master)
-            or not isinstance(merged, list) or not 1 <= len(merged) <= 2
-            or not all(isinstance(m, str) and _RECORD_ID.match(m) for m in merged)):
+    leads = isinstance(master, str) and lead_number(master) is not None
+
+    def valid(value: object) -> bool:
+        """An Id of the master's object."""
+        if not isinstance(value, str):
+            return False
+        return lead_number(value) is not None if leads else bool(_RECORD_ID.match(value))
+
+    if (not valid(master) or not isinstance(merged, list) or not 1 <= len(merged) <= 2
+            or not all(valid(m) for m in merged)):
         return sf_error(400, "INVALID_FIELD", "give masterRecordId and 1-2 recordToMergeIds "
-                        "(Contact Ids)")
+                        "(Contact Ids, or Lead Ids)")
     for record in merged:
         try:
-            await merges.merge(sandbox.pool, crm="salesforce", survivor=int(master),
-                               merged=int(record))
+            if leads:
+                await merges.merge_leads(sandbox.pool, survivor=lead_number(str(master)) or 0,
+                                         merged=lead_number(str(record)) or 0)
+            else:
+                await merges.merge(sandbox.pool, crm="salesforce", survivor=int(str(master)),
+                                   merged=int(str(record)))
         except merges.MergeRefused as exc:
             code = "ENTITY_IS_DELETED" if exc.status == 404 else "INVALID_OPERATION"
             return sf_error(exc.status, code, str(exc))

@@ -291,3 +291,15 @@ CREATE TABLE IF NOT EXISTS sandbox.merged_contacts (
     created_at  timestamptz NOT NULL,
     merged_at   timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+-- A Lead merged into another (Salesforce merges Leads as it merges Contacts: the master keeps
+-- its fields, the merged Lead is deleted with its `MasterRecordId`; a converted Lead cannot be
+-- merged). Kept here with its master; its Tasks move to the master, its external ID does not.
+CREATE TABLE IF NOT EXISTS sandbox.merged_leads (
+    id          bigint PRIMARY KEY,
+    survivor_id bigint NOT NULL,
+    id_property text,
+    id_value    text,
+    properties  jsonb NOT NULL,
+    created_at  timestamptz NOT NULL,
+    merged_at   timestamptz NOT NULL DEFAULT clock_timestamp()
+);

@@ -1,12 +1,15 @@
 """The `contact_addresses` table (migration 077): a person's second address linked to the
 contact of the first (`inboxcrm contact link`), consulted by the planner before it keys the
-contact by address, so mail from either address reaches one contact and one CRM record."""
+contact by address, so mail from either address reaches one contact and one CRM record. A
+joined contact's open items not yet past their CRM upsert move to the kept contact with the
+link (`_move_items`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from inboxcrm.schemas.models import TERMINAL_STATES, Action
 from inboxcrm.store import audit
 
 if TYPE_CHECKING:
@@ -58,6 +61,39 @@ UPDATE contact_addresses SET contact_id = $2 WHERE contact_id = $1
 """
 
 
+# The joined contact's CRM upserts not yet done, locked (an attempt's start waits for the
+# link, then reads the contact it now names). Movable: no attempt may have taken effect (never
+# tried, or each try certainly refused: no key window, nothing unknown, none in flight); the
+# others may have made a record keyed by the joined contact's ID, which only their own
+# reconciliation can find. $1 the joined contact, $2 the action, $3 terminal item states.
+OPEN_UPSERTS = """
+SELECT o.op_key, o.event_id,
+       (o.status NOT IN ('in_progress', 'ambiguous') AND o.key_window_from IS NULL
+        AND o.last_error_category IS DISTINCT FROM 'unknown') AS movable
+FROM operations o JOIN inbound_events e USING (event_id)
+WHERE o.action = $2 AND o.external_ref = $1::text
+  AND o.status NOT IN ('completed', 'cancelled') AND NOT (e.state = ANY($3::text[]))
+ORDER BY o.op_key
+FOR UPDATE OF o
+"""
+
+# The joined contact's other open items (past their CRM step, or not yet planned one).
+OPEN_ITEMS = """
+SELECT event_id FROM inbound_events
+WHERE contact_id = $1 AND NOT (state = ANY($2::text[])) AND NOT (event_id = ANY($3::uuid[]))
+ORDER BY event_id
+"""
+
+# An item moved: its CRM upsert names the kept contact, and so does its event (the note and
+# the email activities reach the contact's record through it). $1 op keys, $2 the kept contact.
+MOVE_UPSERTS = """
+UPDATE operations SET external_ref = $2::text WHERE op_key = ANY($1::text[])
+"""
+MOVE_EVENTS = """
+UPDATE inbound_events SET contact_id = $2 WHERE event_id = ANY($1::uuid[])
+"""
+
+
 class LinkRefused(Exception):  # noqa: N818 - an outcome the CLI reports, not a bug
     """The link cannot be made; the message says why and what to do (no address in it)."""
 
@@ -68,6 +104,8 @@ class Linked:
     crm_record_id: str | None
     changed: bool                    # False: the addresses already reached this contact
     joined_contact_id: str | None    # the other address's own contact, now joined (or None)
+    items_moved: tuple[str, ...] = ()  # its open items (event IDs) now on the kept contact
+    items_kept: tuple[str, ...] = ()   # its open items left where they are (see `_move_items`)
 
 
 async def linked_identity(conn: Conn, *, tenant: str, canonical_email: str) -> str | None:
@@ -98,9 +136,13 @@ async def link(conn: Conn, *, tenant: str, first: str, second: str, actor: str,
         keep, other, alias = _choose(rows, first, second)
         changed = False
         joined: str | None = None
+        moved: tuple[str, ...] = ()
+        kept: tuple[str, ...] = ()
         if other is not None and other["contact_id"] != keep["contact_id"]:
             joined = str(other["contact_id"])
             await conn.execute(MOVE_LINKS, other["contact_id"], keep["contact_id"])
+            moved, kept = await _move_items(conn, joined=other["contact_id"],
+                                            kept=keep["contact_id"])
             changed = True
         if alias != keep["canonical_email"]:
             inserted = await conn.fetchval(INSERT_LINK, tenant, alias, keep["contact_id"], actor)
@@ -111,8 +153,26 @@ async def link(conn: Conn, *, tenant: str, first: str, second: str, actor: str,
                 contact_id=str(keep["contact_id"]), actor=actor, action="contact_linked",
                 detail={"contact_id": str(keep["contact_id"]), "joined_contact_id": joined,
                         "crm_record_id": keep["crm_record_id"], "note": note,
-                        "typed_reviewer": label})
-    return Linked(str(keep["contact_id"]), keep["crm_record_id"], changed, joined)
+                        "typed_reviewer": label, "items_moved": list(moved),
+                        "items_kept": list(kept)})
+    return Linked(str(keep["contact_id"]), keep["crm_record_id"], changed, joined, moved, kept)
+
+
+async def _move_items(conn: Conn, *, joined: Any, kept: Any) -> tuple[tuple[str, ...],
+                                                                         tuple[str, ...]]:
+    """The joined contact's open items whose CRM upsert no attempt may have done move to the
+    kept contact, so they reach its one record; the rest stay (an upsert that may have
+    created a record by the joined contact's ID reconciles by that ID, which a move would
+    lose; an item past its CRM step already wrote where it wrote). (moved, kept) event IDs."""
+    terminal = sorted(TERMINAL_STATES)
+    rows = await conn.fetch(OPEN_UPSERTS, str(joined), Action.CRM_UPSERT.value, terminal)
+    movable = [r for r in rows if r["movable"]]
+    if movable:
+        await conn.execute(MOVE_UPSERTS, [r["op_key"] for r in movable], str(kept))
+        await conn.execute(MOVE_EVENTS, [r["event_id"] for r in movable], kept)
+    moved = [r["event_id"] for r in movable]
+    stay = await conn.fetch(OPEN_ITEMS, joined, terminal, moved)
+    return tuple(str(e) for e in moved), tuple(str(r["event_id"]) for r in stay)
 
 
 def refuse_unequal_consent(suppressed: dict[str, str], addresses: list[str]) -> None:

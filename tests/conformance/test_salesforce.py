@@ -228,3 +228,47 @@ async def test_a_merged_contact_is_deleted_and_names_its_master(
     assert live["records"][0]["IsDeleted"] is False
     assert live["records"][0]["MasterRecordId"] is None
     assert sf.query(f"SELECT Id FROM Contact WHERE {FIELD} = '{external}'")["totalSize"] == 0
+
+
+async def test_a_merged_lead_is_deleted_and_names_its_master(
+        sf: Any, tls_sandbox: SandboxProcess, certificate: tuple[Path, Path]) -> None:
+    """Leads merge as Contacts do: the merged Lead reads 404 `ENTITY_IS_DELETED`, leaves
+    `query`, and `queryAll` shows it deleted with the master Lead as `MasterRecordId`; the
+    same read tells a converted Lead's Contact (`IsConverted`, `ConvertedContactId`). A
+    converted Lead cannot be merged."""
+    external = str(uuid.uuid4())
+    assert sf.Lead.upsert(f"{FIELD}/{external}", {
+        "Email": f"lostlead.{external[:8]}@example.com", "LastName": "Lost",
+        "Company": "Acme"}) == 201
+    loser = sf.Lead.get_by_custom_id(FIELD, external)["Id"]
+    trusted = ssl.create_default_context(cafile=str(certificate[0]))
+    async with httpx.AsyncClient(base_url=tls_sandbox.url, verify=trusted) as c:
+        master, other = [lead["id"] for lead in (await c.post("/_sandbox/seed", json={
+            "crm": "salesforce", "leads": [
+                {"email": f"masterlead.{external[:8]}@example.com", "lastname": "Master"},
+                {"email": f"convlead.{external[:8]}@example.com", "lastname": "Conv"}]})
+        ).json()["leads"]]
+        merged = await c.post("/_sandbox/salesforce/merge", json={
+            "masterRecordId": master, "recordToMergeIds": [loser]})
+        assert merged.status_code == 200, merged.text
+        contact = (await c.post(f"/_sandbox/salesforce/leads/{other}/convert")
+                   ).json()["contact_id"]
+        refused = await c.post("/_sandbox/salesforce/merge", json={
+            "masterRecordId": master, "recordToMergeIds": [other]})
+        assert refused.status_code == 400
+        assert refused.json()[0]["errorCode"] == "INVALID_OPERATION"
+    with pytest.raises(SalesforceResourceNotFound) as deleted:
+        sf.Lead.get(loser)
+    assert deleted.value.content[0]["errorCode"] == "ENTITY_IS_DELETED"
+    query = f"SELECT Id, IsDeleted, MasterRecordId FROM Lead WHERE Id = '{loser}'"
+    [gone] = sf.query_all(query, include_deleted=True)["records"]
+    assert (gone["attributes"]["type"], gone["IsDeleted"], gone["MasterRecordId"]) == (
+        "Lead", True, master)
+    live = sf.query_all(query.replace(loser, master), include_deleted=True)["records"]
+    assert (live[0]["IsDeleted"], live[0]["MasterRecordId"]) == (False, None)
+    state = sf.query_all("SELECT Id, IsDeleted, MasterRecordId, IsConverted, "
+                         f"ConvertedContactId FROM Lead WHERE Id = '{other}'",
+                         include_deleted=True)["records"][0]
+    assert (state["IsDeleted"], state["IsConverted"], state["ConvertedContactId"]) == (
+        False, True, contact)
+    assert sf.query(f"SELECT Id FROM Lead WHERE {FIELD} = '{external}'")["totalSize"] == 0
