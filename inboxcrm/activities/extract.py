@@ -42,6 +42,7 @@ from inboxcrm.domain.extraction import (
 )
 from inboxcrm.domain.extraction.route import TOO_COMPLEX
 from inboxcrm.domain.policy import InvalidAddress, TenantPolicy, canonical_email, get_policy
+from inboxcrm.platform import atrest
 from inboxcrm.platform.workpool import IN_PROCESS, Runner, WorkPoolUnavailable
 from inboxcrm.schemas.models import ExtractResult, ItemRef, ItemState
 from inboxcrm.store import audit, events
@@ -134,8 +135,9 @@ class ExtractActivities:
                 non_retryable=True,
             )
         try:
-            outcome = await extract_and_route(bytes(raw), policy, self._extractor,
-                                              source=str(event["source"]), runner=self._runner)
+            outcome = await extract_and_route(
+                atrest.open_value(raw, tenant=item.tenant, column=atrest.RAW), policy,
+                self._extractor, source=str(event["source"]), runner=self._runner)
         except WorkPoolUnavailable:
             # this worker cannot run the work now (its pool is closing or cannot start
             # children): not the message's doing, so a plain retry
