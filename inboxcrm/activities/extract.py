@@ -171,14 +171,17 @@ class ExtractActivities:
                 name: (record.get(name) or {}).get("confidence")
                 for name in ("sender_email", "contact_name", "company")
             },
-            # Quoted from the message: personal data, removed by `inboxcrm forget`.
+            # Quoted from the message: personal data, sealed at rest (one AES-GCM per quote,
+            # inboxcrm/platform/atrest.py), removed by `inboxcrm forget`.
             "evidence": {
-                name: (record.get(name) or {}).get("evidence")
-                for name in ("sender_email", "contact_name", "company")
+                name: atrest.seal_text((record.get(name) or {}).get("evidence"),
+                                       tenant=item.tenant, column=atrest.AUDIT_EVIDENCE)
+                for name in atrest.EVIDENCE_FIELDS
             },
         }
         stored = functools.partial(
-            events.store_extraction, event_id=item.event_id, extraction=record,
+            events.store_extraction, event_id=item.event_id,
+            extraction=atrest.seal_evidence(record, tenant=item.tenant),
             route=outcome.route, route_reasons=outcome.reasons,
             canonical_email=outcome.canonical_email, tenant=item.tenant,
             workflow_id=item.workflow_id, audit_detail=audit.json_safe(detail), step=STEP,

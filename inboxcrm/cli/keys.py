@@ -108,7 +108,7 @@ def reencrypt(
             for column in sealed.COLUMNS:
                 resealed = skipped = 0
                 from_keys: Counter[str] = Counter()
-                cursor: str | None = sealed.START
+                cursor: str | None = sealed.COLUMNS[column].start
                 while cursor is not None:
                     batch = await sealed.reseal_batch(
                         conn, tenant=name, column=column, sealer=sealer, after=cursor,

@@ -335,7 +335,8 @@ async def _message(card: ReviewCard, raw: bytes | None, reasons: list[str],
                                         f"{message.too_complex} limit (too_complex)"))
     if message.limits_hit:
         card.headers.append(("Limits applied", ", ".join(message.limits_hit)))
-    evidence = {name: (extraction.get(name) or {}).get("evidence") or "" for name in FIELDS}
+    quotes = atrest.open_evidence(extraction, tenant=card.tenant)
+    evidence = {name: (quotes.get(name) or {}).get("evidence") or "" for name in FIELDS}
     lines = message.body.split("\n")
     card.truncated = message.truncated or len(lines) > MAX_LINES
     for text in lines[:MAX_LINES]:
@@ -345,6 +346,7 @@ async def _message(card: ReviewCard, raw: bytes | None, reasons: list[str],
 
 def _fields(card: ReviewCard, extraction: dict[str, Any]) -> None:
     card.intent = extraction.get("intent")
+    extraction = atrest.open_evidence(extraction, tenant=card.tenant)
     for name in FIELDS:
         value = extraction.get(name) or {}
         card.fields.append(FieldView(name, value.get("value"), float(value.get("confidence") or 0),

@@ -28,8 +28,9 @@ import base64
 import binascii
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -135,6 +136,14 @@ class Sealer:
         """Sealed under the active key already (`keys reencrypt` leaves it alone)."""
         return value.startswith(self._active_header)
 
+    def seal_text(self, value: str, *, tenant: str, column: str) -> str:
+        """A text value (a JSON string) sealed: `ixa1:` + base64 of the envelope."""
+        sealed = self.seal(value.encode(), tenant=tenant, column=column)
+        return TEXT_PREFIX + base64.b64encode(sealed).decode("ascii")
+
+    def open_text(self, value: str, *, tenant: str, column: str) -> str:
+        return self.open(text_envelope(value, column), tenant=tenant, column=column).decode()
+
 
 class UnknownStoredKeyError(SealedValueError):
     def __init__(self, key_id: str, known: Iterable[str]) -> None:
@@ -199,22 +208,66 @@ def open_head(value: bytes | memoryview | None, *, tenant: str) -> bytes | None:
     return None if opened is None else opened[:HEAD_BYTES]
 
 
-def seal_text(value: str | None, *, tenant: str, column: str) -> str | None:
-    """A text value (JSON string) sealed: `ixa1:` + base64 of the envelope."""
-    if value is None:
-        return None
-    sealer = process_sealer()
-    if sealer is None:
-        return value
-    sealed = sealer.seal(value.encode(), tenant=tenant, column=column)
-    return TEXT_PREFIX + base64.b64encode(sealed).decode("ascii")
+def is_sealed_text(value: str) -> bool:
+    return value.startswith(TEXT_PREFIX)
 
 
-def open_text(value: str | None, *, tenant: str, column: str) -> str | None:
-    if value is None or not value.startswith(TEXT_PREFIX):
-        return value
+def text_envelope(value: str, column: str) -> bytes:
+    """The envelope of a sealed text value (a plaintext value: its bytes)."""
+    if not is_sealed_text(value):
+        return value.encode()
     try:
         sealed = base64.b64decode(value[len(TEXT_PREFIX):], validate=True)
     except (ValueError, binascii.Error):
         raise SealedValueError(f"{column}: sealed text is not valid base64") from None
-    return open_value(sealed, tenant=tenant, column=column).decode()
+    if not is_sealed(sealed):
+        raise SealedValueError(f"{column}: sealed text holds no at-rest envelope")
+    return sealed
+
+
+def seal_text(value: str | None, *, tenant: str, column: str) -> str | None:
+    sealer = process_sealer()
+    if value is None or sealer is None:
+        return value
+    return sealer.seal_text(value, tenant=tenant, column=column)
+
+
+def open_text(value: str | None, *, tenant: str, column: str) -> str | None:
+    if value is None or not is_sealed_text(value):
+        return value
+    return open_value(text_envelope(value, column), tenant=tenant, column=column).decode()
+
+
+# --- the evidence: the quotes an extraction keeps, in its record and its audit entry --------
+EVIDENCE_FIELDS = ("sender_email", "contact_name", "company")
+
+
+def map_evidence(extraction: dict[str, Any], change: Callable[[str], str]) -> dict[str, Any]:
+    """The extraction record with each field's evidence quote passed through `change`."""
+    out = dict(extraction)
+    for name in EVIDENCE_FIELDS:
+        field = out.get(name)
+        if isinstance(field, dict) and isinstance(field.get("evidence"), str):
+            out[name] = {**field, "evidence": change(field["evidence"])}
+    return out
+
+
+def map_audit_evidence(detail: dict[str, Any], change: Callable[[str], str]) -> dict[str, Any]:
+    """An `extracted` audit entry's detail with its evidence quotes passed through `change`."""
+    quotes = detail.get("evidence")
+    if not isinstance(quotes, dict):
+        return detail
+    return {**detail, "evidence": {k: change(v) if isinstance(v, str) else v
+                                   for k, v in quotes.items()}}
+
+
+def seal_evidence(extraction: dict[str, Any], *, tenant: str) -> dict[str, Any]:
+    sealer = process_sealer()
+    if sealer is None:
+        return extraction
+    return map_evidence(extraction, lambda q: sealer.seal_text(q, tenant=tenant,
+                                                              column=EVIDENCE))
+
+
+def open_evidence(extraction: dict[str, Any], *, tenant: str) -> dict[str, Any]:
+    return map_evidence(extraction, lambda q: open_text(q, tenant=tenant, column=EVIDENCE) or q)

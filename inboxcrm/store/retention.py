@@ -193,7 +193,7 @@ async def export(conn: Conn, tenants: list[str], canonical: str,
                                                                    tenants, canonical)]
         found["crm_opt_out_writes"] = [dict(r) for r in await conn.fetch(
             EXPORT_CONSENT_WRITES, tenants, canonical)]
-        found["audit"] = [dict(r) for r in await conn.fetch(
+        found["audit"] = [_opened_entry(dict(r)) for r in await conn.fetch(
             EXPORT_AUDIT, tenants, [e["workflow_id"] for e in events], contact_ids)]
     for tenant in tenants:
         await conn.execute(RECORD, tenant, actor, "exported", {
@@ -210,7 +210,18 @@ def _opened(event: dict[str, Any]) -> dict[str, Any]:
     event["raw"] = atrest.open_optional(event["raw"], tenant=tenant, column=atrest.RAW)
     event["provider_event"] = atrest.open_optional(event["provider_event"], tenant=tenant,
                                                    column=atrest.PROVIDER_EVENT)
+    if event["extraction"] is not None:
+        event["extraction"] = atrest.open_evidence(event["extraction"], tenant=tenant)
     return event
+
+
+def _opened_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """An exported audit entry with the evidence it quotes opened."""
+    if entry["action"] == "extracted" and isinstance(entry["detail"], dict):
+        tenant = str(entry["tenant"])
+        entry["detail"] = atrest.map_audit_evidence(entry["detail"], lambda q: atrest.open_text(
+            q, tenant=tenant, column=atrest.AUDIT_EVIDENCE) or q)
+    return entry
 
 
 # The scheduled retention run (policy `retention`), tenant by tenant, in bounded batches

@@ -1,7 +1,7 @@
 """Re-encryption of the values sealed at rest (`inboxcrm keys reencrypt`,
-inboxcrm/platform/atrest.py): after a key rotation, a tenant's stored messages and provider
-events are sealed again under the active key, batch by batch, so the old key can leave the
-key file.
+inboxcrm/platform/atrest.py): after a key rotation, a tenant's stored messages, provider
+events and evidence quotes are sealed again under the active key, batch by batch, so the old
+key can leave the key file.
 
 A batch is one transaction: the next values of the tenant (by event ID, after a cursor) that
 are not under the active key, opened and sealed again in this process, written back only where
@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from inboxcrm.platform import atrest
 
@@ -23,9 +24,10 @@ if TYPE_CHECKING:
     from inboxcrm.platform.atrest import Sealer
     from inboxcrm.store.db import Conn
 
+# The stored bytes: selected only where they are not under the active key.
 # $1 tenant, $2 cursor (event ID), $3 the active key's envelope header, $4 batch size.
 STALE_RAW = """
-SELECT event_id, raw AS value FROM inbound_events
+SELECT event_id AS id, raw AS value FROM inbound_events
 WHERE tenant = $1 AND event_id > $2::uuid AND raw IS NOT NULL
   AND substring(raw FROM 1 FOR octet_length($3::bytea)) <> $3::bytea
 ORDER BY event_id
@@ -33,7 +35,7 @@ LIMIT $4
 """
 
 STALE_PROVIDER_EVENTS = """
-SELECT p.event_id, p.body AS value
+SELECT p.event_id AS id, p.body AS value
 FROM provider_events p JOIN inbound_events e USING (event_id)
 WHERE e.tenant = $1 AND p.event_id > $2::uuid
   AND substring(p.body FROM 1 FOR octet_length($3::bytea)) <> $3::bytea
@@ -41,30 +43,80 @@ ORDER BY p.event_id
 LIMIT $4
 """
 
-# $1 event IDs, $2 the values read, $3 the values sealed again (same order).
+# The evidence quotes sit inside JSON (base64 text): every row with evidence is read and the
+# quotes are checked here ($3, the header, unused by these two).
+STALE_EVIDENCE = """
+SELECT event_id AS id, extraction AS value FROM inbound_events
+WHERE tenant = $1 AND event_id > $2::uuid AND extraction IS NOT NULL AND $3::bytea IS NOT NULL
+ORDER BY event_id
+LIMIT $4
+"""
+
+STALE_AUDIT_EVIDENCE = """
+SELECT audit_id AS id, detail AS value FROM audit_log
+WHERE tenant = $1 AND audit_id > $2::bigint AND action = 'extracted' AND detail ? 'evidence'
+  AND $3::bytea IS NOT NULL
+ORDER BY audit_id
+LIMIT $4
+"""
+
+# $1 IDs, $2 the values read, $3 the values sealed again (same order): written only where
+# the row still holds what was read.
 RESEAL_RAW = """
 UPDATE inbound_events e SET raw = u.new
-FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS u(event_id, old, new)
-WHERE e.event_id = u.event_id AND e.raw = u.old
-RETURNING e.event_id
+FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS u(id, old, new)
+WHERE e.event_id = u.id AND e.raw = u.old
+RETURNING e.event_id AS id
 """
 
 RESEAL_PROVIDER_EVENTS = """
 UPDATE provider_events p SET body = u.new
-FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS u(event_id, old, new)
-WHERE p.event_id = u.event_id AND p.body = u.old
-RETURNING p.event_id
+FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS u(id, old, new)
+WHERE p.event_id = u.id AND p.body = u.old
+RETURNING p.event_id AS id
+"""
+
+RESEAL_EVIDENCE = """
+UPDATE inbound_events e SET extraction = u.new
+FROM unnest($1::uuid[], $2::jsonb[], $3::jsonb[]) AS u(id, old, new)
+WHERE e.event_id = u.id AND e.extraction = u.old
+RETURNING e.event_id AS id
+"""
+
+RESEAL_AUDIT_EVIDENCE = """
+UPDATE audit_log a SET detail = u.new
+FROM unnest($1::bigint[], $2::jsonb[], $3::jsonb[]) AS u(id, old, new)
+WHERE a.audit_id = u.id AND a.detail = u.old
+RETURNING a.audit_id AS id
 """
 
 RECORD = """
 INSERT INTO audit_log (tenant, actor, action, detail) VALUES ($1, $2, 'reencrypted', $3)
 """
 
-COLUMNS = {atrest.RAW: (STALE_RAW, RESEAL_RAW),
-           atrest.PROVIDER_EVENT: (STALE_PROVIDER_EVENTS, RESEAL_PROVIDER_EVENTS)}
-
-START = str(uuid.UUID(int=0))
 PLAINTEXT = "plaintext"
+UUID_START = str(uuid.UUID(int=0))
+
+
+@dataclass(frozen=True)
+class Column:
+    stale: str
+    reseal: str
+    start: str
+    # JSON values: the function that passes each quote of one through a change
+    quotes: Callable[[dict[str, Any], Callable[[str], str]], dict[str, Any]] | None = None
+
+    def cursor(self, value: Any) -> Any:
+        return str(value) if self.start == UUID_START else int(value)
+
+
+COLUMNS = {
+    atrest.RAW: Column(STALE_RAW, RESEAL_RAW, UUID_START),
+    atrest.PROVIDER_EVENT: Column(STALE_PROVIDER_EVENTS, RESEAL_PROVIDER_EVENTS, UUID_START),
+    atrest.EVIDENCE: Column(STALE_EVIDENCE, RESEAL_EVIDENCE, UUID_START, atrest.map_evidence),
+    atrest.AUDIT_EVIDENCE: Column(STALE_AUDIT_EVIDENCE, RESEAL_AUDIT_EVIDENCE, "0",
+                                  atrest.map_audit_evidence),
+}
 
 
 @dataclass(frozen=True)
@@ -80,30 +132,62 @@ class ResealBatch:
     from_keys: dict[str, int] = field(default_factory=dict)
 
 
+def _resealed_bytes(value: bytes, sealer: Sealer, tenant: str, column: str
+                    ) -> tuple[bytes, list[str]]:
+    plain = sealer.open(value, tenant=tenant, column=column)
+    return (sealer.seal(plain, tenant=tenant, column=column),
+            [atrest.key_id_of(value) or PLAINTEXT])
+
+
+def _resealed_quotes(value: dict[str, Any], spec: Column, sealer: Sealer, tenant: str,
+                     column: str) -> tuple[dict[str, Any], list[str]]:
+    """The JSON with each quote not under the active key sealed again ([]: none was)."""
+    assert spec.quotes is not None
+    sources: list[str] = []
+
+    def again(quote: str) -> str:
+        envelope = atrest.text_envelope(quote, column)
+        if atrest.is_sealed_text(quote) and sealer.is_current(envelope):
+            return quote
+        sources.append(atrest.key_id_of(envelope) or PLAINTEXT)
+        return sealer.seal_text(sealer.open_text(quote, tenant=tenant, column=column),
+                                tenant=tenant, column=column)
+
+    return spec.quotes(value, again), sources
+
+
 async def reseal_batch(conn: Conn, *, tenant: str, column: str, sealer: Sealer,
                        after: str, limit: int, actor: str) -> ResealBatch:
-    """One batch of `column` (atrest.RAW, atrest.PROVIDER_EVENT) in one transaction. An
-    unknown key ID or a value that fails authentication raises `SealedValueError` (naming key
-    IDs only) and nothing of the batch is written."""
-    stale, reseal = COLUMNS[column]
+    """One batch of `column` (a key of COLUMNS) in one transaction. An unknown key ID or a
+    value that fails authentication raises `SealedValueError` (naming key IDs only) and
+    nothing of the batch is written."""
+    spec = COLUMNS[column]
     async with conn.transaction():
-        rows = await conn.fetch(stale, tenant, after, atrest.header(sealer.active), limit)
-        if not rows:
-            return ResealBatch(column, 0, 0, 0, None)
+        rows = await conn.fetch(spec.stale, tenant, spec.cursor(after),
+                                atrest.header(sealer.active), limit)
         ids, old, new = [], [], []
-        keys: dict[str, str] = {}
+        sources: dict[str, list[str]] = {}
         for row in rows:
-            value = bytes(row["value"])
-            plain = sealer.open(value, tenant=tenant, column=column)
-            ids.append(row["event_id"])
+            again: Any
+            if spec.quotes is None:
+                value: Any = bytes(row["value"])
+                again, found = _resealed_bytes(value, sealer, tenant, column)
+            else:
+                value = row["value"]
+                again, found = _resealed_quotes(value, spec, sealer, tenant, column)
+                if not found:
+                    continue
+            ids.append(row["id"])
             old.append(value)
-            new.append(sealer.seal(plain, tenant=tenant, column=column))
-            keys[str(row["event_id"])] = atrest.key_id_of(value) or PLAINTEXT
-        done = [str(r["event_id"]) for r in await conn.fetch(reseal, ids, old, new)]
-        from_keys = dict(Counter(keys[i] for i in done))
+            new.append(again)
+            sources[str(row["id"])] = found
+        done = [str(r["id"]) for r in await conn.fetch(spec.reseal, ids, old, new)] \
+            if ids else []
+        from_keys = dict(Counter(k for i in done for k in sources[i]))
         if done:
             await conn.execute(RECORD, tenant, actor, {
-                "column": column, "values": len(done), "key": sealer.active,
-                "from_keys": from_keys, "skipped": len(rows) - len(done)})
-    cursor = str(rows[-1]["event_id"]) if len(rows) == limit else None
-    return ResealBatch(column, len(rows), len(done), len(rows) - len(done), cursor, from_keys)
+                "column": column, "rows": len(done), "values": sum(from_keys.values()),
+                "key": sealer.active, "from_keys": from_keys, "skipped": len(ids) - len(done)})
+    cursor = str(rows[-1]["id"]) if len(rows) == limit else None
+    return ResealBatch(column, len(rows), sum(from_keys.values()), len(ids) - len(done),
+                       cursor, from_keys)
