@@ -178,3 +178,21 @@ def test_cost_per_value_is_one_aes_gcm() -> None:
                             number=n) / n * 1e6
     print(f"at-rest per {len(message)} B value: seal {seal_us:.1f} us, open {open_us:.1f} us")
     assert seal_us < 200 and open_us < 200
+
+
+def test_evidence_quotes_are_sealed_and_the_rest_of_the_record_is_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sealer = Sealer(ring("k1"))
+    monkeypatch.setattr(atrest, "process_sealer", lambda: sealer)
+    record = {"intent": "pricing", "possible_opt_out": False,
+              "sender_email": {"value": "ada@example.com", "confidence": 0.9,
+                               "evidence": "From: Ada <ada@example.com>"},
+              "contact_name": {"value": None, "confidence": 0.0, "evidence": None}}
+    sealed = atrest.seal_evidence(record, tenant="acme")
+    quote = sealed["sender_email"]["evidence"]
+    assert quote.startswith(atrest.TEXT_PREFIX) and "ada" not in quote
+    assert sealed["sender_email"]["value"] == "ada@example.com"
+    assert sealed["contact_name"] == record["contact_name"] and sealed["intent"] == "pricing"
+    assert atrest.open_evidence(sealed, tenant="acme") == record
+    with pytest.raises(SealedValueError):
+        atrest.open_evidence(sealed, tenant="globex")
