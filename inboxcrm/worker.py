@@ -53,8 +53,9 @@ from inboxcrm.domain.policy import (
     get_policy,
 )
 from inboxcrm.domain.shadow import comparison_extractor
-from inboxcrm.platform import temporal, tracing
+from inboxcrm.platform import atrest, temporal, tracing
 from inboxcrm.platform.call_budget import CallBudget
+from inboxcrm.platform.codec import KeyFileError
 from inboxcrm.platform.config import InsecureSetting, Settings, get_settings
 from inboxcrm.platform.gmail_config import GmailSettings
 from inboxcrm.platform.logs import configure_logging
@@ -356,8 +357,9 @@ def main() -> None:
     configure_logging("worker")
     tracing.configure("inboxcrm-worker")  # off unless OTEL_* asks (docs/architecture.md §8)
     try:
-        get_settings()
-    except InsecureSetting as exc:  # a weak credential or a missing sender: one line, exit 2
+        atrest.require_sealer(get_settings())
+    except (InsecureSetting, KeyFileError) as exc:
+        # a weak credential, a missing sender, no at-rest key in production: one line, exit 2
         logging.getLogger("inboxcrm.worker").error("inboxcrm worker: %s", exc)
         raise SystemExit(2) from None
     stop = asyncio.Event()

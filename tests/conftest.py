@@ -77,10 +77,19 @@ def stack(database_url: str) -> Iterator[Stack]:
                    "INBOXCRM_WEBHOOK_SECRET_GLOBEX": TEST_GLOBEX_WEBHOOK_SECRET},
     )
     running = Stack(config)
+    # What this test process reads in-process of the stack's rows (a review card, an export,
+    # a step run here) it opens with the stack's at-rest keys, as the stack's own processes do
+    # (inboxcrm/platform/atrest.py; the process's own settings name no key file).
+    keys = pytest.MonkeyPatch()
     try:
         running.start_all()
+        from inboxcrm.platform import atrest
+
+        sealer = atrest.sealer_for(running.settings())
+        keys.setattr(atrest, "process_sealer", lambda: sealer)
         yield running
     finally:
+        keys.undo()
         running.stop()
 
 

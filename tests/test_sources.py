@@ -28,9 +28,11 @@ from inboxcrm.ingress.sources.mailgun import (
 )
 from inboxcrm.ingress.sources.postmark import basic_auth_ok, parse_postmark
 from inboxcrm.ingress.tenancy import Binding, Forbidden
+from inboxcrm.platform import atrest
 from inboxcrm.stack.credentials import generated_credentials
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, unique_email
+from tests.helpers.at_rest import opened
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE_SENDER = "jane.doe@example.com"
@@ -269,12 +271,14 @@ async def test_postmark_accepted_then_duplicate(env: StackClient, stack: Stack) 
     assert await env.count("SELECT count(*) FROM inbound_events WHERE delivery_id = $1",
                            payload["MessageID"]) == 1
     assert len(await env.emails_to(email)) == 1
-    # Postmark's own event is kept as posted, once, next to the MIME rebuilt from it.
+    # Postmark's own event is kept as posted, once, next to the MIME rebuilt from it (sealed
+    # at rest: the sender's address is not in the stored bytes).
     kept = await env.db.fetch(
         "SELECT p.content_type, p.body FROM provider_events p JOIN inbound_events e"
         " USING (event_id) WHERE e.workflow_id = $1", workflow_id)
-    assert [(r["content_type"], bytes(r["body"])) for r in kept] == [
-        ("application/json", json.dumps(payload).encode())]
+    assert email.encode() not in bytes(kept[0]["body"])
+    assert [(r["content_type"], opened(stack, r["body"], column=atrest.PROVIDER_EVENT))
+            for r in kept] == [("application/json", json.dumps(payload).encode())]
 
 
 async def test_postmark_raw_email_variant_completes(env: StackClient, stack: Stack) -> None:
@@ -403,7 +407,7 @@ async def test_mailgun_accepted_redelivery_duplicate_and_replay_rejected(
         "SELECT p.content_type, p.body FROM provider_events p JOIN inbound_events e"
         " USING (event_id) WHERE e.workflow_id = $1", workflow_id)
     assert [r["content_type"] for r in kept] == ["application/vnd.inboxcrm.mailgun-form+json"]
-    event = json.loads(bytes(kept[0]["body"]))
+    event = json.loads(opened(stack, kept[0]["body"], column=atrest.PROVIDER_EVENT))
     assert event["fields"]["signature"] == [first["signature"]]
     assert event["fields"]["token"] == [first["token"]]
     assert event["fields"]["body-plain"] == [form["body-plain"]]
@@ -479,7 +483,7 @@ async def test_mailgun_raw_mime_variant_completes(env: StackClient, stack: Stack
     assert len(await env.emails_to(email)) == 1
     stored = await env.db.fetchval("SELECT raw FROM inbound_events WHERE workflow_id = $1",
                                    workflow_id)
-    assert bytes(stored) == form["body-mime"].encode()
+    assert opened(stack, stored) == form["body-mime"].encode()
 
 
 async def test_mailgun_without_message_id_dedupes_by_content_hash(

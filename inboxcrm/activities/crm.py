@@ -60,6 +60,7 @@ from inboxcrm.adapters.errors import Category, Classified
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
 from inboxcrm.domain.extraction.minimise import date_written, minimise
 from inboxcrm.domain.policy import get_policy
+from inboxcrm.platform import atrest
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.schemas.models import Action, ItemState, OperationInput, OperationResult
 from inboxcrm.store import audit, contacts, intents, ledger
@@ -118,9 +119,10 @@ class CrmActivities:
         if row is None or row["crm_record_id"] is None:
             raise missing_row("crm_record")
         subject, text = "", ""
-        if row["head"] is not None:  # purged: the subject and text are gone
+        head = atrest.open_head(row["head"], tenant=str(row["tenant"]))
+        if head is not None:  # purged: the subject and text are gone
             # Bounded (the first 64 KiB), as the note's head was read before migration 041.
-            message = minimise(bytes(row["head"]))
+            message = minimise(head)
             subject, text = message.subject, message.body[:message.own_text_chars]
         email = EmailActivity(
             inbound=True, subject=subject, text=get_policy(item.tenant).crm_text(text),
@@ -207,7 +209,8 @@ class CrmActivities:
                 f"{row['delivery_id']}); intent: {row['intent'] or 'unknown'}; handled by "
                 "inboxcrm.")
         crm = self._crm(attempt.op.item.tenant)
-        when = note_time(row["written_at"], row["head"], row["received_at"])
+        head = atrest.open_head(row["head"], tenant=str(row["tenant"]))
+        when = note_time(row["written_at"], head, row["received_at"])
         return await self._on_record(attempt, row, lambda record_id: crm.log_note(
             note_key(attempt.op.op_key), record_id, text, when))
 

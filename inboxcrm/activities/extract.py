@@ -42,6 +42,7 @@ from inboxcrm.domain.extraction import (
 )
 from inboxcrm.domain.extraction.route import TOO_COMPLEX
 from inboxcrm.domain.policy import InvalidAddress, TenantPolicy, canonical_email, get_policy
+from inboxcrm.platform import atrest
 from inboxcrm.platform.workpool import IN_PROCESS, Runner, WorkPoolUnavailable
 from inboxcrm.schemas.models import ExtractResult, ItemRef, ItemState
 from inboxcrm.store import audit, events
@@ -134,8 +135,9 @@ class ExtractActivities:
                 non_retryable=True,
             )
         try:
-            outcome = await extract_and_route(bytes(raw), policy, self._extractor,
-                                              source=str(event["source"]), runner=self._runner)
+            outcome = await extract_and_route(
+                atrest.open_value(raw, tenant=item.tenant, column=atrest.RAW), policy,
+                self._extractor, source=str(event["source"]), runner=self._runner)
         except WorkPoolUnavailable:
             # this worker cannot run the work now (its pool is closing or cannot start
             # children): not the message's doing, so a plain retry
@@ -169,14 +171,17 @@ class ExtractActivities:
                 name: (record.get(name) or {}).get("confidence")
                 for name in ("sender_email", "contact_name", "company")
             },
-            # Quoted from the message: personal data, removed by `inboxcrm forget`.
+            # Quoted from the message: personal data, sealed at rest (one AES-GCM per quote,
+            # inboxcrm/platform/atrest.py), removed by `inboxcrm forget`.
             "evidence": {
-                name: (record.get(name) or {}).get("evidence")
-                for name in ("sender_email", "contact_name", "company")
+                name: atrest.seal_text((record.get(name) or {}).get("evidence"),
+                                       tenant=item.tenant, column=atrest.AUDIT_EVIDENCE)
+                for name in atrest.EVIDENCE_FIELDS
             },
         }
         stored = functools.partial(
-            events.store_extraction, event_id=item.event_id, extraction=record,
+            events.store_extraction, event_id=item.event_id,
+            extraction=atrest.seal_evidence(record, tenant=item.tenant),
             route=outcome.route, route_reasons=outcome.reasons,
             canonical_email=outcome.canonical_email, tenant=item.tenant,
             workflow_id=item.workflow_id, audit_detail=audit.json_safe(detail), step=STEP,

@@ -50,6 +50,7 @@ from inboxcrm.domain.templates import (
     from_sources,
     reply_languages,
 )
+from inboxcrm.platform import atrest
 from inboxcrm.platform.config import Settings, get_settings
 from inboxcrm.schemas.models import (
     Action,
@@ -297,7 +298,7 @@ async def compose_intent(conn: Conn, row: asyncpg.Record, settings: Settings,
     try:
         policy = get_policy(row["tenant"])
         template = await _planned_template(conn, row, policy)
-        head = bytes(row["head"]) if row["head"] is not None else None
+        head = atrest.open_head(row["head"], tenant=str(row["tenant"]))
         sender = policy.sender.from_address or settings.mail_from
         thread = Thread(followup_message_id(str(row["intent_id"]), sender),
                         row["inbound_message_id"], tuple(row["thread_refs"] or ()))

@@ -30,6 +30,7 @@ from inboxcrm.domain import planning
 from inboxcrm.domain.extraction import Extractor
 from inboxcrm.domain.policy import TenantPolicy, get_policy
 from inboxcrm.domain.shadow import ShadowFacts, not_compared, second_opinion, shadow_plan
+from inboxcrm.platform import atrest
 from inboxcrm.platform.call_budget import CallBudget
 from inboxcrm.platform.workpool import IN_PROCESS, Runner, WorkPoolUnavailable
 from inboxcrm.schemas.models import ItemRef, ItemState, ShadowPlanResult
@@ -109,7 +110,8 @@ class ShadowActivities:
         if self._model_budget is not None and not self._model_budget.take():
             return not_compared(self._comparison, "rate_limited")
         try:
-            return await second_opinion(bytes(event["raw"]), policy, str(event["source"]),
+            raw = atrest.open_value(event["raw"], tenant=str(event["tenant"]), column=atrest.RAW)
+            return await second_opinion(raw, policy, str(event["source"]),
                                         route, self._comparison, self._runner)
         except WorkPoolUnavailable:
             # this worker cannot run the work now: not the message's doing, a plain retry

@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from inboxcrm.platform import atrest
 from inboxcrm.platform.config import InsecureSetting, MissingSetting, Settings, get_settings
 from inboxcrm.store import db
 
@@ -124,6 +125,7 @@ def settings_from_env() -> Settings:
             hint = (f" (and there is no {_stack_env_path()}: run next to a stack started with "
                     "`make up`, from the repository root, or set the INBOXCRM_* variables)")
     get_settings.cache_clear()
+    atrest.process_sealer.cache_clear()  # the at-rest keys of these settings
     try:
         return get_settings()
     except (InsecureSetting, MissingSetting) as exc:  # the message names the variable

@@ -15,6 +15,7 @@ from inboxcrm.cli import (
     extract,
     golive,
     items,
+    keys,
     recover,
     report,
     review,
@@ -63,6 +64,7 @@ app.add_typer(mailbox_app, name="mailbox")
 app.add_typer(crm_app, name="crm")
 app.add_typer(contact_app, name="contact")
 app.add_typer(report.report_app, name="report")
+app.add_typer(keys.keys_app, name="keys")
 
 app.command()(stack.up)
 app.command()(items.status)

@@ -38,6 +38,7 @@ from inboxcrm.domain.policy import (
     get_policy,
 )
 from inboxcrm.domain.templates import Template, TemplateRefused, from_sources, reply_languages
+from inboxcrm.platform import atrest
 from inboxcrm.platform.config import get_settings
 from inboxcrm.platform.workpool import IN_PROCESS, BudgetExceeded, Runner, WorkFailed
 from inboxcrm.schemas.contract import decision_body
@@ -252,7 +253,7 @@ async def card_facts(conn: Conn, workflow_id: str) -> CardFacts | None:
     if waiting and row["wait_id"]:
         card.decisions = [DecisionOption(a, decision_body(a, row["wait_id"], row["needs_sender"]))
                           for a in sorted(row["allowed"] or [])]
-    raw = bytes(row["raw"]) if row["raw"] is not None else None
+    raw = atrest.open_optional(row["raw"], tenant=str(row["tenant"]), column=atrest.RAW)
     return CardFacts(card, raw, extraction)
 
 
@@ -334,7 +335,8 @@ async def _message(card: ReviewCard, raw: bytes | None, reasons: list[str],
                                         f"{message.too_complex} limit (too_complex)"))
     if message.limits_hit:
         card.headers.append(("Limits applied", ", ".join(message.limits_hit)))
-    evidence = {name: (extraction.get(name) or {}).get("evidence") or "" for name in FIELDS}
+    quotes = atrest.open_evidence(extraction, tenant=card.tenant)
+    evidence = {name: (quotes.get(name) or {}).get("evidence") or "" for name in FIELDS}
     lines = message.body.split("\n")
     card.truncated = message.truncated or len(lines) > MAX_LINES
     for text in lines[:MAX_LINES]:
@@ -344,6 +346,7 @@ async def _message(card: ReviewCard, raw: bytes | None, reasons: list[str],
 
 def _fields(card: ReviewCard, extraction: dict[str, Any]) -> None:
     card.intent = extraction.get("intent")
+    extraction = atrest.open_evidence(extraction, tenant=card.tenant)
     for name in FIELDS:
         value = extraction.get(name) or {}
         card.fields.append(FieldView(name, value.get("value"), float(value.get("confidence") or 0),
@@ -429,7 +432,7 @@ async def _followup(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str
                     policy: TenantPolicy, contact: Any, decided: planning.Plan) -> None:
     planned = await review.event_intent(conn, row["event_id"])
     languages = reply_languages(row["languages"],
-                                bytes(row["raw"][:64 * 1024]) if row["raw"] else None)
+                                atrest.open_head(row["raw"], tenant=str(row["tenant"])))
     if planned is not None:
         ref = str(planned["template_id"])
         words, refused = await _words(

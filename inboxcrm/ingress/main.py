@@ -9,7 +9,7 @@ import sys
 import uvicorn
 
 from inboxcrm.ingress.app import create_app
-from inboxcrm.platform import tracing
+from inboxcrm.platform import atrest, tracing
 from inboxcrm.platform.config import InsecureSetting, get_settings
 from inboxcrm.platform.logs import configure_logging
 
@@ -29,6 +29,7 @@ def main() -> None:
     tracing.configure("inboxcrm-relay")  # off unless OTEL_* asks (docs/architecture.md §8)
     try:
         settings = get_settings()
+        atrest.require_sealer(settings)  # no key file in production: exit 2, one line
         app = create_app(settings)
     except (InsecureSetting, ValueError) as exc:  # a weak or malformed credential
         logging.getLogger("inboxcrm.relay").error("inboxcrm relay: %s", exc)

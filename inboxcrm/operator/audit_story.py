@@ -194,6 +194,8 @@ SENTENCES: dict[str, Callable[[Detail], str]] = {
     "purged": lambda d: f"raw content purged ({d.get('events')} events)",
     "exported": lambda d: (f"access request answered: {d.get('contacts')} contact(s), "
                            f"{d.get('messages')} message(s) exported"),
+    "reencrypted": lambda d: (f"{d.get('values')} stored value(s) of {d.get('column')} "
+                              f"re-encrypted under key {d.get('key')}"),
     "retention_applied": lambda d: (
         f"retention: the stored message removed, older than {d.get('older_than_days')} days"),
     "retention_run": lambda d: (

@@ -54,23 +54,26 @@ UPDATE contacts SET crm_record_id = $2, crm_origin = 'merged', updated_at = now(
 WHERE contact_id = $1::uuid
 """
 
-# `written_at`: the message's Date as extraction stored it (migration 041). `head`, the start
-# of the stored message, only for an item extracted before that (NULL once purged).
+# `written_at`: the message's Date as extraction stored it (migration 041). `head`, the
+# stored message, only for an item extracted before that (NULL once purged): the whole
+# value, since it is sealed at rest (inboxcrm/platform/atrest.py); the reader opens it and
+# keeps its first 64 KiB (`atrest.open_head`).
 LOAD_NOTE_CONTEXT = """
 SELECT c.crm_record_id, c.contact_id, e.source, e.received_at, e.route,
        e.extraction ->> 'intent' AS intent,
        e.delivery_id, e.written_at,
-       CASE WHEN e.languages IS NULL THEN substring(e.raw FROM 1 FOR 65536) END AS head
+       e.tenant, CASE WHEN e.languages IS NULL THEN e.raw END AS head
 FROM inbound_events e JOIN contacts c ON c.contact_id = e.contact_id
 WHERE e.event_id = $1::uuid
 """
 
 # The inbound email as the CRM's email activity (docs/architecture.md §5, "The conversation
 # in the CRM"): its contact's record, when it was written and received, and the head of the
-# message (its subject and own text; NULL once purged).
+# message (its subject and own text; NULL once purged; sealed, opened by the reader with
+# `atrest.open_head`).
 LOAD_EMAIL_CONTEXT = """
-SELECT c.crm_record_id, c.contact_id, e.received_at, e.written_at,
-       substring(e.raw FROM 1 FOR 65536) AS head
+SELECT c.crm_record_id, c.contact_id, e.received_at, e.written_at, e.tenant,
+       e.raw AS head
 FROM inbound_events e JOIN contacts c ON c.contact_id = e.contact_id
 WHERE e.event_id = $1::uuid
 """

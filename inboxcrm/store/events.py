@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from inboxcrm.platform import atrest
 from inboxcrm.store.step_attempts import begin_step_cte, end_step_cte
 
 if TYPE_CHECKING:
@@ -203,10 +204,15 @@ async def insert_event(conn: Conn, *, tenant: str, source: str, mailbox: str,
                        provider_event: bytes | None = None,
                        provider_event_type: str | None = None) -> asyncpg.Record | None:
     """The new event with its `received` audit entry (and the provider's own event, where
-    given), or the existing one (INSERT_EVENT)."""
+    given), or the existing one (INSERT_EVENT). The message and the provider's event are
+    sealed here, in the writing process (inboxcrm/platform/atrest.py); `content_sha256` and
+    `size_bytes` describe the plaintext."""
+    sealed_event = (atrest.seal(provider_event, tenant=tenant, column=atrest.PROVIDER_EVENT)
+                    if provider_event is not None else None)
     row: asyncpg.Record | None = await conn.fetchrow(
-        INSERT_EVENT, tenant, source, mailbox, delivery_id, workflow_id, raw, content_sha256,
-        size_bytes, actor, message_id, provider_event, provider_event_type)
+        INSERT_EVENT, tenant, source, mailbox, delivery_id, workflow_id,
+        atrest.seal(raw, tenant=tenant, column=atrest.RAW), content_sha256, size_bytes, actor,
+        message_id, sealed_event, provider_event_type)
     return row
 
 

@@ -97,9 +97,10 @@ FOR SHARE OF c
 """
 
 # The intent, its contact and eligibility, and the languages the item's message names ($2;
-# as extraction stored them, migration 041, or for an item extracted before that the head
-# of the message, to read them from), the inbound message's Message-ID and thread (what the
-# follow-up answers, migration 073), the intent row-locked.
+# as extraction stored them, migration 041, or for an item extracted before that the stored
+# message, to read them from: the whole sealed value, opened by `atrest.open_head`), the
+# inbound message's Message-ID and thread (what the follow-up answers, migration 073), the
+# intent row-locked.
 CLAIM_INTENT = """
 SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.rule_id, i.lease_owner,
        i.provider_message_id, i.sent_at,
@@ -112,7 +113,7 @@ SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.rule_id, i.lease_ow
         WHERE s.tenant = c.tenant AND s.canonical_email = c.canonical_email)
            AS suppression_scope,
        e.languages, e.message_id AS inbound_message_id, e.thread_refs,
-       CASE WHEN e.languages IS NULL THEN substring(e.raw FROM 1 FOR 65536) END AS head
+       CASE WHEN e.languages IS NULL THEN e.raw END AS head
 FROM followup_intents i JOIN contacts c ON c.contact_id = i.contact_id
 LEFT JOIN inbound_events e ON e.event_id = $2::uuid
 WHERE i.intent_id = $1::uuid

@@ -17,6 +17,8 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from inboxcrm.platform import atrest
+
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
 
@@ -181,8 +183,8 @@ async def export(conn: Conn, tenants: list[str], canonical: str,
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         contacts = [dict(r) for r in await conn.fetch(EXPORT_CONTACTS, tenants, canonical)]
         contact_ids = [c["contact_id"] for c in contacts]
-        events = [dict(r) for r in await conn.fetch(EXPORT_EVENTS, tenants, canonical,
-                                                    contact_ids)]
+        events = [_opened(dict(r)) for r in await conn.fetch(EXPORT_EVENTS, tenants,
+                                                             canonical, contact_ids)]
         event_ids = [e["event_id"] for e in events]
         found: dict[str, list[dict[str, Any]]] = {"contacts": contacts, "messages": events}
         for kind, statement in EXPORT_BY_EVENT.items():
@@ -191,7 +193,7 @@ async def export(conn: Conn, tenants: list[str], canonical: str,
                                                                    tenants, canonical)]
         found["crm_opt_out_writes"] = [dict(r) for r in await conn.fetch(
             EXPORT_CONSENT_WRITES, tenants, canonical)]
-        found["audit"] = [dict(r) for r in await conn.fetch(
+        found["audit"] = [_opened_entry(dict(r)) for r in await conn.fetch(
             EXPORT_AUDIT, tenants, [e["workflow_id"] for e in events], contact_ids)]
     for tenant in tenants:
         await conn.execute(RECORD, tenant, actor, "exported", {
@@ -199,6 +201,27 @@ async def export(conn: Conn, tenants: list[str], canonical: str,
             "messages": sum(1 for e in events if e["tenant"] == tenant),
         })
     return found
+
+
+def _opened(event: dict[str, Any]) -> dict[str, Any]:
+    """An exported message as the person sent it: its stored values opened (at rest they are
+    sealed, inboxcrm/platform/atrest.py)."""
+    tenant = str(event["tenant"])
+    event["raw"] = atrest.open_optional(event["raw"], tenant=tenant, column=atrest.RAW)
+    event["provider_event"] = atrest.open_optional(event["provider_event"], tenant=tenant,
+                                                   column=atrest.PROVIDER_EVENT)
+    if event["extraction"] is not None:
+        event["extraction"] = atrest.open_evidence(event["extraction"], tenant=tenant)
+    return event
+
+
+def _opened_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """An exported audit entry with the evidence it quotes opened."""
+    if entry["action"] == "extracted" and isinstance(entry["detail"], dict):
+        tenant = str(entry["tenant"])
+        entry["detail"] = atrest.map_audit_evidence(entry["detail"], lambda q: atrest.open_text(
+            q, tenant=tenant, column=atrest.AUDIT_EVIDENCE) or q)
+    return entry
 
 
 # The scheduled retention run (policy `retention`), tenant by tenant, in bounded batches

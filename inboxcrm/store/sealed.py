@@ -1,0 +1,193 @@
+"""Re-encryption of the values sealed at rest (`inboxcrm keys reencrypt`,
+inboxcrm/platform/atrest.py): after a key rotation, a tenant's stored messages, provider
+events and evidence quotes are sealed again under the active key, batch by batch, so the old
+key can leave the key file.
+
+A batch is one transaction: the next values of the tenant (by event ID, after a cursor) that
+are not under the active key, opened and sealed again in this process, written back only where
+the row still holds the value that was read (a row emptied by retention or `forget`
+meanwhile stays empty), with one `reencrypted` audit entry of counts and key IDs. A run that
+stops is resumed by running it again: values under the active key are not selected.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from inboxcrm.platform import atrest
+
+if TYPE_CHECKING:
+    from inboxcrm.platform.atrest import Sealer
+    from inboxcrm.store.db import Conn
+
+# The stored bytes: selected only where they are not under the active key.
+# $1 tenant, $2 cursor (event ID), $3 the active key's envelope header, $4 batch size.
+STALE_RAW = """
+SELECT event_id AS id, raw AS value FROM inbound_events
+WHERE tenant = $1 AND event_id > $2::uuid AND raw IS NOT NULL
+  AND substring(raw FROM 1 FOR octet_length($3::bytea)) <> $3::bytea
+ORDER BY event_id
+LIMIT $4
+"""
+
+STALE_PROVIDER_EVENTS = """
+SELECT p.event_id AS id, p.body AS value
+FROM provider_events p JOIN inbound_events e USING (event_id)
+WHERE e.tenant = $1 AND p.event_id > $2::uuid
+  AND substring(p.body FROM 1 FOR octet_length($3::bytea)) <> $3::bytea
+ORDER BY p.event_id
+LIMIT $4
+"""
+
+# The evidence quotes sit inside JSON (base64 text): every row with evidence is read and the
+# quotes are checked here ($3, the header, unused by these two).
+STALE_EVIDENCE = """
+SELECT event_id AS id, extraction AS value FROM inbound_events
+WHERE tenant = $1 AND event_id > $2::uuid AND extraction IS NOT NULL AND $3::bytea IS NOT NULL
+ORDER BY event_id
+LIMIT $4
+"""
+
+STALE_AUDIT_EVIDENCE = """
+SELECT audit_id AS id, detail AS value FROM audit_log
+WHERE tenant = $1 AND audit_id > $2::bigint AND action = 'extracted' AND detail ? 'evidence'
+  AND $3::bytea IS NOT NULL
+ORDER BY audit_id
+LIMIT $4
+"""
+
+# $1 IDs, $2 the values read, $3 the values sealed again (same order): written only where
+# the row still holds what was read.
+RESEAL_RAW = """
+UPDATE inbound_events e SET raw = u.new
+FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS u(id, old, new)
+WHERE e.event_id = u.id AND e.raw = u.old
+RETURNING e.event_id AS id
+"""
+
+RESEAL_PROVIDER_EVENTS = """
+UPDATE provider_events p SET body = u.new
+FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS u(id, old, new)
+WHERE p.event_id = u.id AND p.body = u.old
+RETURNING p.event_id AS id
+"""
+
+RESEAL_EVIDENCE = """
+UPDATE inbound_events e SET extraction = u.new
+FROM unnest($1::uuid[], $2::jsonb[], $3::jsonb[]) AS u(id, old, new)
+WHERE e.event_id = u.id AND e.extraction = u.old
+RETURNING e.event_id AS id
+"""
+
+RESEAL_AUDIT_EVIDENCE = """
+UPDATE audit_log a SET detail = u.new
+FROM unnest($1::bigint[], $2::jsonb[], $3::jsonb[]) AS u(id, old, new)
+WHERE a.audit_id = u.id AND a.detail = u.old
+RETURNING a.audit_id AS id
+"""
+
+RECORD = """
+INSERT INTO audit_log (tenant, actor, action, detail) VALUES ($1, $2, 'reencrypted', $3)
+"""
+
+PLAINTEXT = "plaintext"
+UUID_START = str(uuid.UUID(int=0))
+
+
+@dataclass(frozen=True)
+class Column:
+    stale: str
+    reseal: str
+    start: str
+    # JSON values: the function that passes each quote of one through a change
+    quotes: Callable[[dict[str, Any], Callable[[str], str]], dict[str, Any]] | None = None
+
+    def cursor(self, value: Any) -> Any:
+        return str(value) if self.start == UUID_START else int(value)
+
+
+COLUMNS = {
+    atrest.RAW: Column(STALE_RAW, RESEAL_RAW, UUID_START),
+    atrest.PROVIDER_EVENT: Column(STALE_PROVIDER_EVENTS, RESEAL_PROVIDER_EVENTS, UUID_START),
+    atrest.EVIDENCE: Column(STALE_EVIDENCE, RESEAL_EVIDENCE, UUID_START, atrest.map_evidence),
+    atrest.AUDIT_EVIDENCE: Column(STALE_AUDIT_EVIDENCE, RESEAL_AUDIT_EVIDENCE, "0",
+                                  atrest.map_audit_evidence),
+}
+
+
+@dataclass(frozen=True)
+class ResealBatch:
+    column: str
+    read: int
+    resealed: int
+    # written meanwhile (emptied by retention, say): left as they are
+    skipped: int
+    # where the next batch goes on; None: nothing left in this column
+    cursor: str | None
+    # the values resealed by the key they were under (`plaintext`: written unencrypted)
+    from_keys: dict[str, int] = field(default_factory=dict)
+
+
+def _resealed_bytes(value: bytes, sealer: Sealer, tenant: str, column: str
+                    ) -> tuple[bytes, list[str]]:
+    plain = sealer.open(value, tenant=tenant, column=column)
+    return (sealer.seal(plain, tenant=tenant, column=column),
+            [atrest.key_id_of(value) or PLAINTEXT])
+
+
+def _resealed_quotes(value: dict[str, Any], spec: Column, sealer: Sealer, tenant: str,
+                     column: str) -> tuple[dict[str, Any], list[str]]:
+    """The JSON with each quote not under the active key sealed again ([]: none was)."""
+    assert spec.quotes is not None
+    sources: list[str] = []
+
+    def again(quote: str) -> str:
+        envelope = atrest.text_envelope(quote, column)
+        if atrest.is_sealed_text(quote) and sealer.is_current(envelope):
+            return quote
+        sources.append(atrest.key_id_of(envelope) or PLAINTEXT)
+        return sealer.seal_text(sealer.open_text(quote, tenant=tenant, column=column),
+                                tenant=tenant, column=column)
+
+    return spec.quotes(value, again), sources
+
+
+async def reseal_batch(conn: Conn, *, tenant: str, column: str, sealer: Sealer,
+                       after: str, limit: int, actor: str) -> ResealBatch:
+    """One batch of `column` (a key of COLUMNS) in one transaction. An unknown key ID or a
+    value that fails authentication raises `SealedValueError` (naming key IDs only) and
+    nothing of the batch is written."""
+    spec = COLUMNS[column]
+    async with conn.transaction():
+        rows = await conn.fetch(spec.stale, tenant, spec.cursor(after),
+                                atrest.header(sealer.active), limit)
+        ids, old, new = [], [], []
+        sources: dict[str, list[str]] = {}
+        for row in rows:
+            again: Any
+            if spec.quotes is None:
+                value: Any = bytes(row["value"])
+                again, found = _resealed_bytes(value, sealer, tenant, column)
+            else:
+                value = row["value"]
+                again, found = _resealed_quotes(value, spec, sealer, tenant, column)
+                if not found:
+                    continue
+            ids.append(row["id"])
+            old.append(value)
+            new.append(again)
+            sources[str(row["id"])] = found
+        done = [str(r["id"]) for r in await conn.fetch(spec.reseal, ids, old, new)] \
+            if ids else []
+        from_keys = dict(Counter(k for i in done for k in sources[i]))
+        if done:
+            await conn.execute(RECORD, tenant, actor, {
+                "column": column, "rows": len(done), "values": sum(from_keys.values()),
+                "key": sealer.active, "from_keys": from_keys, "skipped": len(ids) - len(done)})
+    cursor = str(rows[-1]["id"]) if len(rows) == limit else None
+    return ResealBatch(column, len(rows), sum(from_keys.values()), len(ids) - len(done),
+                       cursor, from_keys)
