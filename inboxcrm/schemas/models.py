@@ -116,6 +116,9 @@ class ExtractResult:
     # item's waits all go to `review_owner` and any reviewer may retry, as it ran.
     owners: dict[str, str] = field(default_factory=dict)
     repeat_role: str | None = None
+    # The role that alone may approve a follow-up held for approval (policy
+    # `authority.approve_followup`, docs/architecture.md §6, "Edited drafts").
+    approve_role: str | None = None
     escalation_hours: float = 24.0
     # False: the message gives no usable sender address, so an approval must carry
     # `corrections.sender_email` (the planner has nobody to match otherwise).
@@ -209,6 +212,8 @@ class WorkflowState:
     # The follow-up's generation: 1 as planned, n after n-1 deliberate sends again
     # (`send_again`); the keys of its operations derive from it (`again_op_key`).
     send_generation: int = 1
+    # The role that alone may approve a follow-up held for approval (`ExtractResult`).
+    approve_role: str | None = None
 
 
 @dataclass
@@ -303,6 +308,9 @@ class DecisionBody:
     decider: str = ""
     path: str = ""
     proof: str = ""
+    # `approve` of an edited draft (docs/architecture.md §6, "Edited drafts"): the SHA-256 of
+    # the text the desk or the CLI stored with the intent. The text itself never travels here.
+    draft_sha256: str | None = None
 
 
 @dataclass
@@ -320,6 +328,7 @@ class ReviewDecision:
     decider: str = ""
     path: str = ""
     proof: str = ""
+    draft_sha256: str | None = None    # `approve` of an edited draft: the hash it binds
 
 
 @dataclass
@@ -352,6 +361,10 @@ class DecisionRecord:
     # A `send_again`: the send operation it repeats (its follow-up must be unconfirmed or
     # sent, and may still be written to), checked as the decision is recorded.
     op_key: str | None = None
+    # An approval at a follow-up's wait (patch `edited-draft`): the intent, and the hash of
+    # the edited draft it binds (checked against the stored text and the rule's limits).
+    intent_id: str | None = None
+    draft_sha256: str | None = None
 
 
 @dataclass
@@ -427,6 +440,8 @@ class IntentApproval:
     item: ItemRef
     intent_id: str
     reviewer: str
+    # The edited draft the approval binds (its SHA-256); None: the rendered words.
+    draft_sha256: str | None = None
 
 
 @dataclass
@@ -465,6 +480,8 @@ class OpenReview:
     # The reviewer role a `retry` needs here (an ambiguous customer-facing send whose policy
     # names one), so the desk and the CLI refuse others before sending anything.
     repeat_role: str | None = None
+    # The reviewer role an approval of this follow-up needs (`authority.approve_followup`).
+    approve_role: str | None = None
 
 
 @dataclass

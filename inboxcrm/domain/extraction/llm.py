@@ -73,6 +73,8 @@ def model_schema() -> dict[str, Any]:
         return node
 
     stripped: dict[str, Any] = strip(copy.deepcopy(schema))
+    # A strict structured-output server wants every property required.
+    stripped["required"] = list(stripped["properties"])
     return stripped
 
 
