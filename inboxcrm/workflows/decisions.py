@@ -294,7 +294,9 @@ _DESCRIPTIONS = {
     "approve": "Approve what the open wait asks (a follow-up wait: that intent only); the item "
                "continues. Body: {\"reviewer\": \"name\", \"wait_id\": \"w1-review\", \"note\": "
                "\"...\", \"corrections\": {\"sender_email\": \"...\", \"name\": \"...\", "
-               "\"company\": \"...\"}, \"send_followup\": false (optional)}",
+               "\"company\": \"...\"}, \"send_followup\": false (optional)}; at a follow-up "
+               "wait also \"draft_sha256\": the hash of the edited draft the desk or "
+               "`inboxcrm review approve --draft-file` stored with the intent (optional)",
     "hold": "Park the item (state held) until another decision; it stays in the review queue "
             "and its escalation time does not move. Body: {\"reviewer\": \"name\", "
             "\"wait_id\": \"...\", \"note\": \"...\"}",

@@ -230,3 +230,35 @@ def test_the_card_offers_the_text_with_its_limits() -> None:
     assert "<textarea name='draft'" in form and "Hello &lt;Jo&gt;</textarea>" in form
     assert "at most 1200 characters" in form and "the signature" in form
     assert f"value='{draft_sha256('Hello <Jo>')}'" in form and "value='i-1'" in form
+
+
+async def test_the_desk_stores_the_draft_first_and_a_refusal_sends_nothing() -> None:
+    from inboxcrm.domain.drafts import DraftCheck
+    from inboxcrm.ingress.review import send_form_decision
+
+    ann = Principal("reviewer:ann", "ann", frozenset({"initech"}), 2, role="approver")
+    form = {"action": ["approve"], "wait_id": ["w2-followup"], "intent_id": ["i-1"],
+            "draft": ["Hi!\nThe team"], "rendered_sha256": [draft_sha256("Hello")]}
+    proposed: list[tuple[str, str]] = []
+    connected: list[bool] = []
+
+    async def refuse(intent_id: str, text: str) -> DraftCheck:
+        proposed.append((intent_id, text))
+        return DraftCheck("draft_too_long", draft_refusal_text("draft_too_long", TERMS))
+
+    async def connect() -> Any:
+        connected.append(True)
+        raise OSError("no Temporal in the fast tier")
+
+    answer = await send_form_decision(connect, SECRET, ann, WF, form, refuse)
+    assert not answer.accepted and "draft_too_long" in answer.message
+    assert proposed == [("i-1", "Hi!\nThe team")] and connected == []
+    # Stored and within the limits: the decision carries the draft's hash (sent next).
+    async def accept(intent_id: str, text: str) -> DraftCheck:
+        return DraftCheck(None, "ok", draft_sha256(text))
+
+    answer = await send_form_decision(connect, SECRET, ann, WF, form, accept)
+    assert connected == [True] and answer.outcome == "unavailable"
+    # A desk that cannot store drafts refuses an edit instead of sending the rendered words.
+    answer = await send_form_decision(connect, SECRET, ann, WF, form, None)
+    assert not answer.accepted and "cannot store an edited draft" in answer.message
