@@ -127,7 +127,11 @@ def details(waiting: Waiting, state: ItemState) -> str:
         lines.append(f"- attempts: {waiting.attempts}")
     if waiting.error:
         lines.append(f"- destination error: `{waiting.error}`")
-    if waiting.required_role:
+    if waiting.required_role and waiting.kind == "followup":
+        lines.append(f"- approve only by a reviewer with the role `{waiting.required_role}` "
+                     "(authority.approve_followup), through the review desk or "
+                     "`inboxcrm review`")
+    elif waiting.required_role:
         lines.append(f"- retry (and send_again) only by a reviewer with the role "
                      f"`{waiting.required_role}`, "
                      "through the review desk or `inboxcrm review` (a retry may send twice: "

@@ -35,7 +35,7 @@ from inboxcrm.platform.reviewer_identity import (
     verify_decision,
 )
 from inboxcrm.schemas.contract import Decision
-from inboxcrm.schemas.models import OpenReview, ReviewDecision
+from inboxcrm.schemas.models import ItemState, OpenReview, ReviewDecision
 from inboxcrm.workflows.decisions import REVIEW_ACTIONS, Waiting, check_action, parse_decision
 
 WF = "inbound/initech/standard/sales/7"
@@ -262,3 +262,11 @@ async def test_the_desk_stores_the_draft_first_and_a_refusal_sends_nothing() -> 
     # A desk that cannot store drafts refuses an edit instead of sending the rendered words.
     answer = await send_form_decision(connect, SECRET, ann, WF, form, None)
     assert not answer.accepted and "cannot store an edited draft" in answer.message
+
+
+def test_the_followup_waits_details_name_the_approver_role() -> None:
+    from inboxcrm.workflows.decisions import details
+
+    text = details(_followup_wait(), ItemState.AWAITING_REVIEW)
+    assert "approve only by a reviewer with the role `approver`" in text
+    assert "retry" not in text.split("approve only")[1].split("\n")[0]
