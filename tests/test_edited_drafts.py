@@ -11,11 +11,14 @@ writer's own text routes the item to review."""
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
@@ -191,3 +194,42 @@ async def test_a_sensitive_attribute_routes_to_review(env: StackClient, stack: S
     assert await env.emails_to(email) == []
     rejected = cli(stack, "review", "reject", workflow_id, "--reviewer", "ops")
     assert rejected.returncode == 0, rejected.stderr
+
+
+async def test_the_desk_offers_the_text_and_sends_the_edit_it_posts(
+        env: StackClient, stack: Stack) -> None:
+    """The desk's card carries the rendered follow-up in a textarea with its limits; the
+    approve form posted with an edited text (a browser's CRLF line ends) stores the draft
+    and sends exactly it (line ends as LF)."""
+    token = _reviewer(stack, f"amy-{uuid.uuid4().hex[:6]}", "approver")
+    email = unique_email("deskdraft")
+    workflow_id = await env.deliver(_to_initech(email), tenant=TENANT, mailbox=MAILBOX)
+    await env.wait_state(workflow_id, "awaiting_review", timeout=90)
+    url = f"{stack.relay_url}/review/{quote(workflow_id, safe='')}"
+    auth = {"Authorization": f"Bearer {token}"}
+    page = (await env.http.get(url, headers=auth)).text
+    assert "<textarea name='draft'" in page and "at most 1200 characters" in page
+    card = (await env.http.get(url, headers=auth | {"Accept": "application/json"})).json()
+    rendered = card["followup"]["body"]
+    assert card["followup"]["editable"] and card["followup"]["max_chars"] == 1200
+
+    def hidden(name: str) -> str:
+        found = re.search(rf"name='{name}' value='([^']*)'", page)
+        assert found, name
+        return html.unescape(found.group(1))
+
+    edited = rendered.replace("A member of our team will reply shortly.",
+                              "Priya will send you the quote for 20 seats today.")
+    assert edited != rendered
+    posted = await env.http.post(url, content=urlencode({
+        "csrf": hidden("csrf"), "action": "approve", "wait_id": card["wait_id"],
+        "reviewer": "amy", "send_followup": "yes", "intent_id": hidden("intent_id"),
+        "rendered_sha256": hidden("rendered_sha256"),
+        "draft": edited.replace("\n", "\r\n")}),
+        headers=auth | {"Content-Type": "application/x-www-form-urlencoded"})
+    assert posted.status_code == 200, posted.text
+    await env.wait_state(workflow_id, "completed", timeout=90)
+    [sent] = await env.emails_to(email)
+    body = await env.http.get(f"{env.endpoints.sandbox_url}/emails/{sent['id']}")
+    assert body.json()["text"] == edited
+    assert (await _intent(env, workflow_id))["approved_draft_sha256"] == draft_sha256(edited)
