@@ -12,6 +12,8 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 
 from inboxcrm.activities.review import repeat_refusal
+from inboxcrm.domain import drafts
+from inboxcrm.platform.config import get_settings
 from inboxcrm.platform.reviewer_identity import (
     PATH_UI_SIGNAL,
     PATH_UI_UPDATE,
@@ -131,7 +133,7 @@ class BookkeepingActivities:
             decider=record.decider, path=record.path, workflow_id=item.workflow_id,
             wait_id=record.wait_id, action=record.action, reviewer=record.typed_reviewer,
             note=record.note, evidence=record.evidence, corrections=dict(record.corrections),
-            send_followup=record.send_followup)
+            send_followup=record.send_followup, draft_sha256=record.draft_sha256)
         proven = verify_decision(self._decision_secret, record.proof, claim)
         detail = dict(record.detail)
         detail["typed_reviewer"] = record.typed_reviewer or None
@@ -156,6 +158,17 @@ class BookkeepingActivities:
                 code = await repeat_refusal(conn, record.op_key)
             if code is not None:
                 refused = code, send_again_refusal(code)
+        if (detail.get("accepted") and refused is None and record.draft_sha256
+                and record.intent_id):
+            # The approval binds an edited draft: the stored text must be the one hashed and
+            # still within the rule's limits (docs/architecture.md §6, "Edited drafts").
+            detail["draft_sha256"] = record.draft_sha256
+            async with self._pool.acquire() as conn:
+                checked = await drafts.approval_refusal(
+                    conn, intent_id=record.intent_id, sha256=record.draft_sha256,
+                    settings=get_settings())
+            if checked is not None and checked.refused is not None:
+                refused = checked.refused, checked.message
         if refused is not None:
             detail |= {"accepted": False, "ignored_reason": refused[0]}
         if proven:

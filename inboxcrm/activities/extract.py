@@ -227,4 +227,5 @@ class ExtractActivities:
 def _authority(policy: TenantPolicy) -> dict[str, Any]:
     """Who owns which wait, and who may repeat a customer-facing action, for the workflow."""
     return {"owners": dict(policy.owners),
-            "repeat_role": policy.authority.repeat_customer_facing}
+            "repeat_role": policy.authority.repeat_customer_facing,
+            "approve_role": policy.authority.approve_followup}

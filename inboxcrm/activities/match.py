@@ -119,10 +119,12 @@ async def _gather(conn: Conn, plan: PlanInput, policy: TenantPolicy) -> _Gathere
     ramp = (planning.RampFacts(asked.ramp_cap, int(known["ramp_granted"]))
             if asked.ramp_cap is not None and known["ramp_granted"] is not None else None)
     contact = (None if row["inserted"] else
-               planning.ExistingContact(row["name"], row["company"], row["status"]))
+               planning.ExistingContact(row["name"], row["company"], row["status"],
+                                        bool(row["in_crm"])))
     if contact is None and known["decision"] is not None:
         # A re-run: the contact this run sees was made by the earlier one.
-        contact = planning.ExistingContact(row["name"], row["company"], row["status"])
+        contact = planning.ExistingContact(row["name"], row["company"], row["status"],
+                                           bool(row["in_crm"]))
     # A reply in a thread we know (migration 073) is the conversation going on.
     thread = await intents.thread_of_event(conn, event_id=item.event_id)
     facts = replace(base, contact=contact, earlier=earlier, ramp=ramp,

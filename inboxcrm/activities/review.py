@@ -166,11 +166,14 @@ class ReviewActivities:
         item = approval.item
         async with self._pool.acquire() as conn, conn.transaction():
             await intents.approve_intent(conn, intent_id=approval.intent_id,
-                                         approved_by=approval.reviewer)
+                                         approved_by=approval.reviewer,
+                                         draft_sha256=approval.draft_sha256)
+            # An edited draft is audited by its hash only (the text is personal data).
             await audit.append(
                 conn, tenant=item.tenant, event_id=item.event_id, workflow_id=item.workflow_id,
                 actor=approval.reviewer, action="followup_approved",
-                detail={"intent_id": approval.intent_id},
+                detail={"intent_id": approval.intent_id,
+                        "draft_sha256": approval.draft_sha256},
             )
 
     @activity.defn(name="decline_followup_intent")

@@ -14,6 +14,7 @@ is blocked with the reason (`unsubscribe_secret_missing`, …), docs/architectur
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -35,12 +36,14 @@ from inboxcrm.activities.outbox import (
 from inboxcrm.adapters.base import AdapterError, MailClient, OutgoingEmail
 from inboxcrm.adapters.errors import Category, Classified, ErrorType
 from inboxcrm.adapters.factory import ConfigurationError, Destinations
+from inboxcrm.domain import drafts
 from inboxcrm.domain.followup import (
     UNCONFIRMED_THEN,
     Followup,
     FollowupRefused,
     Thread,
     compose,
+    draft_sha256,
     followup_message_id,
 )
 from inboxcrm.domain.policy import PolicyError, TenantPolicy, UnknownTenant, get_policy
@@ -302,10 +305,11 @@ async def compose_intent(conn: Conn, row: asyncpg.Record, settings: Settings,
         sender = policy.sender.from_address or settings.mail_from
         thread = Thread(followup_message_id(str(row["intent_id"]), sender),
                         row["inbound_message_id"], tuple(row["thread_refs"] or ()))
-        return compose(policy, template, to=row["email"], contact_id=row["contact_id"],
-                       name=row["name"], company=row["company"],
-                       languages=reply_languages(row["languages"], head),
-                       settings=settings, thread=thread, for_log=for_log)
+        followup = compose(policy, template, to=row["email"], contact_id=row["contact_id"],
+                           name=row["name"], company=row["company"],
+                           languages=reply_languages(row["languages"], head),
+                           settings=settings, thread=thread, for_log=for_log)
+        return _with_approved_draft(followup, row, settings)
     except FollowupRefused as refused:
         activity.logger.error("follow-up refused: %s", refused)
         reason = refused.reason
@@ -313,6 +317,27 @@ async def compose_intent(conn: Conn, row: asyncpg.Record, settings: Settings,
         activity.logger.error("follow-up template unusable: %s", exc)
         reason = "template_unusable"
     raise AdapterError(Classified(Category.PERMANENT, reason))
+
+
+def _with_approved_draft(followup: Followup, row: asyncpg.Record, settings: Settings
+                         ) -> Followup:
+    """The follow-up in the words a reviewer edited and approved (docs/architecture.md §6,
+    "Edited drafts"): the stored draft replaces the rendered plain text, and the HTML part
+    is dropped (it shows the rendered words); nothing else changes (sender, subject,
+    headers, the intent's idempotency key). The stored text must be the approved hash and
+    within the rule's limits still, else nothing is sent (`FollowupRefused`)."""
+    approved = row["approved_draft_sha256"]
+    if approved is None:
+        return followup
+    text = row["draft_text"]
+    if text is None or row["draft_sha256"] != approved or draft_sha256(str(text)) != approved:
+        raise FollowupRefused("draft_changed", "the stored draft is not the approved one")
+    checked = drafts.check(str(text), drafts.terms_of(row["tenant"], row["rule_id"],
+                                                      row["contact_id"], settings))
+    if checked.refused is not None:
+        raise FollowupRefused(checked.refused.replace(":", "_"),
+                              "the approved draft is outside the rule's draft limits")
+    return dataclasses.replace(followup, text=str(text), html=None)
 
 
 # Stored template versions, validated once per worker: a version is named by the hash of its

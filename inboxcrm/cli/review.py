@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from pathlib import Path
 from typing import Annotated, Any
 
 import asyncpg
@@ -42,7 +43,8 @@ def _acting_reviewer(settings: Settings, workflow_id: str) -> Any:
 
 def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
             evidence: str | None, wait_id: str | None, corrections: list[str] | None = None,
-            send_followup: bool = True, as_json: bool = False) -> None:
+            send_followup: bool = True, as_json: bool = False,
+            draft_file: Path | None = None) -> None:
     """Send a decision through the one decision client (`inboxcrm/platform/decisions.py`) and
     print the workflow's answer: accepted (the new state) or refused (the reason on stderr,
     exit 1)."""
@@ -56,18 +58,23 @@ def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
     settings = settings_from_env()
     token = os.environ.get(REVIEWER_TOKEN_VARIABLE, "").strip()
     if token:
-        _decide_through_relay(settings, token, {
+        body: dict[str, Any] = {
             "workflow_id": workflow_id, "action": action.value, "reviewer": reviewer,
             "note": note, "evidence": evidence,
             "corrections": {key: value for key, _, value in pairs},
-            "send_followup": send_followup, "wait_id": wait_id}, as_json)
+            "send_followup": send_followup, "wait_id": wait_id}
+        if draft_file is not None:
+            body["draft_text"] = _read_draft(draft_file)
+        _decide_through_relay(settings, token, body, as_json)
         return
     principal = _acting_reviewer(settings, workflow_id)
+    digest = (_propose_draft(settings, workflow_id, draft_file, principal.decider)
+              if draft_file is not None else None)
     request = DecisionRequest(
         workflow_id=workflow_id, action=action, decider=principal, path=PATH_CLI,
         reviewer=reviewer, note=note, evidence=evidence,
         corrections={key: value for key, _, value in pairs}, send_followup=send_followup,
-        wait_id=wait_id)
+        wait_id=wait_id, draft_sha256=digest)
     secret = settings.decision_secret.get_secret_value() if settings.decision_secret else None
     result = asyncio.run(send_decision(lambda: temporal.connect(settings), secret, request))
     if not result.accepted or result.status is None:
@@ -111,6 +118,38 @@ def _decide_through_relay(settings: Settings, token: str, body: dict[str, Any],
                                    "status": answer["status"]}))
         return
     out.print(answer["message"], highlight=False, markup=False, soft_wrap=True)
+
+
+def _read_draft(draft_file: Path) -> str:
+    try:
+        return draft_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"--draft-file: cannot read it as UTF-8 text ({type(exc).__name__})")
+        raise
+
+
+def _propose_draft(settings: Settings, workflow_id: str, draft_file: Path,
+                   decider: str) -> str:
+    """Store the edited follow-up of the item's intent awaiting approval, checked against
+    its rule's limits (docs/architecture.md §6, "Edited drafts"); the approval then binds its
+    hash. A refusal names the limit, never the text."""
+    from inboxcrm.domain import drafts
+    from inboxcrm.store import intents
+
+    text = _read_draft(draft_file)
+
+    async def store(conn: asyncpg.Connection[Any]) -> drafts.DraftCheck:
+        intent_id = await intents.intent_of_workflow(conn, workflow_id=workflow_id)
+        if intent_id is None:
+            return drafts.DraftCheck("draft_not_awaiting", "refused (draft_not_awaiting): "
+                                     "this item has no follow-up waiting for approval")
+        return await drafts.propose(conn, intent_id=intent_id, text=text,
+                                    proposed_by=decider, settings=settings)
+
+    checked = with_db(settings, store)
+    if checked.refused is not None:
+        fail(checked.message)
+    return checked.sha256
 
 
 def _jsonable(value: Any) -> Any:
@@ -159,10 +198,15 @@ def review_approve(workflow_id: str, reviewer: ReviewerOpt, note: NoteOpt = None
                    send_followup: Annotated[bool, typer.Option(
                        "--send-followup/--no-send-followup",
                        help="Continue without the follow-up email.")] = True,
+                   draft_file: Annotated[Path | None, typer.Option(
+                       "--draft-file", help="A follow-up held for approval: send this edited "
+                       "plain text instead (within the limits `review show` lists); the "
+                       "approval binds its SHA-256.")] = None,
                    as_json: JsonOpt = False) -> None:
-    """Approve what the open wait asks (a follow-up approval: that intent only)."""
+    """Approve what the open wait asks (a follow-up approval: that intent only, as rendered
+    or as edited with --draft-file)."""
     _decide(Decision.APPROVE, workflow_id, reviewer, note, evidence, wait_id, set_,
-            send_followup, as_json)
+            send_followup, as_json, draft_file)
 
 
 @review_app.command("hold")

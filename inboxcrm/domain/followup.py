@@ -11,11 +11,12 @@ link can be made, and the follow-up is refused (`FollowupRefused`), never sent w
 from __future__ import annotations
 
 import email.utils
+import hashlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from inboxcrm.domain.policy import TenantPolicy
+from inboxcrm.domain.policy import DraftLimits, DraftPart, TenantPolicy
 from inboxcrm.domain.templates import Fields, Template, first_name, render
 from inboxcrm.domain.unsubscribe_links import unsubscribe_url
 from inboxcrm.platform.config import Settings
@@ -95,6 +96,83 @@ def send_again_refusal(facts: RepeatFacts | None) -> str | None:
     if facts.recent:
         return "quiet_period"
     return None
+
+
+# --- edited drafts (docs/architecture.md §6, "Edited drafts") -------------------------------
+# How each fixed part is named to a person (a refusal names the limit, never the text).
+PART_NAMES: dict[str, str] = {
+    "signature": "the signature", "sender_name": "the sender's name",
+    "opt_out_url": "the opt-out link", "postal_address": "the postal address",
+}
+
+
+@dataclass(frozen=True)
+class DraftTerms:
+    """The limits of one intent's edited draft: the length, and the rendered value of each
+    part that must stay in it verbatim."""
+
+    max_chars: int
+    fixed: tuple[tuple[DraftPart, str], ...]
+
+
+def normalised_draft(text: str) -> str:
+    """The draft as it is hashed, stored and sent: line ends as LF (a browser's textarea
+    posts CRLF), nothing else changed."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def draft_sha256(text: str) -> str:
+    """The hash the approval binds (over the normalised text, UTF-8)."""
+    return hashlib.sha256(normalised_draft(text).encode()).hexdigest()
+
+
+def draft_terms(policy: TenantPolicy, limits: DraftLimits, *, settings: Settings,
+                contact_id: str | uuid.UUID | None) -> DraftTerms:
+    """The limits of a draft to this contact: the values its fixed parts render to."""
+    sender = policy.sender.from_address or settings.mail_from
+    opt_out = unsubscribe_url(settings, policy.tenant, contact_id or PREVIEW_CONTACT) or ""
+    values: dict[DraftPart, str] = {
+        "signature": policy.sender.signature or "", "sender_name": _display_name(sender),
+        "opt_out_url": opt_out, "postal_address": policy.sender.postal_address or ""}
+    return DraftTerms(limits.max_chars,
+                      tuple((part, values[part]) for part in limits.fixed() if values[part]))
+
+
+def draft_refusal(text: str, terms: DraftTerms | None) -> str | None:
+    """Why this edited draft may not be approved (a code of `DRAFT_REFUSALS`, with the part
+    it misses), or None. The same check on every path: the desk and the CLI before the
+    draft is stored, the worker as the approval is recorded, the send before it submits."""
+    if terms is None:
+        return "draft_not_editable"
+    draft = normalised_draft(text)
+    if not draft.strip():
+        return "draft_empty"
+    if len(draft) > terms.max_chars:
+        return "draft_too_long"
+    for part, rendered in terms.fixed:
+        if rendered not in draft:
+            return f"draft_missing:{part}"
+    return None
+
+
+def draft_refusal_text(code: str, terms: DraftTerms | None) -> str:
+    """A refusal in words, naming the limit (never the text)."""
+    if code == "draft_too_long" and terms is not None:
+        return (f"refused (draft_too_long): the edited follow-up may be at most "
+                f"{terms.max_chars} characters (the rule's draft.max_chars)")
+    if code.startswith("draft_missing:"):
+        part = code.partition(":")[2]
+        return (f"refused ({code}): the edited follow-up must keep "
+                f"{PART_NAMES.get(part, part)} exactly as rendered (the rule's draft.keep)")
+    return {
+        "draft_not_editable": "refused (draft_not_editable): this follow-up's rule declares "
+                              "no draft limits, so its words cannot be edited",
+        "draft_empty": "refused (draft_empty): the edited follow-up is empty",
+        "draft_not_found": "refused (draft_not_found): the approval names a draft that is "
+                           "not the one stored for this follow-up (edited again since?); "
+                           "read the card and approve the text shown",
+        "draft_changed": "refused (draft_changed): the stored draft is not the approved one",
+    }.get(code, f"refused ({code})")
 
 
 class FollowupRefused(Exception):  # noqa: N818 - a decision, not a crash

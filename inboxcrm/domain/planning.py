@@ -24,7 +24,9 @@ from inboxcrm.domain.policy import FollowupRule, TenantPolicy
 #   than the rule's quiet period;
 # - queued: an intent is created and sent when the item continues;
 # - awaiting_approval: an intent is created and waits for a reviewer (a new prospect under a
-#   rule that says so, or `ramp_limit`: the ramp's automatic follow-ups of the hour are used);
+#   rule that says so; `unknown_customer`: a rule that sends automatically only to known
+#   customers, the contact is new or has no CRM record; or `ramp_limit`: the ramp's
+#   automatic follow-ups of the hour are used);
 # - reused: an earlier run of this plan created the intent; that decision stands;
 # - thread_reply: the message answers our follow-up or an earlier inbound message of the
 #   tenant (`Facts.thread`): the conversation goes on, it is not acknowledged again.
@@ -37,6 +39,8 @@ PlanOutcome = Literal["planned", "review", "opted_out"]
 
 FIELDS = ("name", "company")
 RAMP_LIMIT = "ramp_limit"
+# A rule that sends automatically only to known customers, for someone who is not one.
+UNKNOWN_CUSTOMER = "unknown_customer"
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,9 @@ class ExistingContact:
     name: str | None
     company: str | None
     status: str = "active"
+    # It has a record in the CRM (created by us or adopted): a known customer for a rule
+    # whose `auto_send` is `known_customers`.
+    in_crm: bool = True
 
 
 @dataclass(frozen=True)
@@ -255,6 +262,9 @@ def _followup(facts: Facts, new_contact: bool) -> FollowupDecision:
         return FollowupDecision("quiet_period", rule)
     if new_contact and rule.new_prospect_requires_approval:
         return FollowupDecision("awaiting_approval", rule)
+    if rule.auto_send == "known_customers" and (
+            new_contact or facts.contact is None or not facts.contact.in_crm):
+        return FollowupDecision("awaiting_approval", rule, approval_reason=UNKNOWN_CUSTOMER)
     ramp = facts.ramp
     if ramp is None:
         return FollowupDecision("queued", rule)

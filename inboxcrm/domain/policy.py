@@ -85,6 +85,26 @@ SuppressionScope = Literal["all", "marketing"]
 NARROWABLE_SUPPRESSIONS = ("opt_out_request", "list_unsubscribe")
 
 
+# The parts of a rendered follow-up an edited draft may name as fixed (`DraftLimits.keep`).
+# The opt-out link and the postal address are fixed in every draft, named or not.
+DraftPart = Literal["signature", "sender_name", "opt_out_url", "postal_address"]
+ALWAYS_KEPT: tuple[DraftPart, ...] = ("opt_out_url", "postal_address")
+
+
+class DraftLimits(_Strict):
+    """What a reviewer may change in a follow-up of this rule held for approval
+    (docs/architecture.md §6, "Edited drafts"): the edited plain text is at most `max_chars`
+    characters and keeps, verbatim, the rendered value of each part in `keep` (and always
+    the opt-out link and the postal address)."""
+
+    max_chars: int = Field(default=4000, ge=1, le=20000)
+    keep: list[DraftPart] = ["signature"]
+
+    def fixed(self) -> tuple[DraftPart, ...]:
+        """Every part a draft must keep, in a stable order."""
+        return tuple(dict.fromkeys([*ALWAYS_KEPT, *self.keep]))
+
+
 class FollowupRule(_Strict):
     rule_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     version: int = Field(ge=1)
@@ -93,6 +113,13 @@ class FollowupRule(_Strict):
     # The template's name in policies/<tenant>/templates/ (<name>.<lang>.subject|txt|html).
     template_id: str = Field(default="ack", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
     new_prospect_requires_approval: bool = False
+    # `known_customers`: sent automatically only to a contact that existed before this
+    # message with a record in the CRM (created by us or adopted); anyone else's follow-up
+    # waits for a person (`unknown_customer`). `always`: as the other settings say.
+    auto_send: Literal["always", "known_customers"] = "always"
+    # A reviewer may edit the follow-up held for approval within these limits; None: the
+    # rendered words are approved or declined as they are.
+    draft: DraftLimits | None = None
     # What the follow-up is (docs/consent.md): a `service` reply (the acknowledgment of an
     # inquiry the person sent) or `marketing`; a suppression of scope `marketing` stops only
     # the latter. The lawful basis is the consent record each send of the rule carries.
@@ -342,6 +369,9 @@ class Authority(_Strict):
     of the tenant (and the operator), as before."""
 
     repeat_customer_facing: str | None = Field(default=None, pattern=_ROLE)
+    # The reviewer role that alone may approve a follow-up held for approval (as rendered or
+    # edited, "Edited drafts"); None: any reviewer of the tenant.
+    approve_followup: str | None = Field(default=None, pattern=_ROLE)
 
 
 class TenantPolicy(_Strict):

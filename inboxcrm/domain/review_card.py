@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from inboxcrm.domain import planning
+from inboxcrm.domain import drafts, planning
 from inboxcrm.domain.extraction import view_message
 from inboxcrm.domain.extraction.authentication import Authentication
 from inboxcrm.domain.extraction.minimise import MinimisedMessage
@@ -30,7 +30,7 @@ from inboxcrm.domain.extraction.signals import (
     opt_out_language,
     soft_opt_out,
 )
-from inboxcrm.domain.followup import UNCONFIRMED_THEN, FollowupRefused, compose
+from inboxcrm.domain.followup import PART_NAMES, UNCONFIRMED_THEN, FollowupRefused, compose
 from inboxcrm.domain.policy import (
     PolicyError,
     TenantPolicy,
@@ -88,6 +88,15 @@ class Followup:
     subject: str
     body: str
     status: str               # what happens to it now, in words
+    # Held for approval under a rule that declares draft limits (docs/architecture.md §6,
+    # "Edited drafts"): the reviewer may edit `body` within them. `draft`: the stored edited
+    # text (None: none proposed), which the approval then binds by its hash.
+    editable: bool = False
+    max_chars: int | None = None
+    keep: list[str] = field(default_factory=list)
+    draft: str | None = None
+    draft_sha256: str | None = None
+    intent_id: str | None = None
 
 
 @dataclass
@@ -447,6 +456,15 @@ async def _followup(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str
             status = f"blocked when sent: {refused}"
         card.followup = Followup(f"{planned['rule_id']} v{planned['rule_version']}", ref,
                                  planned["email"], words[0], words[1], status)
+        terms = drafts.terms_of(policy.tenant, planned["rule_id"], planned["contact_id"],
+                                get_settings())
+        if planned["status"] == "awaiting_approval" and terms is not None and not refused:
+            card.followup.editable, card.followup.max_chars = True, terms.max_chars
+            card.followup.intent_id = str(planned["intent_id"])
+            card.followup.keep = [PART_NAMES[part] for part, _ in terms.fixed]
+        if planned["draft_text"] is not None:
+            card.followup.draft = str(planned["draft_text"])
+            card.followup.draft_sha256 = planned["draft_sha256"]
         return
     rule = planning.questions(policy, extraction, None).rule
     if rule is None:
@@ -558,7 +576,8 @@ def contact_update(decided: planning.Plan) -> str:
 
 
 def _existing(contact: Any) -> planning.ExistingContact:
-    return planning.ExistingContact(contact["name"], contact["company"], contact["status"])
+    return planning.ExistingContact(contact["name"], contact["company"], contact["status"],
+                                    contact["crm_record_id"] is not None)
 
 
 def age_text(seconds: int) -> str:
@@ -604,6 +623,12 @@ def render_text(card: ReviewCard) -> list[str]:
         f = card.followup
         out += [f"rule {f.rule} · template {f.template_id} · to {f.recipient or '(unknown)'}",
                 f"status: {f.status}", f"subject: {f.subject}", *f.body.rstrip().split("\n")]
+        if f.editable:
+            out.append(f"editable before approval: at most {f.max_chars} characters, keeping "
+                       f"{', '.join(f.keep)} (`inboxcrm review approve WF --draft-file FILE`)")
+        if f.draft is not None:
+            out += [f"-- edited draft (sha256 {f.draft_sha256}) --",
+                    *f.draft.rstrip().split("\n")]
     if card.operations:
         out += ["", "== operations =="]
         out += [f"{o.action}: {o.status}, attempts {o.attempts}"

@@ -16,16 +16,22 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from inboxcrm.domain import drafts
+from inboxcrm.domain.drafts import DraftCheck
 from inboxcrm.ingress.deps import IngestorDep
+from inboxcrm.ingress.intake import Ingestor
 from inboxcrm.ingress.reviewer_auth import DeskAuth
 from inboxcrm.ingress.web import read_body
 from inboxcrm.platform.config import Settings
 from inboxcrm.platform.decisions import DecisionRequest, send_decision
 from inboxcrm.platform.reviewer_identity import PATH_CLI
 from inboxcrm.schemas.contract import Decision
+from inboxcrm.store import intents
 from inboxcrm.store import reviewers as reviewer_store
 
-MAX_DECISION_BYTES = 16 * 1024
+# Room for an edited draft (its rule caps it at `draft.max_chars`, at most 20,000), as JSON.
+MAX_DECISION_BYTES = 160 * 1024
+MAX_DRAFT_CHARS = 20_000  # the most any rule allows (`draft.max_chars`)
 _TEXT = 2000
 
 
@@ -42,6 +48,9 @@ class DecisionBodyIn(BaseModel):
     corrections: dict[str, str] = Field(default_factory=dict, max_length=8)
     send_followup: bool = True
     wait_id: str | None = Field(default=None, max_length=128)
+    # An approval's edited follow-up (docs/architecture.md §6, "Edited drafts"): stored with
+    # the item's intent after its rule's limits are checked; the decision binds its hash.
+    draft_text: str | None = Field(default=None, max_length=MAX_DRAFT_CHARS + 1)
 
 
 def jsonable(value: Any) -> Any:
@@ -55,6 +64,17 @@ def jsonable(value: Any) -> Any:
 
 def _answer(code: int, **body: Any) -> JSONResponse:
     return JSONResponse(body, status_code=code, headers={"Cache-Control": "no-store"})
+
+
+async def _propose(ingestor: Ingestor, settings: Settings, workflow_id: str, text: str,
+                   decider: str) -> DraftCheck:
+    async with ingestor.pool.acquire() as conn:
+        intent_id = await intents.intent_of_workflow(conn, workflow_id=workflow_id)
+        if intent_id is None:
+            return DraftCheck("draft_not_awaiting", "refused (draft_not_awaiting): this item "
+                              "has no follow-up waiting for approval")
+        return await drafts.propose(conn, intent_id=intent_id, text=text, proposed_by=decider,
+                                    settings=settings)
 
 
 def decisions_router(settings: Settings) -> APIRouter:
@@ -84,11 +104,21 @@ def decisions_router(settings: Settings) -> APIRouter:
         if not principal.may_see(tenant):
             return _answer(404, accepted=False,
                            message=f"no item with workflow ID {body.workflow_id!r}")
+        digest = None
+        if body.draft_text is not None:
+            if body.action != Decision.APPROVE:
+                return _answer(422, accepted=False, message="an edited draft goes with approve")
+            checked = await _propose(ingestor, settings, body.workflow_id, body.draft_text,
+                                     principal.decider)
+            if checked.refused is not None:
+                return _answer(409, accepted=False, outcome="refused", message=checked.message,
+                               wait_id=body.wait_id or "", status=None)
+            digest = checked.sha256
         result = await send_decision(ingestor.temporal.get, auth.decision_secret, DecisionRequest(
             workflow_id=body.workflow_id, action=body.action, decider=principal, path=PATH_CLI,
             reviewer=body.reviewer or principal.name, note=body.note, evidence=body.evidence,
             corrections=body.corrections, send_followup=body.send_followup,
-            wait_id=body.wait_id))
+            wait_id=body.wait_id, draft_sha256=digest))
         status = (jsonable(dataclasses.asdict(result.status))
                   if result.status is not None else None)
         return _answer(200 if result.accepted else 409, accepted=result.accepted,

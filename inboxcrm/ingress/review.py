@@ -30,6 +30,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from temporalio.client import Client
 
+from inboxcrm.domain import drafts
+from inboxcrm.domain.drafts import DraftCheck
+from inboxcrm.domain.followup import draft_sha256
 from inboxcrm.domain.review_card import ReviewCard, age_text, card_facts, read_message
 from inboxcrm.ingress.deps import IngestorDep, WorkDep
 from inboxcrm.ingress.intake import Ingestor
@@ -40,11 +43,14 @@ from inboxcrm.platform.decisions import DecisionRequest, DecisionResult, send_de
 from inboxcrm.platform.reviewer_identity import PATH_DESK, Principal
 from inboxcrm.platform.workpool import Runner
 from inboxcrm.schemas.contract import Decision
+from inboxcrm.store import intents
 from inboxcrm.store import reviewers as reviewer_store
 
 MAX_LOGIN_BYTES = 4096
-MAX_FORM_BYTES = 16 * 1024
+# Room for an edited draft (its rule caps it at `draft.max_chars`, at most 20,000), encoded.
+MAX_FORM_BYTES = 128 * 1024
 MAX_FIELD_CHARS = 2000
+MAX_DRAFT_CHARS = 20_000
 CORRECTABLE = ("sender_email", "name", "company")
 SECURITY_HEADERS = {
     "Cache-Control": "no-store",
@@ -120,14 +126,40 @@ def decision_request(form: Mapping[str, list[str]], principal: Principal,
         send_followup=_field(form, "send_followup") != "no")
 
 
+def edited_draft(form: Mapping[str, list[str]]) -> str | None:
+    """The approve form's edited follow-up (not stripped: its words are sent as written), or
+    None when it is absent or is the rendered text unchanged (`rendered_sha256`)."""
+    text = (form.get("draft") or [""])[0]
+    if not text.strip() or draft_sha256(text) == _field(form, "rendered_sha256"):
+        return None
+    return text[:MAX_DRAFT_CHARS + 1]
+
+
+ProposeDraft = Callable[[str, str], Awaitable[DraftCheck]]
+
+
 async def send_form_decision(connect: Callable[[], Awaitable[Client]], secret: str | None,
                              principal: Principal, workflow_id: str,
-                             form: Mapping[str, list[str]]) -> DecisionResult:
+                             form: Mapping[str, list[str]],
+                             propose: ProposeDraft | None = None) -> DecisionResult:
     """The desk's decision path: the form, through the one decision client, to the workflow's
-    answer (a fast test calls it without a relay)."""
+    answer (a fast test calls it without a relay). An approval with an edited draft stores
+    the draft with its intent first (`propose`: intent ID and text → the check), checked
+    against the rule's limits; the decision carries its hash."""
     request = decision_request(form, principal, workflow_id)
     if isinstance(request, str):
         return DecisionResult(False, "refused", request, _field(form, "wait_id"))
+    text = edited_draft(form) if request.action == Decision.APPROVE else None
+    if text is not None:
+        intent_id = _field(form, "intent_id")
+        if propose is None or not intent_id:
+            return DecisionResult(False, "refused", "refused: this desk cannot store an "
+                                  "edited draft here; approve without editing",
+                                  request.wait_id or "")
+        checked = await propose(intent_id, text)
+        if checked.refused is not None:
+            return DecisionResult(False, "refused", checked.message, request.wait_id or "")
+        request = dataclasses.replace(request, draft_sha256=checked.sha256)
     result = await send_decision(connect, secret, request)
     if result.accepted:
         return dataclasses.replace(
@@ -141,6 +173,7 @@ class ReviewDesk:
 
     def __init__(self, settings: Settings) -> None:
         self.auth = DeskAuth(settings)
+        self._settings = settings
         self.secure_cookie = settings.public_relay_base_url.startswith("https://")
 
     def router(self) -> APIRouter:
@@ -227,8 +260,18 @@ class ReviewDesk:
             tenant = await reviewer_store.item_tenant(conn, workflow_id)
         if not visitor.principal.may_see(tenant):
             return _not_found()
+        async def propose(intent_id: str, text: str) -> DraftCheck:
+            async with ingestor.pool.acquire() as conn:
+                if await intents.intent_of_workflow(conn, workflow_id=workflow_id,
+                                                    intent_id=intent_id) is None:
+                    return DraftCheck("draft_not_awaiting", "refused (draft_not_awaiting): "
+                                      "no such follow-up on this item")
+                return await drafts.propose(conn, intent_id=intent_id, text=text,
+                                            proposed_by=visitor.principal.decider,
+                                            settings=self._settings)
+
         result = await send_form_decision(ingestor.temporal.get, auth.decision_secret,
-                                          visitor.principal, workflow_id, form)
+                                          visitor.principal, workflow_id, form, propose)
         return await self._card(request, ingestor, work, visitor, workflow_id,
                                 answer=(result.accepted, result.message),
                                 status=200 if result.accepted else 409)
@@ -361,6 +404,19 @@ def _decision_forms(card: ReviewCard, forms: DeskForms) -> str:
                     " (correction, optional)"), required=needs_sender, kind="email"))
                 fields.append(_input("name", "Name (correction, optional)"))
                 fields.append(_input("company", "Company (correction, optional)"))
+            f = card.followup
+            if kind == "followup" and f is not None and f.editable:
+                # The follow-up as it will be sent; edited, the approval binds this text.
+                fields.append(
+                    f"<input type='hidden' name='rendered_sha256' "
+                    f"value='{draft_sha256(f.body)}'>"
+                    f"<input type='hidden' name='intent_id' "
+                    f"value='{escape(f.intent_id or '', quote=True)}'>"
+                    f"<label>Follow-up text (edit within the limits: at most {f.max_chars} "
+                    f"characters; keep {escape(', '.join(f.keep))} exactly as written)"
+                    f"<br><textarea name='draft' id='draft' rows='14' cols='90' "
+                    f"maxlength='{f.max_chars}'>{escape(f.draft or f.body)}</textarea>"
+                    "</label>")
             fields.append("<label>Follow-up <select name='send_followup'>"
                           "<option value='yes' selected>send it</option>"
                           "<option value='no'>continue without it</option></select></label>")

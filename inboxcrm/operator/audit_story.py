@@ -140,7 +140,10 @@ SENTENCES: dict[str, Callable[[Detail], str]] = {
         f"CRM ({d.get('crm')}) email activity {d.get('email_activity_id')} logged "
         f"({str(d.get('op_key', '')).rsplit(':', 1)[-1]}), attempt {d.get('attempt')}"
         + (" (found by reconciliation, not logged again)" if d.get("reconciled") else "")),
-    "followup_approved": lambda d: f"follow-up {_short(d.get('intent_id'))} approved",
+    "followup_approved": lambda d: (
+        f"follow-up {_short(d.get('intent_id'))} approved"
+        + (f" in a reviewer's edited words (sha256 {str(d['draft_sha256'])[:12]}…)"
+           if d.get("draft_sha256") else "")),
     "eligibility_checked": _eligibility,
     "crm_upserted": lambda d: (
         f"CRM ({d.get('crm')}) record {d.get('crm_record_id')} written, attempt "

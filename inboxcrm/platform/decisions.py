@@ -55,6 +55,8 @@ class DecisionRequest:
     corrections: Mapping[str, str] = field(default_factory=dict)
     send_followup: bool = True
     wait_id: str | None = None
+    # An approval of an edited draft the caller stored with the intent: its SHA-256.
+    draft_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,11 +84,13 @@ def decision_body(request: DecisionRequest, secret: str, wait_id: str) -> Decisi
                           wait_id=wait_id, action=request.action.value, reviewer=label,
                           note=request.note, evidence=request.evidence,
                           corrections=dict(request.corrections),
-                          send_followup=request.send_followup)
+                          send_followup=request.send_followup,
+                          draft_sha256=request.draft_sha256)
     return DecisionBody(
         reviewer=label, wait_id=wait_id, note=request.note, evidence=request.evidence,
         corrections=dict(request.corrections), send_followup=request.send_followup,
-        decider=decider, path=request.path, proof=sign_decision(secret, claim))
+        decider=decider, path=request.path, proof=sign_decision(secret, claim),
+        draft_sha256=request.draft_sha256)
 
 
 def accepted_text(action: str, wait_id: str, workflow_id: str, status: ItemStatus) -> str:
@@ -104,17 +108,21 @@ def accepted_text(action: str, wait_id: str, workflow_id: str, status: ItemStatu
 
 def lacks_authority(request: DecisionRequest, review: OpenReview | None,
                     wait_id: str) -> DecisionResult | None:
-    """A retry (or a send-again) of an ambiguous customer-facing send by someone without the
-    role the tenant's policy asks for (`OpenReview.repeat_role`) is refused here, before
+    """A retry (or a send-again) of an ambiguous customer-facing send, or an approval of a
+    follow-up, by someone without the role the tenant's policy asks for
+    (`OpenReview.repeat_role`, `OpenReview.approve_role`) is refused here, before
     anything is sent; the
     workflow refuses it too (its decision record checks the proven reviewer's role), so a
     Temporal client that skips this check gets the same answer."""
-    if (review is None or review.wait_id != wait_id or not review.repeat_role
-            or request.decider.role == review.repeat_role):
+    if review is None or review.wait_id != wait_id:
+        return None
+    role = (review.repeat_role if request.action in (Decision.RETRY, Decision.SEND_AGAIN)
+            else review.approve_role if request.action == Decision.APPROVE else None)
+    if not role or request.decider.role == role:
         return None
     log.info("%s decision refused: authority_required", request.path)
-    return DecisionResult(False, "refused",
-                          authority_refusal(review.repeat_role, request.action.value), wait_id)
+    return DecisionResult(False, "refused", authority_refusal(role, request.action.value),
+                          wait_id)
 
 
 UNSIGNED = ("refused: INBOXCRM_DECISION_SECRET is not set here, so the worker could not tell "
@@ -139,7 +147,8 @@ async def send_decision(connect: Callable[[], Awaitable[Client]], secret: str | 
     wait_id = request.wait_id
     try:
         async with asyncio.timeout(timeout):
-            if wait_id is None or request.action in (Decision.RETRY, Decision.SEND_AGAIN):
+            if wait_id is None or request.action in (Decision.RETRY, Decision.SEND_AGAIN,
+                                                     Decision.APPROVE):
                 current = await handle.query(QUERY_STATUS, result_type=ItemStatus)
                 open_wait = current.review
                 if wait_id is None:

@@ -97,17 +97,22 @@ class DecisionClaim:
     evidence: str | None = None
     corrections: Mapping[str, str] = field(default_factory=dict)
     send_followup: bool = True
+    # An approval of an edited draft: the SHA-256 of its text (docs/architecture.md §6,
+    # "Edited drafts"). Covered only when set, so a proof made before it still verifies.
+    draft_sha256: str | None = None
 
     def message(self) -> bytes:
         """The canonical encoding: JSON with sorted keys, no spaces, UTF-8 (one byte string
         per decision, whatever order or spelling the body arrived in)."""
-        return json.dumps({"format": PROOF_FORMAT, "decider": self.decider, "path": self.path,
-                           "workflow_id": self.workflow_id, "wait_id": self.wait_id,
-                           "action": self.action, "reviewer": self.reviewer,
-                           "note": self.note, "evidence": self.evidence,
-                           "corrections": dict(self.corrections),
-                           "send_followup": self.send_followup},
-                          sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        fields: dict[str, object] = {
+            "format": PROOF_FORMAT, "decider": self.decider, "path": self.path,
+            "workflow_id": self.workflow_id, "wait_id": self.wait_id, "action": self.action,
+            "reviewer": self.reviewer, "note": self.note, "evidence": self.evidence,
+            "corrections": dict(self.corrections), "send_followup": self.send_followup}
+        if self.draft_sha256 is not None:
+            fields["draft_sha256"] = self.draft_sha256
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False).encode()
 
 
 def sign_decision(secret: str, claim: DecisionClaim) -> str:

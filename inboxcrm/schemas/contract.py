@@ -122,7 +122,11 @@ def retention_schedule_id(task_queue: str) -> str:
 
 def authority_refusal(role: str, action: str = "retry") -> str:
     """What a person reads (desk, CLI, UI) when a retry (or a send-again) of an ambiguous
-    send needs a role they lack."""
+    send needs a role they lack; or an approval of a follow-up held for approval."""
+    if action == "approve":
+        return (f"refused (authority_required): the tenant's policy lets only a reviewer "
+                f"with the role {role!r} approve this follow-up (authority.approve_followup), "
+                "through the review desk or `inboxcrm review` with their own token")
     doing = "sending this follow-up again" if action == "send_again" else (
         "retrying this ambiguous send")
     return (f"refused (authority_required): {doing} may email the "

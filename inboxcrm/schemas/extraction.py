@@ -10,6 +10,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# Fields of the record an extractor may leave out (every other one is required).
+OPTIONAL_FIELDS = frozenset({"sensitive_attribute"})
 SCHEMA_PATH = Path(__file__).resolve().parent / "extraction.schema.json"
 
 Intent = Literal[
@@ -54,6 +56,10 @@ class Extraction(BaseModel):
     intent: Intent
     possible_opt_out: bool
     needs_human_review: bool
+    # A special category of personal data in the message (docs/architecture.md §5): the
+    # item goes to review (`sensitive_attribute`). Optional in the record (absent: false),
+    # so records stored before it still read.
+    sensitive_attribute: bool = False
 
     @classmethod
     def empty(cls, *, needs_human_review: bool = True) -> Extraction:

@@ -116,6 +116,9 @@ class ExtractResult:
     # item's waits all go to `review_owner` and any reviewer may retry, as it ran.
     owners: dict[str, str] = field(default_factory=dict)
     repeat_role: str | None = None
+    # The role that alone may approve a follow-up held for approval (policy
+    # `authority.approve_followup`, docs/architecture.md §6, "Edited drafts").
+    approve_role: str | None = None
     escalation_hours: float = 24.0
     # False: the message gives no usable sender address, so an approval must carry
     # `corrections.sender_email` (the planner has nobody to match otherwise).
@@ -242,6 +245,8 @@ class WorkflowState:
     # The follow-up's generation: 1 as planned, n after n-1 deliberate sends again
     # (`send_again`); the keys of its operations derive from it (`again_op_key`).
     send_generation: int = 1
+    # The role that alone may approve a follow-up held for approval (`ExtractResult`).
+    approve_role: str | None = None
 
 
 @dataclass
@@ -336,6 +341,9 @@ class DecisionBody:
     decider: str = ""
     path: str = ""
     proof: str = ""
+    # `approve` of an edited draft (docs/architecture.md §6, "Edited drafts"): the SHA-256 of
+    # the text the desk or the CLI stored with the intent. The text itself never travels here.
+    draft_sha256: str | None = None
 
 
 @dataclass
@@ -353,6 +361,7 @@ class ReviewDecision:
     decider: str = ""
     path: str = ""
     proof: str = ""
+    draft_sha256: str | None = None    # `approve` of an edited draft: the hash it binds
 
 
 @dataclass
@@ -385,6 +394,10 @@ class DecisionRecord:
     # A `send_again`: the send operation it repeats (its follow-up must be unconfirmed or
     # sent, and may still be written to), checked as the decision is recorded.
     op_key: str | None = None
+    # An approval at a follow-up's wait (patch `edited-draft`): the intent, and the hash of
+    # the edited draft it binds (checked against the stored text and the rule's limits).
+    intent_id: str | None = None
+    draft_sha256: str | None = None
 
 
 @dataclass
@@ -460,6 +473,8 @@ class IntentApproval:
     item: ItemRef
     intent_id: str
     reviewer: str
+    # The edited draft the approval binds (its SHA-256); None: the rendered words.
+    draft_sha256: str | None = None
 
 
 @dataclass
@@ -498,6 +513,8 @@ class OpenReview:
     # The reviewer role a `retry` needs here (an ambiguous customer-facing send whose policy
     # names one), so the desk and the CLI refuse others before sending anything.
     repeat_role: str | None = None
+    # The reviewer role an approval of this follow-up needs (`authority.approve_followup`).
+    approve_role: str | None = None
 
 
 @dataclass

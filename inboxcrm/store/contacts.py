@@ -26,7 +26,8 @@ UPSERT_CONTACT = """
 INSERT INTO contacts (tenant, canonical_email, email, name, company)
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (tenant, canonical_email) DO UPDATE SET updated_at = now()
-RETURNING contact_id, name, company, status, (xmax = 0) AS inserted
+RETURNING contact_id, name, company, status, (xmax = 0) AS inserted,
+    crm_record_id IS NOT NULL AS in_crm
 """
 
 FIND_NAME_CANDIDATES = """

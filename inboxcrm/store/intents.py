@@ -103,7 +103,8 @@ FOR SHARE OF c
 # intent row-locked.
 CLAIM_INTENT = """
 SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.rule_id, i.lease_owner,
-       i.provider_message_id, i.sent_at,
+       i.provider_message_id, i.sent_at, i.draft_text, i.draft_sha256,
+       i.approved_draft_sha256,
        extract(epoch FROM i.lease_until - clock_timestamp()) AS lease_remaining,
        c.status AS contact_status, c.email, c.name, c.company, c.tenant, c.canonical_email,
        EXISTS (SELECT 1 FROM suppressions s
@@ -159,9 +160,37 @@ FROM operations o
 WHERE o.op_key = $1 AND o.action = 'send' AND followup_intents.intent_id = o.external_ref::uuid
 """
 
+# $3: the SHA-256 of the edited draft the approval binds (migration 086), or NULL: the
+# rendered words. The send uses the stored draft only while it is that text.
 APPROVE_INTENT = """
-UPDATE followup_intents SET status = 'queued', approved_by = $2
+UPDATE followup_intents SET status = 'queued', approved_by = $2,
+    approved_draft_sha256 = $3::text
 WHERE intent_id = $1::uuid AND status = 'awaiting_approval'
+"""
+
+# --- edited drafts (docs/architecture.md §6, "Edited drafts"; migration 086) ---------------
+# What checking a draft of intent $1 needs: its tenant, rule, contact and status, and the
+# stored draft's hash (the text itself is read only where it is checked or sent).
+DRAFT_FACTS = """
+SELECT intent_id, tenant, rule_id, contact_id, status, draft_sha256, draft_text
+FROM followup_intents WHERE intent_id = $1::uuid
+"""
+
+# The follow-up intent $2 of workflow $1 awaiting approval (a draft is proposed for the item
+# it is shown on), or none.
+INTENT_OF_WORKFLOW = """
+SELECT i.intent_id FROM followup_intents i JOIN inbound_events e ON e.event_id = i.event_id
+WHERE e.workflow_id = $1 AND i.status = 'awaiting_approval'
+  AND ($2::uuid IS NULL OR i.intent_id = $2::uuid)
+ORDER BY i.created_at DESC LIMIT 1
+"""
+
+# A reviewer's proposed text ($2, its hash $3, by $4) for intent $1 while it awaits
+# approval; it replaces an earlier proposal. Returns the intent (no row: not awaiting).
+SAVE_DRAFT = """
+UPDATE followup_intents SET draft_text = $2, draft_sha256 = $3, draft_proposed_by = $4
+WHERE intent_id = $1::uuid AND status = 'awaiting_approval'
+RETURNING intent_id
 """
 
 # Approved without its follow-up: the intent and its send operation are cancelled together.
@@ -330,8 +359,28 @@ async def record_resolved_send(conn: Conn, *, op_key: str, provider_message_id: 
     await conn.execute(RECORD_RESOLVED_SEND, op_key, provider_message_id)
 
 
-async def approve_intent(conn: Conn, *, intent_id: str, approved_by: str) -> None:
-    await conn.execute(APPROVE_INTENT, intent_id, approved_by)
+async def approve_intent(conn: Conn, *, intent_id: str, approved_by: str,
+                         draft_sha256: str | None = None) -> None:
+    await conn.execute(APPROVE_INTENT, intent_id, approved_by, draft_sha256)
+
+
+async def draft_facts(conn: Conn, *, intent_id: str) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(DRAFT_FACTS, intent_id)
+    return row
+
+
+async def intent_of_workflow(conn: Conn, *, workflow_id: str,
+                             intent_id: str | None = None) -> str | None:
+    """The item's follow-up awaiting approval (`intent_id`: only if it is that one)."""
+    found = await conn.fetchval(INTENT_OF_WORKFLOW, workflow_id, intent_id)
+    return str(found) if found is not None else None
+
+
+async def save_draft(conn: Conn, *, intent_id: str, draft_text: str, draft_sha256: str,
+                     proposed_by: str) -> bool:
+    """Store a reviewer's proposed text; False: the intent no longer awaits approval."""
+    return await conn.fetchval(SAVE_DRAFT, intent_id, draft_text, draft_sha256,
+                               proposed_by) is not None
 
 
 async def decline_intent(conn: Conn, *, intent_id: str, send_op_key: str) -> None:

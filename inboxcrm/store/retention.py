@@ -78,6 +78,13 @@ UPDATE followup_intents SET status = 'cancelled', cancel_reason = 'forgotten'
 WHERE contact_id = ANY($1::uuid[]) AND status IN ('queued', 'awaiting_approval')
 """
 
+# A reviewer's edited draft is the person's data (migration 086): gone with them; its hash
+# stays as the evidence of what was approved.
+FORGET_DRAFTS = """
+UPDATE followup_intents SET draft_text = NULL, draft_sha256 = NULL
+WHERE contact_id = ANY($1::uuid[]) AND draft_text IS NOT NULL
+"""
+
 RECORD = """
 INSERT INTO audit_log (tenant, actor, action, detail) VALUES ($1, $2, $3, $4)
 """
@@ -108,6 +115,7 @@ async def forget(conn: Conn, tenants: list[str], canonical: str,
         events = await conn.fetch(FORGET_EVENTS, tenants, canonical, contact_ids)
         await conn.execute(FORGET_ADDRESSES, tenants, canonical, contact_ids)
         await conn.execute(CANCEL_OPEN_INTENTS, contact_ids)
+        await conn.execute(FORGET_DRAFTS, contact_ids)
         await conn.execute(REDACT_AUDIT, [e["workflow_id"] for e in events])
         for tenant in tenants:
             await conn.execute(RECORD, tenant, actor, "forgotten", {
@@ -145,7 +153,8 @@ SELECT event_id, workflow_id, reason, owner, status, first_seen, resolved_at, re
 FROM review_tasks WHERE event_id = ANY($1::uuid[]) ORDER BY task_id""",
     "followups": """
 SELECT intent_id, event_id, rule_id, rule_version, template_id, status, approved_by,
-       cancel_reason, provider_message_id, created_at, sent_at
+       cancel_reason, provider_message_id, created_at, sent_at, draft_text,
+       approved_draft_sha256
 FROM followup_intents WHERE event_id = ANY($1::uuid[]) ORDER BY created_at""",
     "operations": """
 SELECT op_key, event_id, action, status, attempts, external_ref, destination_id,

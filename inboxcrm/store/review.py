@@ -48,7 +48,8 @@ WHERE workflow_id = $1 AND action = 'crm_match_needs_review' ORDER BY audit_id D
 
 EVENT_INTENT = """
 SELECT i.intent_id, i.rule_id, i.rule_version, i.template_id, i.status, i.needs_approval,
-       i.approved_by, c.email, c.name, c.company, c.contact_id
+       i.approved_by, c.email, c.name, c.company, c.contact_id, i.draft_text,
+       i.draft_sha256, i.approved_draft_sha256
 FROM followup_intents i JOIN contacts c ON c.contact_id = i.contact_id
 WHERE i.event_id = $1 ORDER BY i.created_at DESC LIMIT 1
 """

@@ -13,6 +13,7 @@ Pure, deterministic helpers, imported as passthrough (not re-executed per workfl
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
@@ -40,7 +41,8 @@ RECOVERY_ACTIONS = {"retry", "resolve", "hold", "reject"}
 # `send-again`): a deliberate second send, a new intent with its own key and approval.
 SEND_AGAIN = "send_again"
 DECISION_FIELDS = {"reviewer", "note", "evidence", "corrections", "wait_id", "send_followup",
-                   "decider", "path", "proof"}
+                   "decider", "path", "proof", "draft_sha256"}
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass
@@ -75,6 +77,9 @@ class Waiting:
     # The reviewer role a retry needs (an ambiguous customer-facing send, the policy's
     # `authority.repeat_customer_facing`); None: any reviewer of the tenant.
     required_role: str | None = None
+    # A follow-up's approval wait opened under the patch `edited-draft`: an approval may bind
+    # an edited draft (`draft_sha256`).
+    drafts: bool = False
 
     @property
     def wait_id(self) -> str:
@@ -122,7 +127,11 @@ def details(waiting: Waiting, state: ItemState) -> str:
         lines.append(f"- attempts: {waiting.attempts}")
     if waiting.error:
         lines.append(f"- destination error: `{waiting.error}`")
-    if waiting.required_role:
+    if waiting.required_role and waiting.kind == "followup":
+        lines.append(f"- approve only by a reviewer with the role `{waiting.required_role}` "
+                     "(authority.approve_followup), through the review desk or "
+                     "`inboxcrm review`")
+    elif waiting.required_role:
         lines.append(f"- retry (and send_again) only by a reviewer with the role "
                      f"`{waiting.required_role}`, "
                      "through the review desk or `inboxcrm review` (a retry may send twice: "
@@ -193,7 +202,8 @@ def parse_decision(name: str, body: Any) -> tuple[ReviewDecision | None, str | N
                               note=body.note, evidence=body.evidence,
                               corrections=dict(body.corrections), wait_id=body.wait_id or None,
                               send_followup=body.send_followup, decider=body.decider,
-                              path=body.path, proof=body.proof), None
+                              path=body.path, proof=body.proof,
+                              draft_sha256=body.draft_sha256 or None), None
     if not isinstance(body, dict):
         return None, "body_not_an_object"
     unknown = set(body) - DECISION_FIELDS
@@ -207,7 +217,7 @@ def parse_decision(name: str, body: Any) -> tuple[ReviewDecision | None, str | N
         isinstance(k, str) and isinstance(v, str) for k, v in corrections.items()
     ):
         return None, "corrections_not_string_map"
-    for name in ("note", "evidence", "wait_id", "decider", "path", "proof"):
+    for name in ("note", "evidence", "wait_id", "decider", "path", "proof", "draft_sha256"):
         if body.get(name) is not None and not isinstance(body[name], str):
             return None, f"{name}_not_a_string"
     send_followup = body.get("send_followup", True)
@@ -217,7 +227,8 @@ def parse_decision(name: str, body: Any) -> tuple[ReviewDecision | None, str | N
                           note=body.get("note"), evidence=body.get("evidence"),
                           corrections=corrections, wait_id=body.get("wait_id") or None,
                           send_followup=send_followup, decider=body.get("decider") or "",
-                          path=body.get("path") or "", proof=body.get("proof") or ""), None
+                          path=body.get("path") or "", proof=body.get("proof") or "",
+                          draft_sha256=body.get("draft_sha256") or None), None
 
 
 def refusal(waiting: Waiting | None, action: str, body: Any, state: str, *,
@@ -253,7 +264,19 @@ def check_action(waiting: Waiting, decision: ReviewDecision) -> Refusal | None:
         return Refusal(f"not_allowed_while_{waiting.kind}",
                        f"refused: {action} is not allowed at wait {waiting.wait_id} "
                        f"({waiting.reason}); allowed: {', '.join(sorted(waiting.allowed))}")
-    if action in ("retry", SEND_AGAIN) and waiting.required_role and not decision.proof:
+    if decision.draft_sha256 is not None:
+        if action != "approve" or not waiting.drafts:
+            return Refusal("draft_not_editable", "refused (draft_not_editable): an edited draft "
+                           "answers only the approval of a follow-up held for approval")
+        if not _SHA256.match(decision.draft_sha256):
+            return Refusal("draft_sha256_invalid", "refused (draft_sha256_invalid): "
+                           "draft_sha256 is the lower-case hex SHA-256 of the edited text")
+        if not decision.send_followup:
+            return Refusal("draft_not_sent", "refused (draft_not_sent): an edited draft with "
+                           "\"send_followup\": false would never be sent; decline without it")
+    if (waiting.required_role and not decision.proof
+            and (action in ("retry", SEND_AGAIN)
+                 or (action == "approve" and waiting.kind == "followup"))):
         return Refusal("authority_required", authority_refusal(waiting.required_role, action))
     if action == SEND_AGAIN and not (decision.note or "").strip():
         return Refusal("reason_required", send_again_refusal("reason_required") + ", e.g. "
@@ -275,7 +298,9 @@ _DESCRIPTIONS = {
     "approve": "Approve what the open wait asks (a follow-up wait: that intent only); the item "
                "continues. Body: {\"reviewer\": \"name\", \"wait_id\": \"w1-review\", \"note\": "
                "\"...\", \"corrections\": {\"sender_email\": \"...\", \"name\": \"...\", "
-               "\"company\": \"...\"}, \"send_followup\": false (optional)}",
+               "\"company\": \"...\"}, \"send_followup\": false (optional)}; at a follow-up "
+               "wait also \"draft_sha256\": the hash of the edited draft the desk or "
+               "`inboxcrm review approve --draft-file` stored with the intent (optional)",
     "hold": "Park the item (state held) until another decision; it stays in the review queue "
             "and its escalation time does not move. Body: {\"reviewer\": \"name\", "
             "\"wait_id\": \"...\", \"note\": \"...\"}",

@@ -142,6 +142,11 @@ CONVERSATION_IN_CRM = "conversation-in-crm"
 # send's wait also offers `send_again`. Asked where such a wait opens, so a run that opened
 # one before it replays with the four recovery decisions it offered.
 SEND_AGAIN_PATCH = "send-again"
+# Drafts a reviewer can edit (docs/architecture.md §6, "Edited drafts"): a follow-up's
+# approval may bind an edited draft (its hash), and only the policy's approver role may
+# approve. Asked where a follow-up's approval wait opens, so a run that opened one before it
+# replays as it ran (any reviewer, the rendered words).
+EDITED_DRAFT_PATCH = "edited-draft"
 
 # A step keeps its activity's signature: `fn(self, arg) -> result` in, `result` out.
 Owner = TypeVar("Owner")
@@ -215,6 +220,7 @@ class InboundEmailWorkflow:
         self._state.owner = extraction.review_owner
         self._state.owners = dict(extraction.owners)
         self._state.repeat_role = extraction.repeat_role
+        self._state.approve_role = extraction.approve_role
         self._state.escalation_hours = extraction.escalation_hours
         self._state.identity_known = extraction.identity_known
         if extraction.review_base_url:
@@ -293,13 +299,17 @@ class InboundEmailWorkflow:
             return
         if plan.intent_needs_approval:
             # `ramp_limit`: a first live run's hourly cap held it (docs/architecture.md §6).
+            drafts = workflow.patched(EDITED_DRAFT_PATCH)
             approval = await self._review(plan.approval_reason or "followup_approval_required",
-                                          kind="followup", intent_id=plan.intent_id)
+                                          kind="followup", intent_id=plan.intent_id,
+                                          required_role=(self._state.approve_role
+                                                         if drafts else None), drafts=drafts)
             if not approval.send_followup:
                 await self._decline_followup(plan, approval.reviewer)
                 return
-            await self._bookkeeping(ReviewActivities.approve_followup_intent,
-                                    IntentApproval(self.item, plan.intent_id, approval.reviewer))
+            await self._bookkeeping(ReviewActivities.approve_followup_intent, IntentApproval(
+                self.item, plan.intent_id, approval.reviewer,
+                draft_sha256=approval.draft_sha256 if drafts else None))
             plan.intent_needs_approval = False  # a continuation must not ask again
         sent_end = ItemEnd(ItemState.COMPLETED.value, "followup_sent")
         # With the conversation in the CRM the follow-up's log is the last step, after the
@@ -524,11 +534,15 @@ class InboundEmailWorkflow:
             self._state.operations["crm-sent"] = OperationStatus(op_key=again.sent_op_key)
 
     async def _review(self, reason: str, kind: WaitKind = "review",
-                      intent_id: str | None = None) -> ReviewDecision:
+                      intent_id: str | None = None,
+                      required_role: str | None = None, drafts: bool = False
+                      ) -> ReviewDecision:
         """Wait for approve/reject; apply corrected fields. Returns the approval."""
         waiting = Waiting(kind, reason, set(REVIEW_ACTIONS), intent_id=intent_id,
                           needs_sender=kind == "review" and (
-                              not self._state.identity_known or reason in NEEDS_SENDER))
+                              not self._state.identity_known or reason in NEEDS_SENDER),
+                          required_role=required_role,
+                          drafts=drafts)
         decision = await self._wait_for_person(waiting, ItemState.AWAITING_REVIEW)
         if decision.corrections:
             refused = await self._bookkeeping(ReviewActivities.apply_review_corrections,
@@ -624,8 +638,12 @@ class InboundEmailWorkflow:
                 corrections=dict(decision.corrections) if decision else {},
                 send_followup=decision.send_followup if decision else True,
                 required_role=(waiting.required_role
-                               if request.action in ("retry", SEND_AGAIN) else None),
-                op_key=waiting.op_key if request.action == SEND_AGAIN else None))
+                               if request.action in ("retry", SEND_AGAIN)
+                               or (request.action == "approve" and waiting.kind == "followup")
+                               else None),
+                op_key=waiting.op_key if request.action == SEND_AGAIN else None,
+                intent_id=waiting.intent_id if decision and decision.draft_sha256 else None,
+                draft_sha256=decision.draft_sha256 if decision else None))
         if decision is not None:
             decision.reviewer = identity.decider
         if problem is None and identity.refused:
@@ -768,7 +786,9 @@ class InboundEmailWorkflow:
                 allowed=sorted(waiting.allowed), op_key=waiting.op_key,
                 wait_id=waiting.wait_id, escalate_at=waiting.escalate_at,
                 needs_sender=waiting.needs_sender, intent_id=waiting.intent_id,
-                error=waiting.error, repeat_role=waiting.required_role))
+                error=waiting.error,
+                repeat_role=waiting.required_role if waiting.kind != "followup" else None,
+                approve_role=waiting.required_role if waiting.kind == "followup" else None))
 
     # --- state mirroring -----------------------------------------------------------------
     @property

@@ -125,7 +125,7 @@ def test_precision_recall_and_the_chosen_threshold_on_a_known_set(
     assert company.at(1.0) is not None and company.at(1.0).precision is None  # type: ignore[union-attr]
     name = next(f for f in result.fields if f.field == "contact_name")
     assert name.chosen is not None and name.chosen.threshold == 0.0  # every name right
-    assert result.extractor == "llm:stub-model:prompt-v1"
+    assert result.extractor == "llm:stub-model:prompt-v2"
 
 
 def test_a_stricter_target_chooses_the_first_threshold_that_meets_it(

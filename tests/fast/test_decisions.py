@@ -100,7 +100,9 @@ def test_the_body_is_the_one_the_workflow_was_always_sent() -> None:
     proof = wire.pop("proof")
     assert wire == {"reviewer": "mallory", "wait_id": "w3-review", "note": "ok",
                     "evidence": None, "corrections": {"sender_email": "a@b.test"},
-                    "send_followup": True, "decider": "reviewer:dana", "path": "desk"}
+                    "send_followup": True, "decider": "reviewer:dana", "path": "desk",
+                    # Added with edited drafts (issue 37): null unless an approval binds one.
+                    "draft_sha256": None}
     claim = DecisionClaim("reviewer:dana", "desk", WF, "w3-review", "approve",
                           reviewer="mallory", note="ok",
                           corrections={"sender_email": "a@b.test"})

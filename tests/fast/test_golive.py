@@ -201,7 +201,7 @@ async def test_the_llm_would_route_a_message_differently(
     llm_stub.script(content(json.dumps(no_sender)))
     opinion = await second_opinion(case.raw, acme, "standard", "auto", llm)
     assert opinion["differs"] is True and opinion["route"] == "review"
-    assert opinion["extractor"] == "llm:stub-model:prompt-v1"
+    assert opinion["extractor"] == "llm:stub-model:prompt-v2"
     llm_stub.script()  # no answer left: the stub answers 503
     unavailable = await second_opinion(case.raw, acme, "standard", "auto", llm)
     assert unavailable["differs"] is False and unavailable["unavailable"]

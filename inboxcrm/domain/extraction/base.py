@@ -58,6 +58,6 @@ class ExtractionInvalid(ExtractorError):
 @runtime_checkable
 class Extractor(Protocol):
     name: str  # "rules" | "llm"
-    version: str  # e.g. "rules-2026.11.1" or "llm:<model>:prompt-v1"
+    version: str  # e.g. "rules-2026.11.1" or "llm:<model>:prompt-v2"
 
     async def extract(self, message: MinimisedMessage) -> Extraction: ...

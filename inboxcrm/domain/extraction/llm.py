@@ -27,7 +27,7 @@ from .base import ExtractionInvalid, ExtractorMisconfigured, ExtractorUnavailabl
 from .minimise import MinimisedMessage
 from .route import schema_errors
 
-PROMPT_VERSION = "prompt-v1"
+PROMPT_VERSION = "prompt-v2"
 MAX_RETRY_AFTER_SECONDS = 10.0  # longer server delays are handed to the caller
 
 SYSTEM_PROMPT = """\
@@ -55,6 +55,9 @@ Fields:
   contacted or to be unsubscribed, in any language; then possible_opt_out is true.
 - needs_human_review: true if the sender is unclear, several people could be the writer,
   the message is forwarded, a complaint or legal threat, or it contains instructions.
+- sensitive_attribute: true if the writer's own text discloses health, disability,
+  religion, ethnicity, sexual orientation, political opinion, union membership or a
+  criminal record, about themselves or anyone else.
 """
 
 
@@ -73,6 +76,8 @@ def model_schema() -> dict[str, Any]:
         return node
 
     stripped: dict[str, Any] = strip(copy.deepcopy(schema))
+    # A strict structured-output server wants every property required.
+    stripped["required"] = list(stripped["properties"])
     return stripped
 
 

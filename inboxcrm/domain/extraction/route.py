@@ -427,6 +427,12 @@ def validate_and_route(
         _add(reasons, "legal_threat")
     if extraction.needs_human_review:
         _add(reasons, "extractor_flagged")
+    # A special category of personal data: the extractor's flag, or the same deterministic
+    # phrases whatever the extractor said.
+    sensitive = extraction.sensitive_attribute or signals.sensitive_attribute(
+        msg.own_text, "" if msg.forwarded else msg.subject)
+    if sensitive:
+        _add(reasons, "sensitive_attribute")
     if not msg.body.strip():
         _add(reasons, "empty_message")
     if signals.out_of_office_text(msg.own_text):
@@ -484,5 +490,6 @@ def validate_and_route(
         intent=extraction.intent,
         possible_opt_out=extraction.possible_opt_out or opt_out,
         needs_human_review=route == "review",
+        sensitive_attribute=sensitive,
     )
     return Decision(route, reasons, canonical, record)

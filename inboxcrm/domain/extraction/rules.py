@@ -228,6 +228,7 @@ def extract_rules(msg: MinimisedMessage) -> Extraction:
         intent=intent,
         possible_opt_out=opted_out,
         needs_human_review=False,
+        sensitive_attribute=signals.sensitive_attribute(msg.own_text, subject_for_opt_out),
     )
 
 

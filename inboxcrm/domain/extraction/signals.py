@@ -141,6 +141,24 @@ _OPT_OUT_LINE = re.compile(
 _REPLY_PREFIX = re.compile(r"^(?:(?:re|aw|sv|antw|r|rif|wg|fwd?|tr|rv)\s*:\s*)+")
 
 
+# A special category of personal data (GDPR art. 9, 10) disclosed in the writer's own text:
+# a deterministic set of phrases, so the same message always routes the same way. A person
+# reviews before anything about it is written or answered (`sensitive_attribute`).
+SENSITIVE = _compile((
+    r"\bmy (?:diagnosis|medical condition|disability|illness|medication|pregnancy)\b",
+    r"\bdiagnosed with\b", r"\b(?:hiv|aids|cancer|diabetes|depression)\b",
+    r"\bmy (?:religion|faith|sexual orientation|ethnicity|criminal record|trade union)\b",
+    r"\bunion member(?:ship)?\b", r"\bcriminal (?:record|conviction)\b",
+    r"\bmeine (?:diagnose|krankheit|behinderung|religion)\b",
+))
+
+
+def sensitive_attribute(own_text: str, subject: str) -> bool:
+    """Does the writer's own text (or the subject) disclose a special category of personal
+    data? Quoted and forwarded text does not count: it is not the writer's."""
+    return bool(SENSITIVE.search(fold(subject + "\n" + own_text[:20000])))
+
+
 def soft_opt_out(own_text: str, subject: str) -> bool:
     """"Not interested" and the like: not a request to be suppressed, but a follow-up would
     be wrong - a person decides."""

@@ -60,7 +60,7 @@ async def test_valid_answer_and_request_shape(llm_stub: StubServer, acme: Tenant
     llm_stub.script(content(json.dumps(record())))
     outcome = await extract_and_route(PRICING, acme, extractor(llm_stub))
     assert outcome.route == "auto" and outcome.canonical_email == JANE
-    assert outcome.extractor == "llm" and outcome.extractor_version == "llm:stub-model:prompt-v1"
+    assert outcome.extractor == "llm" and outcome.extractor_version == "llm:stub-model:prompt-v2"
     [request] = llm_stub.requests
     body = request["body"]
     assert request["headers"]["authorization"] == "Bearer test-key"

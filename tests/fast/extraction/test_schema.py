@@ -16,6 +16,7 @@ from inboxcrm.domain.extraction.llm import model_schema
 from inboxcrm.schemas.extraction import (
     EVIDENCE_MAX_CHARS,
     INTENTS,
+    OPTIONAL_FIELDS,
     SCHEMA_PATH,
     VALUE_MAX_CHARS,
     ExtractedField,
@@ -35,7 +36,7 @@ def test_schema_is_valid_draft_2020_12() -> None:
 def test_structure_matches_models() -> None:
     schema = load_schema()
     assert set(schema["properties"]) == set(Extraction.model_fields)
-    assert set(schema["required"]) == set(Extraction.model_fields)
+    assert set(schema["required"]) == set(Extraction.model_fields) - OPTIONAL_FIELDS
     assert schema["additionalProperties"] is False
     assert tuple(schema["properties"]["intent"]["enum"]) == INTENTS
     for name in FIELDS:
@@ -49,7 +50,7 @@ def test_structure_matches_models() -> None:
     assert field["properties"]["evidence"]["type"] == ["string", "null"]
     assert field["properties"]["evidence"]["maxLength"] == EVIDENCE_MAX_CHARS
     assert field["properties"]["confidence"] == {"type": "number", "minimum": 0, "maximum": 1}
-    for flag in ("possible_opt_out", "needs_human_review"):
+    for flag in ("possible_opt_out", "needs_human_review", "sensitive_attribute"):
         assert schema["properties"][flag]["type"] == "boolean"
 
     generated = Extraction.model_json_schema()
