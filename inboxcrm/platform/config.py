@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     # inboxcrm_relay / _desk / _worker / _operator, inboxcrm/store/roles.py), and the
     # migration runner creates those roles and their grants. false: for a database where the
     # migration user may not create roles; every process then has its login user's
-    # privileges (docs/architecture.md §8, Database roles).
+    # privileges (docs/architecture.md §7, Database roles).
     db_role: bool = True
     temporal_address: str = Field(
         "127.0.0.1:7233",

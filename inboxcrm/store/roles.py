@@ -1,5 +1,5 @@
 """A database role per process kind, and every table's grants to each, declared here and
-nowhere else (docs/architecture.md §8, "Database roles"; issue 36, privacy in the store).
+nowhere else (docs/architecture.md §7, "Database roles"; issue 36, privacy in the store).
 
 The relay answers the internet: a flaw in its intake must not be a way to read who our
 contacts are. So its role (`inboxcrm_relay`) has no privilege on `contacts` at all, and only
@@ -18,12 +18,9 @@ declares who may touch it here, in the same change.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import asyncpg
-
-if TYPE_CHECKING:
-    from inboxcrm.store.db import Conn
 
 log = logging.getLogger("inboxcrm.store.roles")
 
@@ -124,7 +121,7 @@ def quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-async def set_role(conn: Conn | asyncpg.Connection[Any], role: str) -> None:
+async def set_role(conn: asyncpg.Connection[Any], role: str) -> None:
     """Switch the session to `role`; a role that does not exist or that the login user is no
     member of is one clear error naming the setting."""
     try:
@@ -133,7 +130,7 @@ async def set_role(conn: Conn | asyncpg.Connection[Any], role: str) -> None:
         raise RolesRefused(
             f"cannot SET ROLE {role} ({type(exc).__name__}): run the migrations (they create "
             "the roles), make the login user a member of it, or set INBOXCRM_DB_ROLE=false "
-            "(docs/architecture.md §8, Database roles)") from None
+            "(docs/architecture.md §7, Database roles)") from None
 
 
 def undeclared(tables: list[str]) -> list[str]:
@@ -156,7 +153,7 @@ async def _ensure_roles(conn: asyncpg.Connection[Any]) -> None:
                     f"the migration user may not create role {role}: create the roles "
                     f"{', '.join(ROLES.values())} as NOLOGIN with a user that may, grant them "
                     "to this user, or set INBOXCRM_DB_ROLE=false "
-                    "(docs/architecture.md §8, Database roles)") from None
+                    "(docs/architecture.md §7, Database roles)") from None
         if not superuser and not await conn.fetchval(IS_MEMBER, role):
             # SET ROLE needs membership; a role's creator holds ADMIN on it (PostgreSQL 16+).
             await conn.execute("GRANT " + quoted(role) + " TO CURRENT_USER")
