@@ -1,20 +1,25 @@
-"""Privacy in the store (issue 36; docs/architecture.md §8, "Database roles"): the relay's
+"""Privacy in the store (issue 36; docs/architecture.md §7, "Database roles"): the relay's
 database role cannot read `contacts`, while intake under it still stores the delivery; the
 relay's own process really runs under that role (a grant taken away refuses its intake, and
 the runner's grants bring it back); and every table of the migrated schema is declared in
-`inboxcrm.store.roles.GRANTS`."""
+`inboxcrm.store.roles.GRANTS`; a login user that may not create or join the roles gets one
+clear error, not a half-granted schema."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
 from inboxcrm.stack.stack import Stack
 from inboxcrm.store import db as inboxcrm_db
-from inboxcrm.store.roles import ROLES, TABLES, Kind, apply_grants, undeclared
+from inboxcrm.store import roles
+from inboxcrm.store.roles import ROLES, TABLES, Kind, RolesRefused, apply_grants, undeclared
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
+
+PLAIN_USER = "inboxcrm_test_plain"  # a login user with no role and no CREATEROLE
 
 
 @pytest.fixture
@@ -94,3 +99,31 @@ async def test_every_table_of_the_schema_is_declared(
         "SELECT rolname FROM pg_roles WHERE rolname = ANY($1::text[]) AND NOT rolcanlogin",
         list(ROLES.values()))}
     assert roles == set(ROLES.values())
+
+
+@pytest.fixture
+async def plain_url(stack: Stack, owner: asyncpg.Connection) -> AsyncIterator[str]:
+    await owner.execute(f"DROP ROLE IF EXISTS {PLAIN_USER}")
+    await owner.execute(f"CREATE ROLE {PLAIN_USER} LOGIN NOCREATEROLE")
+    parts = urlsplit(stack.database_url)
+    yield urlunsplit(parts._replace(netloc=f"{PLAIN_USER}@{parts.hostname}:{parts.port}"))
+    await owner.execute(f"DROP ROLE IF EXISTS {PLAIN_USER}")
+
+
+async def test_a_user_outside_the_roles_is_told_what_to_do(
+        plain_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A process whose login user is no member of its role: its connections fail, naming it.
+    with pytest.raises(RolesRefused, match="cannot SET ROLE inboxcrm_relay.*INBOXCRM_DB_ROLE"):
+        await inboxcrm_db.connect(plain_url, role=ROLES["relay"])
+    conn = await asyncpg.connect(plain_url)
+    try:
+        # The roles exist, the user may not join them.
+        with pytest.raises(RolesRefused, match="no member of role inboxcrm_relay"):
+            await apply_grants(conn)
+        # A role that does not exist yet, and the user may not create roles.
+        monkeypatch.setitem(roles.ROLES, "relay", "inboxcrm_test_absent")
+        with pytest.raises(RolesRefused, match="may not create role inboxcrm_test_absent"):
+            await apply_grants(conn)
+        assert not await conn.fetchval(roles.ROLE_EXISTS, "inboxcrm_test_absent")
+    finally:
+        await conn.close()

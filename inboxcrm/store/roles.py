@@ -156,7 +156,14 @@ async def _ensure_roles(conn: asyncpg.Connection[Any]) -> None:
                     "(docs/architecture.md §7, Database roles)") from None
         if not superuser and not await conn.fetchval(IS_MEMBER, role):
             # SET ROLE needs membership; a role's creator holds ADMIN on it (PostgreSQL 16+).
-            await conn.execute("GRANT " + quoted(role) + " TO CURRENT_USER")
+            try:
+                await conn.execute("GRANT " + quoted(role) + " TO CURRENT_USER")
+            except asyncpg.InsufficientPrivilegeError:
+                raise RolesRefused(
+                    f"the migration user is no member of role {role} and may not make itself "
+                    f"one: grant it {role} (GRANT {role} TO <user>) or set "
+                    "INBOXCRM_DB_ROLE=false (docs/architecture.md §7, Database roles)"
+                ) from None
 
 
 async def apply_grants(conn: asyncpg.Connection[Any]) -> list[str]:
