@@ -28,7 +28,7 @@ from inboxcrm.store.migrate import apply_migrations
 
 async def bootstrap(skip_search_attributes: bool, migrations_only: bool = False) -> None:
     settings = get_settings()
-    applied = await apply_migrations(settings.database_url)
+    applied = await apply_migrations(settings.database_url, roles=settings.db_role)
     print(f"migrations applied now: {', '.join(applied) or 'none (up to date)'}")  # noqa: T201
     if migrations_only:
         return

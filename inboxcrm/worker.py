@@ -62,6 +62,7 @@ from inboxcrm.platform.logs import configure_logging
 from inboxcrm.platform.workpool import IN_PROCESS, Runner
 from inboxcrm.schemas.destinations import TenantDestinations
 from inboxcrm.store import audit, db, worker_destinations
+from inboxcrm.store.roles import role_of
 from inboxcrm.workflows.consent_sync import ConsentSyncWorkflow
 from inboxcrm.workflows.drift_check import DriftCheckWorkflow
 from inboxcrm.workflows.inbound_email import InboundEmailWorkflow
@@ -285,7 +286,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     client = await temporal.connect(
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
     await temporal.ensure_search_attributes(client, client.namespace)
-    pool = await db.create_pool(settings.database_url, max_size=DB_POOL_SIZE)
+    pool = await db.create_pool(settings.database_url, max_size=DB_POOL_SIZE,
+                                role=role_of("worker", settings.db_role))
     # The work on messages runs in child processes with a hard time limit, never on this
     # event loop (docs/architecture.md §7): started before the first task, closed after the
     # last step in flight has finished.
@@ -317,7 +319,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                                      settings.http_timeout_seconds).send_review_notices,
                     ConsentActivities(pool, destinations).sync_consent_writes,
                     RetentionActivities(pool).apply_retention,
-                    *mailbox_activities(pool, settings.database_url, settings.max_body_bytes),
+                    *mailbox_activities(pool, settings.database_url, settings.max_body_bytes,
+                                       role_of("worker", settings.db_role)),
                     *gmail_activities(pool, GmailSettings().resolved(settings),
                                       settings.max_body_bytes),
                     *graph_activities(pool, settings.max_body_bytes,

@@ -48,6 +48,7 @@ from inboxcrm.schemas.contract import WORKFLOW_TYPE, start_search_attributes
 from inboxcrm.schemas.mailboxes import MailboxWatch, WatchSummary
 from inboxcrm.schemas.models import InboundEmailInput, inbound_workflow_id
 from inboxcrm.schemas.outcomes import Category, Classified
+from inboxcrm.store import db
 from inboxcrm.store import mailboxes as store
 
 log = logging.getLogger("inboxcrm.mailbox")
@@ -115,9 +116,10 @@ class _Session:
 
 class MailboxImapActivities:
     def __init__(self, pool: asyncpg.Pool, database_url: str, max_message_bytes: int,
-                 environ: Mapping[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None, role: str | None = None) -> None:
         self.pool = pool
         self.database_url = database_url
+        self.role = role  # the worker's database role, as its pool's (store.roles)
         self.max_message_bytes = max_message_bytes
         self.environ = environ if environ is not None else os.environ
 
@@ -174,7 +176,7 @@ class MailboxImapActivities:
         credential = self._credential(box)
         account = f"imap:{box['host']}:{box['port']}:{box['username']}"
         # Session-level advisory lock slots live on a database session of their own.
-        slots = await asyncpg.connect(self.database_url)
+        slots = await db.connect(self.database_url, role=self.role)
         session: _Session | None = None
         slot: int | None = None
         try:
@@ -362,8 +364,9 @@ class MailboxImapActivities:
                                   folder=watch.folder, state=state, last_error=error)
 
 
-def mailbox_activities(pool: asyncpg.Pool, database_url: str, max_message_bytes: int
+def mailbox_activities(pool: asyncpg.Pool, database_url: str, max_message_bytes: int,
+                       role: str | None = None
                        ) -> list[Callable[..., Awaitable[WatchSummary]]]:
     """The watcher's activities, for the worker to register."""
-    acts = MailboxImapActivities(pool, database_url, max_message_bytes)
+    acts = MailboxImapActivities(pool, database_url, max_message_bytes, role=role)
     return [acts.watch_imap_folder, acts.sync_imap_folder]

@@ -23,6 +23,7 @@ from rich.markup import escape
 from inboxcrm.platform import atrest
 from inboxcrm.platform.config import InsecureSetting, MissingSetting, Settings, get_settings
 from inboxcrm.store import db
+from inboxcrm.store.roles import role_of
 
 # Wide tables when piped (rich would wrap at 80 columns).
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -86,7 +87,8 @@ def parse_since(value: str, now: datetime | None = None) -> datetime:
 def with_db(settings: Settings, fn: Callable[[asyncpg.Connection[Any]], Awaitable[T]]) -> T:
     async def run() -> T:
         try:
-            conn = await db.connect(settings.database_url)
+            conn = await db.connect(settings.database_url,
+                                    role=role_of("operator", settings.db_role))
         except (OSError, Exception) as exc:  # noqa: BLE001 - say what is wrong, no traceback
             fail(f"cannot connect to the database ({type(exc).__name__}); is the stack up? "
                  "(`make up`, or set DATABASE_URL)")

@@ -33,6 +33,7 @@ from inboxcrm.domain.policy import tenant_priority
 from inboxcrm.domain.review_card import age_text
 from inboxcrm.schemas.contract import WORKFLOW_TYPE, start_search_attributes
 from inboxcrm.store import db, items, retention
+from inboxcrm.store.roles import role_of
 
 T = TypeVar("T")
 
@@ -222,7 +223,8 @@ def replay(workflow_id: str, reviewer: ReviewerOpt,
     settings = settings_from_env()
 
     async def run() -> None:
-        conn = await db.connect(settings.database_url)
+        conn = await db.connect(settings.database_url,
+                                role=role_of("operator", settings.db_role))
         try:
             # As the review commands: the reviewer of INBOXCRM_REVIEWER_TOKEN (their tenants
             # only), else the operator; `--reviewer` is a label (docs/architecture.md §6).

@@ -25,6 +25,7 @@ from inboxcrm.cli.common import (
     with_db,
 )
 from inboxcrm.store import db
+from inboxcrm.store.roles import role_of
 
 
 def rehearse(timeout: Annotated[float, typer.Option(help="Seconds per scenario.")] = 90,
@@ -59,7 +60,8 @@ def rehearse(timeout: Annotated[float, typer.Option(help="Seconds per scenario."
 
     async def run() -> list[Any]:
         try:
-            pool = await db.create_pool(settings.database_url, max_size=5)
+            pool = await db.create_pool(settings.database_url, max_size=5,
+                                        role=role_of("operator", settings.db_role))
         except (OSError, Exception) as exc:  # noqa: BLE001 - say what is wrong, no traceback
             fail(f"cannot connect to the database ({type(exc).__name__}); is the stack up? "
                  "(`make up`, or set DATABASE_URL)")
@@ -256,7 +258,8 @@ def reconcile(
         except ConfigurationError as exc:
             fail(str(exc), 2)
             raise
-        pool = await db.create_pool(settings.database_url, max_size=2)
+        pool = await db.create_pool(settings.database_url, max_size=2,
+                                    role=role_of("operator", settings.db_role))
         try:
             request = DriftCheckRequest(
                 window_start=start.isoformat(), window_end=now.isoformat(),

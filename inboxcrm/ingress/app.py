@@ -30,6 +30,7 @@ from inboxcrm.ingress.unsubscribe import unsubscribe_router
 from inboxcrm.platform import tracing
 from inboxcrm.platform.config import Settings
 from inboxcrm.store import db
+from inboxcrm.store.roles import role_of
 
 # How long /healthz's answer is reused (it costs a database and a Temporal round trip, and
 # the route is public: a caller in a loop must not cost one of each per request).
@@ -71,7 +72,14 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # min_size=0: the relay starts (and answers 503) even while the database is down.
         pool = await db.create_pool(settings.database_url, min_size=0,
-                                    max_size=settings.relay_pool_size)
+                                    max_size=settings.relay_pool_size,
+                                    role=role_of("relay", settings.db_role))
+        # The card and one-click unsubscribe read contacts: a pool of their own under the
+        # desk's role, so that intake's role has no privilege on them (store.roles).
+        desk_pool = await db.create_pool(settings.database_url, min_size=0,
+                                         max_size=max(2, settings.relay_pool_size // 4),
+                                         role=role_of("desk", settings.db_role))
+        app.state.desk_pool = desk_pool
         app.state.ingestor = Ingestor(pool, handle, settings.task_queue)
         app.state.metrics = metrics
         app.state.admission = Admission()
@@ -99,6 +107,7 @@ def create_app(settings: Settings) -> FastAPI:
                 listener.shutdown()
                 listener.server_close()
             await work.close()
+            await desk_pool.close()
             await pool.close()
 
     # The interactive docs and the schema describe every route to whoever asks: the local

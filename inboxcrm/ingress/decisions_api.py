@@ -12,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import asyncpg
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from inboxcrm.domain import drafts
 from inboxcrm.domain.drafts import DraftCheck
-from inboxcrm.ingress.deps import IngestorDep
-from inboxcrm.ingress.intake import Ingestor
+from inboxcrm.ingress.deps import DeskPoolDep, IngestorDep
 from inboxcrm.ingress.reviewer_auth import DeskAuth
 from inboxcrm.ingress.web import read_body
 from inboxcrm.platform.config import Settings
@@ -66,9 +66,11 @@ def _answer(code: int, **body: Any) -> JSONResponse:
     return JSONResponse(body, status_code=code, headers={"Cache-Control": "no-store"})
 
 
-async def _propose(ingestor: Ingestor, settings: Settings, workflow_id: str, text: str,
+async def _propose(desk: asyncpg.Pool, settings: Settings, workflow_id: str, text: str,
                    decider: str) -> DraftCheck:
-    async with ingestor.pool.acquire() as conn:
+    """The edited draft stored with the item's intent, under the desk's database role (the
+    check reads the contact, which the relay's intake role may not)."""
+    async with desk.acquire() as conn:
         intent_id = await intents.intent_of_workflow(conn, workflow_id=workflow_id)
         if intent_id is None:
             return DraftCheck("draft_not_awaiting", "refused (draft_not_awaiting): this item "
@@ -81,7 +83,8 @@ def decisions_router(settings: Settings) -> APIRouter:
     auth = DeskAuth(settings)
     router = APIRouter()
 
-    async def decide(request: Request, ingestor: IngestorDep) -> JSONResponse:
+    async def decide(request: Request, ingestor: IngestorDep,
+                     desk: DeskPoolDep) -> JSONResponse:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return _answer(401, accepted=False, message="send your reviewer token as "
@@ -108,7 +111,7 @@ def decisions_router(settings: Settings) -> APIRouter:
         if body.draft_text is not None:
             if body.action != Decision.APPROVE:
                 return _answer(422, accepted=False, message="an edited draft goes with approve")
-            checked = await _propose(ingestor, settings, body.workflow_id, body.draft_text,
+            checked = await _propose(desk, settings, body.workflow_id, body.draft_text,
                                      principal.decider)
             if checked.refused is not None:
                 return _answer(409, accepted=False, outcome="refused", message=checked.message,

@@ -1,7 +1,8 @@
 """The relay's shared route dependencies, named once (`Annotated[..., Depends(...)]`): a route
 declares what it needs (`ingestor: IngestorDep`) instead of reaching into `app.state`, and a
 test hands it a stand-in with `app.dependency_overrides`. What the lifespan opens (the
-ledger pool behind the `Ingestor`, the work pool) is read from the app here and nowhere else.
+ledger pool behind the `Ingestor`, the desk's pool, the work pool) is read from the app here
+and nowhere else.
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ def get_pool(ingestor: IngestorDep) -> asyncpg.Pool:
     return ingestor.pool
 
 
+def get_desk_pool(request: Request, ingestor: IngestorDep) -> asyncpg.Pool:
+    """The pool of the routes that read a contact (the review card, one-click unsubscribe),
+    under the desk's database role; the ledger's pool has no privilege on `contacts`
+    (`inboxcrm.store.roles`). An app assembled without the lifespan (a test's) has one
+    pool."""
+    return cast(asyncpg.Pool, getattr(request.app.state, "desk_pool", None) or ingestor.pool)
+
+
 def get_intake(request: Request, ingestor: IngestorDep, metrics: MetricsDep) -> Intake:
     """The one ingest path (`Intake.ingest`) over this relay's ledger, counters and
     per-tenant intake rates."""
@@ -52,4 +61,5 @@ def get_intake(request: Request, ingestor: IngestorDep, metrics: MetricsDep) -> 
 
 
 PoolDep = Annotated[asyncpg.Pool, Depends(get_pool)]
+DeskPoolDep = Annotated[asyncpg.Pool, Depends(get_desk_pool)]
 IntakeDep = Annotated[Intake, Depends(get_intake)]

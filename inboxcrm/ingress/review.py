@@ -26,6 +26,7 @@ from html import escape
 from typing import Any
 from urllib.parse import parse_qs, quote
 
+import asyncpg
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from temporalio.client import Client
@@ -34,7 +35,7 @@ from inboxcrm.domain import drafts
 from inboxcrm.domain.drafts import DraftCheck
 from inboxcrm.domain.followup import draft_sha256
 from inboxcrm.domain.review_card import ReviewCard, age_text, card_facts, read_message
-from inboxcrm.ingress.deps import IngestorDep, WorkDep
+from inboxcrm.ingress.deps import DeskPoolDep, IngestorDep, WorkDep
 from inboxcrm.ingress.intake import Ingestor
 from inboxcrm.ingress.reviewer_auth import COOKIE, DeskAuth, Visitor
 from inboxcrm.ingress.web import read_body
@@ -231,17 +232,17 @@ class ReviewDesk:
         return response
 
     async def review_page(self, workflow_id: str, request: Request, ingestor: IngestorDep,
-                          work: WorkDep) -> Response:
+                          work: WorkDep, desk: DeskPoolDep) -> Response:
         visitor = await self.who(request, ingestor)
         if visitor is None:
             target = _card_path(workflow_id) if workflow_id else "/review/"
             return _login_form(target, "sign in to the review desk", 401)
         if not workflow_id:
             return await self._queue(request, ingestor, visitor)
-        return await self._card(request, ingestor, work, visitor, workflow_id)
+        return await self._card(request, desk, work, visitor, workflow_id)
 
     async def decide(self, workflow_id: str, request: Request, ingestor: IngestorDep,
-                     work: WorkDep) -> Response:
+                     work: WorkDep, desk: DeskPoolDep) -> Response:
         auth = self.auth
         if auth.cross_site(request):
             return _page("refused", "<p>Cross-site request refused: decide from the desk's "
@@ -260,8 +261,10 @@ class ReviewDesk:
             tenant = await reviewer_store.item_tenant(conn, workflow_id)
         if not visitor.principal.may_see(tenant):
             return _not_found()
+
         async def propose(intent_id: str, text: str) -> DraftCheck:
-            async with ingestor.pool.acquire() as conn:
+            # The draft's check reads the contact (its rule's terms): the desk's role.
+            async with desk.acquire() as conn:
                 if await intents.intent_of_workflow(conn, workflow_id=workflow_id,
                                                     intent_id=intent_id) is None:
                     return DraftCheck("draft_not_awaiting", "refused (draft_not_awaiting): "
@@ -272,7 +275,7 @@ class ReviewDesk:
 
         result = await send_form_decision(ingestor.temporal.get, auth.decision_secret,
                                           visitor.principal, workflow_id, form, propose)
-        return await self._card(request, ingestor, work, visitor, workflow_id,
+        return await self._card(request, desk, work, visitor, workflow_id,
                                 answer=(result.accepted, result.message),
                                 status=200 if result.accepted else 409)
 
@@ -287,12 +290,14 @@ class ReviewDesk:
         return _page("review queue", render_queue(visitor.principal, items,
                                                   self.auth.csrf_token(visitor)))
 
-    async def _card(self, request: Request, ingestor: Ingestor, work: Runner,
+    async def _card(self, request: Request, desk: asyncpg.Pool, work: Runner,
                     visitor: Visitor, workflow_id: str, *,
                     answer: tuple[bool, str] | None = None, status: int = 200) -> Response:
         # The store's facts on a connection given back at once; the tenant check before any
         # work on the message, which waits for a work child without holding a connection.
-        async with ingestor.pool.acquire() as conn:
+        # The desk's pool: the planner's dry run reads contacts, which the ledger's role
+        # may not (inboxcrm.store.roles).
+        async with desk.acquire() as conn:
             facts = await card_facts(conn, workflow_id)
         if facts is None or not visitor.principal.may_see(facts.card.tenant):
             return _not_found()

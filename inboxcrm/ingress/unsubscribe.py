@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from inboxcrm.domain.policy import PolicyError, UnknownTenant, get_policy
 from inboxcrm.domain.unsubscribe_links import read_token
-from inboxcrm.ingress.deps import PoolDep
+from inboxcrm.ingress.deps import DeskPoolDep
 from inboxcrm.ingress.web import read_body
 from inboxcrm.platform.config import Settings
 from inboxcrm.store import audit, contacts
@@ -108,7 +108,7 @@ class UnsubscribeLinks:
         self.secret = (settings.unsubscribe_secret.get_secret_value()
                        if settings.unsubscribe_secret else None)
 
-    async def unsubscribe(self, token: str, request: Request, pool: PoolDep) -> JSONResponse:
+    async def unsubscribe(self, token: str, request: Request, pool: DeskPoolDep) -> JSONResponse:
         """POST /v1/unsubscribe/{token}: record the opt-out (no body needed)."""
         ref = read_token(self.secret, token) if self.secret else None
         if ref is None:

@@ -54,6 +54,12 @@ class Settings(BaseSettings):
         "postgresql://postgres@127.0.0.1:55432/postgres",
         validation_alias=AliasChoices("DATABASE_URL", "INBOXCRM_DATABASE_URL"),
     )
+    # Each process switches to its kind's database role on every connection (SET ROLE
+    # inboxcrm_relay / _desk / _worker / _operator, inboxcrm/store/roles.py), and the
+    # migration runner creates those roles and their grants. false: for a database where the
+    # migration user may not create roles; every process then has its login user's
+    # privileges (docs/architecture.md §7, Database roles).
+    db_role: bool = True
     temporal_address: str = Field(
         "127.0.0.1:7233",
         validation_alias=AliasChoices("TEMPORAL_ADDRESS", "INBOXCRM_TEMPORAL_ADDRESS"),

@@ -74,6 +74,13 @@ class StackConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
+def _db_role(cfg: StackConfig) -> bool:
+    """INBOXCRM_DB_ROLE as the stack's processes will read it (its extra_env first)."""
+    if "INBOXCRM_DB_ROLE" in cfg.extra_env:
+        return Settings(db_role=cfg.extra_env["INBOXCRM_DB_ROLE"]).db_role
+    return Settings().db_role
+
+
 @dataclass
 class Stack:
     config: StackConfig
@@ -143,7 +150,7 @@ class Stack:
                 require_free("PostgreSQL", "127.0.0.1", cfg.pg_port, "INBOXCRM_PG_PORT")
             self.database_url = postgres.start(pg_dir, cfg.pg_port)
             self.started_postgres = True
-        asyncio.run(apply_migrations(self.database_url))
+        asyncio.run(apply_migrations(self.database_url, roles=_db_role(cfg)))
         if cfg.temporal_address:
             self.temporal_address = cfg.temporal_address
         else:
