@@ -105,7 +105,7 @@ def test_tenant_secrets_come_from_their_variables(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("INBOXCRM_WEBHOOK_SECRET_GLOBEX", GLOBEX)
     keys = configured_keys(Settings())
     assert [(k.tenant, k.key) for k in keys] == [(None, b"s" * 32), ("globex", b"g" * 32)]
-    assert keys[0].binding().tenants == {"acme", "rehearsal"}  # policies list "standard"
+    assert keys[0].binding().tenants == {"acme", "rehearsal", "initech"}  # policies list "standard"
     assert keys[1].binding().tenants == {"globex"}
     monkeypatch.setenv("INBOXCRM_WEBHOOK_SECRET_GLOBEX", "whsec_not base64!")
     with pytest.raises(ValueError, match="INBOXCRM_WEBHOOK_SECRET_GLOBEX"):
@@ -137,7 +137,7 @@ def test_metrics_listener_serves_the_registry_from_memory() -> None:
 
 
 def test_demo_policies_bind_the_shared_credentials() -> None:
-    assert tenants_accepting("standard") == {"acme", "rehearsal"}
+    assert tenants_accepting("standard") == {"acme", "rehearsal", "initech"}
     assert tenants_accepting("postmark") == {"acme", "rehearsal"}
     assert tenants_accepting("mailgun") == {"acme", "rehearsal"}
 
