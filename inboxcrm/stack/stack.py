@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import TypeAdapter
+
 from inboxcrm.platform.config import Settings
 from inboxcrm.schemas.contract import DEFAULT_TASK_QUEUE
 from inboxcrm.stack import postgres
@@ -75,10 +77,13 @@ class StackConfig:
 
 
 def _db_role(cfg: StackConfig) -> bool:
-    """INBOXCRM_DB_ROLE as the stack's processes will read it (its extra_env first)."""
-    if "INBOXCRM_DB_ROLE" in cfg.extra_env:
-        return Settings(db_role=cfg.extra_env["INBOXCRM_DB_ROLE"]).db_role
-    return Settings().db_role
+    """INBOXCRM_DB_ROLE as the stack's processes will read it (its extra_env first), parsed
+    as the setting is, without building the whole Settings (which a shell with no variables,
+    `make up`'s, would refuse outside INBOXCRM_ENV=local)."""
+    value = cfg.extra_env.get("INBOXCRM_DB_ROLE", os.environ.get("INBOXCRM_DB_ROLE"))
+    if value is None:
+        return bool(Settings.model_fields["db_role"].default)
+    return TypeAdapter(bool).validate_python(value)
 
 
 @dataclass
