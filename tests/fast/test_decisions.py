@@ -176,6 +176,6 @@ async def test_a_desk_handler_is_callable_without_a_relay() -> None:
                                    (b"sec-fetch-site", b"cross-site")],
                        "query_string": b"", "server": ("127.0.0.1", 8080)})
     # Refused before it touches the store or Temporal (neither exists here).
-    answer = await desk.decide(WF, request, None, None)  # type: ignore[arg-type]
+    answer = await desk.decide(WF, request, None, None, None)  # type: ignore[arg-type]
     assert answer.status_code == 403
     assert desk.router().routes
