@@ -87,6 +87,11 @@ TENANT_METADATA = "encryption-tenant"
 # schemas.mailboxes.mailbox_workflow_id); the tenant pattern is the policy's.
 _TENANT_OF_WORKFLOW = re.compile(r"^(?:inbound|mailbox)/([a-z0-9][a-z0-9_-]{0,63})/")
 _TENANT_KEY_INFO = b"inboxcrm codec tenant v1\x00"
+_TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+# The derived ciphers kept per codec: far above any installation's tenants times keys, so a
+# stream of payloads with made-up labels (the codec endpoint decodes what a caller sends)
+# cannot grow the cache without bound.
+_TENANT_CIPHERS_MAX = 4096
 NONCE_BYTES = 12
 KEY_BYTES = 32
 _KEY_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
@@ -290,6 +295,10 @@ class EncryptionCodec(PayloadCodec, WithSerializationContext):
             return self._ciphers[key_id]
         cipher = self._tenant_ciphers.get((key_id, tenant))
         if cipher is None:
+            if not _TENANT_NAME.match(tenant):
+                raise CodecError("encrypted payload's tenant label is not a tenant name")
+            if len(self._tenant_ciphers) >= _TENANT_CIPHERS_MAX:
+                self._tenant_ciphers.clear()
             derived = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None,
                            info=_TENANT_KEY_INFO + tenant.encode()).derive(
                                self.keyring.keys[key_id])

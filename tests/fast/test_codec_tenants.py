@@ -92,3 +92,18 @@ async def test_decrypt_for_opens_only_the_tenants_named() -> None:
     assert opened[1] == globex and opened[2] == system  # still sealed
     assert [p.data for p in codec.decrypt_for([acme, globex, system], None)] == [
         b"a", b"g", b"s"]
+
+
+async def test_a_made_up_tenant_label_is_refused_and_labels_cannot_grow_the_cache() -> None:
+    codec = EncryptionCodec(KEYS)
+    sealed = (await codec.for_tenant("acme").encode([Payload(data=b"private")]))[0]
+    sealed.metadata["encryption-tenant"] = b"Not A Tenant!"
+    with pytest.raises(CodecError):
+        await codec.decode([sealed])
+    for n in range(5000):  # labels a caller made up: each fails, the cache stays bounded
+        forged = Payload()
+        forged.CopyFrom(sealed)
+        forged.metadata["encryption-tenant"] = f"t{n}".encode()
+        with pytest.raises(CodecError):
+            await codec.decode([forged])
+    assert len(codec._tenant_ciphers) <= 4096
