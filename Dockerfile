@@ -7,10 +7,11 @@
 # constraints.txt (pip's hash-checking mode, `make pin-hashes`); the
 # local stack's wheels (embedded PostgreSQL, the Temporal dev server: the `local` extra) and
 # the test tools are extras, so they are not in the image.
-# The base image: a release build pins it by digest, e.g.
-#   docker build --build-arg PYTHON_IMAGE=python:3.11-slim@sha256:<digest> …
-# (deploy/README.md "Building the image"); CI cannot build images (no Docker engine here).
-ARG PYTHON_IMAGE=python:3.11-slim
+# The base image, pinned by digest (the multi-platform index of python:3.11-slim as
+# published): a tag can be re-pointed under us, a digest cannot. Moving to a newer base is
+# a reviewed change of this line (deploy/README.md "Building the image"); CI cannot build
+# images (no Docker engine here), tests/fast/test_deploy_config.py checks the pin's form.
+ARG PYTHON_IMAGE=python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

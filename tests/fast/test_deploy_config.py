@@ -465,7 +465,8 @@ def test_keda_alternative_parses() -> None:
 # --- the image ----------------------------------------------------------------------------------
 def test_dockerfile() -> None:
     text = (ROOT / "Dockerfile").read_text()
-    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim$", text, re.M)
+    # The base is pinned by digest, not only by tag (issue 36, supply chain).
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim@sha256:[0-9a-f]{64}$", text, re.M)
     assert re.findall(r"^FROM (\S+)", text, re.M) == ["${PYTHON_IMAGE}"] * 2
     assert "-c constraints.txt" in text
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
