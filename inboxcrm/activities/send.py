@@ -336,7 +336,7 @@ def _with_approved_draft(followup: Followup, row: asyncpg.Record, settings: Sett
                                                       row["contact_id"], settings))
     if checked.refused is not None:
         raise FollowupRefused(checked.refused.replace(":", "_"),
-                              "the approved draft is outside the rule's draft limits")
+                              "the approved draft is outside its draft limits")
     return dataclasses.replace(followup, text=str(text), html=None)
 
 

@@ -1,7 +1,8 @@
 """Edited drafts (docs/architecture.md §6, "Edited drafts"): a reviewer's text for a follow-up
-held for approval, checked against the limits its rule declares the same way on every path
-(the desk and the CLI before the draft is stored, the worker as the approval is recorded,
-the send before it submits). Never logged: a refusal names the limit, not the text."""
+held for approval, checked against the limits its template (and rule) declare, the same way
+on every path (the desk and the CLI before the draft is stored, the worker as the approval is
+recorded, the send before it submits). Never logged: a refusal names the limit, not the
+text."""
 
 from __future__ import annotations
 
@@ -37,16 +38,17 @@ class DraftCheck:
 
 def terms_of(tenant: str, rule_id: str, contact_id: object, settings: Settings
              ) -> DraftTerms | None:
-    """The draft limits of a follow-up under `rule_id` (None: its rule declares none, or is
-    no longer in the policy)."""
+    """The draft limits of a follow-up under `rule_id` (None: neither its template nor its
+    rule declares any, or the rule is no longer in the policy)."""
     try:
         policy = get_policy(tenant)
     except (UnknownTenant, PolicyError):
         return None
     rule = policy.rule_by_id(rule_id)
-    if rule is None or rule.draft is None:
+    limits = None if rule is None else policy.draft_limits(rule)
+    if limits is None:
         return None
-    return draft_terms(policy, rule.draft, settings=settings,
+    return draft_terms(policy, limits, settings=settings,
                        contact_id=str(contact_id) if contact_id is not None else None)
 
 

@@ -159,14 +159,16 @@ def draft_refusal_text(code: str, terms: DraftTerms | None) -> str:
     """A refusal in words, naming the limit (never the text)."""
     if code == "draft_too_long" and terms is not None:
         return (f"refused (draft_too_long): the edited follow-up may be at most "
-                f"{terms.max_chars} characters (the rule's draft.max_chars)")
+                f"{terms.max_chars} characters (draft.max_chars, from the template's "
+                "draft.json or the rule)")
     if code.startswith("draft_missing:"):
         part = code.partition(":")[2]
         return (f"refused ({code}): the edited follow-up must keep "
-                f"{PART_NAMES.get(part, part)} exactly as rendered (the rule's draft.keep)")
+                f"{PART_NAMES.get(part, part)} exactly as rendered (draft.keep, from the "
+                "template's draft.json or the rule)")
     return {
-        "draft_not_editable": "refused (draft_not_editable): this follow-up's rule declares "
-                              "no draft limits, so its words cannot be edited",
+        "draft_not_editable": "refused (draft_not_editable): this follow-up's template "
+                              "declares no draft limits, so its words cannot be edited",
         "draft_empty": "refused (draft_empty): the edited follow-up is empty",
         "draft_not_found": "refused (draft_not_found): the approval names a draft that is "
                            "not the one stored for this follow-up (edited again since?); "

@@ -92,10 +92,11 @@ ALWAYS_KEPT: tuple[DraftPart, ...] = ("opt_out_url", "postal_address")
 
 
 class DraftLimits(_Strict):
-    """What a reviewer may change in a follow-up of this rule held for approval
-    (docs/architecture.md §6, "Edited drafts"): the edited plain text is at most `max_chars`
-    characters and keeps, verbatim, the rendered value of each part in `keep` (and always
-    the opt-out link and the postal address)."""
+    """What a reviewer may change in a follow-up held for approval (docs/architecture.md §6,
+    "Edited drafts"): the edited plain text is at most `max_chars` characters and keeps,
+    verbatim, the rendered value of each part in `keep` (and always the opt-out link and the
+    postal address). Declared by the template (`<name>.draft.json`) and, narrowing it, by
+    the rule (`draft`)."""
 
     max_chars: int = Field(default=4000, ge=1, le=20000)
     keep: list[DraftPart] = ["signature"]
@@ -103,6 +104,13 @@ class DraftLimits(_Strict):
     def fixed(self) -> tuple[DraftPart, ...]:
         """Every part a draft must keep, in a stable order."""
         return tuple(dict.fromkeys([*ALWAYS_KEPT, *self.keep]))
+
+    def narrowed_by(self, other: DraftLimits | None) -> DraftLimits:
+        """These limits and `other`'s together: the shorter length, every part either keeps."""
+        if other is None:
+            return self
+        return DraftLimits(max_chars=min(self.max_chars, other.max_chars),
+                           keep=list(dict.fromkeys([*self.keep, *other.keep])))
 
 
 class FollowupRule(_Strict):
@@ -549,6 +557,15 @@ class TenantPolicy(_Strict):
             raise PolicyError(f"tenant {self.tenant!r}: rule {rule.rule_id!r} has no template "
                               f"{rule.template_id!r}") from None
 
+    def draft_limits(self, rule: FollowupRule) -> DraftLimits | None:
+        """What a reviewer may edit in a follow-up of `rule`: its template's `draft.json`,
+        narrowed by the rule's `draft`; either alone when only one declares; None (not
+        editable) when neither does."""
+        declared = self.template_for(rule).draft
+        if declared is None:
+            return rule.draft
+        return DraftLimits.model_validate(dict(declared)).narrowed_by(rule.draft)
+
     def rule_version(self, rule: FollowupRule) -> int:
         """The version the intent key stores: the rule's number and its template's words."""
         return rule_version(rule.rule_id, rule.version, self.template_for(rule))
@@ -625,6 +642,16 @@ def _load_file(path: Path, rules: DestinationRules | None = None) -> TenantPolic
             raise PolicyError(
                 f"policy file {path}: template {rule.template_id!r} has no "
                 f"{policy.default_language!r} version (the tenant's default_language)")
+    for name, template in templates.items():
+        if template.draft is None:
+            continue
+        try:
+            DraftLimits.model_validate(dict(template.draft))
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}"
+                                 for e in exc.errors())
+            raise PolicyError(f"policy file {path}: template {template_dir(path)}/{name}"
+                              f".draft.json: {problems}") from None
     if policy.followup_rules and not policy.sender.postal_address:
         raise PolicyError(f"policy file {path}: sender.postal_address is required: every "
                           "follow-up must show the sender's postal address")

@@ -7,6 +7,14 @@ Layout, in the tenant's policy folder:
     policies/<tenant>/templates/<name>.<lang>.subject   one line (required)
     policies/<tenant>/templates/<name>.<lang>.txt       the plain-text body (required)
     policies/<tenant>/templates/<name>.<lang>.html      an HTML body (optional)
+    policies/<tenant>/templates/<name>.draft.json       what a reviewer may edit (optional)
+
+`<name>.draft.json` declares the limits of an edited draft of this template's follow-ups
+(`{"max_chars": 1200, "keep": ["signature"]}`, docs/architecture.md §6, "Edited drafts"):
+the template's author says how much of their words a reviewer may change. The policy
+loader validates it (`inboxcrm.domain.policy.DraftLimits`); a rule's own `draft` can only
+narrow it. Without the file, the template's follow-ups are editable only where the rule
+declares `draft`.
 
 Rendered by jinja2's `SandboxedEnvironment` with `StrictUndefined`: a template may use only
 the documented fields (`FIELDS`); anything else, a syntax error, or a body that does not
@@ -68,6 +76,8 @@ REQUIRED: dict[str, str] = {
 PARTS = ("subject", "txt", "html")
 _FILE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9_-]{0,63})\.(?P<lang>[a-z]{2,3}(?:-[a-z0-9]{1,8})?)"
                    r"\.(?P<part>subject|txt|html)$")
+_DRAFT_FILE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9_-]{0,63})\.draft\.json$")
+MAX_DRAFT_FILE_BYTES = 4 * 1024
 _LANG = re.compile(r"^[a-z]{2,3}(?:-[a-z0-9]{1,8})?$")
 MAX_TEMPLATE_BYTES = 64 * 1024
 MAX_SUBJECT_CHARS = 200
@@ -129,6 +139,8 @@ class Template:
     name: str
     languages: Mapping[str, LanguageSource]
     version: str
+    # The draft limits `<name>.draft.json` declares, as written (validated by the policy).
+    draft: Mapping[str, Any] | None = None
 
     @property
     def ref(self) -> str:
@@ -137,9 +149,13 @@ class Template:
 
     def sources(self) -> dict[str, Any]:
         """The template as stored with a plan (`from_sources` reads it back)."""
-        return {"name": self.name,
-                "languages": {lang: {"subject": s.subject, "text": s.text, "html": s.html}
-                              for lang, s in sorted(self.languages.items())}}
+        stored: dict[str, Any] = {
+            "name": self.name,
+            "languages": {lang: {"subject": s.subject, "text": s.text, "html": s.html}
+                          for lang, s in sorted(self.languages.items())}}
+        if self.draft is not None:
+            stored["draft"] = dict(self.draft)
+        return stored
 
     def language_for(self, wanted: Iterable[str], default: str) -> str:
         """The first wanted language the template has (`de-AT` also matches `de`), else the
@@ -272,11 +288,15 @@ _TEXT_ENV = _environment(False)
 _HTML_ENV = _environment(True)
 
 
-def version_of(name: str, languages: Mapping[str, LanguageSource]) -> str:
-    canonical = json.dumps(
-        {"name": name, "languages": {lang: [s.subject, s.text, s.html]
-                                     for lang, s in sorted(languages.items())}},
-        sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+def version_of(name: str, languages: Mapping[str, LanguageSource],
+               draft: Mapping[str, Any] | None = None) -> str:
+    """The hash of every file of the template. The draft limits count only when declared, so
+    a template without them keeps the version it had before they existed."""
+    words: dict[str, Any] = {"name": name, "languages": {
+        lang: [s.subject, s.text, s.html] for lang, s in sorted(languages.items())}}
+    if draft is not None:
+        words["draft"] = dict(draft)
+    canonical = json.dumps(words, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
@@ -343,7 +363,8 @@ def _check(source: str, where: str, *, html: bool, part: str) -> None:
                 + "; a commercial follow-up must carry both")
 
 
-def build(name: str, languages: Mapping[str, LanguageSource], where: str) -> Template:
+def build(name: str, languages: Mapping[str, LanguageSource], where: str,
+          draft: Mapping[str, Any] | None = None) -> Template:
     """A validated template from its sources (`where` names it in messages)."""
     if not languages:
         raise TemplateRefused(f"template {where}: no language")
@@ -354,7 +375,22 @@ def build(name: str, languages: Mapping[str, LanguageSource], where: str) -> Tem
         _check(source.text, f"{where}/{name}.{lang}.txt", html=False, part="body")
         if source.html is not None:
             _check(source.html, f"{where}/{name}.{lang}.html", html=True, part="body")
-    return Template(name, dict(languages), version_of(name, languages))
+    return Template(name, dict(languages), version_of(name, languages, draft),
+                    None if draft is None else dict(draft))
+
+
+def _read_draft_file(path: Path) -> dict[str, Any]:
+    """`<name>.draft.json` as a JSON object (its fields are the policy loader's to check)."""
+    if path.stat().st_size > MAX_DRAFT_FILE_BYTES:
+        raise TemplateRefused(f"template {path}: larger than {MAX_DRAFT_FILE_BYTES} bytes")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise TemplateRefused(f"template {path}: not a readable JSON file: {exc}") from None
+    if not isinstance(value, dict):
+        raise TemplateRefused(f"template {path}: must be a JSON object, e.g. "
+                              '{"max_chars": 1200, "keep": ["signature"]}')
+    return value
 
 
 def load_templates(directory: Path) -> dict[str, Template]:
@@ -363,13 +399,18 @@ def load_templates(directory: Path) -> dict[str, Template]:
     if not directory.is_dir():
         return {}
     found: dict[str, dict[str, dict[str, str]]] = {}
+    drafts: dict[str, dict[str, Any]] = {}
     for path in sorted(directory.iterdir()):
         if path.name.startswith(".") or not path.is_file():
+            continue
+        draft_file = _DRAFT_FILE.match(path.name)
+        if draft_file is not None:
+            drafts[draft_file["name"]] = _read_draft_file(path)
             continue
         match = _FILE.match(path.name)
         if match is None:
             raise TemplateRefused(f"template {path}: the name must be <name>.<lang>.subject|txt"
-                                  "|html (lower case), e.g. ack.en.txt")
+                                  "|html or <name>.draft.json (lower case), e.g. ack.en.txt")
         if path.stat().st_size > MAX_TEMPLATE_BYTES:
             raise TemplateRefused(f"template {path}: larger than {MAX_TEMPLATE_BYTES} bytes")
         try:
@@ -378,6 +419,11 @@ def load_templates(directory: Path) -> dict[str, Template]:
             raise TemplateRefused(f"template {path}: cannot read: {exc}") from None
         parts = found.setdefault(match["name"], {}).setdefault(match["lang"], {})
         parts[match["part"]] = text
+    orphans = sorted(drafts.keys() - found.keys())
+    if orphans:
+        name = orphans[0]
+        raise TemplateRefused(f"template {directory}/{name}.draft.json: there is no template "
+                              f"{name!r} (no {name}.<lang>.subject and .txt beside it)")
     templates: dict[str, Template] = {}
     for name, by_lang in found.items():
         languages: dict[str, LanguageSource] = {}
@@ -392,7 +438,7 @@ def load_templates(directory: Path) -> dict[str, Template]:
                 raise TemplateRefused(f"template {directory}/{name}.{lang}.subject: longer "
                                       f"than {MAX_SUBJECT_CHARS} characters")
             languages[lang] = LanguageSource(subject, parts["txt"], parts.get("html"))
-        templates[name] = build(name, languages, str(directory))
+        templates[name] = build(name, languages, str(directory), drafts.get(name))
     return templates
 
 
@@ -403,9 +449,12 @@ def from_sources(sources: Mapping[str, Any]) -> Template:
         languages = {str(lang): LanguageSource(str(p["subject"]), str(p["text"]),
                                                None if p.get("html") is None else str(p["html"]))
                      for lang, p in dict(sources["languages"]).items()}
+        draft = sources.get("draft")
+        if draft is not None and not isinstance(draft, Mapping):
+            raise TypeError("draft")
     except (KeyError, TypeError, ValueError, AttributeError):
         raise TemplateRefused("stored template: malformed") from None
-    return build(name, languages, f"stored:{name}")
+    return build(name, languages, f"stored:{name}", draft)
 
 
 @lru_cache(maxsize=512)

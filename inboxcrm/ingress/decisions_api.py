@@ -29,9 +29,9 @@ from inboxcrm.schemas.contract import Decision
 from inboxcrm.store import intents
 from inboxcrm.store import reviewers as reviewer_store
 
-# Room for an edited draft (its rule caps it at `draft.max_chars`, at most 20,000), as JSON.
+# Room for an edited draft (its draft limits cap it at `max_chars`, at most 20,000), as JSON.
 MAX_DECISION_BYTES = 160 * 1024
-MAX_DRAFT_CHARS = 20_000  # the most any rule allows (`draft.max_chars`)
+MAX_DRAFT_CHARS = 20_000  # the most any draft limit allows (`max_chars`)
 _TEXT = 2000
 
 

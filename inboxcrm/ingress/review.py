@@ -48,7 +48,7 @@ from inboxcrm.store import intents
 from inboxcrm.store import reviewers as reviewer_store
 
 MAX_LOGIN_BYTES = 4096
-# Room for an edited draft (its rule caps it at `draft.max_chars`, at most 20,000), encoded.
+# Room for an edited draft (its draft limits cap it at `max_chars`, at most 20,000), encoded.
 MAX_FORM_BYTES = 128 * 1024
 MAX_FIELD_CHARS = 2000
 MAX_DRAFT_CHARS = 20_000

@@ -9,7 +9,10 @@ to edit with its limits."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from email.message import EmailMessage
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +27,8 @@ from inboxcrm.domain.followup import (
     draft_sha256,
     normalised_draft,
 )
-from inboxcrm.domain.policy import get_policy
+from inboxcrm.domain.policy import PolicyError, get_policy, load_policies
+from inboxcrm.domain.templates import from_sources
 from inboxcrm.ingress.review import decision_request, edited_draft
 from inboxcrm.platform.config import Settings
 from inboxcrm.platform.decisions import DecisionRequest, decision_body, lacks_authority
@@ -43,6 +47,9 @@ SECRET = "s" * 40
 TERMS = DraftTerms(60, (("opt_out_url", "https://x.test/u/T"), ("postal_address", "1 Road"),
                         ("signature", "The team")))
 GOOD = "Hi Jo,\nsee you Monday.\nThe team\n1 Road\nhttps://x.test/u/T"
+
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_draft_within_its_limits_passes_and_each_limit_is_named() -> None:
@@ -68,7 +75,7 @@ def test_line_ends_are_normalised_before_hashing() -> None:
     assert draft_sha256("a\nb") != draft_sha256("a\nb ")
 
 
-def test_the_policys_rule_declares_the_limits_and_the_fixed_parts_render() -> None:
+def test_the_policys_template_declares_the_limits_and_the_fixed_parts_render() -> None:
     settings = Settings(unsubscribe_secret="u" * 32)
     terms = terms_of("initech", "ack", "00000000-0000-0000-0000-000000000001", settings)
     assert terms is not None and terms.max_chars == 1200
@@ -270,3 +277,73 @@ def test_the_followup_waits_details_name_the_approver_role() -> None:
     text = details(_followup_wait(), ItemState.AWAITING_REVIEW)
     assert "approve only by a reviewer with the role `approver`" in text
     assert "retry" not in text.split("approve only")[1].split("\n")[0]
+
+
+def _tenant_with_template_draft(tmp_path: Path, template_draft: str | None,
+                                rule_draft: dict[str, object] | None) -> Path:
+    """initech's policy and templates copied, the draft limits declared where asked."""
+    policies = tmp_path / "policies"
+    shutil.copytree(ROOT / "policies" / "initech", policies / "initech")
+    policy = json.loads((ROOT / "policies" / "initech.json").read_text())
+    for rule in policy["followup_rules"]:
+        rule.pop("draft", None)
+        if rule_draft is not None:
+            rule["draft"] = rule_draft
+    (policies / "initech.json").write_text(json.dumps(policy))
+    draft_file = policies / "initech" / "templates" / "ack.draft.json"
+    if template_draft is None:
+        draft_file.unlink()
+    else:
+        draft_file.write_text(template_draft)
+    return policies
+
+
+def test_the_template_declares_the_limits_and_a_rule_only_narrows_them(tmp_path: Path) -> None:
+    policies = _tenant_with_template_draft(
+        tmp_path, '{"max_chars": 900, "keep": ["signature"]}',
+        {"max_chars": 2000, "keep": ["sender_name"]})
+    policy = load_policies(policies)["initech"]
+    rule = policy.followup_rules[0]
+    limits = policy.draft_limits(rule)
+    assert limits is not None and limits.max_chars == 900  # the rule cannot widen it
+    assert set(limits.fixed()) == {"opt_out_url", "postal_address", "signature", "sender_name"}
+    narrower = _tenant_with_template_draft(tmp_path / "b", '{"max_chars": 900}',
+                                           {"max_chars": 300, "keep": []})
+    narrowed = load_policies(narrower)["initech"]
+    limits = narrowed.draft_limits(narrowed.followup_rules[0])
+    assert limits is not None and limits.max_chars == 300
+    neither = load_policies(_tenant_with_template_draft(tmp_path / "c", None, None))["initech"]
+    assert neither.draft_limits(neither.followup_rules[0]) is None
+
+
+def test_the_draft_limits_are_part_of_the_templates_version(tmp_path: Path) -> None:
+    loose = load_policies(_tenant_with_template_draft(tmp_path / "a", '{"max_chars": 900}', None))
+    tight = load_policies(_tenant_with_template_draft(tmp_path / "b", '{"max_chars": 800}', None))
+    none = load_policies(_tenant_with_template_draft(tmp_path / "c", None, None))
+    versions = {p["initech"].templates["ack"].version for p in (loose, tight, none)}
+    assert len(versions) == 3  # a changed limit is a new rule version, as a changed word is
+    stored = loose["initech"].templates["ack"].sources()
+    assert from_sources(stored).draft == {"max_chars": 900}
+    assert from_sources(stored).version == loose["initech"].templates["ack"].version
+
+
+@pytest.mark.parametrize(("written", "said"), [
+    ('{"max_chars": 0}', "max_chars"),
+    ('{"max_chars": 900, "keep": ["the_body"]}', "keep"),
+    ('{"max_chars": 900, "colour": "red"}', "colour"),
+    ('[900]', "must be a JSON object"),
+    ('{"max_chars": ', "not a readable JSON file"),
+])
+def test_a_bad_template_draft_file_refuses_the_policy_naming_it(
+        tmp_path: Path, written: str, said: str) -> None:
+    policies = _tenant_with_template_draft(tmp_path, written, None)
+    with pytest.raises(PolicyError) as refused:
+        load_policies(policies)
+    assert "ack.draft.json" in str(refused.value) and said in str(refused.value)
+
+
+def test_a_draft_file_without_its_template_refuses(tmp_path: Path) -> None:
+    policies = _tenant_with_template_draft(tmp_path, '{"max_chars": 900}', None)
+    (policies / "initech" / "templates" / "welcome.draft.json").write_text('{"max_chars": 9}')
+    with pytest.raises(PolicyError, match="welcome.draft.json: there is no template"):
+        load_policies(policies)
