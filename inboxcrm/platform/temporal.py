@@ -327,17 +327,18 @@ async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
     return sorted(missing)
 
 
-NAMESPACE_RETENTION = timedelta(days=3)  # what `temporal server start-dev` gives its own
+NAMESPACE_RETENTION = timedelta(days=3)  # when the shared namespace says none
 NAMESPACE_READY_SECONDS = 30.0
 
 
 async def ensure_namespaces(client: Client, namespaces: Iterable[str],
-                            retention: timedelta = NAMESPACE_RETENTION) -> list[str]:
+                            retention: timedelta | None = None) -> list[str]:
     """Register each namespace that does not exist yet (the operator service's
-    RegisterNamespace; idempotent), then wait until the server serves it (its namespace
-    cache learns a new one within seconds) and register the search attributes in it.
-    Returns the namespaces registered now. Temporal Cloud creates namespaces with `tcld` or
-    its UI instead (deploy/bootstrap.py --skip-namespaces)."""
+    RegisterNamespace; idempotent) with `retention` (default: the retention of the client's
+    own namespace, the shared one; else NAMESPACE_RETENTION), then wait until the server
+    serves it (its namespace cache learns a new one within seconds) and register the search
+    attributes in it. Returns the namespaces registered now. Temporal Cloud creates
+    namespaces with `tcld` or its UI instead (deploy/bootstrap.py --skip-namespaces)."""
     import asyncio
 
     from google.protobuf.duration_pb2 import Duration
@@ -347,6 +348,11 @@ async def ensure_namespaces(client: Client, namespaces: Iterable[str],
     )
     from temporalio.service import RPCError, RPCStatusCode
 
+    if retention is None:
+        shared = await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace=client.namespace))
+        kept = shared.config.workflow_execution_retention_ttl
+        retention = kept.ToTimedelta() if kept.seconds else NAMESPACE_RETENTION
     added: list[str] = []
     for namespace in namespaces:
         try:
