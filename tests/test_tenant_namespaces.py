@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 
 from inboxcrm.platform import temporal
@@ -124,6 +125,13 @@ async def test_two_tenants_in_two_namespaces_see_only_their_own(
     assert await temporal.ensure_namespaces(shared, [extra]) == [extra]
     assert await temporal.ensure_namespaces(shared, [extra, NAMESPACES["acme"]]) == []
     assert await listed(temporal.in_namespace(shared, extra), queue) == set()
+
+    async def retention(namespace: str) -> object:
+        described = await shared.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace=namespace))
+        return described.config.workflow_execution_retention_ttl.ToTimedelta()
+
+    assert await retention(extra) == await retention(shared.namespace)  # the shared one's
 
 
 async def _has(client: Client, task_queue: str, wanted: set[str]) -> bool:
