@@ -283,9 +283,16 @@ async def take_tenants_live(destinations: Destinations, tenants: list[str]) -> l
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
-    client = await temporal.connect(
+    # One connection; a client per namespace served on it (docs/architecture.md §7,
+    # Namespaces): the shared one (the product's Schedules) and each tenant's own.
+    tenants = sorted(current_policies())
+    temporal.tenant_namespaces(settings).check(tenants)
+    shared = await temporal.connect(
         settings, runtime=temporal.metrics_runtime(settings.worker_metrics_address))
-    await temporal.ensure_search_attributes(client, client.namespace)
+    clients = [temporal.in_namespace(shared, namespace)
+               for namespace in temporal.worker_namespaces(settings, tenants)]
+    for client in clients:
+        await temporal.ensure_search_attributes(client, client.namespace)
     pool = await db.create_pool(settings.database_url, max_size=DB_POOL_SIZE,
                                 role=role_of("worker", settings.db_role))
     # The work on messages runs in child processes with a hard time limit, never on this
@@ -301,37 +308,40 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     await take_tenants_live(destinations, sorted(current_policies()))
     extractor = build_extractor(settings)
     models = model_queue(settings, extractor)
-    worker = Worker(
+    activities: list[Callable[..., Any]] = [
+        *activity_functions(pool, destinations, None, extractor,
+                            settings.max_retry_after_seconds, settings.public_relay_base_url,
+                            settings.decision_secret.get_secret_value()
+                            if settings.decision_secret else None,
+                            comparison_extractor(settings),
+                            settings.max_park_seconds, models, settings, work),
+        DriftActivities(pool, destinations).check_destination_drift,
+        NoticeActivities(pool, settings.public_relay_base_url,
+                         settings.http_timeout_seconds).send_review_notices,
+        ConsentActivities(pool, destinations).sync_consent_writes,
+        RetentionActivities(pool).apply_retention,
+        *mailbox_activities(pool, settings.database_url, settings.max_body_bytes,
+                            role_of("worker", settings.db_role)),
+        *gmail_activities(pool, GmailSettings().resolved(settings), settings.max_body_bytes),
+        *graph_activities(pool, settings.max_body_bytes,
+                          f"{settings.public_relay_base_url}/v1/inbound/graph")]
+    # The same workflows and activities (one set of instances: one pool, one work pool) on
+    # the same task queues in every namespace served; an activity's `activity.client()` is
+    # its namespace's, so what a tenant's watcher starts stays in that tenant's namespace.
+    workers = [Worker(
         client,
         task_queue=settings.task_queue,
         workflows=[InboundEmailWorkflow, DriftCheckWorkflow, ReviewNoticesWorkflow,
                    MailboxWatchWorkflow, ConsentSyncWorkflow, RetentionWorkflow,
                    GmailWatchWorkflow, GraphMailboxWorkflow],
-        activities=[*activity_functions(pool, destinations, None, extractor,
-                                        settings.max_retry_after_seconds,
-                                        settings.public_relay_base_url,
-                                        settings.decision_secret.get_secret_value()
-                                        if settings.decision_secret else None,
-                                        comparison_extractor(settings),
-                                        settings.max_park_seconds, models, settings, work),
-                    DriftActivities(pool, destinations).check_destination_drift,
-                    NoticeActivities(pool, settings.public_relay_base_url,
-                                     settings.http_timeout_seconds).send_review_notices,
-                    ConsentActivities(pool, destinations).sync_consent_writes,
-                    RetentionActivities(pool).apply_retention,
-                    *mailbox_activities(pool, settings.database_url, settings.max_body_bytes,
-                                       role_of("worker", settings.db_role)),
-                    *gmail_activities(pool, GmailSettings().resolved(settings),
-                                      settings.max_body_bytes),
-                    *graph_activities(pool, settings.max_body_bytes,
-                                      f"{settings.public_relay_base_url}/v1/inbound/graph")],
+        activities=activities,
         # A PostgreSQL outage is reported as `StoreUnavailable` by every activity.
         interceptors=[StoreOutageInterceptor()],
         **worker_options(settings),
-    )
+    ) for client in clients]
     # The model call: regular activities on their own queue, at most model_calls_per_second
     # for all workers together (the server enforces it), model_max_concurrent per worker.
-    model_worker = None if not models else Worker(
+    model_workers = [] if not models else [Worker(
         client, task_queue=models,
         activities=model_activities(pool, extractor, settings.max_retry_after_seconds,
                                     settings.public_relay_base_url, work),
@@ -339,13 +349,16 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         max_task_queue_activities_per_second=settings.model_calls_per_second,
         interceptors=[StoreOutageInterceptor()],
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
-    )
+    ) for client in clients]
     try:
-        async with worker, (model_worker or contextlib.nullcontext()):
-            if model_worker is not None:
-                log.info("model calls on task queue %s (%s/s)", models,
+        async with contextlib.AsyncExitStack() as running:
+            for each in (*workers, *model_workers):
+                await running.enter_async_context(each)
+            if model_workers:
+                log.info("model calls on task queue %s (%s/s per namespace)", models,
                          settings.model_calls_per_second)
-            log.info("worker running on task queue %s", settings.task_queue)
+            log.info("worker running on task queue %s in namespace(s) %s",
+                     settings.task_queue, ", ".join(c.namespace for c in clients))
             await asyncio.gather(
                 audit_destination_changes(pool, stop),
                 report_destinations(pool, destinations, worker_identity(),

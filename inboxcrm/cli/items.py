@@ -29,7 +29,7 @@ from inboxcrm.cli.common import (
     settings_from_env,
     with_db,
 )
-from inboxcrm.domain.policy import tenant_priority
+from inboxcrm.domain.policy import current_policies, tenant_priority
 from inboxcrm.domain.review_card import age_text
 from inboxcrm.schemas.contract import WORKFLOW_TYPE, start_search_attributes
 from inboxcrm.store import db, items, retention
@@ -113,7 +113,15 @@ def resume(tenant: Annotated[str | None, typer.Option()] = None, scope: ScopeOpt
     settings = settings_from_env()
 
     async def wake() -> int:
-        return await wake_parked(await temporal.connect(settings), tenant, scope)
+        # The tenant's namespace, or (every tenant) each namespace in turn.
+        if tenant is not None:
+            return await wake_parked(await temporal.connect(settings, tenant=tenant), tenant,
+                                     scope)
+        shared = await temporal.connect(settings)
+        woken = 0
+        for namespace in temporal.tenant_namespaces(settings).served(current_policies()):
+            woken += await wake_parked(temporal.in_namespace(shared, namespace), None, scope)
+        return woken
 
     woken: int | None
     try:
@@ -237,7 +245,7 @@ def replay(workflow_id: str, reviewer: ReviewerOpt,
             if row is None or not principal.may_see(row["tenant"]):
                 fail(f"no item with workflow ID {workflow_id!r}")
                 return
-            client = await temporal.connect(settings)
+            client = await temporal.connect(settings, tenant=row["tenant"])
             try:
                 description = await client.get_workflow_handle(workflow_id).describe()
             except RPCError:

@@ -184,7 +184,7 @@ def add_imap(
              "nothing was added")
 
     async def start() -> list[str]:
-        client = await temporal.connect(settings)
+        client = await temporal.connect(settings, tenant=tenant)  # its namespace
         return [await _start_watcher(client, settings, _watch(tenant, "imap", address, name))
                 for name in folders]
 
@@ -241,7 +241,7 @@ def add_gmail(
         fail(f"already watched: {address} (tenant {tenant}, gmail); nothing was added")
 
     async def start() -> str:
-        client = await temporal.connect(settings)
+        client = await temporal.connect(settings, tenant=tenant)  # its namespace
         return await _start_watcher(client, settings,
                                     _watch(tenant, gmail.KIND, address, gmail.FOLDER))
 
@@ -338,8 +338,10 @@ async def _running(settings: Settings, rows: list[Any]) -> dict[str, bool] | Non
     for row in rows:
         key = mailbox_workflow_id(row["tenant"], row["kind"], row["address"], row["folder"])
         try:
-            described = await client.get_workflow_handle(key).describe(
-                rpc_timeout=timedelta(seconds=5))
+            # The watcher runs in its tenant's namespace (docs/architecture.md §7).
+            described = await temporal.in_namespace(
+                client, temporal.namespace_for(settings, row["tenant"])
+            ).get_workflow_handle(key).describe(rpc_timeout=timedelta(seconds=5))
             running[key] = described.status == WorkflowExecutionStatus.RUNNING
         except RPCError:
             running[key] = False
@@ -361,7 +363,7 @@ def sync(tenant: TenantOpt, address: AddressOpt,
         fail(f"no mailbox {address} registered for tenant {tenant}")
 
     async def run() -> WatchSummary:
-        client = await temporal.connect(settings)
+        client = await temporal.connect(settings, tenant=tenant)  # its namespace
         total = WatchSummary()
         for row in rows:
             workflow_id = await _start_watcher(
@@ -413,7 +415,7 @@ def remove(tenant: TenantOpt, address: AddressOpt,
         fail(f"no mailbox {address} registered for tenant {tenant}")
 
     async def stop() -> None:
-        client = await temporal.connect(settings)
+        client = await temporal.connect(settings, tenant=tenant)  # its namespace
         for row in rows:
             handle = client.get_workflow_handle(
                 mailbox_workflow_id(tenant, row["kind"], address, row["folder"]))

@@ -107,7 +107,7 @@ def register_graph(add_app: typer.Typer, own_address: Callable[[str, str], str])
             fail(f"already watched: {address} (tenant {tenant}) over Graph; nothing was added")
 
         async def start() -> str:
-            client = await temporal.connect(settings)
+            client = await temporal.connect(settings, tenant=tenant)  # its namespace
             return await start_graph_watcher(client, settings, tenant, address)
 
         watcher = asyncio.run(start())

@@ -125,7 +125,8 @@ def _retry_one(item: Planned, reviewer: str, note: str) -> None:
         try:
             principal = review._acting_reviewer(settings, item.workflow_id)
             result = asyncio.run(send_decision(
-                lambda: temporal.connect(settings), secret,
+                lambda: temporal.connect(settings, namespace=temporal.namespace_for_workflow(
+                    settings, item.workflow_id)), secret,
                 DecisionRequest(workflow_id=item.workflow_id, action=Decision.RETRY,
                                 decider=principal, path=PATH_CLI, reviewer=reviewer,
                                 note=note)))

@@ -76,7 +76,9 @@ def _decide(action: Decision, workflow_id: str, reviewer: str, note: str | None,
         corrections={key: value for key, _, value in pairs}, send_followup=send_followup,
         wait_id=wait_id, draft_sha256=digest)
     secret = settings.decision_secret.get_secret_value() if settings.decision_secret else None
-    result = asyncio.run(send_decision(lambda: temporal.connect(settings), secret, request))
+    result = asyncio.run(send_decision(lambda: temporal.connect(
+        settings, namespace=temporal.namespace_for_workflow(settings, workflow_id)),
+        secret, request))
     if not result.accepted or result.status is None:
         fail(result.message)
         return

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from inboxcrm.domain.extraction import work_pool
+from inboxcrm.domain.policy import current_policies
 from inboxcrm.ingress.admission import Admission
 from inboxcrm.ingress.codec import codec_router
 from inboxcrm.ingress.decisions_api import decisions_router
@@ -67,6 +68,8 @@ class Health:
 def create_app(settings: Settings) -> FastAPI:
     metrics = RelayMetrics()
     handle = TemporalHandle(settings)
+    if handle.namespaces.per_tenant:  # a bad INBOXCRM_TENANT_NAMESPACES stops the start
+        handle.namespaces.check(current_policies())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

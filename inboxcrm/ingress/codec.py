@@ -13,8 +13,10 @@ keys, naming at least one tenant in `INBOXCRM_OIDC_TENANTS_CLAIM`. Such a token 
 payloads of the tenants it names: each payload of a tenant's workflow is sealed with that
 tenant's key and labelled with it (`inboxcrm.platform.codec`), and the others are returned
 still sealed (the UI shows them as encoded). The static token and the open local codec open
-every payload. Temporal's own authorisation still decides which workflows a person can list
-(one namespace per tenant: docs/architecture.md §7)."""
+every payload of the namespace asked for (`X-Namespace`). Temporal's own authorisation still
+decides which workflows a person can list (one namespace per tenant,
+INBOXCRM_TENANT_NAMESPACES: docs/architecture.md §7): in a tenant's own namespace the codec
+opens that tenant's payloads only, and refuses a token that names only other tenants."""
 
 from __future__ import annotations
 
@@ -27,11 +29,12 @@ from fastapi import APIRouter, Request, Response
 from google.protobuf import json_format
 from temporalio.api.common.v1 import Payloads
 
+from inboxcrm.domain.policy import current_policies
 from inboxcrm.ingress.web import read_body
 from inboxcrm.platform import oidc
 from inboxcrm.platform.codec import CodecError, payload_codec
 from inboxcrm.platform.config import Settings
-from inboxcrm.platform.temporal import effective_namespace
+from inboxcrm.platform.temporal import TenantNamespaces, effective_namespace, tenant_namespaces
 
 log = logging.getLogger("inboxcrm.ingress.codec")
 
@@ -64,7 +67,14 @@ def codec_router(settings: Settings) -> APIRouter:
     codec = payload_codec(settings)
     origins = set(_csv(settings.codec_cors_origins))
     default_namespace = effective_namespace(settings)  # the setting, or the Temporal profile's
-    namespaces = set(_csv(settings.codec_namespaces)) or {default_namespace}
+    # One namespace per tenant (docs/architecture.md §7, Namespaces): every tenant's own
+    # namespace is served too, and a namespace of one tenant opens that tenant's payloads
+    # only, whoever asks.
+    mapping = tenant_namespaces(settings)
+    tenants_in = namespace_tenants(mapping, sorted(current_policies())
+                                   if mapping.per_tenant else [])
+    namespaces = (set(_csv(settings.codec_namespaces))
+                  or {default_namespace, *tenants_in})
     token = settings.codec_token.get_secret_value() if settings.codec_token else ""
     verifier = oidc.verifier_from(settings.oidc_issuer, settings.oidc_audience,
                                   settings.oidc_tenants_claim, settings.oidc_jwks_cache_seconds)
@@ -120,6 +130,14 @@ def codec_router(settings: Settings) -> APIRouter:
         namespace = request.headers.get("x-namespace") or default_namespace
         if namespace not in namespaces:
             return cors(request, _json_error(403, "namespace not served by this codec"))
+        own = tenants_in.get(namespace)
+        if own is not None:
+            # A tenant's own namespace: only its payloads, and only for a caller who may
+            # open them (a token of another tenant is refused, not answered still sealed).
+            if refused is not None and not refused & own:
+                return cors(request, _json_error(
+                    403, "this namespace belongs to a tenant the access token does not name"))
+            refused = own if refused is None else refused & own
         body = await read_body(request, settings.max_body_bytes)
         if body is None:
             return cors(request, _json_error(413, "body too large"))
@@ -159,6 +177,16 @@ def codec_router(settings: Settings) -> APIRouter:
     for path in ("/codec/encode", "/codec/decode"):
         router.add_api_route(path, preflight, methods=["OPTIONS"], include_in_schema=False)
     return router
+
+
+def namespace_tenants(mapping: TenantNamespaces, tenants: list[str]) -> dict[str, frozenset[str]]:
+    """Each tenant's own namespace (not the shared one) with the tenant in it."""
+    out: dict[str, set[str]] = {}
+    for tenant in tenants:
+        namespace = mapping.of(tenant)
+        if namespace != mapping.shared:
+            out.setdefault(namespace, set()).add(tenant)
+    return {namespace: frozenset(names) for namespace, names in out.items()}
 
 
 def _json_error(status_code: int, message: str) -> Response:

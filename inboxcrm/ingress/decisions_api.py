@@ -10,6 +10,7 @@ one across sites, so there is nothing to forge, and the route answers no CORS pr
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import asyncpg
@@ -117,7 +118,9 @@ def decisions_router(settings: Settings) -> APIRouter:
                 return _answer(409, accepted=False, outcome="refused", message=checked.message,
                                wait_id=body.wait_id or "", status=None)
             digest = checked.sha256
-        result = await send_decision(ingestor.temporal.get, auth.decision_secret, DecisionRequest(
+        # The item's namespace (its tenant's: docs/architecture.md §7, Namespaces).
+        connect = functools.partial(ingestor.temporal.for_workflow, body.workflow_id)
+        result = await send_decision(connect, auth.decision_secret, DecisionRequest(
             workflow_id=body.workflow_id, action=body.action, decider=principal, path=PATH_CLI,
             reviewer=body.reviewer or principal.name, note=body.note, evidence=body.evidence,
             corrections=body.corrections, send_followup=body.send_followup,

@@ -59,13 +59,16 @@ class FailedRuns:
         """One pass; returns how many items were written `failed`."""
         started = datetime.now(UTC)
         since = self._since or started - self._lookback
-        client = await self._temporal.get()
         closed: dict[str, WorkflowExecution] = {}
-        async for execution in client.list_workflows(closed_runs_query(self._task_queue,
-                                                                       since)):
-            known = closed.get(execution.id)
-            if known is None or (execution.close_time or since) > (known.close_time or since):
-                closed[execution.id] = execution
+        # Every namespace the tenants use (docs/architecture.md §7, Namespaces); a workflow
+        # ID names its tenant, so it is one item whichever namespace it was found in.
+        for client in await self._temporal.every_namespace():
+            async for execution in client.list_workflows(closed_runs_query(self._task_queue,
+                                                                           since)):
+                known = closed.get(execution.id)
+                if (known is None
+                        or (execution.close_time or since) > (known.close_time or since)):
+                    closed[execution.id] = execution
         marked = 0
         if closed:
             async with self._pool.acquire() as conn:
@@ -77,7 +80,7 @@ class FailedRuns:
         return marked
 
     async def _mark(self, run: WorkflowExecution, tenant: str) -> bool:
-        client = await self._temporal.get()
+        client = await self._temporal.get(tenant)
         try:
             latest = await client.get_workflow_handle(run.id).describe()
         except RPCError:

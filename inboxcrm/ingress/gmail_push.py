@@ -157,8 +157,8 @@ def gmail_push_router(settings: Settings, handle: TemporalHandle) -> APIRouter:
             return error_response(422, "no Gmail mailbox registered for this address")
         woken = 0
         try:
-            client = await handle.get()
             for row in watchers:
+                client = await handle.get(row["tenant"])  # the watcher's namespace
                 workflow_id = mailbox_workflow_id(row["tenant"], store.KIND, address,
                                                   row["folder"])
                 try:

@@ -103,8 +103,8 @@ async def graph_notifications(request: Request, ingestor: IngestorDep) -> Respon
         else:
             notice.lifecycle.append("missed")  # a change we cannot name: catch up by delta
     try:
-        client = await ingestor.temporal.get()
         for (tenant, address, box_folder), notice in notices.items():
+            client = await ingestor.temporal.get(tenant)  # the watcher's namespace
             handle = client.get_workflow_handle(
                 mailbox_workflow_id(tenant, GRAPH_KIND, address, box_folder))
             try:

@@ -27,10 +27,11 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from inboxcrm.adapters.imap import message_id_of
-from inboxcrm.domain.policy import tenant_priority
+from inboxcrm.domain.policy import current_policies, tenant_priority
 from inboxcrm.ingress.admission import Admission
 from inboxcrm.ingress.metrics import RelayMetrics
 from inboxcrm.platform import temporal
+from inboxcrm.platform.codec import tenant_of_workflow
 from inboxcrm.platform.config import Settings
 from inboxcrm.platform.conflicts import ConflictKind
 from inboxcrm.schemas.contract import WORKFLOW_TYPE, start_search_attributes
@@ -107,8 +108,32 @@ class TemporalHandle:
         self._settings = settings
         self._client: Client | None = None
         self._lock = asyncio.Lock()
+        # Which namespace each tenant's workflows live in (docs/architecture.md §7,
+        # Namespaces): one connection, one Client per namespace on it.
+        self.namespaces = temporal.tenant_namespaces(settings)
+        self._in: dict[str, Client] = {}
 
-    async def get(self) -> Client:
+    async def get(self, tenant: str | None = None) -> Client:
+        """The client of `tenant`'s namespace (None: the shared namespace)."""
+        return self._of(await self._shared(), self.namespaces.of(tenant))
+
+    async def for_workflow(self, workflow_id: str) -> Client:
+        """The client of the namespace the workflow lives in (its ID names the tenant)."""
+        return await self.get(tenant_of_workflow(workflow_id))
+
+    async def every_namespace(self) -> list[Client]:
+        """A client per namespace the tenants use, the shared one first."""
+        shared = await self._shared()
+        return [self._of(shared, namespace)
+                for namespace in self.namespaces.served(current_policies())]
+
+    def _of(self, shared: Client, namespace: str) -> Client:
+        client = self._in.get(namespace)
+        if client is None:
+            client = self._in[namespace] = temporal.in_namespace(shared, namespace)
+        return client
+
+    async def _shared(self) -> Client:
         if self._client is not None:
             return self._client
         async with self._lock:
@@ -212,7 +237,7 @@ class Ingestor:
     async def start(self, event_id: str, tenant: str, workflow_id: str) -> bool:
         """Start the item's workflow (idempotent). False when Temporal is unavailable."""
         try:
-            client = await self.temporal.get()
+            client = await self.temporal.get(tenant)  # the tenant's namespace
             await client.start_workflow(
                 WORKFLOW_TYPE, InboundEmailInput(event_id=event_id, tenant=tenant),
                 id=workflow_id, task_queue=self.task_queue,

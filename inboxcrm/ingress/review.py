@@ -20,6 +20,7 @@ session; cross-site requests are refused by `Sec-Fetch-Site` / `Origin`; the coo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from html import escape
@@ -273,7 +274,9 @@ class ReviewDesk:
                                             proposed_by=visitor.principal.decider,
                                             settings=self._settings)
 
-        result = await send_form_decision(ingestor.temporal.get, auth.decision_secret,
+        # The item's namespace (its tenant's: docs/architecture.md §7, Namespaces).
+        connect = functools.partial(ingestor.temporal.for_workflow, workflow_id)
+        result = await send_form_decision(connect, auth.decision_secret,
                                           visitor.principal, workflow_id, form, propose)
         return await self._card(request, desk, work, visitor, workflow_id,
                                 answer=(result.accepted, result.message),

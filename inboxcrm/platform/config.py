@@ -65,6 +65,15 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("TEMPORAL_ADDRESS", "INBOXCRM_TEMPORAL_ADDRESS"),
     )
     temporal_namespace: str = "default"
+    # One Temporal namespace per tenant (docs/architecture.md §7, Namespaces): an operator
+    # setting, never a tenant policy's. Comma-separated `tenant=namespace` entries and/or one
+    # template with `{tenant}` (e.g. `inboxcrm-{tenant}`); a tenant named nowhere (or
+    # everyone, when empty) stays in the shared namespace above. Parsed and checked by
+    # inboxcrm/platform/temporal.py `tenant_namespaces`.
+    tenant_namespaces: str = ""
+    # The namespaces this worker polls (comma-separated); empty: the shared one and every
+    # tenant's (inboxcrm/worker.py).
+    worker_namespaces: str = ""
     task_queue: str = DEFAULT_TASK_QUEUE
     # A Temporal client profile (temporal.toml, the format the Temporal CLI and SDKs share,
     # read by temporalio.envconfig): TEMPORAL_CONFIG_FILE names the file, TEMPORAL_PROFILE the

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -114,18 +115,161 @@ def effective_namespace(settings: Settings) -> str:
     return load_profile(settings).namespace or settings.temporal_namespace
 
 
+# --- one namespace per tenant (docs/architecture.md §7, Namespaces) ----------------------
+# What a Temporal namespace name may be here: letters, digits, `.`, `-`, `_`, starting and
+# ending with a letter or digit, at most 255 characters (the server's limit; Temporal Cloud's
+# `name.account` form included).
+NAMESPACE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,253}[A-Za-z0-9])?")
+TENANT_PLACEHOLDER = "{tenant}"
+
+
+class NamespaceSettingError(ValueError):
+    """INBOXCRM_TENANT_NAMESPACES (or INBOXCRM_WORKER_NAMESPACES) cannot be used."""
+
+
+@dataclass(frozen=True)
+class TenantNamespaces:
+    """Which namespace each tenant's workflows live in: an explicit entry, else the
+    template, else the shared namespace (INBOXCRM_TEMPORAL_NAMESPACE or the profile's)."""
+
+    shared: str
+    named: Mapping[str, str] = field(default_factory=dict)
+    template: str | None = None
+
+    @property
+    def per_tenant(self) -> bool:
+        return bool(self.named) or self.template is not None
+
+    def of(self, tenant: str | None) -> str:
+        if tenant is None:
+            return self.shared
+        if tenant in self.named:
+            return self.named[tenant]
+        if self.template is not None:
+            return self.template.replace(TENANT_PLACEHOLDER, tenant)
+        return self.shared
+
+    def check(self, tenants: Iterable[str]) -> dict[str, str]:
+        """Each known tenant's namespace, after the start-up checks: every name valid, an
+        entry only for a tenant that exists, and no namespace shared by two tenants unless
+        it is the shared one. Raises NamespaceSettingError saying what is wrong."""
+        known = sorted(set(tenants))
+        unknown = sorted(set(self.named) - set(known))
+        if unknown:
+            raise NamespaceSettingError(
+                f"INBOXCRM_TENANT_NAMESPACES names tenants without a policy: {unknown}")
+        out: dict[str, str] = {}
+        owner: dict[str, str] = {}
+        for tenant in known:
+            namespace = self.of(tenant)
+            if not NAMESPACE_NAME.fullmatch(namespace):
+                raise NamespaceSettingError(
+                    f"INBOXCRM_TENANT_NAMESPACES: {namespace!r} (tenant {tenant}) is not a "
+                    "namespace name (letters, digits, '.', '-', '_'; at most 255)")
+            if namespace != self.shared and namespace in owner:
+                raise NamespaceSettingError(
+                    f"INBOXCRM_TENANT_NAMESPACES: tenants {owner[namespace]} and {tenant} "
+                    f"share namespace {namespace!r}; only the shared namespace "
+                    f"{self.shared!r} may hold several tenants")
+            owner[namespace] = tenant
+            out[tenant] = namespace
+        return out
+
+    def served(self, tenants: Iterable[str]) -> list[str]:
+        """The shared namespace first, then every tenant's own (each once, sorted)."""
+        return [self.shared, *sorted({self.of(t) for t in tenants} - {self.shared})]
+
+
+def parse_tenant_namespaces(value: str, shared: str) -> TenantNamespaces:
+    """`acme=inboxcrm-acme,beta=inboxcrm-beta`, `inboxcrm-{tenant}`, or both (the entries
+    win over the template); empty: everyone in `shared`."""
+    named: dict[str, str] = {}
+    template: str | None = None
+    for entry in (part.strip() for part in value.split(",")):
+        if not entry:
+            continue
+        tenant, eq, namespace = (part.strip() for part in entry.partition("="))
+        if not eq:
+            if TENANT_PLACEHOLDER not in entry:
+                raise NamespaceSettingError(
+                    f"INBOXCRM_TENANT_NAMESPACES: {entry!r} is neither tenant=namespace nor "
+                    "a template with {tenant}")
+            if template is not None:
+                raise NamespaceSettingError("INBOXCRM_TENANT_NAMESPACES: one template at most")
+            template = entry
+            continue
+        if not tenant or not namespace:
+            raise NamespaceSettingError(
+                f"INBOXCRM_TENANT_NAMESPACES: {entry!r} needs a tenant and a namespace")
+        if tenant in named:
+            raise NamespaceSettingError(
+                f"INBOXCRM_TENANT_NAMESPACES: tenant {tenant} is named twice")
+        if not NAMESPACE_NAME.fullmatch(namespace):
+            raise NamespaceSettingError(
+                f"INBOXCRM_TENANT_NAMESPACES: {namespace!r} is not a namespace name")
+        named[tenant] = namespace
+    return TenantNamespaces(shared=shared, named=named, template=template)
+
+
+def tenant_namespaces(settings: Settings) -> TenantNamespaces:
+    """The operator's INBOXCRM_TENANT_NAMESPACES over the shared namespace."""
+    return parse_tenant_namespaces(settings.tenant_namespaces, effective_namespace(settings))
+
+
+def namespace_for(settings: Settings, tenant: str | None) -> str:
+    """The namespace of `tenant`'s workflows (None: the shared namespace, where the
+    product's own Schedules run)."""
+    return tenant_namespaces(settings).of(tenant)
+
+
+def namespace_for_workflow(settings: Settings, workflow_id: str) -> str:
+    """The namespace of a workflow, from the tenant in its ID (`inbound/{tenant}/…`,
+    `mailbox/{tenant}/…`); a workflow of no tenant runs in the shared namespace."""
+    from inboxcrm.platform.codec import tenant_of_workflow
+
+    return namespace_for(settings, tenant_of_workflow(workflow_id))
+
+
+def worker_namespaces(settings: Settings, tenants: Iterable[str]) -> list[str]:
+    """The namespaces a worker polls: INBOXCRM_WORKER_NAMESPACES, or all of them."""
+    mapping = tenant_namespaces(settings)
+    every = mapping.served(tenants)
+    asked = [part.strip() for part in settings.worker_namespaces.split(",") if part.strip()]
+    if not asked:
+        return every
+    stray = sorted(set(asked) - set(every))
+    if stray:
+        raise NamespaceSettingError(
+            f"INBOXCRM_WORKER_NAMESPACES names namespaces no tenant uses: {stray}")
+    return list(dict.fromkeys(asked))
+
+
+def in_namespace(client: Client, namespace: str) -> Client:
+    """The same connection, data converter and interceptors in another namespace (the SDK
+    builds a Client on an existing service client: no second connection)."""
+    if client.namespace == namespace:
+        return client
+    config = client.config()
+    config["namespace"] = namespace
+    return Client(**config)
+
+
 async def connect(settings: Settings, *, lazy: bool = False,
-                  runtime: Runtime | None = None) -> Client:
+                  runtime: Runtime | None = None, tenant: str | None = None,
+                  namespace: str | None = None) -> Client:
     """The one way every process connects (docs/architecture.md §8): profile and overrides
     from connect_config, payload encryption, and the Temporal SDK's tracing interceptor when
-    tracing is on (inboxcrm/platform/tracing.py; workers inherit it from the client)."""
+    tracing is on (inboxcrm/platform/tracing.py; workers inherit it from the client). With
+    `tenant`, in that tenant's namespace (`namespace_for`); `namespace` names one outright."""
     from inboxcrm.platform.codec import (
         data_converter,  # payload encryption (docs/architecture.md §7)
     )
 
     config = connect_config(settings)
+    if namespace is None:
+        namespace = namespace_for(settings, tenant) if tenant is not None else config.namespace
     return await Client.connect(
-        config.target_host, namespace=config.namespace, lazy=lazy,
+        config.target_host, namespace=namespace, lazy=lazy,
         data_converter=data_converter(
             settings, meter=runtime.metric_meter if runtime is not None else None),
         runtime=runtime,
@@ -181,6 +325,57 @@ async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
             AddSearchAttributesRequest(search_attributes=missing, namespace=namespace)
         )
     return sorted(missing)
+
+
+NAMESPACE_RETENTION = timedelta(days=3)  # when the shared namespace says none
+NAMESPACE_READY_SECONDS = 30.0
+
+
+async def ensure_namespaces(client: Client, namespaces: Iterable[str],
+                            retention: timedelta | None = None) -> list[str]:
+    """Register each namespace that does not exist yet (the operator service's
+    RegisterNamespace; idempotent) with `retention` (default: the retention of the client's
+    own namespace, the shared one; else NAMESPACE_RETENTION), then wait until the server
+    serves it (its namespace cache learns a new one within seconds) and register the search
+    attributes in it. Returns the namespaces registered now. Temporal Cloud creates
+    namespaces with `tcld` or its UI instead (deploy/bootstrap.py --skip-namespaces)."""
+    import asyncio
+
+    from google.protobuf.duration_pb2 import Duration
+    from temporalio.api.workflowservice.v1 import (
+        DescribeNamespaceRequest,
+        RegisterNamespaceRequest,
+    )
+    from temporalio.service import RPCError, RPCStatusCode
+
+    if retention is None:
+        shared = await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace=client.namespace))
+        kept = shared.config.workflow_execution_retention_ttl
+        retention = kept.ToTimedelta() if kept.seconds else NAMESPACE_RETENTION
+    added: list[str] = []
+    for namespace in namespaces:
+        try:
+            await client.workflow_service.register_namespace(RegisterNamespaceRequest(
+                namespace=namespace, workflow_execution_retention_period=Duration(
+                    seconds=int(retention.total_seconds()))))
+            added.append(namespace)
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.ALREADY_EXISTS:
+                raise
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + NAMESPACE_READY_SECONDS
+        while True:
+            try:
+                await client.workflow_service.describe_namespace(
+                    DescribeNamespaceRequest(namespace=namespace))
+                await ensure_search_attributes(client, namespace)
+                break
+            except RPCError as exc:
+                if exc.status != RPCStatusCode.NOT_FOUND or loop.time() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+    return added
 
 
 def _every(workflow_type: str, argument: object, schedule_id: str, settings: Settings,

@@ -170,6 +170,7 @@ def temporal_binary() -> str:
 
 def temporal_dev_server_argv(
     port: int, ui_port: int | None, db_file: Path | None, codec_endpoint: str | None = None,
+    namespaces: Sequence[str] = (),
 ) -> list[str]:
     """The dev server with our search attributes. WAL + synchronous=normal: ~3× the
     throughput of the defaults, crash-safe for the process; an OS crash may lose the last
@@ -190,4 +191,8 @@ def temporal_dev_server_argv(
         argv += ["--ui-codec-endpoint", codec_endpoint]
     for flag in DEV_SERVER_FLAGS:
         argv += ["--search-attribute", flag]
+    # The tenants' own namespaces (INBOXCRM_TENANT_NAMESPACES), created at start beside
+    # `default`; the worker registers the search attributes in each.
+    for namespace in namespaces:
+        argv += ["--namespace", namespace]
     return argv

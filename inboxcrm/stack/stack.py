@@ -167,13 +167,49 @@ class Stack:
             # The UI calls <endpoint>/decode and /encode: the relay's codec routes (codec.py).
             codec_endpoint = f"{self.relay_url}/codec" if cfg.temporal_ui_port is not None else None
             argv = temporal_dev_server_argv(cfg.temporal_port, cfg.temporal_ui_port, db_file,
-                                            codec_endpoint=codec_endpoint)
+                                            codec_endpoint=codec_endpoint,
+                                            namespaces=self.tenant_namespaces())
             self._start("temporal", argv, tcp_open("127.0.0.1", cfg.temporal_port), env=os.environ)
             self.temporal_address = f"127.0.0.1:{cfg.temporal_port}"
         self.env = self._app_env()
+        if cfg.temporal_address and self.tenant_namespaces():
+            self.register_namespaces()
         require_free("sandbox", "127.0.0.1", cfg.sandbox_port, "INBOXCRM_SANDBOX_PORT")
         self._start("sandbox", python("inboxcrm.sandbox") + ["--port", str(cfg.sandbox_port)],
                     http_ok(f"{self.sandbox_url}/healthz"))
+
+    def tenant_namespaces(self) -> list[str]:
+        """The tenants' own namespaces (INBOXCRM_TENANT_NAMESPACES of the stack's settings
+        over the policies it runs with); none by default: everyone in the shared one."""
+        from inboxcrm.domain.policy import load_policies
+        from inboxcrm.platform.temporal import parse_tenant_namespaces
+
+        value = self.config.extra_env.get("INBOXCRM_TENANT_NAMESPACES",
+                                          os.environ.get("INBOXCRM_TENANT_NAMESPACES", ""))
+        if not value.strip():
+            return []
+        policy_dir = (self.config.extra_env.get("INBOXCRM_POLICY_DIR")
+                      or os.environ.get("INBOXCRM_POLICY_DIR") or str(ROOT / "policies"))
+        shared = self.config.extra_env.get("INBOXCRM_TEMPORAL_NAMESPACE",
+                                           os.environ.get("INBOXCRM_TEMPORAL_NAMESPACE",
+                                                          "default"))
+        mapping = parse_tenant_namespaces(value, shared)
+        tenants = sorted(load_policies(Path(policy_dir)))
+        mapping.check(tenants)
+        return mapping.served(tenants)[1:]
+
+    def register_namespaces(self) -> list[str]:
+        """An external Temporal (a test's shared dev server): the tenants' namespaces
+        registered, as `deploy/bootstrap.py` does in a deployment (idempotent)."""
+        from inboxcrm.platform import temporal
+
+        settings = self.settings()
+
+        async def register() -> list[str]:
+            client = await temporal.connect(settings)
+            return await temporal.ensure_namespaces(client, self.tenant_namespaces())
+
+        return asyncio.run(register())
 
     def start_worker(self, index: int = 1) -> ManagedProcess:
         """Start (or restart, after a kill) the index-th worker process and wait until it

@@ -422,7 +422,10 @@ class ChaosRun:
         """This run's workflows that ended FAILED (none may: faults park, never fail)."""
         from inboxcrm.platform import temporal
 
-        client = await temporal.connect(self.stack.settings())
+        settings = self.stack.settings()
+        # The namespace of the tenant this run drives (docs/architecture.md §7).
+        client = await temporal.connect(settings, namespace=temporal.namespace_for_workflow(
+            settings, self.scope))
         query = (f"WorkflowType = '{WORKFLOW_TYPE}' AND ExecutionStatus = 'Failed' "
                  f"AND WorkflowId STARTS_WITH '{self.scope}'")
         return len([w async for w in client.list_workflows(query)])

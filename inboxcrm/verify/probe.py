@@ -16,6 +16,7 @@ import httpx
 from temporalio.client import Client
 
 from inboxcrm.platform import temporal
+from inboxcrm.platform.codec import tenant_of_workflow
 from inboxcrm.platform.config import Settings
 from inboxcrm.schemas.contract import QUERY_STATUS
 from inboxcrm.store import contacts, events, ledger
@@ -185,18 +186,26 @@ class StackClient:
         response.raise_for_status()
 
     # --- Temporal ------------------------------------------------------------------------
-    async def temporal(self) -> Client:
+    async def temporal(self, tenant: str | None = None) -> Client:
+        """The stack's Temporal, in `tenant`'s namespace (None: the shared one)."""
         if self._temporal is None:
             if self.settings is not None:  # the stack's own data converter (codec)
                 self._temporal = await temporal.connect(self.settings)
             else:
                 self._temporal = await Client.connect(self.endpoints.temporal_address)
-        return self._temporal
+        if tenant is None or self.settings is None:
+            return self._temporal
+        return temporal.in_namespace(self._temporal,
+                                     temporal.namespace_for(self.settings, tenant))
+
+    async def for_workflow(self, workflow_id: str) -> Client:
+        """The stack's Temporal in the namespace of the workflow's tenant."""
+        return await self.temporal(tenant_of_workflow(workflow_id))
 
     async def signal(self, workflow_id: str, action: str, body: Any) -> None:
-        client = await self.temporal()
+        client = await self.for_workflow(workflow_id)
         await client.get_workflow_handle(workflow_id).signal(action, body)
 
     async def query_status(self, workflow_id: str) -> dict[str, Any]:
-        client = await self.temporal()
+        client = await self.for_workflow(workflow_id)
         return dict(await client.get_workflow_handle(workflow_id).query(QUERY_STATUS))

@@ -363,7 +363,7 @@ class Rehearsal:
             await items.set_pause(conn, TENANT, "send", paused, ACTOR)
         if paused:
             return 0
-        return await wake_parked(await self.client.temporal(), TENANT, "send")
+        return await wake_parked(await self.client.temporal(TENANT), TENANT, "send")
 
     async def pause_procedure(self) -> Outcome:
         """The runbook's pause: sends paused, an item parks (never fails, sends nothing),

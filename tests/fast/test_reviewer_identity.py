@@ -292,3 +292,48 @@ def test_the_desk_refuses_cross_site_posts_and_foreign_csrf_tokens(issuer: Local
     other = Visitor(operator(), "session:2.op.def")
     assert desk.csrf_ok(dana, desk.csrf_token(dana))
     assert not desk.csrf_ok(dana, desk.csrf_token(other)) and not desk.csrf_ok(dana, "")
+
+
+async def test_a_tenants_own_namespace_is_fenced_for_every_token(
+        issuer: LocalIssuer, tmp_path: Path) -> None:
+    """One namespace per tenant (INBOXCRM_TENANT_NAMESPACES): in globex's namespace an acme
+    token is refused outright, globex's own opens its payloads, and even the static token
+    opens only globex's (a payload of another tenant has no business there). The shared
+    namespace keeps its per-payload rule."""
+    keys_file = tmp_path / "codec-keys.json"
+    ensure_key_file(keys_file)
+    env = {"INBOXCRM_RELAY_HOST": "0.0.0.0", "INBOXCRM_CODEC_KEYS_FILE": str(keys_file),
+           "INBOXCRM_CODEC_TOKEN": STATIC_TOKEN, "INBOXCRM_OIDC_ISSUER": issuer.url,
+           "INBOXCRM_OIDC_AUDIENCE": AUDIENCE,
+           "INBOXCRM_TENANT_NAMESPACES": "globex=inboxcrm-globex"}
+    with mock.patch.dict("os.environ", env):
+        settings = Settings()
+    app = FastAPI()
+    app.include_router(codec_router(settings))
+    keys = EncryptionCodec(load_keyring(settings) or Keyring("x", {}))
+    acme = await keys.for_tenant("acme").encode([Payload(data=b'{"acme": 1}')])
+    globex = await keys.for_tenant("globex").encode([Payload(data=b'{"globex": 1}')])
+    body = json_format.MessageToJson(Payloads(payloads=[*acme, *globex]))
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://relay.test") as codec:
+        async def decode(token: str, namespace: str) -> httpx.Response:
+            return await codec.post("/codec/decode", content=body, headers={
+                "Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                "X-Namespace": namespace})
+
+        refused = await decode(issuer.token(tenants=["acme"]), "inboxcrm-globex")
+        own = await decode(issuer.token(tenants=["globex"]), "inboxcrm-globex")
+        static = await decode(STATIC_TOKEN, "inboxcrm-globex")
+        shared = await decode(STATIC_TOKEN, "default")
+        stray = await decode(STATIC_TOKEN, "inboxcrm-acme")  # no tenant's namespace
+
+    assert refused.status_code == 403 and b"acme" not in refused.content
+    assert stray.status_code == 403
+    for answer in (own, static):
+        assert answer.status_code == 200, answer.text
+        theirs, mine = json_format.Parse(answer.text, Payloads()).payloads
+        assert mine.data == b'{"globex": 1}'
+        assert theirs == acme[0]
+    both = [p.data for p in json_format.Parse(shared.text, Payloads()).payloads]
+    assert both == [b'{"acme": 1}', b'{"globex": 1}']
