@@ -471,6 +471,7 @@ async def test_a_merge_into_another_contacts_record_goes_to_review_not_followed(
     the card; the note on the merged record is blocked with the same reason."""
     from inboxcrm.activities.crm import MERGED_INTO_OTHER_REASON
     from inboxcrm.adapters.hubspot import HubSpotCrm
+    from inboxcrm.domain import review_card
     from inboxcrm.store import review
 
     id_field = "inboxcrm_contact_id" if provider == "hubspot" else SF_FIELD
@@ -509,7 +510,12 @@ async def test_a_merge_into_another_contacts_record_goes_to_review_not_followed(
     assert await _audit(store, "crm_record_merged", a.contact_id) == []
     async with store.acquire() as conn:
         crm_name, candidates = await review.crm_candidates(conn, workflow_id=later.workflow_id)
+        facts = await review_card.card_facts(conn, later.workflow_id)
     assert candidates == [ours_b] and crm_name == provider
+    assert facts is not None
+    [shown] = facts.card.candidates
+    assert shown.contact == f"{provider}:{ours_b}", shown
+    assert "another contact's ID of ours" in shown.why and ours_a in shown.why
     [card] = [d for d in await _audit(store, "crm_match_needs_review", a.contact_id)]
     assert card["reason"] == MERGED_INTO_OTHER_REASON
     assert (card["old"], card["other_contact_id"]) == (ours_a, b.contact_id)
