@@ -230,3 +230,52 @@ async def test_an_inboxcrm_opt_out_is_written_to_marketing_status_once(
     assert held["properties"]["marketing_status"] == "unsubscribed"
     calls = (await control.get("/_sandbox/calls", params={"target": "crm.consent"})).json()
     assert [c["status_code"] for c in calls["calls"]] == [500, 200]
+
+
+async def test_a_merge_into_a_person_carrying_another_contacts_id_is_not_followed(
+        company: SandboxProcess, control: httpx.AsyncClient, store: asyncpg.Pool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Contact A's person merged into contact B's (both ours): Pipedrive keeps B's ID on the
+    survivor and answers A's old ID 404 naming no survivor, so the adapter cannot tell the
+    merge from a deletion. A is never re-pointed at B's person, nor is B's ID overwritten;
+    what happens today is the documented gap: A's next upsert creates a person for it
+    again (docs/architecture.md §5, "Changes of address and merges")."""
+    from inboxcrm.schemas.models import ItemRef, OperationInput
+
+    a, b = await planned_item(store), await planned_item(store)
+    crm = _client(company, monkeypatch)
+    activities = CrmActivities(store, crm, 300)
+    try:
+        made = [await step_env().run(activities.upsert_contact_in_crm, i.op("crm-upsert"))
+                for i in (a, b)]
+        person_a, person_b = (str(m.destination_id) for m in made)
+        merged = await control.put(f"/v1/persons/{person_a}/merge",
+                                   headers={"x-api-token": API_KEY},
+                                   json={"merge_with_id": int(person_b)})
+        assert merged.status_code == 200, merged.text
+        before = len((await control.get("/_sandbox/state")).json()["contacts"])
+        delivery = uuid.uuid4().hex
+        workflow_id = f"inbound/acme/test/sales@acme.test/{delivery}"
+        event_id = await store.fetchval(
+            "INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, "
+            "content_sha256, size_bytes, state, contact_id) VALUES ('acme', 'test', "
+            "'sales@acme.test', $1, $2, 'x', 1, 'crm_pending', $3::uuid) RETURNING event_id",
+            delivery, workflow_id, a.contact_id)
+        await store.execute(
+            "INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, "
+            "external_ref) VALUES ($1, $2, $3, 'crm-upsert', 6, $4)",
+            f"{workflow_id}:crm-upsert", workflow_id, event_id, a.contact_id)
+        later = ItemRef(event_id=str(event_id), workflow_id=workflow_id, tenant="acme")
+        again = await step_env().run(activities.upsert_contact_in_crm,
+                                     OperationInput(later, f"{workflow_id}:crm-upsert"))
+    finally:
+        await crm.aclose()
+    persons = (await control.get("/_sandbox/state")).json()["contacts"]
+    [survivor] = [p for p in persons if p["id"] == person_b]
+    assert survivor["properties"][CUSTOM_FIELD_KEY] == b.contact_id   # B's ID kept
+    assert again.status == "completed" and again.destination_id not in (person_a, person_b)
+    assert len(persons) == before + 1                                 # the gap: re-created
+    [recreated] = [p for p in persons if p["id"] == again.destination_id]
+    assert recreated["properties"][CUSTOM_FIELD_KEY] == a.contact_id
+    assert await store.fetchval("SELECT crm_record_id FROM contacts WHERE contact_id = "
+                                "$1::uuid", b.contact_id) == person_b
