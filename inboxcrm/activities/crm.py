@@ -305,7 +305,10 @@ class CrmActivities:
         or None when the record was not merged (or the CRM cannot tell)."""
         if not isinstance(crm, CrmMerges):
             return None
-        survivor = await crm.survivor_of(record_id, contact_id)
+        notes: tuple[str, ...] = ()
+        if getattr(crm, "follows_notes", False):  # Pipedrive: where our notes moved
+            notes = await contacts.logged_note_ids(self._pool, contact_id=contact_id)
+        survivor = await crm.survivor_of(record_id, contact_id, notes)
         if survivor is None:
             return None
         if survivor.external_id and survivor.external_id != contact_id:
