@@ -445,3 +445,77 @@ async def test_contact_link_leaves_an_item_whose_upsert_may_have_written(
                                  f"{item.workflow_id}:crm-upsert") == other
     assert await env.db.fetchval("SELECT contact_id::text FROM inbound_events WHERE "
                                  "event_id = $1::uuid", item.event_id) == other
+
+
+# --- a survivor already carrying another contact's ID of ours -----------------------------
+
+
+async def _merge_ours_into_another(control: httpx.AsyncClient, provider: str, loser: str,
+                                   survivor: str) -> None:
+    """A salesperson merges two records that were both ours (each carries our ID)."""
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    if provider == "hubspot":
+        merged = await control.post("/crm/v3/objects/contacts/merge", headers=auth, json={
+            "primaryObjectId": survivor, "objectIdToMerge": loser})
+    else:
+        merged = await control.post("/_sandbox/salesforce/merge", json={
+            "masterRecordId": survivor, "recordToMergeIds": [loser]})
+    assert merged.status_code == 200, merged.text
+
+
+@pytest.mark.parametrize("provider", ["hubspot", "salesforce"])
+async def test_a_merge_into_another_contacts_record_goes_to_review_not_followed(
+        org: SandboxProcess, store: asyncpg.Pool, provider: str) -> None:
+    """Contact A's record merged into contact B's (both ours): A is not re-pointed at B's
+    record nor re-created; the upsert goes to review naming the conflict, the survivor on
+    the card; the note on the merged record is blocked with the same reason."""
+    from inboxcrm.activities.crm import MERGED_INTO_OTHER_REASON
+    from inboxcrm.adapters.hubspot import HubSpotCrm
+    from inboxcrm.domain import review_card
+    from inboxcrm.store import review
+
+    id_field = "inboxcrm_contact_id" if provider == "hubspot" else SF_FIELD
+    async with httpx.AsyncClient(base_url=org.url, timeout=10) as control:
+        (await control.post("/_sandbox/reset")).raise_for_status()
+        a, b = await planned_item(store), await planned_item(store)
+        crm = (HubSpotCrm(org.url, API_KEY, id_field, 10) if provider == "hubspot"
+               else SalesforceCrm(org.url, API_KEY))
+        activities = CrmActivities(store, crm, 300)
+        try:
+            made = [await step_env().run(activities.upsert_contact_in_crm, i.op("crm-upsert"))
+                    for i in (a, b)]
+            assert [m.status for m in made] == ["completed", "completed"]
+            ours_a, ours_b = (str(m.destination_id) for m in made)
+            await _merge_ours_into_another(control, provider, ours_a, ours_b)
+            before = (await control.get("/_sandbox/state")).json()["contacts"]
+
+            later = await _next_item(store, a.contact_id)
+            upsert = await step_env().run(
+                activities.upsert_contact_in_crm,
+                OperationInput(later, f"{later.workflow_id}:crm-upsert"))
+            assert (upsert.status, upsert.reason) == ("review", MERGED_INTO_OTHER_REASON)
+            if provider == "salesforce":  # the note's Task is refused on the deleted Contact
+                with pytest.raises(Exception, match=MERGED_INTO_OTHER_REASON):
+                    await step_env().run(activities.log_email_on_contact, OperationInput(
+                        later, f"{later.workflow_id}:crm-note"))
+        finally:
+            await crm.aclose()
+        after = (await control.get("/_sandbox/state")).json()["contacts"]
+    assert len(after) == len(before)                      # nothing created
+    [kept] = [c for c in after if c["id"] == ours_b]
+    assert kept["properties"][id_field] == b.contact_id   # B's record still B's
+    assert not [c for c in after if c["properties"].get(id_field) == a.contact_id]
+    assert await store.fetchval("SELECT crm_record_id FROM contacts WHERE contact_id = "
+                                "$1::uuid", a.contact_id) == ours_a   # not re-pointed
+    assert await _audit(store, "crm_record_merged", a.contact_id) == []
+    async with store.acquire() as conn:
+        crm_name, candidates = await review.crm_candidates(conn, workflow_id=later.workflow_id)
+        facts = await review_card.card_facts(conn, later.workflow_id)
+    assert candidates == [ours_b] and crm_name == provider
+    assert facts is not None
+    [shown] = facts.card.candidates
+    assert shown.contact == f"{provider}:{ours_b}", shown
+    assert "another contact's ID of ours" in shown.why and ours_a in shown.why
+    [card] = [d for d in await _audit(store, "crm_match_needs_review", a.contact_id)]
+    assert card["reason"] == MERGED_INTO_OTHER_REASON
+    assert (card["old"], card["other_contact_id"]) == (ours_a, b.contact_id)

@@ -4,7 +4,9 @@ surface, with the client a tenant policy naming `pipedrive` gets (its block thro
 registry, the API token by reference). A person a salesperson created is adopted, not
 duplicated (our ID written, the owner untouched); two persons with the email go to review
 with both as candidates; a create that times out after Pipedrive committed it is reconciled
-by our ID (the search, and the newest persons while the index lags), never created twice.
+by our ID (the search, and the newest persons while the index lags), never created twice;
+a person merged into one carrying another contact's ID of ours is found by the note we
+logged on it and goes to review, neither followed nor re-created.
 Counted on the sandbox's side (`/_sandbox/state`, and the create calls in `/_sandbox/calls`)."""
 
 from __future__ import annotations
@@ -230,3 +232,74 @@ async def test_an_inboxcrm_opt_out_is_written_to_marketing_status_once(
     assert held["properties"]["marketing_status"] == "unsubscribed"
     calls = (await control.get("/_sandbox/calls", params={"target": "crm.consent"})).json()
     assert [c["status_code"] for c in calls["calls"]] == [500, 200]
+
+
+
+async def _later_item(store: asyncpg.Pool, contact_id: str, *actions: str) -> Any:
+    """An item of the contact as match_and_plan leaves it: its event, its CRM operations."""
+    from inboxcrm.schemas.models import ItemRef
+
+    delivery = uuid.uuid4().hex
+    workflow_id = f"inbound/acme/test/sales@acme.test/{delivery}"
+    event_id = await store.fetchval(
+        "INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, "
+        "content_sha256, size_bytes, state, contact_id) VALUES ('acme', 'test', "
+        "'sales@acme.test', $1, $2, 'x', 1, 'crm_pending', $3::uuid) RETURNING event_id",
+        delivery, workflow_id, contact_id)
+    for action in actions:
+        await store.execute(
+            "INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, "
+            "external_ref) VALUES ($1, $2, $3, $4, 6, $5)", f"{workflow_id}:{action}",
+            workflow_id, event_id, action,
+            contact_id if action == "crm-upsert" else str(event_id))
+    return ItemRef(event_id=str(event_id), workflow_id=workflow_id, tenant="acme")
+
+
+async def test_a_merge_into_a_person_carrying_another_contacts_id_goes_to_review(
+        company: SandboxProcess, control: httpx.AsyncClient, store: asyncpg.Pool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Contact A's person merged into contact B's (both ours): Pipedrive keeps B's ID on the
+    survivor and answers A's old ID 404 naming no survivor, but it moved A's notes (ours
+    among them) to the survivor. The note we logged names it: A is neither re-pointed at
+    B's person nor re-created; the upsert goes to review (`crm_merged_into_other_contact`,
+    the survivor the candidate), nothing written."""
+    from inboxcrm.activities.crm import MERGED_INTO_OTHER_REASON
+    from inboxcrm.schemas.models import OperationInput
+    from inboxcrm.store import review
+
+    a, b = await planned_item(store), await planned_item(store)
+    crm = _client(company, monkeypatch)
+    activities = CrmActivities(store, crm, 300)
+    try:
+        made = [await step_env().run(activities.upsert_contact_in_crm, i.op("crm-upsert"))
+                for i in (a, b)]
+        person_a, person_b = (str(m.destination_id) for m in made)
+        first = await _later_item(store, a.contact_id, "crm-note")
+        note = await step_env().run(activities.log_email_on_contact,
+                                    OperationInput(first, f"{first.workflow_id}:crm-note"))
+        assert note.status == "completed", note
+        merged = await control.put(f"/v1/persons/{person_a}/merge",
+                                   headers={"x-api-token": API_KEY},
+                                   json={"merge_with_id": int(person_b)})
+        assert merged.status_code == 200, merged.text
+        assert (await control.get(f"/v1/persons/{person_a}",
+                                  headers={"x-api-token": API_KEY})).status_code == 404
+        before = (await control.get("/_sandbox/state")).json()["contacts"]
+        later = await _later_item(store, a.contact_id, "crm-upsert")
+        again = await step_env().run(activities.upsert_contact_in_crm,
+                                     OperationInput(later, f"{later.workflow_id}:crm-upsert"))
+    finally:
+        await crm.aclose()
+    assert (again.status, again.reason) == ("review", MERGED_INTO_OTHER_REASON)
+    persons = (await control.get("/_sandbox/state")).json()["contacts"]
+    assert len(persons) == len(before)                                # nothing created
+    [survivor] = [p for p in persons if p["id"] == person_b]
+    assert survivor["properties"][CUSTOM_FIELD_KEY] == b.contact_id   # B's ID kept
+    assert not [p for p in persons if p["properties"].get(CUSTOM_FIELD_KEY) == a.contact_id]
+    assert await store.fetchval("SELECT crm_record_id FROM contacts WHERE contact_id = "
+                                "$1::uuid", a.contact_id) == person_a  # not re-pointed
+    async with store.acquire() as conn:
+        crm_name, candidates = await review.crm_candidates(conn, workflow_id=later.workflow_id)
+    assert (crm_name, candidates) == ("pipedrive", [person_b])
+    [card] = await _audit(store, later.workflow_id, "crm_match_needs_review")
+    assert (card["old"], card["other_contact_id"]) == (person_a, b.contact_id)

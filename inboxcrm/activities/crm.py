@@ -24,7 +24,15 @@ before, with no read more.
 Merges (docs/architecture.md §5, "Changes of address and merges"): a contact whose stored
 record was merged in the CRM is followed to the survivor before the upsert (`CrmMerges`),
 and on a note, email or association refused for good on the stored record; audited
-(`crm_record_merged`) and counted (`inboxcrm_crm_merges_followed_total{provider}`).
+(`crm_record_merged`) and counted (`inboxcrm_crm_merges_followed_total{provider}`). A
+survivor that already carries another contact's external ID of ours (both records were
+ours: a salesperson merged two of our contacts) is never followed silently: the contact
+would point at a record holding another's ID. The upsert goes to review
+(`crm_merged_into_other_contact`, the survivor on the card, the other contact named in the
+audit) with nothing written or stored; a note, email or association refused on the merged
+record is blocked with the same reason. A person decides: the records split again in the
+CRM, then retry; or reject (`inboxcrm contact link` still refuses two contacts that both
+have records of their own, so it cannot join them yet).
 """
 
 from __future__ import annotations
@@ -66,6 +74,18 @@ from inboxcrm.schemas.models import Action, ItemState, OperationInput, Operation
 from inboxcrm.store import audit, contacts, intents, ledger
 
 CANDIDATES_REASON = "crm_candidates"
+MERGED_INTO_OTHER_REASON = "crm_merged_into_other_contact"
+
+
+class MergedIntoOther(Exception):  # noqa: N818 - an outcome, not an error
+    """The contact's stored record was merged into one carrying another contact's external
+    ID of ours: following it would re-point this contact at another's record."""
+
+    def __init__(self, record_id: str, survivor_id: str, other_contact_id: str) -> None:
+        super().__init__("the CRM merged the record into one carrying another contact's ID")
+        self.record_id = record_id
+        self.survivor_id = survivor_id
+        self.other_contact_id = other_contact_id
 
 # A Date header further ahead of the receipt than clock skew explains is not believed.
 MAX_DATE_AHEAD = timedelta(hours=1)
@@ -245,7 +265,13 @@ class CrmActivities:
         fields = ContactFields(email=row["email"], name=row["name"], company=row["company"],
                                fill=allowed)
         if row["crm_record_id"]:
-            followed = await self._follow(attempt, crm, contact_id, row["crm_record_id"])
+            try:
+                followed = await self._follow(attempt, crm, contact_id, row["crm_record_id"])
+            except MergedIntoOther as merged:
+                return await self._to_review(
+                    attempt, crm.name, (merged.survivor_id,), reason=MERGED_INTO_OTHER_REASON,
+                    detail={"old": merged.record_id,
+                            "other_contact_id": merged.other_contact_id})
             if followed is not None:
                 # The survivor is the record now, as a salesperson left it: like an adopted
                 # record it gets our external ID only (where it carries none), never our
@@ -279,9 +305,16 @@ class CrmActivities:
         or None when the record was not merged (or the CRM cannot tell)."""
         if not isinstance(crm, CrmMerges):
             return None
-        survivor = await crm.survivor_of(record_id, contact_id)
+        notes: tuple[str, ...] = ()
+        if getattr(crm, "follows_notes", False):  # Pipedrive: where our notes moved
+            notes = await contacts.logged_note_ids(self._pool, contact_id=contact_id)
+        survivor = await crm.survivor_of(record_id, contact_id, notes)
         if survivor is None:
             return None
+        if survivor.external_id and survivor.external_id != contact_id:
+            count("inboxcrm_crm_merge_conflicts", "CRM merges into a record carrying another "
+                  "contact's ID of ours, sent to a person", provider=crm.name)
+            raise MergedIntoOther(record_id, survivor.record_id, survivor.external_id)
         claimed = await crm.claim_survivor(survivor, contact_id)
         count("inboxcrm_crm_merges_followed", "Merged CRM records followed to the survivor",
               provider=crm.name)
@@ -309,7 +342,11 @@ class CrmActivities:
             if exc.classified.category is not Category.PERMANENT:
                 raise
             crm = self._crm(attempt.op.item.tenant)
-            followed = await self._follow(attempt, crm, str(row["contact_id"]), record_id)
+            try:
+                followed = await self._follow(attempt, crm, str(row["contact_id"]), record_id)
+            except MergedIntoOther:
+                raise AdapterError(Classified(Category.PERMANENT,
+                                              MERGED_INTO_OTHER_REASON)) from None
             if followed is None:
                 raise
         return await call(followed[0])
@@ -327,10 +364,12 @@ class CrmActivities:
                         "crm_record_id": record.record_id, "external_id_written": record.marked,
                         "attempt": attempt.claim.attempts})
 
-    async def _to_review(self, attempt: Attempt, provider: str,
-                         record_ids: tuple[str, ...]) -> OperationResult:
-        """Several existing records match: nothing was written, so the attempt is given back
-        as refused (no key window) and a person picks; the workflow waits in review and
+    async def _to_review(self, attempt: Attempt, provider: str, record_ids: tuple[str, ...],
+                         reason: str = CANDIDATES_REASON,
+                         detail: dict[str, str] | None = None) -> OperationResult:
+        """Several existing records match (or the stored record was merged into another
+        contact's, `MERGED_INTO_OTHER_REASON`): nothing was written, so the attempt is given
+        back as refused (no key window) and a person picks; the workflow waits in review and
         tries again after the decision (e.g. once the records were merged in the CRM)."""
         op, claim, item = attempt.op, attempt.claim, attempt.op.item
         count("inboxcrm_crm_match_reviews", "CRM upserts sent to review: several matches",
@@ -338,15 +377,16 @@ class CrmActivities:
         async with self._pool.acquire() as conn, conn.transaction():
             owned = await ledger.record_failure(
                 conn, op.op_key, claim.attempts, "waiting", Category.PERMANENT.value,
-                CANDIDATES_REASON, refused=True, window_before=claim.key_window_from)
+                reason, refused=True, window_before=claim.key_window_from)
             if owned:
                 await audit.append(
                     conn, tenant=item.tenant, event_id=item.event_id,
                     workflow_id=item.workflow_id, contact_id=_contact_id(attempt), actor="crm",
                     action="crm_match_needs_review",
-                    detail={"op_key": op.op_key, "crm": provider, "reason": CANDIDATES_REASON,
-                            "candidates": list(record_ids), "attempt": claim.attempts})
-        return OperationResult(status="review", reason=CANDIDATES_REASON)
+                    detail={"op_key": op.op_key, "crm": provider, "reason": reason,
+                            "candidates": list(record_ids), "attempt": claim.attempts,
+                            **(detail or {})})
+        return OperationResult(status="review", reason=reason)
 
     def _record(self, attempt: Attempt, record_id: str, reconciled: bool) -> Recorded:
         """The record ID goes onto the contact (`AlsoRecord.CRM_RECORD_ON_CONTACT`) with this

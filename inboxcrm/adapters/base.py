@@ -202,13 +202,15 @@ class CrmMerges(Protocol):
     Pipedrive: the old ID is gone and our external ID moved to the survivor).
     A contact whose stored record was merged is followed to the survivor, never re-created."""
 
-    async def survivor_of(self, record_id: str,
-                          external_id: str | None = None) -> Survivor | None:
+    async def survivor_of(self, record_id: str, external_id: str | None = None,
+                          notes: tuple[str, ...] = ()) -> Survivor | None:
         """The survivor `record_id` was merged into; None when it was not merged (it still
         answers as itself, or it is gone without a survivor). A record read, no search, where
         the CRM's read of the old ID names the survivor (HubSpot, Salesforce); Pipedrive's
         does not, and its survivor is the person our `external_id` moved to (a lookup by it,
-        only once the old ID no longer answers)."""
+        only once the old ID no longer answers), else the person our logged `notes` (their
+        CRM IDs, newest first) moved to: a survivor that kept another contact's ID of ours.
+        HubSpot and Salesforce ignore `notes`."""
         ...
 
     async def claim_survivor(self, survivor: Survivor, external_id: str) -> bool:

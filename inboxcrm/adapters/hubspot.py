@@ -345,8 +345,8 @@ class HubSpotCrm:
             return None
         return _view(response, self._id_property)
 
-    async def survivor_of(self, record_id: str,
-                          external_id: str | None = None) -> Survivor | None:
+    async def survivor_of(self, record_id: str, external_id: str | None = None,
+                          notes: tuple[str, ...] = ()) -> Survivor | None:
         """GET by the stored ID: a merged contact's old ID answers the surviving record (its
         `id` differs; `hs_merged_object_ids` lists the IDs merged into it)."""
         response = await send_request(

@@ -46,8 +46,10 @@ Merges (`CrmMerges`): a person merged away in Pipedrive (`PUT /v1/persons/{id}/m
 moves the merged person's into the survivor's empty fields, our ID field among them. So a
 stored person that no longer answers (`GET /v1/persons/{id}`: 404, or inactive) is followed
 to the person carrying our ID (`find_contact`); one merged into a person carrying another
-ID of ours is not followed (ours did not move), and the next upsert matches by email as
-for a new contact. Pipedrive's docs do not say what a read of a merged-away ID answers; the
+ID of ours (ours did not move) is found where the notes we logged on it went
+(`GET /v1/notes/{id}`: the merge moved them to the survivor) and named with that other ID,
+which the CRM step sends to review; gone with no trace, the next upsert matches by email
+as for a new contact. Pipedrive's docs do not say what a read of a merged-away ID answers; the
 adapter needs only that it does not answer as an active person.
 
 Consent (`CrmConsent`): the person's `marketing_status` (`subscribed`, `unsubscribed`,
@@ -363,22 +365,44 @@ class PipedriveCrm:
         """The note's `person_id` is set by the create itself: nothing to do."""
 
     # --- merges ----------------------------------------------------------------------------
-    async def survivor_of(self, record_id: str,
-                          external_id: str | None = None) -> Survivor | None:
+    follows_notes = True  # survivor_of uses the notes we logged (the activity passes them)
+
+    async def survivor_of(self, record_id: str, external_id: str | None = None,
+                          notes: tuple[str, ...] = ()) -> Survivor | None:
         """A person merged away (`PUT /v1/persons/{id}/merge`) is removed, and its read names
         no survivor; the survivor (`merge_with_id`) keeps its own values and takes the merged
         person's where its own are empty, our ID field among them. So: the stored person
         read by ID (one record read; the common case, it answers active, ends here); gone,
         the person now carrying our ID is the survivor. None: still there, or gone with our
-        ID on no other person (deleted, or merged into one carrying another ID of ours)."""
+        ID on no other person. Then the notes we logged on it (`notes`, newest first): a merge
+        moves them to the survivor (`GET /v1/notes/{id}`, a record read, its `person_id`), so
+        a survivor that kept another contact's ID of ours is named with that ID; none found
+        (the notes gone too): deleted, no survivor."""
         if not record_id.isdigit() or await self._person(record_id) is not None:
             return None
         if external_id is None:
             return None
         found = await self.find_contact(external_id)
-        if found is None or found.record_id == record_id:
-            return None
-        return Survivor(record_id=found.record_id, external_id=external_id)
+        if found is not None and found.record_id != record_id:
+            return Survivor(record_id=found.record_id, external_id=external_id)
+        key = await self.field_key()
+        for note_id in notes:
+            if not note_id.isdigit():
+                continue
+            response = await self._call("GET", f"/v1/notes/{int(note_id)}",
+                                        passthrough=(404,))
+            note = _data(response) if response.status_code != 404 else None
+            person_id = note.get("person_id") if isinstance(note, dict) else None
+            if isinstance(person_id, dict):  # Pipedrive may expand it: {"value": id, …}
+                person_id = person_id.get("value")
+            if not isinstance(person_id, int) or str(person_id) == record_id:
+                continue
+            person = await self._person(person_id)
+            if person is not None:
+                held = person.get(key)
+                return Survivor(record_id=str(person["id"]),
+                                external_id=str(held) if held else None)
+        return None
 
     async def claim_survivor(self, survivor: Survivor, external_id: str) -> bool:
         if survivor.external_id:

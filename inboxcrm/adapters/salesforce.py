@@ -505,8 +505,8 @@ class SalesforceCrm:
         owner = body.get(self._field)
         return CrmRecordView(record_id=found, external_id=str(owner) if owner else None)
 
-    async def survivor_of(self, record_id: str,
-                          external_id: str | None = None) -> Survivor | None:
+    async def survivor_of(self, record_id: str, external_id: str | None = None,
+                          notes: tuple[str, ...] = ()) -> Survivor | None:
         """A merged Contact or Lead is deleted and names its survivor in `MasterRecordId`,
         which only `queryAll` shows (`SELECT Id, IsDeleted, MasterRecordId FROM Contact|Lead
         WHERE Id = '…'`, a record read); a Lead a salesperson converted stands for its

@@ -247,9 +247,14 @@ async def card_facts(conn: Conn, workflow_id: str) -> CardFacts | None:
     _fields(card, extraction)
     await _dry_run(conn, card, row, extraction)
     crm, existing = await review.crm_candidates(conn, workflow_id=workflow_id)
+    cause, old = await review.crm_candidates_cause(conn, workflow_id=workflow_id)
     for record_id in existing:
         card.candidates.append(Candidate(
             f"{crm}:{record_id}", row["canonical_email"] or "", None, None,
+            f"the {crm} record {old} this contact had was merged into this one, which carries "
+            "another contact's ID of ours: not followed, nothing written; split the records "
+            "in the CRM, then retry (approve), or reject"
+            if cause == "crm_merged_into_other_contact" else
             f"an existing {crm} record with this email (created outside inboxcrm): several "
             "match, so none is adopted and none created; merge them in the CRM, then retry "
             "(approve), or reject"))

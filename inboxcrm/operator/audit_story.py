@@ -166,6 +166,11 @@ SENTENCES: dict[str, Callable[[Detail], str]] = {
            if d.get("items_moved") or d.get("items_kept") else "")
         + (f": {d.get('note')}" if d.get("note") else "")),
     "crm_match_needs_review": lambda d: (
+        f"CRM ({d.get('crm')}) merged record {d.get('old')} into "
+        f"{', '.join(str(c) for c in d.get('candidates') or [])}, which carries another "
+        f"contact's ID of ours ({_short(d.get('other_contact_id'))}): not followed, nothing "
+        "written; a person decides (split the records in the CRM and retry, or reject)"
+        if d.get("reason") == "crm_merged_into_other_contact" else
         f"CRM ({d.get('crm')}) holds several records with this email "
         f"({', '.join(str(c) for c in d.get('candidates') or [])}): none adopted, none "
         "created; a person decides"),

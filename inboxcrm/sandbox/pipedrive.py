@@ -26,7 +26,8 @@ github.com/pipedrive/client-nodejs docs/PersonsApi.md, NotesApi.md, ItemSearchAp
 - `PUT /v1/persons/{id}/merge` (`merge_with_id`) — `{id}` merged into `merge_with_id`: 200
   and the survivor with `merge_what_id`; the merged person is gone (404).
 - `POST /v1/notes` (`content` HTML, `person_id`, `add_time` "YYYY-MM-DD HH:MM:SS") — 201 and
-  the note; `GET /v1/notes?person_id=&sort=id DESC` — (the person's) notes, a record read.
+  the note; `GET /v1/notes?person_id=&sort=id DESC` — (the person's) notes, a record read;
+  `GET /v1/notes/{id}` — one note, its `person_id` the person it is on now.
 
 Persons live in `sandbox.contacts` (a second person with an email another holds is an
 `email_dup` row, as Salesforce's duplicates), with `email`, `firstname`, `lastname`, `name`,
@@ -473,6 +474,22 @@ async def list_notes(request: Request, sandbox: SandboxDep, person_id: int | Non
         return Outcome(_ok([_note_json(r) for r in rows[:limit]] or None, additional_data={
             "pagination": {"start": start, "limit": limit,
                            "more_items_in_collection": more}}))
+
+    return await run(request, sandbox, "crm.search", operation)
+
+
+@router.get("/notes/{note_id}")
+async def get_note(request: Request, note_id: str, sandbox: SandboxDep) -> Response:
+    """One note by ID (a record read): its `person_id` is the person it is on now (a merge
+    moves the merged person's notes to the survivor)."""
+
+    async def operation() -> Outcome:
+        row = await sandbox.pool.fetchrow(
+            f"SELECT {_NOTE_COLUMNS} FROM sandbox.notes WHERE id_property = $1 AND id = $2",
+            NOTE_ID_PROPERTY, int(note_id)) if note_id.isdigit() else None
+        if row is None:
+            return Outcome(pd_error(404, "Note not found"), "not_found")
+        return Outcome(_ok(_note_json(row)))
 
     return await run(request, sandbox, "crm.search", operation)
 

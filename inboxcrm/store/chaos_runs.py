@@ -1,6 +1,7 @@
 """What the chaos driver (inboxcrm/verify/chaos.py) reads of its own run: the run's items by
-state, those still in flight or waiting for a person, the operations they wait on, and
-whether a signalled item has moved. $1 is the run's workflow ID prefix where it appears."""
+state, those still in flight or waiting for a person, the operations they wait on,
+whether a signalled item has moved, and the contacts it holds for the senders it seeded as
+pre-existing CRM records. $1 is the run's workflow ID prefix where it appears."""
 
 from __future__ import annotations
 
@@ -55,6 +56,14 @@ FROM inbound_events e JOIN unnest($1::text[], $2::timestamptz[])
   AS m(workflow_id, mark) ON m.workflow_id = e.workflow_id
 """
 
+# The tenant's contacts for the given canonical emails (the seeded pre-existing senders).
+CONTACTS_FOR_EMAILS = """
+SELECT c.contact_id::text AS contact_id, lower(c.canonical_email) AS identity,
+       c.crm_record_id
+FROM contacts c
+WHERE c.tenant = $1 AND lower(c.canonical_email) = ANY($2::text[])
+"""
+
 
 async def states_of_run(conn: Conn | asyncpg.Pool, scope: str) -> list[asyncpg.Record]:
     return list(await conn.fetch(STATES_OF_RUN, scope))
@@ -81,3 +90,8 @@ async def operation_refs(conn: Conn | asyncpg.Pool, op_keys: list[str]) -> list[
 async def moved_since(conn: Conn | asyncpg.Pool, workflow_ids: list[str],
                       marks: list[datetime]) -> list[asyncpg.Record]:
     return list(await conn.fetch(MOVED_SINCE, workflow_ids, marks))
+
+
+async def contacts_for_emails(conn: Conn | asyncpg.Pool, *, tenant: str,
+                              emails: list[str]) -> list[asyncpg.Record]:
+    return list(await conn.fetch(CONTACTS_FOR_EMAILS, tenant, emails))

@@ -148,3 +148,19 @@ async def lock_contact(conn: Conn, *, tenant: str, contact_id: Any) -> asyncpg.R
     """One-click unsubscribe's contact, row-locked (LOCK_CONTACT)."""
     row: asyncpg.Record | None = await conn.fetchrow(LOCK_CONTACT, tenant, contact_id)
     return row
+
+
+# The CRM IDs of the notes logged for a contact's items, newest first (a Pipedrive merge
+# moves them to the survivor: `CrmMerges.survivor_of(notes=…)`).
+LOGGED_NOTE_IDS = """
+SELECT o.destination_id FROM operations o JOIN inbound_events e ON e.event_id = o.event_id
+WHERE e.contact_id = $1::uuid AND o.action = 'crm-note' AND o.status = 'completed'
+  AND o.destination_id IS NOT NULL
+ORDER BY o.last_transition DESC LIMIT $2
+"""
+
+
+async def logged_note_ids(conn: Conn | asyncpg.Pool, *, contact_id: str,
+                          limit: int = 3) -> tuple[str, ...]:
+    rows = await conn.fetch(LOGGED_NOTE_IDS, contact_id, limit)
+    return tuple(str(r["destination_id"]) for r in rows)

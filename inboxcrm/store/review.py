@@ -42,7 +42,8 @@ ORDER BY audit_id DESC LIMIT 1
 
 # The CRM records the item's last CRM upsert met (several with the contact's email).
 CRM_CANDIDATES = """
-SELECT detail -> 'candidates' AS candidates, detail ->> 'crm' AS crm FROM audit_log
+SELECT detail -> 'candidates' AS candidates, detail ->> 'crm' AS crm,
+       detail ->> 'reason' AS reason, detail ->> 'old' AS old FROM audit_log
 WHERE workflow_id = $1 AND action = 'crm_match_needs_review' ORDER BY audit_id DESC LIMIT 1
 """
 
@@ -103,6 +104,16 @@ async def crm_candidates(conn: Conn, *, workflow_id: str) -> tuple[str | None, l
     if row is None or not isinstance(row["candidates"], list):
         return None, []
     return row["crm"], [str(c) for c in row["candidates"]]
+
+
+async def crm_candidates_cause(conn: Conn, *, workflow_id: str) -> tuple[str | None, str | None]:
+    """(reason, old record ID) of the item's last CRM review: `crm_candidates` (several
+    records with the email) or `crm_merged_into_other_contact` (the stored record `old`
+    merged into one carrying another contact's ID of ours); (None, None) when none."""
+    row = await conn.fetchrow(CRM_CANDIDATES, workflow_id)
+    if row is None:
+        return None, None
+    return row["reason"], row["old"]
 
 
 async def event_intent(conn: Conn, event_id: Any) -> asyncpg.Record | None:

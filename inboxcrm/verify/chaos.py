@@ -1,6 +1,9 @@
 """The chaos driver (`inboxcrm chaos`, `make chaos`): real faults against a real stack, then
 an operator clears the review queue, then the invariant checker must find nothing.
 
+0. seeds a share of the senders (`existing_ratio`) as records that were in the CRM before
+   inboxcrm, as a salesperson creates them (`POST /_sandbox/seed`: an owner, a field they
+   set, no external ID of ours), so adoption runs under every fault below;
 1. posts N signed deliveries concurrently (bounded), with redeliveries of the same delivery
    ID (~20%), same-identity collisions (~10%, some in the same second, some with a
    conflicting name or another letter case), a few opt-outs and auto-replies;
@@ -17,7 +20,9 @@ an operator clears the review queue, then the invariant checker must find nothin
    review through the CLI like an operator (blocked → retry; ambiguous → resolve with the
    destination's ID if the record/email exists, else retry; awaiting_review/held → approve,
    hold or reject), round after round until the queue is empty or a bound is hit;
-4. runs the invariant checker in settled mode.
+4. runs the invariant checker in settled mode, plus the adoption check: each seeded sender
+   has exactly one record with its email, the seeded one, carrying our external ID (the
+   contact's, once its CRM step ran), its owner and the salesperson's field untouched.
 
 Every loop is bounded in count and time. No addresses or bodies are logged. Exit code
 (`ChaosResult.exit_code`): 0 pass, 1 an invariant violation, 2 the run did not reach its
@@ -65,6 +70,9 @@ FIRST_NAMES = ("Maria", "James", "Aiko", "Olu", "Priya", "Lars", "Chen", "Fatima
                "Nora", "Tomas", "Leila", "Ivan", "Grace", "Samir", "Hanna")
 LAST_NAMES = ("Lopez", "Smith", "Tanaka", "Adeyemi", "Sharma", "Berg", "Wang", "Haddad",
               "Rossi", "Novak", "Kim", "Fischer", "Costa", "Murphy", "Okafor", "Silva")
+# What a salesperson set on the records seeded before the run (checked untouched after it).
+SEED_OWNER = "7001"
+SEED_FIELD = ("lifecyclestage", "customer")
 OPT_OUT_BODY = "Please unsubscribe me from all emails.\n"
 AUTO_REPLY_HEADERS = "Auto-Submitted: auto-replied\r\n"
 
@@ -81,6 +89,7 @@ class ChaosConfig:
     collision_ratio: float = 0.10
     opt_out_ratio: float = 0.03
     auto_reply_ratio: float = 0.02
+    existing_ratio: float = 0.10      # new senders already in the CRM (seeded before the run)
     fault_ratio: float = 0.18         # share of destination calls to fault while injecting
     kills: int = 3
     workers: int = 2                  # worker processes, the kills spread over all of them
@@ -109,6 +118,9 @@ class ChaosStats:
     collisions: int = 0
     opt_outs: int = 0
     auto_replies: int = 0
+    seeded: int = 0                   # senders seeded as pre-existing CRM records
+    adopted: int = 0                  # of them: the one record carries our external ID
+    seeded_unreached: int = 0         # of them: no CRM step of ours ran (e.g. rejected)
     answers: Counter[str] = field(default_factory=Counter)
     post_retries: int = 0
     posts_given_up: int = 0
@@ -167,6 +179,8 @@ class ChaosResult:
             missing.append(f"{s.posts_given_up} deliveries never accepted")
         if s.review_left:
             missing.append(f"{s.review_left} items still in review")
+        if s.seeded and not s.adopted:
+            missing.append(f"none of the {s.seeded} pre-existing CRM records was adopted")
         if c.freeze_seconds and s.store_frozen_s < c.freeze_seconds:
             missing.append(f"store frozen {s.store_frozen_s:.0f}s < {c.freeze_seconds:.0f}s")
         return missing
@@ -185,6 +199,17 @@ class _Delivery:
     raw: str
     kind: str                        # new | collision | opt_out | auto_reply
     workflow_id: str | None = None
+    email: str = ""
+    name: str = ""
+
+
+@dataclass
+class _Seeded:
+    """A sender that was in the CRM before the run, as a salesperson created it."""
+
+    email: str
+    name: str
+    record_id: str = ""
 
 
 # --- the plan ----------------------------------------------------------------------------
@@ -220,7 +245,7 @@ def plan_deliveries(config: ChaosConfig, run_id: str
             people.append((email, name))
             raw = message_from(email, name=name, subject=f"Pricing question {n}")
             kind = "new"
-        deliveries.append(_Delivery(n, delivery_id, raw, kind))
+        deliveries.append(_Delivery(n, delivery_id, raw, kind, email=email, name=name))
     spacing = 1.0 / max(config.rate, 0.1)
     schedule = [(d.index * spacing, d) for d in deliveries]
     for d in deliveries:
@@ -230,6 +255,14 @@ def plan_deliveries(config: ChaosConfig, run_id: str
             schedule.append((d.index * spacing + delay, d))
     schedule.sort(key=lambda item: item[0])
     return deliveries, schedule
+
+
+def plan_existing(config: ChaosConfig, deliveries: list[_Delivery]) -> list[_Seeded]:
+    """The new senders (per seed, `existing_ratio` of them) already in the CRM before the run.
+    A random stream of its own, so the deliveries and their schedule stay as they were."""
+    rng = random.Random(config.seed * 104729 + 3)
+    return [_Seeded(d.email, d.name) for d in deliveries
+            if d.kind == "new" and rng.random() < config.existing_ratio]
 
 
 def _name(rng: random.Random, other_than: str | None = None) -> str:
@@ -306,9 +339,11 @@ class ChaosRun:
         kinds = Counter(d.kind for d in deliveries)
         stats.collisions, stats.opt_outs = kinds["collision"], kinds["opt_out"]
         stats.auto_replies = kinds["auto_reply"]
+        seeded = await self._seed_existing(plan_existing(config, deliveries))
         self.log(f"run {stats.run_id}: {stats.deliveries} deliveries, {stats.posts} posts "
                  f"({stats.redeliveries} redeliveries), {stats.collisions} collisions, "
-                 f"{stats.opt_outs} opt-outs; {config.kills} kills over {config.workers} "
+                 f"{stats.opt_outs} opt-outs, {stats.seeded} senders already in the CRM; "
+                 f"{config.kills} kills over {config.workers} "
                  f"worker processes, {config.relay_restarts} relay restart(s)")
         await self._add_lead_reviewer()
         await self._start_workers()
@@ -365,9 +400,75 @@ class ChaosRun:
             crm_id_property=self.stack.env.get("INBOXCRM_CRM_ID_PROPERTY",
                                                "inboxcrm_contact_id"),
             http=self.env.http)
+        report.results.append(await self._adoption(seeded))
         stats.failed_workflows = await self._failed_workflows()
         stats.timings["total_s"] = round(time.monotonic() - self.started, 1)
         return ChaosResult(config, stats, report)
+
+    # ----- pre-existing CRM records: seeded before the run, checked after it
+    async def _seed_existing(self, people: list[_Seeded]) -> list[_Seeded]:
+        """Create the records a salesperson made before inboxcrm (no external ID of ours)."""
+        if not people:
+            return []
+        first, last = zip(*(p.name.split(" ", 1) for p in people), strict=True)
+        response = await self.env.http.post(
+            f"{self.stack.sandbox_url}/_sandbox/seed",
+            json={"crm": "hubspot", "contacts": [
+                {"email": p.email, "firstname": f, "lastname": ln, "owner": SEED_OWNER,
+                 "properties": dict([SEED_FIELD])}
+                for p, f, ln in zip(people, first, last, strict=True)]})
+        response.raise_for_status()
+        for person, created in zip(people, response.json()["contacts"], strict=True):
+            person.record_id = str(created["id"])
+        self.stats.seeded = len(people)
+        return people
+
+    async def _adoption(self, seeded: list[_Seeded]) -> check.CheckResult:
+        """Each seeded sender: exactly one record with the email (the seeded one), its owner
+        and the salesperson's field untouched, our external ID on it once our CRM step ran
+        (the contact's `crm_record_id` is set) and never another contact's."""
+        result = check.CheckResult(
+            "existing_records_adopted",
+            "a sender already in the CRM: one record with the email, the seeded one, "
+            "carrying our external ID, owner and salesperson's field untouched",
+            examined=len(seeded))
+        if not seeded:
+            return result
+        id_property = self.stack.env.get("INBOXCRM_CRM_ID_PROPERTY", "inboxcrm_contact_id")
+        records: dict[str, list[dict[str, Any]]] = {}
+        for record in (await self.env.sandbox_state())["contacts"]:
+            email = str((record.get("properties") or {}).get("email") or "").lower()
+            records.setdefault(email, []).append(record)
+        rows = await chaos_runs.contacts_for_emails(self.db, tenant="acme",
+                                                    emails=[p.email for p in seeded])
+        ours = {r["identity"]: r for r in rows}
+        field_name, field_value = SEED_FIELD
+        for person in seeded:
+            subject = f"seeded:{person.record_id}"
+            held = records.get(person.email, [])
+            if [str(r.get("id")) for r in held] != [person.record_id]:
+                result.flag(f"{subject} records_with_email:"
+                            + ",".join(sorted(str(r.get("id")) for r in held)))
+                continue
+            props = held[0].get("properties") or {}
+            if props.get("hubspot_owner_id") != SEED_OWNER:
+                result.flag(f"{subject} owner_changed")
+            if props.get(field_name) != field_value:
+                result.flag(f"{subject} salesperson_field_changed")
+            contact = ours.get(person.email)
+            written = str(props.get(id_property) or "")
+            if contact is None or not contact["crm_record_id"]:
+                if written:
+                    result.flag(f"{subject} external_id_without_our_crm_step")
+                self.stats.seeded_unreached += 1
+                continue
+            if str(contact["crm_record_id"]) != person.record_id:
+                result.flag(f"{subject} contact:{contact['contact_id']} points_elsewhere")
+            elif written != contact["contact_id"]:
+                result.flag(f"{subject} contact:{contact['contact_id']} external_id_missing")
+            else:
+                self.stats.adopted += 1
+        return result
 
     # ----- the long-fault phase: a frozen store under a pause spanning the run
     async def _long_faults(self) -> None:
@@ -841,6 +942,8 @@ def summary_rows(result: ChaosResult) -> list[tuple[str, str]]:
         ("posts (incl. redeliveries)", f"{s.posts} ({s.redeliveries} redeliveries)"),
         ("same-identity collisions", str(s.collisions)),
         ("opt-outs / auto-replies", f"{s.opt_outs} / {s.auto_replies}"),
+        ("already in the CRM: seeded / adopted / not reached",
+         f"{s.seeded} / {s.adopted} / {s.seeded_unreached}"),
         ("relay answers", _counts(s.answers)),
         ("post retries (503 / connection)", str(s.post_retries)),
         ("deliveries never accepted", str(s.posts_given_up)),
