@@ -462,8 +462,8 @@ async def _followup(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str
             card.followup.editable, card.followup.max_chars = True, terms.max_chars
             card.followup.intent_id = str(planned["intent_id"])
             card.followup.keep = [PART_NAMES[part] for part, _ in terms.fixed]
-        if planned["draft_text"] is not None:
-            card.followup.draft = str(planned["draft_text"])
+        if planned["draft_text"] is not None:  # sealed at rest
+            card.followup.draft = intents.opened_draft(planned, tenant=policy.tenant)
             card.followup.draft_sha256 = planned["draft_sha256"]
         return
     rule = planning.questions(policy, extraction, None).rule

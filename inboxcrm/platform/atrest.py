@@ -1,7 +1,8 @@
 """Personal data encrypted at rest in the store (docs/architecture.md §7, "Privacy in the store").
 
-The stored message (`inbound_events.raw`), the provider's own event (`provider_events.body`)
-and the quotes an extraction keeps as evidence are sealed by the process that writes them
+The stored message (`inbound_events.raw`), the provider's own event (`provider_events.body`),
+the quotes an extraction keeps as evidence and a reviewer's edited follow-up
+(`followup_intents.draft_text`) are sealed by the process that writes them
 (relay, worker) and opened by the process that reads them, so the database, its replicas and
 its backups hold ciphertext. The keys are the Temporal payload codec's keyring
 (`INBOXCRM_CODEC_KEYS_FILE`, inboxcrm/platform/codec.py): one file, one rotation.
@@ -52,6 +53,8 @@ RAW = "inbound_events.raw"
 PROVIDER_EVENT = "provider_events.body"
 EVIDENCE = "inbound_events.extraction.evidence"
 AUDIT_EVIDENCE = "audit_log.detail.evidence"
+# a reviewer's edited follow-up (its `draft_sha256` is over the plaintext)
+DRAFT = "followup_intents.draft_text"
 
 # How much of a message the readers of its head look at (subject, own text, languages).
 HEAD_BYTES = 64 * 1024

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inboxcrm.platform import atrest
+from inboxcrm.store import intents
 
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
@@ -198,6 +199,10 @@ async def export(conn: Conn, tenants: list[str], canonical: str,
         found: dict[str, list[dict[str, Any]]] = {"contacts": contacts, "messages": events}
         for kind, statement in EXPORT_BY_EVENT.items():
             found[kind] = [dict(r) for r in await conn.fetch(statement, event_ids)]
+        tenant_of = {e["event_id"]: str(e["tenant"]) for e in events}
+        for intent in found["followups"]:  # the edited draft is sealed at rest
+            intent["draft_text"] = intents.opened_draft(
+                intent, tenant=tenant_of[intent["event_id"]])
         found["suppressions"] = [dict(r) for r in await conn.fetch(EXPORT_SUPPRESSIONS,
                                                                    tenants, canonical)]
         found["crm_opt_out_writes"] = [dict(r) for r in await conn.fetch(

@@ -1,7 +1,7 @@
 """Re-encryption of the values sealed at rest (`inboxcrm keys reencrypt`,
 inboxcrm/platform/atrest.py): after a key rotation, a tenant's stored messages, provider
-events and evidence quotes are sealed again under the active key, batch by batch, so the old
-key can leave the key file.
+events, evidence quotes and edited drafts are sealed again under the active key, batch by
+batch, so the old key can leave the key file.
 
 A batch is one transaction: the next values of the tenant (by event ID, after a cursor) that
 are not under the active key, opened and sealed again in this process, written back only where
@@ -60,6 +60,14 @@ ORDER BY audit_id
 LIMIT $4
 """
 
+# A reviewer's edited follow-ups (text; few): every stored draft is read and checked here.
+STALE_DRAFT = """
+SELECT intent_id AS id, draft_text AS value FROM followup_intents
+WHERE tenant = $1 AND intent_id > $2::uuid AND draft_text IS NOT NULL AND $3::bytea IS NOT NULL
+ORDER BY intent_id
+LIMIT $4
+"""
+
 # $1 IDs, $2 the values read, $3 the values sealed again (same order): written only where
 # the row still holds what was read.
 RESEAL_RAW = """
@@ -90,6 +98,14 @@ WHERE a.audit_id = u.id AND a.detail = u.old
 RETURNING a.audit_id AS id
 """
 
+# The draft's hash (`draft_sha256`) is over the plaintext: it stays as it is.
+RESEAL_DRAFT = """
+UPDATE followup_intents i SET draft_text = u.new
+FROM unnest($1::uuid[], $2::text[], $3::text[]) AS u(id, old, new)
+WHERE i.intent_id = u.id AND i.draft_text = u.old
+RETURNING i.intent_id AS id
+"""
+
 RECORD = """
 INSERT INTO audit_log (tenant, actor, action, detail) VALUES ($1, $2, 'reencrypted', $3)
 """
@@ -105,6 +121,8 @@ class Column:
     start: str
     # JSON values: the function that passes each quote of one through a change
     quotes: Callable[[dict[str, Any], Callable[[str], str]], dict[str, Any]] | None = None
+    # a text column (`ixa1:` + base64), not bytes
+    text: bool = False
 
     def cursor(self, value: Any) -> Any:
         return str(value) if self.start == UUID_START else int(value)
@@ -116,6 +134,7 @@ COLUMNS = {
     atrest.EVIDENCE: Column(STALE_EVIDENCE, RESEAL_EVIDENCE, UUID_START, atrest.map_evidence),
     atrest.AUDIT_EVIDENCE: Column(STALE_AUDIT_EVIDENCE, RESEAL_AUDIT_EVIDENCE, "0",
                                   atrest.map_audit_evidence),
+    atrest.DRAFT: Column(STALE_DRAFT, RESEAL_DRAFT, UUID_START, text=True),
 }
 
 
@@ -137,6 +156,17 @@ def _resealed_bytes(value: bytes, sealer: Sealer, tenant: str, column: str
     plain = sealer.open(value, tenant=tenant, column=column)
     return (sealer.seal(plain, tenant=tenant, column=column),
             [atrest.key_id_of(value) or PLAINTEXT])
+
+
+def _resealed_text(value: str, sealer: Sealer, tenant: str, column: str
+                   ) -> tuple[str, list[str]]:
+    """The text sealed again ([]: it is under the active key already)."""
+    envelope = atrest.text_envelope(value, column)
+    if atrest.is_sealed_text(value) and sealer.is_current(envelope):
+        return value, []
+    return (sealer.seal_text(sealer.open_text(value, tenant=tenant, column=column),
+                             tenant=tenant, column=column),
+            [atrest.key_id_of(envelope) or PLAINTEXT])
 
 
 def _resealed_quotes(value: dict[str, Any], spec: Column, sealer: Sealer, tenant: str,
@@ -169,8 +199,13 @@ async def reseal_batch(conn: Conn, *, tenant: str, column: str, sealer: Sealer,
         sources: dict[str, list[str]] = {}
         for row in rows:
             again: Any
-            if spec.quotes is None:
-                value: Any = bytes(row["value"])
+            if spec.text:
+                value: Any = str(row["value"])
+                again, found = _resealed_text(value, sealer, tenant, column)
+                if not found:
+                    continue
+            elif spec.quotes is None:
+                value = bytes(row["value"])
                 again, found = _resealed_bytes(value, sealer, tenant, column)
             else:
                 value = row["value"]
