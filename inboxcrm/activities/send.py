@@ -301,7 +301,8 @@ async def compose_intent(conn: Conn, row: asyncpg.Record, settings: Settings,
     try:
         policy = get_policy(row["tenant"])
         template = await _planned_template(conn, row, policy)
-        head = atrest.open_head(row["head"], tenant=str(row["tenant"]))
+        head = atrest.open_head(row["head"], tenant=str(row["tenant"]),
+                                event_id=str(row["head_event_id"]))
         sender = policy.sender.from_address or settings.mail_from
         thread = Thread(followup_message_id(str(row["intent_id"]), sender),
                         row["inbound_message_id"], tuple(row["thread_refs"] or ()))

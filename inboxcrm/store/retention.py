@@ -178,7 +178,7 @@ ORDER BY created_at
 """
 
 EXPORT_AUDIT = """
-SELECT at, tenant, workflow_id, actor, action, detail
+SELECT at, tenant, workflow_id, actor, action, detail, event_id
 FROM audit_log
 WHERE tenant = ANY($1::text[])
   AND (workflow_id = ANY($2::text[]) OR contact_id = ANY($3::uuid[]))
@@ -220,21 +220,24 @@ async def export(conn: Conn, tenants: list[str], canonical: str,
 def _opened(event: dict[str, Any]) -> dict[str, Any]:
     """An exported message as the person sent it: its stored values opened (at rest they are
     sealed, inboxcrm/platform/atrest.py)."""
-    tenant = str(event["tenant"])
-    event["raw"] = atrest.open_optional(event["raw"], tenant=tenant, column=atrest.RAW)
+    tenant, row = str(event["tenant"]), str(event["event_id"])
+    event["raw"] = atrest.open_optional(event["raw"], tenant=tenant, column=atrest.RAW, row=row)
     event["provider_event"] = atrest.open_optional(event["provider_event"], tenant=tenant,
-                                                   column=atrest.PROVIDER_EVENT)
+                                                   column=atrest.PROVIDER_EVENT, row=row)
     if event["extraction"] is not None:
-        event["extraction"] = atrest.open_evidence(event["extraction"], tenant=tenant)
+        event["extraction"] = atrest.open_evidence(event["extraction"], tenant=tenant,
+                                                   event_id=row)
     return event
 
 
 def _opened_entry(entry: dict[str, Any]) -> dict[str, Any]:
-    """An exported audit entry with the evidence it quotes opened."""
+    """An exported audit entry with the evidence it quotes opened (bound to the entry's
+    event)."""
+    event_id = entry.pop("event_id")
     if entry["action"] == "extracted" and isinstance(entry["detail"], dict):
         tenant = str(entry["tenant"])
         entry["detail"] = atrest.map_audit_evidence(entry["detail"], lambda q: atrest.open_text(
-            q, tenant=tenant, column=atrest.AUDIT_EVIDENCE) or q)
+            q, tenant=tenant, column=atrest.AUDIT_EVIDENCE, row=str(event_id)) or q)
     return entry
 
 
