@@ -79,6 +79,10 @@ async def test_unknown_outcome_inside_the_window_is_one_email(env: StackClient) 
     assert (await intent_of(env, workflow_id))["provider_message_id"] == sent["id"]
 
 
+async def _held_calls(env: StackClient) -> int:
+    return sum(c["outcome"] == "hold_before_commit" for c in await env.calls("mail.send"))
+
+
 @pytest.mark.parametrize(("first", "emails"), [
     ("timeout_after_commit", 1),    # the provider took it; a repeat now would send again
     ("timeout_before_commit", 0),   # nothing was sent; still nothing can confirm that
@@ -86,22 +90,29 @@ async def test_unknown_outcome_inside_the_window_is_one_email(env: StackClient) 
 async def test_past_the_window_the_item_is_held_and_nothing_more_is_sent(
         env: StackClient, first: str, emails: int) -> None:
     email = unique_email("pastwindow")
+    held_before = await _held_calls(env)
     await env.inject("mail.send", first)
-    await env.inject("mail.send", "timeout_before_commit", count=50)  # later attempts hang
+    # The second attempt is held on the wire (past its window check) until released.
+    await env.inject("mail.send", "hold_before_commit")
     workflow_id = await env.deliver(message_from(email))
     op_key = SEND_KEY.format(workflow_id)
 
-    async def second_attempt_running() -> bool:
-        op = await env.operation(op_key)
-        return op is not None and op["attempts"] >= 2
+    async def second_attempt_held() -> bool:
+        return await _held_calls(env) > held_before
 
-    await env.wait_for(second_attempt_running, timeout=60, what="a second send attempt")
-    # A day passes on both sides: the ledger's first attempt (whose outcome is unknown, so
-    # the key's window runs from it) and the provider's key.
-    await env.db.execute("UPDATE operations SET first_attempt_at = first_attempt_at - "
-                         "interval '25 hours', key_window_from = key_window_from - "
-                         "interval '25 hours' WHERE op_key = $1", op_key)
+    await env.wait_for(second_attempt_held, timeout=60,
+                       what="the second send attempt held on the wire")
+    # A day passes on both sides while it is held: the ledger's first attempt (whose outcome
+    # is unknown, so the key's window runs from it) and the provider's key. Only while no
+    # third attempt is claimed (a claim reads the window in the statement that counts it),
+    # so the next attempt is the first to see the window passed.
+    moved = await env.db.execute(
+        "UPDATE operations SET first_attempt_at = first_attempt_at - interval '25 hours', "
+        "key_window_from = key_window_from - interval '25 hours' "
+        "WHERE op_key = $1 AND attempts = 2", op_key)
+    assert moved == "UPDATE 1"
     await env.move_sandbox_clock(advance_seconds=25 * 3600)
+    # The held attempt is answered (a 504, nothing sent); no fault is left for later ones.
     await env.http.delete(f"{env.endpoints.sandbox_url}/_sandbox/faults")
 
     state, reason = await env.wait_state(workflow_id, "ambiguous", timeout=90)

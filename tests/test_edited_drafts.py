@@ -26,7 +26,7 @@ from temporalio.worker import Replayer
 
 from inboxcrm.domain import drafts
 from inboxcrm.domain.followup import draft_sha256
-from inboxcrm.platform import temporal
+from inboxcrm.platform import atrest, temporal
 from inboxcrm.platform.config import Settings
 from inboxcrm.platform.decisions import DecisionRequest, decision_body
 from inboxcrm.platform.reviewer_identity import PATH_CLI, Principal
@@ -123,6 +123,14 @@ async def test_an_approver_edits_the_draft_and_exactly_that_text_is_sent(
         second = await drafts.propose(conn, intent_id=intent["intent_id"], text=other,
                                       proposed_by="test", settings=app_settings)
         assert second.refused is None, second.message
+    # The stored draft is ciphertext (sealed at rest, column and row bound); its hash is
+    # over the plaintext, and the card opens it to show the words.
+    stored = await env.db.fetchval("SELECT draft_text FROM followup_intents "
+                                   "WHERE intent_id = $1::uuid", intent["intent_id"])
+    assert stored.startswith(atrest.TEXT_PREFIX) and "Priya" not in stored
+    assert (await _intent(env, workflow_id))["draft_sha256"] == draft_sha256(other)
+    card = as_reviewer(stack, approver_token, "review", "show", workflow_id)
+    assert "Priya will call you on Tuesday" in card.stdout, card.stdout + card.stderr
     ann = Principal(f"reviewer:ann-{suffix}", f"ann-{suffix}", frozenset({TENANT}),
                     role="approver")
     secret = stack.env["INBOXCRM_DECISION_SECRET"]
@@ -150,6 +158,9 @@ async def test_an_approver_edits_the_draft_and_exactly_that_text_is_sent(
     body = await env.http.get(f"{env.endpoints.sandbox_url}/emails/{sent[0]['id']}")
     body.raise_for_status()
     assert body.json()["text"] == edited and not body.json()["html"]
+    assert (await env.db.fetchval(
+        "SELECT draft_text FROM followup_intents WHERE intent_id = $1::uuid",
+        intent["intent_id"])).startswith(atrest.TEXT_PREFIX)
     approved = await _intent(env, workflow_id)
     assert approved["status"] == "sent"
     assert approved["approved_draft_sha256"] == draft_sha256(edited)
@@ -228,6 +239,10 @@ async def test_the_desk_offers_the_text_and_sends_the_edit_it_posts(
         "draft": edited.replace("\n", "\r\n")}),
         headers=auth | {"Content-Type": "application/x-www-form-urlencoded"})
     assert posted.status_code == 200, posted.text
+    stored = await env.db.fetchval(  # sealed by the relay, opened by the worker to send
+        "SELECT i.draft_text FROM followup_intents i JOIN inbound_events e USING (event_id) "
+        "WHERE e.workflow_id = $1", workflow_id)
+    assert stored.startswith(atrest.TEXT_PREFIX) and "Priya" not in stored
     await env.wait_state(workflow_id, "completed", timeout=90)
     [sent] = await env.emails_to(email)
     body = await env.http.get(f"{env.endpoints.sandbox_url}/emails/{sent['id']}")

@@ -274,10 +274,11 @@ async def test_postmark_accepted_then_duplicate(env: StackClient, stack: Stack) 
     # Postmark's own event is kept as posted, once, next to the MIME rebuilt from it (sealed
     # at rest: the sender's address is not in the stored bytes).
     kept = await env.db.fetch(
-        "SELECT p.content_type, p.body FROM provider_events p JOIN inbound_events e"
-        " USING (event_id) WHERE e.workflow_id = $1", workflow_id)
+        "SELECT p.content_type, p.body, event_id::text AS row FROM provider_events p"
+        " JOIN inbound_events e USING (event_id) WHERE e.workflow_id = $1", workflow_id)
     assert email.encode() not in bytes(kept[0]["body"])
-    assert [(r["content_type"], opened(stack, r["body"], column=atrest.PROVIDER_EVENT))
+    assert [(r["content_type"], opened(stack, r["body"], row=r["row"],
+                                       column=atrest.PROVIDER_EVENT))
             for r in kept] == [("application/json", json.dumps(payload).encode())]
 
 
@@ -404,10 +405,11 @@ async def test_mailgun_accepted_redelivery_duplicate_and_replay_rejected(
     assert len(await env.emails_to(email)) == 1
     # Mailgun's own event, the form's fields as JSON: the first delivery's, signature and all.
     kept = await env.db.fetch(
-        "SELECT p.content_type, p.body FROM provider_events p JOIN inbound_events e"
-        " USING (event_id) WHERE e.workflow_id = $1", workflow_id)
+        "SELECT p.content_type, p.body, event_id::text AS row FROM provider_events p"
+        " JOIN inbound_events e USING (event_id) WHERE e.workflow_id = $1", workflow_id)
     assert [r["content_type"] for r in kept] == ["application/vnd.inboxcrm.mailgun-form+json"]
-    event = json.loads(opened(stack, kept[0]["body"], column=atrest.PROVIDER_EVENT))
+    event = json.loads(opened(stack, kept[0]["body"], row=kept[0]["row"],
+                              column=atrest.PROVIDER_EVENT))
     assert event["fields"]["signature"] == [first["signature"]]
     assert event["fields"]["token"] == [first["token"]]
     assert event["fields"]["body-plain"] == [form["body-plain"]]
@@ -481,9 +483,10 @@ async def test_mailgun_raw_mime_variant_completes(env: StackClient, stack: Stack
     assert (await env.wait_state(workflow_id, "completed"))[0] == "completed"
     assert len(await env.crm_records_for(email)) == 1
     assert len(await env.emails_to(email)) == 1
-    stored = await env.db.fetchval("SELECT raw FROM inbound_events WHERE workflow_id = $1",
-                                   workflow_id)
-    assert opened(stack, stored) == form["body-mime"].encode()
+    stored = await env.db.fetchrow("SELECT raw, event_id::text AS row FROM inbound_events "
+                                   "WHERE workflow_id = $1", workflow_id)
+    assert stored is not None
+    assert opened(stack, stored["raw"], row=stored["row"]) == form["body-mime"].encode()
 
 
 async def test_mailgun_without_message_id_dedupes_by_content_hash(

@@ -139,7 +139,7 @@ class CrmActivities:
         if row is None or row["crm_record_id"] is None:
             raise missing_row("crm_record")
         subject, text = "", ""
-        head = atrest.open_head(row["head"], tenant=str(row["tenant"]))
+        head = atrest.open_head(row["head"], tenant=str(row["tenant"]), event_id=item.event_id)
         if head is not None:  # purged: the subject and text are gone
             # Bounded (the first 64 KiB), as the note's head was read before migration 041.
             message = minimise(head)
@@ -229,7 +229,8 @@ class CrmActivities:
                 f"{row['delivery_id']}); intent: {row['intent'] or 'unknown'}; handled by "
                 "inboxcrm.")
         crm = self._crm(attempt.op.item.tenant)
-        head = atrest.open_head(row["head"], tenant=str(row["tenant"]))
+        head = atrest.open_head(row["head"], tenant=str(row["tenant"]),
+                                event_id=attempt.op.item.event_id)
         when = note_time(row["written_at"], head, row["received_at"])
         return await self._on_record(attempt, row, lambda record_id: crm.log_note(
             note_key(attempt.op.op_key), record_id, text, when))

@@ -136,7 +136,8 @@ class ExtractActivities:
             )
         try:
             outcome = await extract_and_route(
-                atrest.open_value(raw, tenant=item.tenant, column=atrest.RAW), policy,
+                atrest.open_value(raw, tenant=item.tenant, column=atrest.RAW,
+                                  row=item.event_id), policy,
                 self._extractor, source=str(event["source"]), runner=self._runner)
         except WorkPoolUnavailable:
             # this worker cannot run the work now (its pool is closing or cannot start
@@ -175,13 +176,15 @@ class ExtractActivities:
             # inboxcrm/platform/atrest.py), removed by `inboxcrm forget`.
             "evidence": {
                 name: atrest.seal_text((record.get(name) or {}).get("evidence"),
-                                       tenant=item.tenant, column=atrest.AUDIT_EVIDENCE)
+                                       tenant=item.tenant, column=atrest.AUDIT_EVIDENCE,
+                                       row=item.event_id)  # the entry's event_id
                 for name in atrest.EVIDENCE_FIELDS
             },
         }
         stored = functools.partial(
             events.store_extraction, event_id=item.event_id,
-            extraction=atrest.seal_evidence(record, tenant=item.tenant),
+            extraction=atrest.seal_evidence(record, tenant=item.tenant,
+                                            event_id=item.event_id),
             route=outcome.route, route_reasons=outcome.reasons,
             canonical_email=outcome.canonical_email, tenant=item.tenant,
             workflow_id=item.workflow_id, audit_detail=audit.json_safe(detail), step=STEP,

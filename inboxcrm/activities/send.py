@@ -301,7 +301,8 @@ async def compose_intent(conn: Conn, row: asyncpg.Record, settings: Settings,
     try:
         policy = get_policy(row["tenant"])
         template = await _planned_template(conn, row, policy)
-        head = atrest.open_head(row["head"], tenant=str(row["tenant"]))
+        head = atrest.open_head(row["head"], tenant=str(row["tenant"]),
+                                event_id=str(row["head_event_id"]))
         sender = policy.sender.from_address or settings.mail_from
         thread = Thread(followup_message_id(str(row["intent_id"]), sender),
                         row["inbound_message_id"], tuple(row["thread_refs"] or ()))
@@ -329,15 +330,15 @@ def _with_approved_draft(followup: Followup, row: asyncpg.Record, settings: Sett
     approved = row["approved_draft_sha256"]
     if approved is None:
         return followup
-    text = row["draft_text"]
-    if text is None or row["draft_sha256"] != approved or draft_sha256(str(text)) != approved:
+    text = intents.opened_draft(row, tenant=str(row["tenant"]))  # sealed at rest
+    if text is None or row["draft_sha256"] != approved or draft_sha256(text) != approved:
         raise FollowupRefused("draft_changed", "the stored draft is not the approved one")
-    checked = drafts.check(str(text), drafts.terms_of(row["tenant"], row["rule_id"],
+    checked = drafts.check(text, drafts.terms_of(row["tenant"], row["rule_id"],
                                                       row["contact_id"], settings))
     if checked.refused is not None:
         raise FollowupRefused(checked.refused.replace(":", "_"),
                               "the approved draft is outside its draft limits")
-    return dataclasses.replace(followup, text=str(text), html=None)
+    return dataclasses.replace(followup, text=text, html=None)
 
 
 # Stored template versions, validated once per worker: a version is named by the hash of its

@@ -110,7 +110,8 @@ class ShadowActivities:
         if self._model_budget is not None and not self._model_budget.take():
             return not_compared(self._comparison, "rate_limited")
         try:
-            raw = atrest.open_value(event["raw"], tenant=str(event["tenant"]), column=atrest.RAW)
+            raw = atrest.open_value(event["raw"], tenant=str(event["tenant"]), column=atrest.RAW,
+                                    row=str(event["event_id"]))
             return await second_opinion(raw, policy, str(event["source"]),
                                         route, self._comparison, self._runner)
         except WorkPoolUnavailable:

@@ -1,8 +1,8 @@
 """The `keys` group: the keyring that seals Temporal payloads and the values stored at rest
 (`INBOXCRM_CODEC_KEYS_FILE`, inboxcrm/platform/codec.py and atrest.py). `keys list` shows key
 IDs (never key bytes), `keys rotate` adds a fresh active key, `keys reencrypt` seals a
-tenant's stored messages and provider events again under the active key, so an old key can
-leave the file (docs/architecture.md §7, "Key rotation")."""
+tenant's stored messages, provider events, evidence and edited drafts again under the active
+key, so an old key can leave the file (docs/architecture.md §7, "Key rotation")."""
 
 from __future__ import annotations
 
@@ -84,7 +84,8 @@ def reencrypt(
                                             help="Values per transaction.")] = 500,
     as_json: JsonOpt = False,
 ) -> None:
-    """Seal a tenant's stored messages and provider events again under the active key, in
+    """Seal a tenant's stored messages, provider events, evidence quotes and edited drafts
+    again under the active key, in
     bounded batches (one transaction and one `reencrypted` audit entry each). Run it again to
     resume: values already under the active key are left alone. Prints the counts."""
     from inboxcrm.domain.policy import load_policies

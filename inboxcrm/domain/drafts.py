@@ -70,7 +70,8 @@ async def propose(conn: Conn, *, intent_id: str, text: str, proposed_by: str,
     checked = check(text, terms_of(row["tenant"], row["rule_id"], row["contact_id"], settings))
     if checked.refused is not None:
         return checked
-    if not await intents.save_draft(conn, intent_id=intent_id, draft_text=normalised_draft(text),
+    if not await intents.save_draft(conn, intent_id=intent_id, tenant=str(row["tenant"]),
+                                    draft_text=normalised_draft(text),
                                     draft_sha256=checked.sha256, proposed_by=proposed_by):
         return DraftCheck("draft_not_awaiting", "refused (draft_not_awaiting): this follow-up "
                           "is no longer waiting for approval")
@@ -82,9 +83,10 @@ async def approval_refusal(conn: Conn, *, intent_id: str, sha256: str,
     """Why an approval binding draft `sha256` of intent `intent_id` is refused, or None: the
     stored draft must be that text and still within the limits."""
     row = await intents.draft_facts(conn, intent_id=intent_id)
-    if (row is None or row["draft_sha256"] != sha256 or row["draft_text"] is None
-            or draft_sha256(str(row["draft_text"])) != sha256):
+    if row is None or row["draft_sha256"] != sha256 or row["draft_text"] is None:
         return DraftCheck("draft_not_found", draft_refusal_text("draft_not_found", None))
-    checked = check(str(row["draft_text"]),
-                    terms_of(row["tenant"], row["rule_id"], row["contact_id"], settings))
+    text = intents.opened_draft(row, tenant=str(row["tenant"]))
+    if text is None or draft_sha256(text) != sha256:
+        return DraftCheck("draft_not_found", draft_refusal_text("draft_not_found", None))
+    checked = check(text, terms_of(row["tenant"], row["rule_id"], row["contact_id"], settings))
     return checked if checked.refused is not None else None

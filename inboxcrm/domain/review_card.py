@@ -223,6 +223,7 @@ class CardFacts:
 
     card: ReviewCard
     raw: bytes | None
+    # its evidence quotes opened (inboxcrm/platform/atrest.py)
     extraction: dict[str, Any]
 
 
@@ -243,7 +244,10 @@ async def card_facts(conn: Conn, workflow_id: str) -> CardFacts | None:
         escalate_at=row["escalate_at"].astimezone(UTC).isoformat() if row["escalate_at"]
         else None,
         overdue=bool(row["escalate_at"] and row["escalate_at"] <= now))
-    extraction: dict[str, Any] = row["extraction"] or {}
+    # the evidence quotes opened once (sealed at rest, bound to the item's event)
+    event_id = str(row["event_id"])
+    extraction: dict[str, Any] = atrest.open_evidence(row["extraction"] or {},
+                                                      tenant=card.tenant, event_id=event_id)
     _fields(card, extraction)
     await _dry_run(conn, card, row, extraction)
     crm, existing = await review.crm_candidates(conn, workflow_id=workflow_id)
@@ -267,7 +271,8 @@ async def card_facts(conn: Conn, workflow_id: str) -> CardFacts | None:
     if waiting and row["wait_id"]:
         card.decisions = [DecisionOption(a, decision_body(a, row["wait_id"], row["needs_sender"]))
                           for a in sorted(row["allowed"] or [])]
-    raw = atrest.open_optional(row["raw"], tenant=str(row["tenant"]), column=atrest.RAW)
+    raw = atrest.open_optional(row["raw"], tenant=str(row["tenant"]), column=atrest.RAW,
+                               row=event_id)
     return CardFacts(card, raw, extraction)
 
 
@@ -349,8 +354,7 @@ async def _message(card: ReviewCard, raw: bytes | None, reasons: list[str],
                                         f"{message.too_complex} limit (too_complex)"))
     if message.limits_hit:
         card.headers.append(("Limits applied", ", ".join(message.limits_hit)))
-    quotes = atrest.open_evidence(extraction, tenant=card.tenant)
-    evidence = {name: (quotes.get(name) or {}).get("evidence") or "" for name in FIELDS}
+    evidence = {name: (extraction.get(name) or {}).get("evidence") or "" for name in FIELDS}
     lines = message.body.split("\n")
     card.truncated = message.truncated or len(lines) > MAX_LINES
     for text in lines[:MAX_LINES]:
@@ -360,7 +364,6 @@ async def _message(card: ReviewCard, raw: bytes | None, reasons: list[str],
 
 def _fields(card: ReviewCard, extraction: dict[str, Any]) -> None:
     card.intent = extraction.get("intent")
-    extraction = atrest.open_evidence(extraction, tenant=card.tenant)
     for name in FIELDS:
         value = extraction.get(name) or {}
         card.fields.append(FieldView(name, value.get("value"), float(value.get("confidence") or 0),
@@ -446,7 +449,8 @@ async def _followup(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str
                     policy: TenantPolicy, contact: Any, decided: planning.Plan) -> None:
     planned = await review.event_intent(conn, row["event_id"])
     languages = reply_languages(row["languages"],
-                                atrest.open_head(row["raw"], tenant=str(row["tenant"])))
+                                atrest.open_head(row["raw"], tenant=str(row["tenant"]),
+                                                 event_id=str(row["event_id"])))
     if planned is not None:
         ref = str(planned["template_id"])
         words, refused = await _words(
@@ -467,8 +471,8 @@ async def _followup(conn: Conn, card: ReviewCard, row: Any, extraction: dict[str
             card.followup.editable, card.followup.max_chars = True, terms.max_chars
             card.followup.intent_id = str(planned["intent_id"])
             card.followup.keep = [PART_NAMES[part] for part, _ in terms.fixed]
-        if planned["draft_text"] is not None:
-            card.followup.draft = str(planned["draft_text"])
+        if planned["draft_text"] is not None:  # sealed at rest
+            card.followup.draft = intents.opened_draft(planned, tenant=policy.tenant)
             card.followup.draft_sha256 = planned["draft_sha256"]
         return
     rule = planning.questions(policy, extraction, None).rule

@@ -1,14 +1,20 @@
 """Personal data encrypted at rest in the store (docs/architecture.md §7, "Privacy in the store").
 
-The stored message (`inbound_events.raw`), the provider's own event (`provider_events.body`)
-and the quotes an extraction keeps as evidence are sealed by the process that writes them
+The stored message (`inbound_events.raw`), the provider's own event (`provider_events.body`),
+the quotes an extraction keeps as evidence and a reviewer's edited follow-up
+(`followup_intents.draft_text`) are sealed by the process that writes them
 (relay, worker) and opened by the process that reads them, so the database, its replicas and
 its backups hold ciphertext. The keys are the Temporal payload codec's keyring
 (`INBOXCRM_CODEC_KEYS_FILE`, inboxcrm/platform/codec.py): one file, one rotation.
 
 Each tenant gets its own key, derived from a keyring key with HKDF-SHA256 (info
-`inboxcrm at-rest v1`, NUL, the tenant), and the tenant and the column are associated data:
-a value copied into another tenant's row, or into another column, fails authentication.
+`inboxcrm at-rest v1`, NUL, the tenant), and the tenant, the column and the row's identity
+(its primary key: the event ID of a message, its provider event and its evidence, the event
+an audit entry is about, the intent of a draft) are associated data: a value copied into
+another tenant's row, another column, or another row of the same tenant and column (another
+person's message) fails authentication. Envelope version 1 (written before the row was bound)
+bound tenant and column only; it is still read, and `inboxcrm keys reencrypt` rewrites it as
+version 2.
 
 Envelope (bytes; a text column holds `ixa1:` + base64 of it):
 
@@ -43,7 +49,8 @@ from inboxcrm.platform.config import Settings, get_settings
 log = logging.getLogger("inboxcrm.platform.atrest")
 
 MAGIC = b"\x00IXA"
-VERSION = 1
+VERSION = 2  # the row's identity is associated data
+V1 = 1  # tenant and column only: read, rewritten by `keys reencrypt`
 TEXT_PREFIX = "ixa1:"
 INFO = b"inboxcrm at-rest v1"
 
@@ -52,6 +59,8 @@ RAW = "inbound_events.raw"
 PROVIDER_EVENT = "provider_events.body"
 EVIDENCE = "inbound_events.extraction.evidence"
 AUDIT_EVIDENCE = "audit_log.detail.evidence"
+# a reviewer's edited follow-up (its `draft_sha256` is over the plaintext)
+DRAFT = "followup_intents.draft_text"
 
 # How much of a message the readers of its head look at (subject, own text, languages).
 HEAD_BYTES = 64 * 1024
@@ -73,10 +82,10 @@ def key_id_of(value: bytes) -> str | None:
     return value[len(MAGIC) + 2:len(MAGIC) + 2 + length].decode("ascii", errors="replace")
 
 
-def header(key_id: str) -> bytes:
+def header(key_id: str, version: int = VERSION) -> bytes:
     """The envelope's header for a key: also what a value sealed under it starts with."""
     encoded = key_id.encode("ascii")
-    return MAGIC + bytes((VERSION, len(encoded))) + encoded
+    return MAGIC + bytes((version, len(encoded))) + encoded
 
 
 class Sealer:
@@ -104,45 +113,59 @@ class Sealer:
         return cipher
 
     @staticmethod
-    def _aad(head: bytes, tenant: str, column: str) -> bytes:
+    def _aad(head: bytes, tenant: str, column: str, row: str | None) -> bytes:
+        """Version 1 (`row` None): header, tenant, column. Version 2: each part
+        length-prefixed, then the row's identity."""
         name = tenant.encode()
-        return head + len(name).to_bytes(2, "big") + name + column.encode()
+        if row is None:
+            return head + len(name).to_bytes(2, "big") + name + column.encode()
+        where = column.encode()
+        return (head + len(name).to_bytes(2, "big") + name + len(where).to_bytes(2, "big")
+                + where + row.encode())
 
-    def seal(self, value: bytes, *, tenant: str, column: str) -> bytes:
+    def seal(self, value: bytes, *, tenant: str, column: str, row: str) -> bytes:
+        """Sealed for this tenant, column and row (its primary key, as text)."""
+        if not row:
+            raise ValueError(f"{column}: a sealed value needs its row's identity")
         head = self._active_header
         nonce = os.urandom(NONCE_BYTES)
         return head + nonce + self._cipher(self.active, tenant).encrypt(
-            nonce, value, self._aad(head, tenant, column))
+            nonce, value, self._aad(head, tenant, column, row))
 
-    def open(self, value: bytes, *, tenant: str, column: str) -> bytes:
-        """The plaintext of a sealed value; a plaintext value as it is."""
+    def open(self, value: bytes, *, tenant: str, column: str, row: str) -> bytes:
+        """The plaintext of a sealed value; a plaintext value as it is. A version 1 value
+        (not bound to its row) opens as before."""
         if not is_sealed(value):
             return value
         start = len(MAGIC) + 2
-        if len(value) < start or value[len(MAGIC)] != VERSION:
+        if len(value) < start or value[len(MAGIC)] not in (V1, VERSION):
             raise SealedValueError(f"{column}: unknown at-rest envelope version")
+        bound = None if value[len(MAGIC)] == V1 else row
         end = start + value[start - 1]
         key_id = value[start:end].decode("ascii", errors="replace")
         cipher = self._cipher(key_id, tenant)
         try:
             return cipher.decrypt(value[end:end + NONCE_BYTES], value[end + NONCE_BYTES:],
-                                  self._aad(value[:end], tenant, column))
+                                  self._aad(value[:end], tenant, column, bound))
         except (InvalidTag, ValueError):
             raise SealedValueError(
                 f"{column}: value under key ID {key_id!r} failed authentication (tampered, "
-                "another tenant's or column's value, or different key material)") from None
+                "another tenant's, column's or row's value, or different key material)"
+            ) from None
 
     def is_current(self, value: bytes) -> bool:
-        """Sealed under the active key already (`keys reencrypt` leaves it alone)."""
+        """Sealed under the active key in the current version already (`keys reencrypt`
+        leaves it alone)."""
         return value.startswith(self._active_header)
 
-    def seal_text(self, value: str, *, tenant: str, column: str) -> str:
+    def seal_text(self, value: str, *, tenant: str, column: str, row: str) -> str:
         """A text value (a JSON string) sealed: `ixa1:` + base64 of the envelope."""
-        sealed = self.seal(value.encode(), tenant=tenant, column=column)
+        sealed = self.seal(value.encode(), tenant=tenant, column=column, row=row)
         return TEXT_PREFIX + base64.b64encode(sealed).decode("ascii")
 
-    def open_text(self, value: str, *, tenant: str, column: str) -> str:
-        return self.open(text_envelope(value, column), tenant=tenant, column=column).decode()
+    def open_text(self, value: str, *, tenant: str, column: str, row: str) -> str:
+        return self.open(text_envelope(value, column), tenant=tenant, column=column,
+                         row=row).decode()
 
 
 class UnknownStoredKeyError(SealedValueError):
@@ -181,12 +204,13 @@ def require_sealer(settings: Settings) -> None:
 
 
 # --- the process's values --------------------------------------------------------------
-def seal(value: bytes, *, tenant: str, column: str) -> bytes:
+def seal(value: bytes, *, tenant: str, column: str, row: str) -> bytes:
     sealer = process_sealer()
-    return value if sealer is None else sealer.seal(value, tenant=tenant, column=column)
+    return value if sealer is None else sealer.seal(value, tenant=tenant, column=column,
+                                                    row=row)
 
 
-def open_value(value: bytes | memoryview, *, tenant: str, column: str) -> bytes:
+def open_value(value: bytes | memoryview, *, tenant: str, column: str, row: str) -> bytes:
     value = bytes(value)
     if not is_sealed(value):
         return value
@@ -194,17 +218,18 @@ def open_value(value: bytes | memoryview, *, tenant: str, column: str) -> bytes:
     if sealer is None:
         raise SealedValueError(f"{column}: value is sealed (key ID {key_id_of(value)!r}) but "
                                "no INBOXCRM_CODEC_KEYS_FILE is configured")
-    return sealer.open(value, tenant=tenant, column=column)
+    return sealer.open(value, tenant=tenant, column=column, row=row)
 
 
-def open_optional(value: bytes | memoryview | None, *, tenant: str, column: str
+def open_optional(value: bytes | memoryview | None, *, tenant: str, column: str, row: str
                   ) -> bytes | None:
-    return None if value is None else open_value(value, tenant=tenant, column=column)
+    return None if value is None else open_value(value, tenant=tenant, column=column, row=row)
 
 
-def open_head(value: bytes | memoryview | None, *, tenant: str) -> bytes | None:
+def open_head(value: bytes | memoryview | None, *, tenant: str, event_id: str
+              ) -> bytes | None:
     """The first HEAD_BYTES of a stored message (None: purged)."""
-    opened = open_optional(value, tenant=tenant, column=RAW)
+    opened = open_optional(value, tenant=tenant, column=RAW, row=event_id)
     return None if opened is None else opened[:HEAD_BYTES]
 
 
@@ -225,17 +250,18 @@ def text_envelope(value: str, column: str) -> bytes:
     return sealed
 
 
-def seal_text(value: str | None, *, tenant: str, column: str) -> str | None:
+def seal_text(value: str | None, *, tenant: str, column: str, row: str) -> str | None:
     sealer = process_sealer()
     if value is None or sealer is None:
         return value
-    return sealer.seal_text(value, tenant=tenant, column=column)
+    return sealer.seal_text(value, tenant=tenant, column=column, row=row)
 
 
-def open_text(value: str | None, *, tenant: str, column: str) -> str | None:
+def open_text(value: str | None, *, tenant: str, column: str, row: str) -> str | None:
     if value is None or not is_sealed_text(value):
         return value
-    return open_value(text_envelope(value, column), tenant=tenant, column=column).decode()
+    return open_value(text_envelope(value, column), tenant=tenant, column=column,
+                      row=row).decode()
 
 
 # --- the evidence: the quotes an extraction keeps, in its record and its audit entry --------
@@ -261,13 +287,14 @@ def map_audit_evidence(detail: dict[str, Any], change: Callable[[str], str]) -> 
                                    for k, v in quotes.items()}}
 
 
-def seal_evidence(extraction: dict[str, Any], *, tenant: str) -> dict[str, Any]:
+def seal_evidence(extraction: dict[str, Any], *, tenant: str, event_id: str) -> dict[str, Any]:
     sealer = process_sealer()
     if sealer is None:
         return extraction
     return map_evidence(extraction, lambda q: sealer.seal_text(q, tenant=tenant,
-                                                              column=EVIDENCE))
+                                                              column=EVIDENCE, row=event_id))
 
 
-def open_evidence(extraction: dict[str, Any], *, tenant: str) -> dict[str, Any]:
-    return map_evidence(extraction, lambda q: open_text(q, tenant=tenant, column=EVIDENCE) or q)
+def open_evidence(extraction: dict[str, Any], *, tenant: str, event_id: str) -> dict[str, Any]:
+    return map_evidence(extraction, lambda q: open_text(q, tenant=tenant, column=EVIDENCE,
+                                                        row=event_id) or q)

@@ -258,6 +258,16 @@ def create_app(
         )
         return {"faults": [_fault_json(r) for r in rows]}
 
+    @app.post("/_sandbox/faults/release")
+    async def release_faults(sandbox: SandboxDep) -> dict[str, Any]:
+        """Let every request a `hold_before_commit` fault holds go on (answered 504, nothing
+        committed); `DELETE /_sandbox/faults` releases them too."""
+        released = await sandbox.pool.fetchval(
+            "WITH r AS (UPDATE sandbox.faults SET released = true "
+            "WHERE mode = 'hold_before_commit' AND NOT released RETURNING 1) "
+            "SELECT count(*) FROM r")
+        return {"released": released}
+
     @app.delete("/_sandbox/faults")
     async def clear_faults(sandbox: SandboxDep) -> dict[str, Any]:
         await sandbox.pool.execute("DELETE FROM sandbox.faults")

@@ -30,12 +30,20 @@ Mode = Literal[
     "unauthorized",
     "timeout_before_commit",
     "timeout_after_commit",
+    "hold_before_commit",
 ]
 IMMEDIATE_MODES = frozenset({"rate_limit", "server_error", "invalid_field", "unauthorized"})
 
 # Lease on an in-flight idempotency key beyond the configured hang: long enough for any
 # real request, short enough that a crashed process frees the key soon.
 LEASE_MARGIN_SECONDS = 30.0
+
+# A `hold_before_commit` request waits until its fault is released (`POST
+# /_sandbox/faults/release`, or `DELETE /_sandbox/faults`), then is answered like a
+# timeout before commit; never longer than this, so a test that forgets to release it frees
+# the request in the end.
+MAX_HOLD_SECONDS = 300.0
+HOLD_POLL_SECONDS = 0.02
 
 Release = Callable[[], Awaitable[None]]
 
@@ -229,6 +237,17 @@ class Sandbox:
                 return None
         return None
 
+    async def _held(self, fault_id: int) -> None:
+        """Until fault `fault_id` is released or deleted (every sandbox process of this
+        database sees it), at most MAX_HOLD_SECONDS."""
+        deadline = asyncio.get_running_loop().time() + MAX_HOLD_SECONDS
+        while asyncio.get_running_loop().time() < deadline:
+            held = await self.pool.fetchval(
+                "SELECT NOT released FROM sandbox.faults WHERE id = $1", fault_id)
+            if not held:
+                return
+            await asyncio.sleep(HOLD_POLL_SECONDS)
+
     async def log_call(self, target: str, outcome: str, status_code: int,
                        request_id: str | None = None) -> None:
         await self.pool.execute(
@@ -285,6 +304,17 @@ class Sandbox:
             await self.log_call(target, fault.mode, response.status_code, request_id)
             response.headers[header] = request_id
             return response
+        if fault is not None and mode == "hold_before_commit":
+            # Logged when the hold begins: a test waits for this call, does what must happen
+            # while the request is on the wire, then releases it.
+            await self.log_call(target, mode, 504, request_id)
+            release = await reserve() if reserve is not None else None
+            try:
+                await self._held(fault.id)
+            finally:
+                if release is not None:
+                    await release()
+            return gateway_timeout(target)
         if mode == "timeout_before_commit":
             hang = (await self.config()).hang_seconds
             await self.log_call(target, mode, 504)

@@ -102,6 +102,8 @@ ALTER TABLE sandbox.email_requests ADD COLUMN IF NOT EXISTS created_at timestamp
 
 -- A rate-limit fault may name HubSpot's policy (SECONDLY, TEN_SECONDLY_ROLLING, DAILY).
 ALTER TABLE sandbox.faults ADD COLUMN IF NOT EXISTS policy text;
+-- A `hold_before_commit` request waits on the wire until its fault is released.
+ALTER TABLE sandbox.faults ADD COLUMN IF NOT EXISTS released boolean NOT NULL DEFAULT false;
 -- The request ID the call's answer carried (X-Request-Id / X-HubSpot-Correlation-Id).
 ALTER TABLE sandbox.calls ADD COLUMN IF NOT EXISTS request_id text;
 

@@ -4,6 +4,7 @@ step marks the item it works on; operators read it."""
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -30,9 +31,9 @@ UPDATE inbound_events SET state = $2, reason = $3, updated_at = now() WHERE even
 # $11, $12 the provider's own event and its content type (NULL where the source posts MIME).
 INSERT_EVENT = """
 WITH inserted AS (
-    INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, raw,
-                                content_sha256, size_bytes, message_id)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $10)
+    INSERT INTO inbound_events (event_id, tenant, source, mailbox, delivery_id, workflow_id,
+                                raw, content_sha256, size_bytes, message_id)
+    VALUES ($13::uuid, $1, $2, $3, $4, $5, $6, $7, $8, $10)
     ON CONFLICT DO NOTHING
     RETURNING event_id
 ), kept AS (
@@ -205,14 +206,17 @@ async def insert_event(conn: Conn, *, tenant: str, source: str, mailbox: str,
                        provider_event_type: str | None = None) -> asyncpg.Record | None:
     """The new event with its `received` audit entry (and the provider's own event, where
     given), or the existing one (INSERT_EVENT). The message and the provider's event are
-    sealed here, in the writing process (inboxcrm/platform/atrest.py); `content_sha256` and
-    `size_bytes` describe the plaintext."""
-    sealed_event = (atrest.seal(provider_event, tenant=tenant, column=atrest.PROVIDER_EVENT)
+    sealed here, in the writing process (inboxcrm/platform/atrest.py), bound to the event ID
+    chosen here (so the ID is known before the row exists; a delivery already stored keeps its
+    own row and values); `content_sha256` and `size_bytes` describe the plaintext."""
+    event_id = str(uuid.uuid4())  # the row the sealed values are bound to
+    sealed_event = (atrest.seal(provider_event, tenant=tenant, column=atrest.PROVIDER_EVENT,
+                                row=event_id)
                     if provider_event is not None else None)
     row: asyncpg.Record | None = await conn.fetchrow(
         INSERT_EVENT, tenant, source, mailbox, delivery_id, workflow_id,
-        atrest.seal(raw, tenant=tenant, column=atrest.RAW), content_sha256, size_bytes, actor,
-        message_id, sealed_event, provider_event_type)
+        atrest.seal(raw, tenant=tenant, column=atrest.RAW, row=event_id), content_sha256,
+        size_bytes, actor, message_id, sealed_event, provider_event_type, event_id)
     return row
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from inboxcrm.platform import atrest
 from inboxcrm.store.step_attempts import end_step_cte
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ SELECT i.intent_id, i.contact_id, i.status, i.template_id, i.rule_id, i.lease_ow
         WHERE s.tenant = c.tenant AND s.canonical_email = c.canonical_email)
            AS suppression_scope,
        e.languages, e.message_id AS inbound_message_id, e.thread_refs,
-       CASE WHEN e.languages IS NULL THEN e.raw END AS head
+       e.event_id AS head_event_id, CASE WHEN e.languages IS NULL THEN e.raw END AS head
 FROM followup_intents i JOIN contacts c ON c.contact_id = i.contact_id
 LEFT JOIN inbound_events e ON e.event_id = $2::uuid
 WHERE i.intent_id = $1::uuid
@@ -376,11 +377,21 @@ async def intent_of_workflow(conn: Conn, *, workflow_id: str,
     return str(found) if found is not None else None
 
 
-async def save_draft(conn: Conn, *, intent_id: str, draft_text: str, draft_sha256: str,
-                     proposed_by: str) -> bool:
-    """Store a reviewer's proposed text; False: the intent no longer awaits approval."""
-    return await conn.fetchval(SAVE_DRAFT, intent_id, draft_text, draft_sha256,
+async def save_draft(conn: Conn, *, intent_id: str, tenant: str, draft_text: str,
+                     draft_sha256: str, proposed_by: str) -> bool:
+    """Store a reviewer's proposed text, sealed at rest (inboxcrm/platform/atrest.py; its
+    hash is over the plaintext); False: the intent no longer awaits approval."""
+    sealed = atrest.seal_text(draft_text, tenant=tenant, column=atrest.DRAFT, row=intent_id)
+    return await conn.fetchval(SAVE_DRAFT, intent_id, sealed, draft_sha256,
                                proposed_by) is not None
+
+
+def opened_draft(row: asyncpg.Record | dict[str, Any], *, tenant: str) -> str | None:
+    """The plaintext of a row's `draft_text` (sealed at rest, bound to its `intent_id`;
+    None: no draft)."""
+    value = row["draft_text"]
+    return atrest.open_text(None if value is None else str(value), tenant=tenant,
+                            column=atrest.DRAFT, row=str(row["intent_id"]))
 
 
 async def decline_intent(conn: Conn, *, intent_id: str, send_op_key: str) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inboxcrm.platform import atrest
+from inboxcrm.store import intents
 
 if TYPE_CHECKING:
     from inboxcrm.store.db import Conn
@@ -177,7 +178,7 @@ ORDER BY created_at
 """
 
 EXPORT_AUDIT = """
-SELECT at, tenant, workflow_id, actor, action, detail
+SELECT at, tenant, workflow_id, actor, action, detail, event_id
 FROM audit_log
 WHERE tenant = ANY($1::text[])
   AND (workflow_id = ANY($2::text[]) OR contact_id = ANY($3::uuid[]))
@@ -198,6 +199,10 @@ async def export(conn: Conn, tenants: list[str], canonical: str,
         found: dict[str, list[dict[str, Any]]] = {"contacts": contacts, "messages": events}
         for kind, statement in EXPORT_BY_EVENT.items():
             found[kind] = [dict(r) for r in await conn.fetch(statement, event_ids)]
+        tenant_of = {e["event_id"]: str(e["tenant"]) for e in events}
+        for intent in found["followups"]:  # the edited draft is sealed at rest
+            intent["draft_text"] = intents.opened_draft(
+                intent, tenant=tenant_of[intent["event_id"]])
         found["suppressions"] = [dict(r) for r in await conn.fetch(EXPORT_SUPPRESSIONS,
                                                                    tenants, canonical)]
         found["crm_opt_out_writes"] = [dict(r) for r in await conn.fetch(
@@ -215,21 +220,24 @@ async def export(conn: Conn, tenants: list[str], canonical: str,
 def _opened(event: dict[str, Any]) -> dict[str, Any]:
     """An exported message as the person sent it: its stored values opened (at rest they are
     sealed, inboxcrm/platform/atrest.py)."""
-    tenant = str(event["tenant"])
-    event["raw"] = atrest.open_optional(event["raw"], tenant=tenant, column=atrest.RAW)
+    tenant, row = str(event["tenant"]), str(event["event_id"])
+    event["raw"] = atrest.open_optional(event["raw"], tenant=tenant, column=atrest.RAW, row=row)
     event["provider_event"] = atrest.open_optional(event["provider_event"], tenant=tenant,
-                                                   column=atrest.PROVIDER_EVENT)
+                                                   column=atrest.PROVIDER_EVENT, row=row)
     if event["extraction"] is not None:
-        event["extraction"] = atrest.open_evidence(event["extraction"], tenant=tenant)
+        event["extraction"] = atrest.open_evidence(event["extraction"], tenant=tenant,
+                                                   event_id=row)
     return event
 
 
 def _opened_entry(entry: dict[str, Any]) -> dict[str, Any]:
-    """An exported audit entry with the evidence it quotes opened."""
+    """An exported audit entry with the evidence it quotes opened (bound to the entry's
+    event)."""
+    event_id = entry.pop("event_id")
     if entry["action"] == "extracted" and isinstance(entry["detail"], dict):
         tenant = str(entry["tenant"])
         entry["detail"] = atrest.map_audit_evidence(entry["detail"], lambda q: atrest.open_text(
-            q, tenant=tenant, column=atrest.AUDIT_EVIDENCE) or q)
+            q, tenant=tenant, column=atrest.AUDIT_EVIDENCE, row=str(event_id)) or q)
     return entry
 
 

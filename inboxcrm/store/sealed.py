@@ -1,7 +1,7 @@
 """Re-encryption of the values sealed at rest (`inboxcrm keys reencrypt`,
 inboxcrm/platform/atrest.py): after a key rotation, a tenant's stored messages, provider
-events and evidence quotes are sealed again under the active key, batch by batch, so the old
-key can leave the key file.
+events, evidence quotes and edited drafts are sealed again under the active key, batch by
+batch, so the old key can leave the key file.
 
 A batch is one transaction: the next values of the tenant (by event ID, after a cursor) that
 are not under the active key, opened and sealed again in this process, written back only where
@@ -24,10 +24,12 @@ if TYPE_CHECKING:
     from inboxcrm.platform.atrest import Sealer
     from inboxcrm.store.db import Conn
 
-# The stored bytes: selected only where they are not under the active key.
+# The stored bytes: selected only where they are not under the active key in the current
+# envelope version (a version 1 value, not bound to its row, is rewritten as version 2).
+# `row`: the identity the value is bound to (associated data).
 # $1 tenant, $2 cursor (event ID), $3 the active key's envelope header, $4 batch size.
 STALE_RAW = """
-SELECT event_id AS id, raw AS value FROM inbound_events
+SELECT event_id AS id, event_id::text AS row, raw AS value FROM inbound_events
 WHERE tenant = $1 AND event_id > $2::uuid AND raw IS NOT NULL
   AND substring(raw FROM 1 FOR octet_length($3::bytea)) <> $3::bytea
 ORDER BY event_id
@@ -35,7 +37,7 @@ LIMIT $4
 """
 
 STALE_PROVIDER_EVENTS = """
-SELECT p.event_id AS id, p.body AS value
+SELECT p.event_id AS id, p.event_id::text AS row, p.body AS value
 FROM provider_events p JOIN inbound_events e USING (event_id)
 WHERE e.tenant = $1 AND p.event_id > $2::uuid
   AND substring(p.body FROM 1 FOR octet_length($3::bytea)) <> $3::bytea
@@ -44,19 +46,29 @@ LIMIT $4
 """
 
 # The evidence quotes sit inside JSON (base64 text): every row with evidence is read and the
-# quotes are checked here ($3, the header, unused by these two).
+# quotes are checked here ($3, the header, unused by these two). An audit entry's quotes are
+# bound to the event it is about (`row`; an `extracted` entry always names one).
 STALE_EVIDENCE = """
-SELECT event_id AS id, extraction AS value FROM inbound_events
+SELECT event_id AS id, event_id::text AS row, extraction AS value FROM inbound_events
 WHERE tenant = $1 AND event_id > $2::uuid AND extraction IS NOT NULL AND $3::bytea IS NOT NULL
 ORDER BY event_id
 LIMIT $4
 """
 
 STALE_AUDIT_EVIDENCE = """
-SELECT audit_id AS id, detail AS value FROM audit_log
+SELECT audit_id AS id, event_id::text AS row, detail AS value FROM audit_log
 WHERE tenant = $1 AND audit_id > $2::bigint AND action = 'extracted' AND detail ? 'evidence'
+  AND event_id IS NOT NULL
   AND $3::bytea IS NOT NULL
 ORDER BY audit_id
+LIMIT $4
+"""
+
+# A reviewer's edited follow-ups (text; few): every stored draft is read and checked here.
+STALE_DRAFT = """
+SELECT intent_id AS id, intent_id::text AS row, draft_text AS value FROM followup_intents
+WHERE tenant = $1 AND intent_id > $2::uuid AND draft_text IS NOT NULL AND $3::bytea IS NOT NULL
+ORDER BY intent_id
 LIMIT $4
 """
 
@@ -90,6 +102,14 @@ WHERE a.audit_id = u.id AND a.detail = u.old
 RETURNING a.audit_id AS id
 """
 
+# The draft's hash (`draft_sha256`) is over the plaintext: it stays as it is.
+RESEAL_DRAFT = """
+UPDATE followup_intents i SET draft_text = u.new
+FROM unnest($1::uuid[], $2::text[], $3::text[]) AS u(id, old, new)
+WHERE i.intent_id = u.id AND i.draft_text = u.old
+RETURNING i.intent_id AS id
+"""
+
 RECORD = """
 INSERT INTO audit_log (tenant, actor, action, detail) VALUES ($1, $2, 'reencrypted', $3)
 """
@@ -105,6 +125,8 @@ class Column:
     start: str
     # JSON values: the function that passes each quote of one through a change
     quotes: Callable[[dict[str, Any], Callable[[str], str]], dict[str, Any]] | None = None
+    # a text column (`ixa1:` + base64), not bytes
+    text: bool = False
 
     def cursor(self, value: Any) -> Any:
         return str(value) if self.start == UUID_START else int(value)
@@ -116,6 +138,7 @@ COLUMNS = {
     atrest.EVIDENCE: Column(STALE_EVIDENCE, RESEAL_EVIDENCE, UUID_START, atrest.map_evidence),
     atrest.AUDIT_EVIDENCE: Column(STALE_AUDIT_EVIDENCE, RESEAL_AUDIT_EVIDENCE, "0",
                                   atrest.map_audit_evidence),
+    atrest.DRAFT: Column(STALE_DRAFT, RESEAL_DRAFT, UUID_START, text=True),
 }
 
 
@@ -132,15 +155,34 @@ class ResealBatch:
     from_keys: dict[str, int] = field(default_factory=dict)
 
 
-def _resealed_bytes(value: bytes, sealer: Sealer, tenant: str, column: str
+def _source(envelope: bytes) -> str:
+    """Where a value came from, for the counts: its key ID (`k1 (v1)` for a version 1
+    envelope, bound to tenant and column only) or `plaintext`."""
+    key_id = atrest.key_id_of(envelope)
+    if key_id is None:
+        return PLAINTEXT
+    return f"{key_id} (v1)" if envelope[len(atrest.MAGIC)] == atrest.V1 else key_id
+
+
+def _resealed_bytes(value: bytes, sealer: Sealer, tenant: str, column: str, row: str
                     ) -> tuple[bytes, list[str]]:
-    plain = sealer.open(value, tenant=tenant, column=column)
-    return (sealer.seal(plain, tenant=tenant, column=column),
-            [atrest.key_id_of(value) or PLAINTEXT])
+    plain = sealer.open(value, tenant=tenant, column=column, row=row)
+    return sealer.seal(plain, tenant=tenant, column=column, row=row), [_source(value)]
+
+
+def _resealed_text(value: str, sealer: Sealer, tenant: str, column: str, row: str
+                   ) -> tuple[str, list[str]]:
+    """The text sealed again ([]: it is under the active key already)."""
+    envelope = atrest.text_envelope(value, column)
+    if atrest.is_sealed_text(value) and sealer.is_current(envelope):
+        return value, []
+    return (sealer.seal_text(sealer.open_text(value, tenant=tenant, column=column, row=row),
+                             tenant=tenant, column=column, row=row),
+            [_source(envelope)])
 
 
 def _resealed_quotes(value: dict[str, Any], spec: Column, sealer: Sealer, tenant: str,
-                     column: str) -> tuple[dict[str, Any], list[str]]:
+                     column: str, row: str) -> tuple[dict[str, Any], list[str]]:
     """The JSON with each quote not under the active key sealed again ([]: none was)."""
     assert spec.quotes is not None
     sources: list[str] = []
@@ -149,9 +191,9 @@ def _resealed_quotes(value: dict[str, Any], spec: Column, sealer: Sealer, tenant
         envelope = atrest.text_envelope(quote, column)
         if atrest.is_sealed_text(quote) and sealer.is_current(envelope):
             return quote
-        sources.append(atrest.key_id_of(envelope) or PLAINTEXT)
-        return sealer.seal_text(sealer.open_text(quote, tenant=tenant, column=column),
-                                tenant=tenant, column=column)
+        sources.append(_source(envelope))
+        return sealer.seal_text(sealer.open_text(quote, tenant=tenant, column=column, row=row),
+                                tenant=tenant, column=column, row=row)
 
     return spec.quotes(value, again), sources
 
@@ -169,12 +211,18 @@ async def reseal_batch(conn: Conn, *, tenant: str, column: str, sealer: Sealer,
         sources: dict[str, list[str]] = {}
         for row in rows:
             again: Any
-            if spec.quotes is None:
-                value: Any = bytes(row["value"])
-                again, found = _resealed_bytes(value, sealer, tenant, column)
+            if spec.text:
+                value: Any = str(row["value"])
+                again, found = _resealed_text(value, sealer, tenant, column, row["row"])
+                if not found:
+                    continue
+            elif spec.quotes is None:
+                value = bytes(row["value"])
+                again, found = _resealed_bytes(value, sealer, tenant, column, row["row"])
             else:
                 value = row["value"]
-                again, found = _resealed_quotes(value, spec, sealer, tenant, column)
+                again, found = _resealed_quotes(value, spec, sealer, tenant, column,
+                                                row["row"])
                 if not found:
                     continue
             ids.append(row["id"])

@@ -166,6 +166,11 @@ class StackClient:
         response = await self.http.post(f"{self.endpoints.sandbox_url}/_sandbox/faults", json=body)
         response.raise_for_status()
 
+    async def release_held(self) -> None:
+        """Let the requests `hold_before_commit` faults hold go on (each answered 504)."""
+        response = await self.http.post(f"{self.endpoints.sandbox_url}/_sandbox/faults/release")
+        response.raise_for_status()
+
     async def reset_faults(self) -> None:
         await self.http.delete(f"{self.endpoints.sandbox_url}/_sandbox/faults")
         await self.sandbox_config(search_lag_seconds=2, hang_seconds=6)
