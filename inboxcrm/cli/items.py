@@ -394,6 +394,7 @@ def export(email: Annotated[str, typer.Option("--email")],
     suppressions, CRM opt-out writes and the audit trail around them). Recorded in the
     audit trail without the address."""
     from inboxcrm.domain.policy import InvalidAddress, canonical_email, get_policy, load_policies
+    from inboxcrm.platform.atrest import SealedValueError
     settings = settings_from_env()
     tenants = [tenant] if tenant else sorted(load_policies())
     by_tenant: dict[str, str] = {}
@@ -414,7 +415,11 @@ def export(email: Annotated[str, typer.Option("--email")],
                 found.setdefault(kind, []).extend(rows)
         return found
 
-    found = with_db(settings, run)
+    try:
+        found = with_db(settings, run)
+    except SealedValueError as exc:  # names the column and key ID, never data
+        fail(f"export stopped, nothing written: {exc}", 1)
+        raise
     document = json.dumps({"tenants": tenants, **_exportable(found)}, indent=2,
                           sort_keys=True)
     if output is None:
