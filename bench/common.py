@@ -47,7 +47,7 @@ class Options:
     floor_local_activities: int | None = None  # None: as the product's warm-up item ran
     floor_activities: int | None = None
     max_concurrent_activities: int = 50
-    max_concurrent_workflow_tasks: int = 50
+    max_concurrent_workflow_tasks: int = 6  # the product's default (Settings)
     seed: int = 1
     profile_n: int = 0              # items of the profiled product run (0: none)
     same_shape_local_activities: int = 6  # the product-shape floor: no-op local activities

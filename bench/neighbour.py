@@ -38,7 +38,8 @@ TENANT_B, MAILBOX_B = "beta", "sales@beta.test"
 SETTLED = ("completed", "ignored", "suppressed", "rejected", "failed", "awaiting_review",
            "blocked", "ambiguous", "held")
 TIMES = """
-SELECT e.delivery_id, e.state, e.reason, extract(epoch FROM e.received_at)::float8 AS received,
+SELECT e.delivery_id, e.workflow_id, e.state, e.reason,
+       extract(epoch FROM e.received_at)::float8 AS received,
        (SELECT extract(epoch FROM min(a.at))::float8 FROM audit_log a
         WHERE a.workflow_id = e.workflow_id AND a.action = 'state_changed'
           AND a.detail->>'state' = e.state) AS settled
@@ -186,6 +187,35 @@ async def settled_rows(db: Any, tenant: str, prefix: str, want: int, timeout: fl
         await asyncio.sleep(0.5)
 
 
+async def phases(client: Any, rows: list[Any], only: set[str]) -> dict[str, Any]:
+    """Where B's completed items spent their time, from their Temporal histories: `relay`
+    (accepted -> workflow started), `queued` (started -> its first workflow task handed to a
+    worker: the matching service's queue, where fairness applies) and `worker` (that -> its
+    final state recorded: the steps inside the worker)."""
+    from temporalio.api.enums.v1 import EventType
+
+    relay, queued, worker = [], [], []
+    for r in rows:
+        if r["delivery_id"] not in only or r["state"] != "completed" or r["settled"] is None:
+            continue
+        history = await client.get_workflow_handle(r["workflow_id"]).fetch_history()
+        started = first_task = None
+        for event in history.events:
+            at = event.event_time.ToDatetime().timestamp()
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+                started = at
+            elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                first_task = at
+                break
+        if started is None or first_task is None:
+            continue
+        relay.append(started - r["received"])
+        queued.append(first_task - started)
+        worker.append(r["settled"] - first_task)
+    return {"relay_ms": summary_ms(relay), "queued_ms": summary_ms(queued),
+            "worker_ms": summary_ms(worker)}
+
+
 def latencies(rows: list[Any], only: set[str] | None = None) -> dict[str, Any]:
     values = [r["settled"] - r["received"] for r in rows
               if r["state"] == "completed" and r["settled"] is not None
@@ -239,9 +269,15 @@ async def run(stack: Any, args: argparse.Namespace) -> dict[str, Any]:
         followups = {TENANT_A: sum(r["reason"] == "followup_sent" for r in a_rows),
                      TENANT_B: sum(r["reason"] == "followup_sent" for r in b_rows)}
         alone, under = latencies(b_rows, alone_ids), latencies(b_rows, under_ids)
+        from temporalio.client import Client
+
+        temporal = await Client.connect(stack.temporal_address)
+        b_phases = {"alone": await phases(temporal, b_rows, alone_ids),
+                    "under_burst": await phases(temporal, b_rows, under_ids)}
         out: dict[str, Any] = {
             "b_alone_ms": alone,
             "b_under_burst_ms": under,
+            "b_phases_ms": b_phases,
             "b_p95_ratio": (round(under["p95"] / alone["p95"], 2)
                             if alone.get("p95") and under.get("p95") else None),
             "target_b_p95_under_burst_ms": (round(target_p95_ms(alone["p95"]), 1)
@@ -289,6 +325,10 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
         ("B accepted -> done, under A's burst", lat(result["b_under_burst_ms"]),
          f"p95 <= {target} ms" if target else ""),
         ("B p95 under burst / alone", str(result.get("b_p95_ratio")), ""),
+        *((f"B {when}: {name} (p50 / p95 ms)",
+           f"{s.get('p50')} / {s.get('p95')}" if s.get("count") else "-", "")
+          for when, parts in result.get("b_phases_ms", {}).items()
+          for name, s in parts.items()),
         ("A's burst", f"{a['per_second']} emails/s ({a['settled']}/{a['emails']} settled in "
          f"{a['elapsed_seconds']} s; states {a['states']}; answers {a['answers']}; "
          f"429/503 retried {a['throttled']})", ""),

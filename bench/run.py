@@ -66,6 +66,13 @@ def log(line: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
+def default_workflow_tasks() -> int:
+    """The product's default workflow task slots per worker (`Settings`)."""
+    from inboxcrm.platform.config import Settings
+
+    return int(Settings.model_fields["max_concurrent_workflow_tasks"].default)
+
+
 def parse_args(argv: list[str] | None = None) -> Options:
     parser = argparse.ArgumentParser(
         prog="python -m bench.run", description="inboxcrm benchmark (figures, not pass/fail)")
@@ -103,7 +110,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
                         default=int(os.environ.get("INBOXCRM_MAX_CONCURRENT_ACTIVITIES", 50)))
     parser.add_argument("--max-concurrent-workflow-tasks", type=int,
                         default=int(os.environ.get("INBOXCRM_MAX_CONCURRENT_WORKFLOW_TASKS",
-                                                   50)))
+                                                   default_workflow_tasks())))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="worker processes per side: the product's task queue and the "
                         "floor's get the same number (default: one per core, as a Python "
@@ -183,6 +190,7 @@ def start_stack(opts: Options) -> Any:
         temporal_db_file=True,           # file-backed, WAL + synchronous=normal (as `make up`)
         sandbox_port=free_port(),
         relay_port=free_port(),
+        relay_metrics_port=free_port(),  # not 9465: another checkout's stack may hold it
         worker_metrics_port=free_port(),
         database_url=None,               # always a fresh embedded PostgreSQL of its own
         temporal_address=None,           # always a fresh dev server of its own

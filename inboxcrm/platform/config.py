@@ -238,7 +238,12 @@ class Settings(BaseSettings):
     # Worker. Prometheus metrics (SDK + app) at this address; empty disables.
     worker_metrics_address: str = "127.0.0.1:9464"
     max_concurrent_activities: int = 50
-    max_concurrent_workflow_tasks: int = 50
+    # Items in a worker at once: an item's steps are local activities that run inside its
+    # workflow task, which holds its slot until the item's end, and inside a worker they are
+    # served first come, first served. A small count keeps a burst's backlog at the Temporal
+    # server, where task-queue fairness orders it per tenant (docs/capacity.md "Fair across
+    # tenants", issue 38; measured with `make bench-neighbour`). 6 per worker (one core).
+    max_concurrent_workflow_tasks: int = 6
     max_cached_workflows: int = 250
     # The SDK's workflow sandbox re-executes the workflow module and proxies its imports for
     # every workflow run: about 15 ms of CPU per item on a 2-core machine, a sixth of an

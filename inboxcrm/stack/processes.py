@@ -181,8 +181,14 @@ def temporal_dev_server_argv(
             "--http-port", str(free_port()), "--metrics-port", str(free_port()),
             "--log-level", "warn", "--ui-disable-news-fetch",
             # Task-queue fairness (docs/capacity.md): each tenant's tasks in a queue of
-            # their own, dispatched in proportion to the tenant's weight.
-            "--dynamic-config-value", "matching.enableFairness=true"]
+            # their own, dispatched in proportion to the tenant's weight. Fairness orders
+            # each partition of a task queue on its own, and a poll takes from one
+            # partition: with the default 4, a tenant's task waits on average for 4
+            # dispatches instead of 1. One partition serves far more than one installation's
+            # tasks per second (issue 38, `make bench-neighbour`).
+            "--dynamic-config-value", "matching.enableFairness=true",
+            "--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
+            "--dynamic-config-value", "matching.numTaskqueueWritePartitions=1"]
     argv += ["--headless"] if ui_port is None else ["--ui-port", str(ui_port)]
     if db_file is not None:
         argv += ["--db-filename", str(db_file), "--sqlite-pragma", "journal_mode=wal",
