@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="inboxcrm-bench-dovecot-"))
     server = dovecot.Dovecot(root).start({USER: PASSWORD})
     try:
-        with exclusive_data_dir():
+        with exclusive_data_dir("imap"):
             stack = start_stack(bench_args(["--workers", str(args.workers)]))
             stack.config.extra_env[PASSWORD_ENV] = PASSWORD
             stack.config.workers = max(1, args.workers)

@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result: dict[str, Any] = {"label": "neighbour", "started_at": time.time(),
                               "machine": machine(), "options": vars(args)}
-    with exclusive_data_dir():
+    with exclusive_data_dir("neighbour"):
         policies = write_policies(DATA_DIR / "policies")
         stack = start_stack(bench_args(["--workers", str(args.workers)]))
         stack.config.extra_env["INBOXCRM_POLICY_DIR"] = str(policies)

@@ -151,9 +151,25 @@ def parse_args(argv: list[str] | None = None) -> Options:
 
 
 # --- the stack ---------------------------------------------------------------------------
+LOGS_KEPT_DIR = ROOT / ".data" / "bench-logs"
+
+
+def keep_logs(label: str) -> None:
+    """The stack's logs of the run that just ended, copied to `.data/bench-logs/<label>/`:
+    the next benchmark empties the data dir, and a figure nobody can explain (an error
+    answer under load) needs the relay's and the workers' logs of that very run."""
+    logs = DATA_DIR / "logs"
+    if not logs.is_dir():
+        return
+    target = LOGS_KEPT_DIR / label
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(logs, target)
+
+
 @contextlib.contextmanager
-def exclusive_data_dir() -> Any:
-    """One bench run at a time per checkout; the data dir is emptied for a fresh stack."""
+def exclusive_data_dir(label: str = "run") -> Any:
+    """One bench run at a time per checkout; the data dir is emptied for a fresh stack, and
+    its logs are kept under `.data/bench-logs/<label>/` when the run ends."""
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     lock = open(DATA_DIR / ".lock", "w")  # noqa: SIM115 - held for the run
     try:
@@ -175,6 +191,10 @@ def exclusive_data_dir() -> Any:
                 entry.unlink()
         yield DATA_DIR
     finally:
+        try:
+            keep_logs(label)
+        except OSError as exc:  # the figures matter more than the logs
+            log(f"could not keep the stack's logs: {exc}")
         lock.close()
 
 
