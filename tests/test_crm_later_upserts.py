@@ -27,9 +27,9 @@ from inboxcrm.adapters.hubspot import HubSpotCrm
 from inboxcrm.adapters.pipedrive import PipedriveCrm
 from inboxcrm.adapters.salesforce import SalesforceCrm
 from inboxcrm.sandbox.pipedrive import CUSTOM_FIELD_KEY
-from inboxcrm.schemas.models import ItemRef, OperationInput
+from inboxcrm.schemas.models import OperationInput
 from tests.helpers.conformance import hubspot_client, salesforce_client
-from tests.helpers.outbox import PlannedItem, planned_item, step_env
+from tests.helpers.outbox import PlannedItem, later_item, planned_item, step_env
 from tests.helpers.sandbox_process import API_KEY, SandboxProcess, free_port, running
 from tests.helpers.tls import self_signed_certificate
 
@@ -96,19 +96,8 @@ async def _later(store: asyncpg.Pool, item: PlannedItem, *, name: str, company: 
     await store.execute("UPDATE contacts SET name = $2, company = $3, email = $4 "
                         "WHERE contact_id = $1::uuid", item.contact_id, name, company,
                         email or item.email.upper())
-    delivery = uuid.uuid4().hex
-    workflow_id = f"inbound/acme/test/sales@acme.test/{delivery}"
-    event_id = await store.fetchval(
-        "INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, "
-        "content_sha256, size_bytes, state, contact_id) VALUES ('acme', 'test', "
-        "'sales@acme.test', $1, $2, 'x', 1, 'crm_pending', $3::uuid) RETURNING event_id",
-        delivery, workflow_id, item.contact_id)
-    await store.execute(
-        "INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, "
-        "external_ref) VALUES ($1, $2, $3, 'crm-upsert', 6, $4)",
-        f"{workflow_id}:crm-upsert", workflow_id, event_id, item.contact_id)
-    ref = ItemRef(event_id=str(event_id), workflow_id=workflow_id, tenant="acme")
-    return OperationInput(ref, f"{workflow_id}:crm-upsert")
+    ref = await later_item(store, str(item.contact_id), "crm-upsert")
+    return OperationInput(ref, f"{ref.workflow_id}:crm-upsert")
 
 
 def _read_back(org: tuple[SandboxProcess, SandboxProcess], provider: str,

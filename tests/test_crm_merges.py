@@ -17,7 +17,6 @@ Counted on the destination side (`/_sandbox/state`)."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,7 +30,7 @@ from inboxcrm.schemas.models import ItemRef, OperationInput
 from inboxcrm.stack.stack import Stack
 from inboxcrm.verify.probe import StackClient, message_from, unique_email
 from tests.helpers.cli import as_reviewer, cli
-from tests.helpers.outbox import planned_item, step_env
+from tests.helpers.outbox import later_item, planned_item, step_env
 from tests.helpers.sandbox_process import API_KEY, SandboxProcess, own_sandbox
 
 TERMINAL = {"completed", "ignored", "suppressed", "rejected", "failed", "shadowed"}
@@ -115,20 +114,7 @@ async def org(postgres_server_url: str) -> AsyncIterator[SandboxProcess]:
 async def _next_item(pool: asyncpg.Pool, contact_id: str, tenant: str = "acme") -> ItemRef:
     """A later item of the same contact, as match_and_plan leaves it: its event linked to the
     contact, its CRM upsert and note queued."""
-    delivery = uuid.uuid4().hex
-    workflow_id = f"inbound/{tenant}/test/sales@acme.test/{delivery}"
-    event_id = await pool.fetchval(
-        "INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, "
-        "content_sha256, size_bytes, state, contact_id) VALUES ($1, 'test', "
-        "'sales@acme.test', $2, $3, 'x', 1, 'crm_pending', $4::uuid) RETURNING event_id",
-        tenant, delivery, workflow_id, contact_id)
-    await pool.execute(
-        "INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, "
-        "external_ref) VALUES ($1, $2, $3, 'crm-upsert', 6, $4), "
-        "($5, $2, $3, 'crm-note', 6, $3::text)",
-        f"{workflow_id}:crm-upsert", workflow_id, event_id, contact_id,
-        f"{workflow_id}:crm-note")
-    return ItemRef(event_id=str(event_id), workflow_id=workflow_id, tenant=tenant)
+    return await later_item(pool, contact_id, "crm-upsert", "crm-note", tenant=tenant)
 
 
 async def test_a_salesforce_merge_is_followed_by_the_note_and_the_upsert(

@@ -34,7 +34,7 @@ from inboxcrm.platform.config import Settings
 from inboxcrm.sandbox.pipedrive import CUSTOM_FIELD_KEY
 from inboxcrm.schemas.consent import ConsentSyncInput
 from inboxcrm.schemas.destinations import TenantDestinations
-from tests.helpers.outbox import planned_item, step_env
+from tests.helpers.outbox import later_item, planned_item, step_env
 from tests.helpers.sandbox_process import API_KEY, SandboxProcess, own_sandbox
 
 KEY_VARIABLE = "PIPEDRIVE_TEST_TOKEN"
@@ -237,22 +237,7 @@ async def test_an_inboxcrm_opt_out_is_written_to_marketing_status_once(
 
 async def _later_item(store: asyncpg.Pool, contact_id: str, *actions: str) -> Any:
     """An item of the contact as match_and_plan leaves it: its event, its CRM operations."""
-    from inboxcrm.schemas.models import ItemRef
-
-    delivery = uuid.uuid4().hex
-    workflow_id = f"inbound/acme/test/sales@acme.test/{delivery}"
-    event_id = await store.fetchval(
-        "INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, "
-        "content_sha256, size_bytes, state, contact_id) VALUES ('acme', 'test', "
-        "'sales@acme.test', $1, $2, 'x', 1, 'crm_pending', $3::uuid) RETURNING event_id",
-        delivery, workflow_id, contact_id)
-    for action in actions:
-        await store.execute(
-            "INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, "
-            "external_ref) VALUES ($1, $2, $3, $4, 6, $5)", f"{workflow_id}:{action}",
-            workflow_id, event_id, action,
-            contact_id if action == "crm-upsert" else str(event_id))
-    return ItemRef(event_id=str(event_id), workflow_id=workflow_id, tenant="acme")
+    return await later_item(store, contact_id, *actions)
 
 
 async def test_a_merge_into_a_person_carrying_another_contacts_id_goes_to_review(

@@ -190,3 +190,23 @@ class UnsearchableMail:
 
     async def aclose(self) -> None:
         return None
+
+
+async def later_item(pool: asyncpg.Pool, contact_id: str, *actions: str,
+                     tenant: str = "acme") -> ItemRef:
+    """The event and one queued operation per action (`crm-upsert` refers to the contact,
+    every other action to the event), each with the ledger's usual budget of 6 attempts."""
+    delivery = uuid.uuid4().hex
+    workflow_id = f"inbound/{tenant}/test/sales@acme.test/{delivery}"
+    event_id = await pool.fetchval(
+        "INSERT INTO inbound_events (tenant, source, mailbox, delivery_id, workflow_id, "
+        "content_sha256, size_bytes, state, contact_id) VALUES ($1, 'test', "
+        "'sales@acme.test', $2, $3, 'x', 1, 'crm_pending', $4::uuid) RETURNING event_id",
+        tenant, delivery, workflow_id, contact_id)
+    for action in actions:
+        await pool.execute(
+            "INSERT INTO operations (op_key, workflow_id, event_id, action, max_attempts, "
+            "external_ref) VALUES ($1, $2, $3, $4, 6, $5)", f"{workflow_id}:{action}",
+            workflow_id, event_id, action,
+            contact_id if action == "crm-upsert" else str(event_id))
+    return ItemRef(event_id=str(event_id), workflow_id=workflow_id, tenant=tenant)
