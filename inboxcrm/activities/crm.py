@@ -307,7 +307,7 @@ class CrmActivities:
         if not isinstance(crm, CrmMerges):
             return None
         notes: tuple[str, ...] = ()
-        if getattr(crm, "follows_notes", False):  # Pipedrive: where our notes moved
+        if crm.follows_notes:  # Pipedrive: where our notes moved
             notes = await contacts.logged_note_ids(self._pool, contact_id=contact_id)
         survivor = await crm.survivor_of(record_id, contact_id, notes)
         if survivor is None:

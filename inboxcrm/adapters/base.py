@@ -202,6 +202,10 @@ class CrmMerges(Protocol):
     Pipedrive: the old ID is gone and our external ID moved to the survivor).
     A contact whose stored record was merged is followed to the survivor, never re-created."""
 
+    # True where `survivor_of` needs the CRM IDs of the notes we logged (Pipedrive: the
+    # merge moves them to the survivor); the activity reads them from the store only then.
+    follows_notes: bool
+
     async def survivor_of(self, record_id: str, external_id: str | None = None,
                           notes: tuple[str, ...] = ()) -> Survivor | None:
         """The survivor `record_id` was merged into; None when it was not merged (it still

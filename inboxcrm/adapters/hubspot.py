@@ -345,6 +345,8 @@ class HubSpotCrm:
             return None
         return _view(response, self._id_property)
 
+    follows_notes = False  # the old ID's read names the survivor
+
     async def survivor_of(self, record_id: str, external_id: str | None = None,
                           notes: tuple[str, ...] = ()) -> Survivor | None:
         """GET by the stored ID: a merged contact's old ID answers the surviving record (its

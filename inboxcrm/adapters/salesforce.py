@@ -505,6 +505,8 @@ class SalesforceCrm:
         owner = body.get(self._field)
         return CrmRecordView(record_id=found, external_id=str(owner) if owner else None)
 
+    follows_notes = False  # the old ID's read names the survivor
+
     async def survivor_of(self, record_id: str, external_id: str | None = None,
                           notes: tuple[str, ...] = ()) -> Survivor | None:
         """A merged Contact or Lead is deleted and names its survivor in `MasterRecordId`,
