@@ -305,7 +305,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     # settings stop the worker at start, as before; tenants' own are built on first use.
     destinations.global_crm()
     destinations.global_mail()
-    await take_tenants_live(destinations, sorted(current_policies()))
+    await take_tenants_live(destinations, tenants)
     extractor = build_extractor(settings)
     models = model_queue(settings, extractor)
     activities: list[Callable[..., Any]] = [
