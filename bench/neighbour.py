@@ -51,10 +51,17 @@ def log(line: str) -> None:
     print(f"[neighbour {time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
-def write_policies(target: Path) -> Path:
+def write_policies(target: Path, a_intake: float | None = None) -> Path:
     """The repository's policies plus tenant `beta`: acme's policy and templates on its own
-    mailbox and domain (the relay's shared Standard Webhooks secret may write into it)."""
+    mailbox and domain (the relay's shared Standard Webhooks secret may write into it).
+    `a_intake`: tenant A's relay intake rate per relay process (`capacity.intake_per_second`,
+    burst two seconds' worth), None: the policy's own (none)."""
     shutil.copytree(ROOT / "policies", target)
+    if a_intake is not None:
+        acme = json.loads((target / "acme.json").read_text())
+        acme["capacity"] = dict(acme.get("capacity") or {}, intake_per_second=a_intake,
+                                intake_burst=max(1, round(2 * a_intake)))
+        (target / "acme.json").write_text(json.dumps(acme, indent=2))
     beta = json.loads((ROOT / "policies" / "acme.json").read_text())
     beta.update(tenant=TENANT_B, mailboxes=[MAILBOX_B], domains=["beta.test"])
     beta["sender"] = dict(beta["sender"], **{"from": f"Beta Sales <{MAILBOX_B}>",
@@ -187,7 +194,8 @@ async def settled_rows(db: Any, tenant: str, prefix: str, want: int, timeout: fl
         await asyncio.sleep(0.5)
 
 
-async def phases(client: Any, rows: list[Any], only: set[str]) -> dict[str, Any]:
+async def phases(client: Any, rows: list[Any], only: set[str],
+                 since: float | None = None) -> dict[str, Any]:
     """Where B's completed items spent their time, from their Temporal histories: `relay`
     (accepted -> workflow started), `queued` (started -> its first workflow task handed to a
     worker: the matching service's queue, where fairness applies) and `worker` (that -> its
@@ -195,25 +203,38 @@ async def phases(client: Any, rows: list[Any], only: set[str]) -> dict[str, Any]
     from temporalio.api.enums.v1 import EventType
 
     relay, queued, worker = [], [], []
+    timeline: list[dict[str, float | int]] = []
     for r in rows:
         if r["delivery_id"] not in only or r["state"] != "completed" or r["settled"] is None:
             continue
         history = await client.get_workflow_handle(r["workflow_id"]).fetch_history()
         started = first_task = None
+        tasks = 0
         for event in history.events:
             at = event.event_time.ToDatetime().timestamp()
             if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
                 started = at
             elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
-                first_task = at
-                break
+                first_task = at if first_task is None else first_task
+                tasks += 1
         if started is None or first_task is None:
             continue
         relay.append(started - r["received"])
         queued.append(first_task - started)
         worker.append(r["settled"] - first_task)
-    return {"relay_ms": summary_ms(relay), "queued_ms": summary_ms(queued),
-            "worker_ms": summary_ms(worker)}
+        if since is not None:
+            timeline.append({"at_s": round(r["received"] - since, 2),
+                             "relay_ms": round((started - r["received"]) * 1000),
+                             "queued_ms": round((first_task - started) * 1000),
+                             "worker_ms": round((r["settled"] - first_task) * 1000),
+                             "workflow_tasks": tasks})
+    out: dict[str, Any] = {"relay_ms": summary_ms(relay), "queued_ms": summary_ms(queued),
+                           "worker_ms": summary_ms(worker)}
+    if since is not None:
+        # Each item: when it was accepted (seconds after A's first post) and its phases,
+        # so a tail can be placed in the burst (its start, its drain, its end).
+        out["timeline"] = sorted(timeline, key=lambda item: item["at_s"])
+    return out
 
 
 def latencies(rows: list[Any], only: set[str] | None = None) -> dict[str, Any]:
@@ -254,7 +275,9 @@ async def run(stack: Any, args: argparse.Namespace) -> dict[str, Any]:
 
         async def a_side() -> tuple[float, list[Any]]:
             started = await burst(a, args.burst, args.lanes)
-            rows = await settled_rows(pool, TENANT_A, a_prefix, args.burst, args.timeout)
+            # A delivery refused 20 times is given up (reported), as a provider gives up.
+            rows = await settled_rows(pool, TENANT_A, a_prefix,
+                                      args.burst - a.answers["gave_up"], args.timeout)
             a_done.set()
             return started, rows
 
@@ -273,7 +296,7 @@ async def run(stack: Any, args: argparse.Namespace) -> dict[str, Any]:
 
         temporal = await Client.connect(stack.temporal_address)
         b_phases = {"alone": await phases(temporal, b_rows, alone_ids),
-                    "under_burst": await phases(temporal, b_rows, under_ids)}
+                    "under_burst": await phases(temporal, b_rows, under_ids, a_started)}
         out: dict[str, Any] = {
             "b_alone_ms": alone,
             "b_under_burst_ms": under,
@@ -306,6 +329,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--b-rate", type=float, default=1.0, help="B's emails per second")
     parser.add_argument("--b-alone", type=int, help="B's emails alone (default 20)")
     parser.add_argument("--lanes", type=int, default=50, help="A's concurrent posts")
+    parser.add_argument("--a-intake", type=float, default=None,
+                        help="A's relay intake per second (capacity.intake_per_second); "
+                             "default: acme's policy (no limit)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args(argv)
@@ -328,7 +354,7 @@ def rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
         *((f"B {when}: {name} (p50 / p95 ms)",
            f"{s.get('p50')} / {s.get('p95')}" if s.get("count") else "-", "")
           for when, parts in result.get("b_phases_ms", {}).items()
-          for name, s in parts.items()),
+          for name, s in parts.items() if name != "timeline"),
         ("A's burst", f"{a['per_second']} emails/s ({a['settled']}/{a['emails']} settled in "
          f"{a['elapsed_seconds']} s; states {a['states']}; answers {a['answers']}; "
          f"429/503 retried {a['throttled']})", ""),
@@ -350,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"label": "neighbour", "started_at": time.time(),
                               "machine": machine(), "options": vars(args)}
     with exclusive_data_dir("neighbour"):
-        policies = write_policies(DATA_DIR / "policies")
+        policies = write_policies(DATA_DIR / "policies", args.a_intake)
         stack = start_stack(bench_args(["--workers", str(args.workers)]))
         stack.config.extra_env["INBOXCRM_POLICY_DIR"] = str(policies)
         stack.config.workers = max(1, args.workers)

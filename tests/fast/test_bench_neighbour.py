@@ -40,3 +40,10 @@ def test_destination_check_counts_lost_and_duplicated_per_tenant() -> None:
              "emails": [{"to": [a]} for a in senders]}
     assert all(v["ok"] for v in neighbour.destination_check(
         clean, senders, {"acme": 2, "beta": 1}).values())
+
+
+def test_a_intake_rate_is_written_into_tenant_a_policy_only(tmp_path: Path) -> None:
+    policies = load_policies(neighbour.write_policies(tmp_path / "policies", a_intake=12.0))
+    assert policies["acme"].capacity.intake_per_second == 12.0
+    assert policies["acme"].capacity.intake_burst == 24
+    assert policies["beta"].capacity.intake_per_second is None
