@@ -230,6 +230,7 @@ def rotate_key_file(path: Path) -> str:
 
 
 # --- the codec -------------------------------------------------------------------------
+SCOPED_CACHE_LIMIT = 4096
 def tenant_of_workflow(workflow_id: str | None) -> str | None:
     """The tenant whose workflow this is, from its ID; None for a workflow of no tenant."""
     found = _TENANT_OF_WORKFLOW.match(workflow_id or "")
@@ -253,6 +254,9 @@ class EncryptionCodec(PayloadCodec, WithSerializationContext):
         self._ciphers = {key_id: AESGCM(key) for key_id, key in keyring.keys.items()}
         # The tenants' derived ciphers, shared by every copy `with_context` makes.
         self._tenant_ciphers: dict[tuple[str, str], AESGCM] = {}
+        # The scoped copies themselves, one per tenant, shared the same way: the SDK asks for
+        # one on every activation and activity of an item (`with_context`).
+        self._scoped: dict[str | None, EncryptionCodec] = {None: self}
         # Bound once per direction: attributes given on every `add` cost more than the add.
         self._sealed: MetricCounter | None = None
         self._opened: MetricCounter | None = None
@@ -274,8 +278,12 @@ class EncryptionCodec(PayloadCodec, WithSerializationContext):
         """This codec sealing for `tenant` (None: the keyring's keys themselves)."""
         if tenant == self.tenant:
             return self
-        scoped = copy.copy(self)
-        scoped.tenant = tenant
+        scoped = self._scoped.get(tenant)
+        if scoped is None:
+            scoped = copy.copy(self)
+            scoped.tenant = tenant
+            if len(self._scoped) < SCOPED_CACHE_LIMIT:  # a tenant is a policy, not a request
+                self._scoped[tenant] = scoped
         return scoped
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:

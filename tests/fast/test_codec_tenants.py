@@ -107,3 +107,16 @@ async def test_a_made_up_tenant_label_is_refused_and_labels_cannot_grow_the_cach
         with pytest.raises(CodecError):
             await codec.decode([forged])
     assert len(codec._tenant_ciphers) <= 4096
+
+
+def test_one_scoped_codec_per_tenant_is_kept_and_the_keep_is_bounded() -> None:
+    """The SDK asks for a codec per activation and step: the tenant's copy is made once."""
+    codec = EncryptionCodec(KEYS)
+    acme = codec.with_context(ACME_ITEM)
+    assert acme.tenant == "acme" and codec.tenant is None
+    assert codec.with_context(ACME_ITEM) is acme
+    assert acme.for_tenant("globex") is codec.with_context(GLOBEX_STEP)
+    assert acme.for_tenant(None) is codec
+    for n in range(5000):  # workflow IDs name tenants; whatever they name, the keep is bounded
+        assert codec.for_tenant(f"t{n}").tenant == f"t{n}"
+    assert len(codec._scoped) <= 4096
