@@ -47,6 +47,14 @@ DB_MAX_CORES = 32.0
 WORKER_POOL = 20
 RELAY_POOL = 20  # INBOXCRM_RELAY_POOL_SIZE
 MIN_REPLICAS = 2  # one can be down (rollout, node loss)
+# A worker holds at most this many items at once (INBOXCRM_MAX_CONCURRENT_WORKFLOW_TASKS, the
+# product's default): an item holds its slot from its first step to its last, waiting on
+# its providers included, so slow providers bind before CPU does.
+SLOTS_PER_WORKER = 6
+# What one call to a real CRM or mail API takes (the sandbox answers in about a millisecond):
+# a planning figure for HubSpot, Salesforce, Pipedrive and Resend from the same region, not
+# a measurement here; give yours with --provider-latency-ms.
+PROVIDER_LATENCY_MS = 250.0
 
 
 @dataclass
@@ -137,6 +145,8 @@ class Limits:
     db_max_cores: float = DB_MAX_CORES
     utilisation: float = CPU_UTILISATION
     retention_days: float = 30.0
+    slots_per_worker: int = SLOTS_PER_WORKER
+    provider_latency_ms: float = PROVIDER_LATENCY_MS
 
 
 @dataclass
@@ -144,6 +154,9 @@ class Plan:
     rate: float
     tenants: int
     worker_replicas: int
+    worker_replicas_for_cpu: int
+    worker_replicas_for_slots: int
+    item_seconds: float            # one item's time in a worker slot, provider waits included
     relay_replicas: int
     cloud_actions_per_second: tuple[float, float]
     cloud_capacity_needed: bool
@@ -166,7 +179,9 @@ class Plan:
         lines = [
             f"{self.rate:g} emails/s over {self.tenants} tenant(s) "
             f"({self.per_tenant_rate:.3g}/s each)",
-            f"  workers         {self.worker_replicas} replicas (1 core each)",
+            f"  workers         {self.worker_replicas} replicas (1 core each; "
+            f"{self.worker_replicas_for_cpu} for CPU, {self.worker_replicas_for_slots} for "
+            f"slots: an item holds one for {self.item_seconds:.2f} s with its provider calls)",
             f"  relays          {self.relay_replicas} replicas (1 core each)",
             f"  Temporal Cloud  {low:.0f}-{high:.0f} actions/s "
             + ("(above the default namespace limit: provisioned capacity)"
@@ -195,7 +210,15 @@ def plan(costs: Costs, rate: float, tenants: int = 1, limits: Limits | None = No
         return max(MIN_REPLICAS, math.ceil(rate * cpu_ms / 1000 / lim.utilisation
                                            / CORES_PER_REPLICA))
 
-    workers, relays = replicas(costs.worker_cpu_ms), replicas(costs.relay_cpu_ms)
+    # Little's law on the slots: items in flight = rate x an item's time in its slot, which
+    # is its CPU plus its provider calls one after another (its database round trips are
+    # in the measured CPU's wall time, a millisecond each at most).
+    item_seconds = (costs.worker_cpu_ms / 1000 + (costs.crm_calls + costs.mail_calls)
+                    * lim.provider_latency_ms / 1000)
+    for_slots = max(MIN_REPLICAS, math.ceil(rate * item_seconds / lim.utilisation
+                                            / max(lim.slots_per_worker, 1)))
+    for_cpu = replicas(costs.worker_cpu_ms)
+    workers, relays = max(for_cpu, for_slots), replicas(costs.relay_cpu_ms)
     db_cores = rate * costs.postgres_cpu_ms / 1000 / lim.utilisation
     shards = max(1, math.ceil(db_cores / lim.db_max_cores))
     low, high = rate * costs.actions_low, rate * costs.actions_high
@@ -216,7 +239,9 @@ def plan(costs: Costs, rate: float, tenants: int = 1, limits: Limits | None = No
          if costs.postgres_cpu_ms else math.inf),
     ], key=lambda kv: kv[1])
     return Plan(
-        rate=rate, tenants=tenants, worker_replicas=workers, relay_replicas=relays,
+        rate=rate, tenants=tenants, worker_replicas=workers, worker_replicas_for_cpu=for_cpu,
+        worker_replicas_for_slots=for_slots, item_seconds=round(item_seconds, 3),
+        relay_replicas=relays,
         cloud_actions_per_second=(round(low, 1), round(high, 1)),
         cloud_capacity_needed=high > lim.cloud_aps,
         history_events_per_second=round(rate * costs.history_events, 1),
@@ -248,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resend-per-second", type=float, default=RESEND_PER_SECOND)
     parser.add_argument("--db-max-cores", type=float, default=DB_MAX_CORES)
     parser.add_argument("--retention-days", type=float, default=30.0)
+    parser.add_argument("--slots", type=int, default=SLOTS_PER_WORKER,
+                        help="items a worker holds at once "
+                        "(INBOXCRM_MAX_CONCURRENT_WORKFLOW_TASKS; default %(default)s)")
+    parser.add_argument("--provider-latency-ms", type=float, default=PROVIDER_LATENCY_MS,
+                        help="one CRM or mail API call (default %(default)s)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
@@ -257,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     limits = Limits(cloud_aps=args.cloud_aps, hubspot_daily=args.hubspot_daily,
                     resend_per_second=args.resend_per_second, db_max_cores=args.db_max_cores,
-                    retention_days=args.retention_days)
+                    retention_days=args.retention_days, slots_per_worker=args.slots,
+                    provider_latency_ms=args.provider_latency_ms)
     plans = [plan(costs, rate, args.tenants, limits) for rate in args.rate or [10, 100, 1000]]
     if args.json:
         print(json.dumps({"costs": asdict(costs), "limits": asdict(limits),

@@ -41,7 +41,7 @@ def test_the_model_follows_the_measurements(costs: capacity.Costs) -> None:
     heavier = dataclasses.replace(costs, worker_cpu_ms=costs.worker_cpu_ms * 2,
                                   postgres_cpu_ms=costs.postgres_cpu_ms * 100)
     base, more = capacity.plan(costs, 1000), capacity.plan(heavier, 1000)
-    assert more.worker_replicas >= 2 * base.worker_replicas - 1
+    assert more.worker_replicas_for_cpu >= 2 * base.worker_replicas_for_cpu - 1
     assert more.db_shards > base.db_shards
 
 
@@ -69,3 +69,18 @@ def test_postgres_is_charged_by_share_only_where_the_stand_in_shared_the_server(
     cpu["sandbox-postgres"] = 4.0
     own = capacity.costs_from(result, "own")
     assert own.postgres_cpu_ms == pytest.approx(8.0)
+
+
+def test_slow_providers_bind_the_workers_slots_before_their_cpu(costs: capacity.Costs) -> None:
+    """An item holds its slot through its provider calls: at a real API's latency 6 slots
+    a worker bind before one core does, and more slots (or faster providers) undo it."""
+    slow = capacity.plan(costs, 1000, limits=capacity.Limits(provider_latency_ms=250))
+    calls = costs.crm_calls + costs.mail_calls
+    assert slow.item_seconds == pytest.approx(costs.worker_cpu_ms / 1000 + calls * 0.25,
+                                              abs=1e-3)
+    assert slow.worker_replicas_for_slots > slow.worker_replicas_for_cpu
+    assert slow.worker_replicas == slow.worker_replicas_for_slots
+    instant = capacity.plan(costs, 1000, limits=capacity.Limits(provider_latency_ms=0))
+    assert instant.worker_replicas == instant.worker_replicas_for_cpu
+    wide = capacity.plan(costs, 1000, limits=capacity.Limits(slots_per_worker=50))
+    assert wide.worker_replicas_for_slots < slow.worker_replicas_for_slots
