@@ -22,7 +22,16 @@ from typing import Any
 
 import asyncpg
 import uvloop
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
+from temporalio.worker import (
+    FixedSizeSlotSupplier,
+    ResourceBasedSlotConfig,
+    ResourceBasedSlotSupplier,
+    ResourceBasedTunerConfig,
+    UnsandboxedWorkflowRunner,
+    Worker,
+    WorkerTuner,
+    WorkflowRunner,
+)
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from inboxcrm.activities.bookkeeping import BookkeepingActivities
@@ -182,14 +191,36 @@ def workflow_runner(settings: Settings) -> WorkflowRunner:
     return UnsandboxedWorkflowRunner()
 
 
+def slot_options(settings: Settings) -> dict[str, Any]:
+    """How many tasks of each kind a worker runs at once: fixed counts, or item slots that
+    follow the machine's CPU (`INBOXCRM_WORKFLOW_TASK_TARGET_CPU`, docs/capacity.md)."""
+    if not settings.workflow_task_target_cpu:
+        return {"max_concurrent_activities": settings.max_concurrent_activities,
+                "max_concurrent_workflow_tasks": settings.max_concurrent_workflow_tasks,
+                "max_concurrent_local_activities": MAX_CONCURRENT_LOCAL_ACTIVITIES}
+    items = ResourceBasedSlotSupplier(
+        ResourceBasedSlotConfig(
+            minimum_slots=min(settings.min_concurrent_workflow_tasks,
+                              settings.max_concurrent_workflow_tasks),
+            maximum_slots=settings.max_concurrent_workflow_tasks,
+            # A new item's CPU shows only once its steps run: without a pause the supplier
+            # would hand out every slot before its first measurement.
+            ramp_throttle=timedelta(milliseconds=100)),
+        ResourceBasedTunerConfig(target_memory_usage=0.9,
+                                 target_cpu_usage=settings.workflow_task_target_cpu))
+    return {"tuner": WorkerTuner.create_composite(
+        workflow_supplier=items,
+        activity_supplier=FixedSizeSlotSupplier(settings.max_concurrent_activities),
+        local_activity_supplier=FixedSizeSlotSupplier(MAX_CONCURRENT_LOCAL_ACTIVITIES),
+        nexus_supplier=FixedSizeSlotSupplier(1))}
+
+
 def worker_options(settings: Settings) -> dict[str, Any]:
     """The worker's limits, cache and workflow runner: shared with the benchmark's engine
     floor (`bench/floor_worker.py`), so that product and floor differ in work, not in
     configuration."""
     return {
-        "max_concurrent_activities": settings.max_concurrent_activities,
-        "max_concurrent_workflow_tasks": settings.max_concurrent_workflow_tasks,
-        "max_concurrent_local_activities": MAX_CONCURRENT_LOCAL_ACTIVITIES,
+        **slot_options(settings),
         # Items parked for review wait for days: keep a bounded number in memory; an evicted
         # one replays its (short) history when its signal arrives.
         "max_cached_workflows": settings.max_cached_workflows,

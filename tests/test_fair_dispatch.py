@@ -71,3 +71,34 @@ async def test_a_tenants_backlog_does_not_hold_another_tenants_task(stack: Stack
     assert same > WITHIN, f"acme's late task dispatched {same}th of {BACKLOG + 1}"
     other = await late_task_place(client, "globex")
     assert other <= WITHIN, f"globex's task dispatched {other}th of {BACKLOG + 1}"
+
+
+async def test_item_slots_that_follow_the_cpu_serve_a_backlog_in_fair_order(
+        stack: Stack) -> None:
+    """INBOXCRM_WORKFLOW_TASK_TARGET_CPU: the worker's workflow slots come from Temporal's
+    resource-based supplier (inboxcrm/worker.py `slot_options`); the SDK accepts the tuner,
+    the backlog is served, and globex's late task is still handed out among the first."""
+    from inboxcrm.platform.config import Settings
+    from inboxcrm.worker import slot_options
+
+    options = slot_options(Settings(env="local", workflow_task_target_cpu=0.8,
+                                    min_concurrent_workflow_tasks=1,
+                                    max_concurrent_workflow_tasks=2))
+    assert set(options) == {"tuner"}
+    client = await Client.connect(stack.temporal_address)
+    queue = f"inboxcrm-fair-cpu-{uuid.uuid4().hex[:6]}"
+    ids = [f"fair-cpu-acme-{queue}-{i:03d}" for i in range(BACKLOG)]
+    for workflow_id in ids:
+        await client.start_workflow(FairProbeWorkflow.run, id=workflow_id, task_queue=queue,
+                                    priority=tenant_priority("acme"))
+    late = f"fair-cpu-late-globex-{queue}"
+    await client.start_workflow(FairProbeWorkflow.run, id=late, task_queue=queue,
+                                priority=tenant_priority("globex"))
+    async with Worker(client, task_queue=queue, workflows=[FairProbeWorkflow],
+                      max_cached_workflows=0, **options):
+        results = await asyncio.gather(*(client.get_workflow_handle(w).result()
+                                         for w in [*ids, late]))
+    assert results == [*ids, late]
+    started = {w: await first_task_started(client, w) for w in [*ids, late]}
+    place = sorted(started, key=lambda w: started[w]).index(late) + 1
+    assert place <= WITHIN, f"globex's task dispatched {place}th of {BACKLOG + 1}"

@@ -244,6 +244,13 @@ class Settings(BaseSettings):
     # server, where task-queue fairness orders it per tenant (docs/capacity.md "Fair across
     # tenants", issue 38; measured with `make bench-neighbour`). 6 per worker (one core).
     max_concurrent_workflow_tasks: int = 6
+    # Above 0: the item slots follow the machine's CPU instead (Temporal's resource-based
+    # slot supplier): at least min_concurrent_workflow_tasks, at most
+    # max_concurrent_workflow_tasks, one more only while the system's CPU is under this
+    # share. On a busy core it stays near the minimum, so an item shares its core with few
+    # others; with items waiting on slow providers it grows (docs/capacity.md).
+    workflow_task_target_cpu: float = Field(0.0, ge=0.0, le=1.0)
+    min_concurrent_workflow_tasks: int = Field(2, ge=1)
     max_cached_workflows: int = 250
     # The SDK's workflow sandbox re-executes the workflow module and proxies its imports for
     # every workflow run: about 15 ms of CPU per item on a 2-core machine, a sixth of an

@@ -35,14 +35,14 @@ class StartupError(Exception):
         self.code = code
 
 
-def _env_float(name: str, default: float) -> float:
+def _env_float(name: str, default: float, unit: str = "seconds") -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
         value = float(raw)
     except ValueError:
-        raise StartupError(f"{name} must be a number of seconds, got {raw!r}") from None
+        raise StartupError(f"{name} must be a number of {unit}, got {raw!r}") from None
     if value < 0:
         raise StartupError(f"{name} must not be negative")
     return value
@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ssl-keyfile", help="the certificate's PEM private key")
     parser.add_argument("--idempotency-key-hours", type=float, default=24.0,
                         help="how long a mail idempotency key is kept (0: for ever)")
+    parser.add_argument("--latency-ms", type=float, default=None,
+                        help="answer every CRM and mail call this much later, as a real "
+                        "API across the network does (env SANDBOX_LATENCY_MS; default 0)")
     parser.add_argument("--log-level", default="info")
     parser.add_argument(
         "--access-log",
@@ -111,8 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         hang = args.hang_seconds
         if hang is None:
             hang = _env_float("SANDBOX_HANG_SECONDS", 30.0)
-        if lag < 0 or hang < 0:
-            raise StartupError("--search-lag-seconds and --hang-seconds must not be negative")
+        latency = args.latency_ms
+        if latency is None:
+            latency = _env_float("SANDBOX_LATENCY_MS", 0.0, "milliseconds")
+        if lag < 0 or hang < 0 or latency < 0:
+            raise StartupError("--search-lag-seconds, --hang-seconds and --latency-ms must "
+                               "not be negative")
         api_key = args.api_key if args.api_key is not None else os.environ.get("SANDBOX_API_KEY")
         if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
             raise StartupError("--ssl-certfile and --ssl-keyfile go together")
@@ -124,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"sandbox: {exc}\n")
         return exc.code
     app = create_app(database_url, search_lag_seconds=lag, hang_seconds=hang, api_key=api_key,
-                     key_ttl_seconds=args.idempotency_key_hours * 3600)
+                     key_ttl_seconds=args.idempotency_key_hours * 3600,
+                     latency_seconds=latency / 1000)
     config = uvicorn.Config(
         app,
         log_level=args.log_level,

@@ -192,6 +192,7 @@ def create_app(
     hang_seconds: float = 30.0,
     api_key: str | None = None,
     key_ttl_seconds: float = KEY_TTL_SECONDS,
+    latency_seconds: float = 0.0,
 ) -> FastAPI:
     """The sandbox ASGI app; the pool is opened and the schema ensured at startup."""
 
@@ -202,7 +203,8 @@ def create_app(
         )
         try:
             await prepare_database(pool, search_lag_seconds, hang_seconds)
-            app.state.sandbox = Sandbox(pool, api_key or None, key_ttl_seconds)
+            app.state.sandbox = Sandbox(pool, api_key or None, key_ttl_seconds,
+                                        latency_seconds)
             yield
         finally:
             await pool.close()

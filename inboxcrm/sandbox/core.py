@@ -208,10 +208,13 @@ class Sandbox:
     ever, a debug setting the conformance suite must catch). All other state is in Postgres."""
 
     def __init__(self, pool: asyncpg.Pool, api_key: str | None,
-                 key_ttl_seconds: float = KEY_TTL_SECONDS) -> None:
+                 key_ttl_seconds: float = KEY_TTL_SECONDS, latency_seconds: float = 0.0) -> None:
         self.pool = pool
         self.api_key = api_key
         self.key_ttl_seconds = key_ttl_seconds
+        # Every CRM/mail call is answered this much later (`--latency-ms`): a real API is a
+        # network away, and an item holds its worker slot while it waits (docs/capacity.md).
+        self.latency_seconds = latency_seconds
 
     async def config(self) -> Config:
         row = await self.pool.fetchrow(
@@ -291,6 +294,8 @@ class Sandbox:
         # correlation ID on its paths, `X-Request-Id` elsewhere), logged with the call so a
         # test can find the one the product recorded.
         request_id = f"sbx-{uuid.uuid4().hex}"
+        if self.latency_seconds:
+            await asyncio.sleep(self.latency_seconds)
         header = ("X-HubSpot-Correlation-Id" if request.url.path.startswith("/crm/")
                   else "X-Request-Id")
         if not authenticated and (denial := self.denied(request, target)) is not None:
