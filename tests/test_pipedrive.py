@@ -25,6 +25,7 @@ from temporalio.testing import ActivityEnvironment
 from inboxcrm.activities.consent import ConsentActivities
 from inboxcrm.activities.crm import CrmActivities
 from inboxcrm.activities.send import SendActivities
+from inboxcrm.adapters import pipedrive as pipedrive_adapter
 from inboxcrm.adapters.base import CrmClient
 from inboxcrm.adapters.factory import Destinations
 from inboxcrm.adapters.registry import Secrets, crm_provider
@@ -34,6 +35,7 @@ from inboxcrm.platform.config import Settings
 from inboxcrm.sandbox.pipedrive import CUSTOM_FIELD_KEY
 from inboxcrm.schemas.consent import ConsentSyncInput
 from inboxcrm.schemas.destinations import TenantDestinations
+from inboxcrm.schemas.outcomes import ErrorType
 from tests.helpers.outbox import later_item, planned_item, step_env
 from tests.helpers.sandbox_process import API_KEY, SandboxProcess, own_sandbox
 
@@ -172,6 +174,76 @@ async def test_a_create_that_timed_out_after_commit_is_reconciled_not_repeated(
     row = await store.fetchrow("SELECT status FROM operations WHERE op_key = $1",
                                item.op("crm-upsert").op_key)
     assert row is not None and row["status"] == "completed"
+
+
+async def _create_that_timed_out(control: httpx.AsyncClient, activities: CrmActivities,
+                                 item: Any) -> dict[str, Any]:
+    """Our create, committed by Pipedrive, its answer lost; the person it made."""
+    (await control.post("/_sandbox/config", json={"hang_seconds": 3,
+                                                  "search_lag_seconds": 60})
+     ).raise_for_status()
+    (await control.post("/_sandbox/faults", json={"target": "crm.upsert",
+                                                  "mode": "timeout_after_commit"})
+     ).raise_for_status()
+    with pytest.raises(ApplicationError):
+        await step_env().run(activities.upsert_contact_in_crm, item.op("crm-upsert"))
+    [created] = await _with_email(control, item.email)
+    return created
+
+
+async def _others_added(control: httpx.AsyncClient, count: int) -> None:
+    """The company's other users and integrations adding persons meanwhile: `count` through
+    the API, and as many imported (seeded: their `add_time` a day back, IDs after ours)."""
+    run = uuid.uuid4().hex[:8]
+    for n in range(count):
+        (await control.post("/v1/persons", params={"api_token": API_KEY}, json={
+            "name": f"Other {n}", "email": [{"value": f"new-{run}-{n}@busy.example"}]})
+         ).raise_for_status()
+    await _seed(control, *({"email": f"old-{run}-{n}@busy.example", "lastname": "Imported"}
+                           for n in range(count)))
+
+
+async def test_a_timed_out_create_is_found_behind_a_busy_companys_later_persons(
+        company: SandboxProcess, control: httpx.AsyncClient, store: asyncpg.Pool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """150 persons added after ours and 150 imported, 50 a page: ours is on the fourth page,
+    past the newest 100 the lookup read before, and the index does not show it yet."""
+    monkeypatch.setattr(pipedrive_adapter, "RECENT_PAGE", 50)
+    item = await planned_item(store)
+    crm = _client(company, monkeypatch, timeout=1.0)
+    activities = CrmActivities(store, crm, 300)
+    try:
+        created = await _create_that_timed_out(control, activities, item)
+        await _others_added(control, 150)
+        result = await step_env().run(activities.upsert_contact_in_crm, item.op("crm-upsert"))
+    finally:
+        await crm.aclose()
+    assert (result.status, result.reconciled, result.destination_id) == (
+        "completed", True, created["id"])
+    assert [c["id"] for c in await _with_email(control, item.email)] == [created["id"]]
+    assert await _creates(control) == 1 + 150  # ours that timed out, the others', no second
+
+
+async def test_a_window_too_busy_to_read_holds_the_create_instead_of_repeating_it(
+        company: SandboxProcess, control: httpx.AsyncClient, store: asyncpg.Pool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """More persons in the window than the lookup may read: an unknown outcome again (the
+    step retries, then the item is held), and no second create."""
+    monkeypatch.setattr(pipedrive_adapter, "RECENT_PAGE", 50)
+    monkeypatch.setattr(pipedrive_adapter, "RECENT_PAGES", 2)
+    item = await planned_item(store)
+    crm = _client(company, monkeypatch, timeout=1.0)
+    activities = CrmActivities(store, crm, 300)
+    try:
+        created = await _create_that_timed_out(control, activities, item)
+        await _others_added(control, 150)
+        with pytest.raises(ApplicationError) as raised:
+            await step_env().run(activities.upsert_contact_in_crm, item.op("crm-upsert"))
+    finally:
+        await crm.aclose()
+    assert raised.value.type == ErrorType.UNKNOWN_OUTCOME
+    assert [c["id"] for c in await _with_email(control, item.email)] == [created["id"]]
+    assert await _creates(control) == 1 + 150  # ours that timed out, the others', no second
 
 
 # --- consent: Pipedrive's marketing_status, both ways (docs/consent.md) -------------------

@@ -68,7 +68,7 @@ import asyncio
 import html
 import re
 from collections.abc import Collection
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
@@ -107,8 +107,15 @@ DEFAULT_EXTERNAL_ID_FIELD = "inboxcrm contact ID"
 OPT_OUT_FIELD = "marketing_status"
 OPTED_OUT = "unsubscribed"
 MAX_CANDIDATES = 10
-# How far back (newest persons of the company) a lookup by our ID looks past the index.
+# How far back (newest notes of the company) a lookup of a note looks past the index.
 RECENT_PERSONS = 100
+# A lookup by our ID reads every person added in the last RECENT_WINDOW past the index (a
+# create of ours the search does not show yet), RECENT_PAGE at a time, at most RECENT_PAGES
+# pages: a company that added more than that in the window is an unknown outcome, never
+# "not there" (docs/crm.md, Pipedrive).
+RECENT_WINDOW = timedelta(minutes=30)
+RECENT_PAGE = 500
+RECENT_PAGES = 20
 # Custom field types Pipedrive's search looks into (Persons search, `fields`).
 SEARCHABLE_TYPES = frozenset({"varchar", "text", "varchar_auto", "address", "double",
                               "monetary", "phone"})
@@ -222,16 +229,31 @@ class PipedriveCrm:
 
     # --- contacts --------------------------------------------------------------------------
     async def _recent(self, key: str, external_id: str) -> list[dict[str, Any]]:
-        """The newest persons (`GET /v1/persons?sort=id DESC`, a record read, not the index)
-        carrying our ID: where a person we created a moment ago is, before the search
-        index has it."""
-        response = await self._call("GET", "/v1/persons", params={
-            "sort": "id DESC", "start": "0", "limit": str(RECENT_PERSONS)})
-        persons = _data(response) or []
-        if not isinstance(persons, list):
-            raise _unknown(response.status_code)
-        return [p for p in persons if isinstance(p, dict) and isinstance(p.get("id"), int)
-                and str(p.get(key) or "") == external_id and p.get("active_flag") is not False]
+        """The persons added in the last RECENT_WINDOW carrying our ID (`GET /v1/persons?sort=
+        add_time DESC`, a record read, not the index): where a person we created a moment
+        ago is before the search has it. By `add_time`, not ID: an import may set a person's
+        `add_time` back, never ours (we send none). The whole window is read, however many
+        others the company's users and integrations added meanwhile; one that cannot be read
+        to its end is an unknown outcome, so an ambiguous create is never repeated on a
+        guess."""
+        since = datetime.now(UTC) - RECENT_WINDOW
+        ours: list[dict[str, Any]] = []
+        for page in range(RECENT_PAGES):
+            response = await self._call("GET", "/v1/persons", params={
+                "sort": "add_time DESC", "start": str(page * RECENT_PAGE),
+                "limit": str(RECENT_PAGE)})
+            listed = _data(response) or []
+            if not isinstance(listed, list):
+                raise _unknown(response.status_code)
+            persons = [p for p in listed if isinstance(p, dict) and isinstance(p.get("id"), int)]
+            ours += [p for p in persons if str(p.get(key) or "") == external_id
+                     and p.get("active_flag") is not False]
+            more = ((response.json().get("additional_data") or {}).get("pagination") or {}
+                    ).get("more_items_in_collection")
+            oldest = _added(persons[-1]) if persons else None
+            if not more or (oldest is not None and oldest < since):
+                return ours
+        raise _unknown(200, "pipedrive_recent_persons_unread")
 
     async def find_contact(self, external_id: str) -> CrmRecord | None:
         """The person carrying our ID: the search on custom fields (hits confirmed by a
@@ -452,6 +474,16 @@ def _fill_update(person: dict[str, Any], fields: ContactFields,
         return {}, ()
     first, last = _split_name(fill["name"])
     return {k: v for k, v in (("first_name", first), ("last_name", last)) if v}, ("name",)
+
+
+def _added(person: dict[str, Any]) -> datetime | None:
+    """A person's `add_time` ("YYYY-MM-DD HH:MM:SS", UTC); None where it cannot be read (the
+    window is then taken as not reached yet)."""
+    try:
+        return datetime.strptime(str(person.get("add_time")), "%Y-%m-%d %H:%M:%S").replace(
+            tzinfo=UTC)
+    except ValueError:
+        return None
 
 
 def _holds(person: dict[str, Any], email: str) -> bool:

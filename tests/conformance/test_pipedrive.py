@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -95,15 +95,18 @@ async def test_persons_are_created_found_and_updated(pd: Client) -> None:
 async def test_the_search_is_an_index_the_list_is_not(pd: Client,
                                                       sandbox: SandboxProcess) -> None:
     """A new person enters the search `search_lag_seconds` after its create; the list of
-    persons (`GET /v1/persons?sort=id DESC`) has it at once."""
+    persons (`GET /v1/persons?sort=add_time DESC`, what the adapter pages) has it at once,
+    its `add_time` in the form the adapter reads."""
     await _control(sandbox, "POST", "/_sandbox/config", json={"search_lag_seconds": 60})
     key, ours = _key(pd), str(uuid.uuid4())
     person = pd.persons.create_person({"name": "New", "email": ["new@example.com"],
                                        key: ours})["data"]
     assert _search(pd, ours, "custom_fields") == [] and _search(
         pd, "new@example.com", "email") == []
-    listed = pd.persons.get_all_persons(params={"sort": "id DESC", "limit": 5})
+    listed = pd.persons.get_all_persons(params={"sort": "add_time DESC", "limit": 5})
     assert listed["success"] is True and listed["data"][0]["id"] == person["id"]
+    added = datetime.strptime(listed["data"][0]["add_time"], "%Y-%m-%d %H:%M:%S")
+    assert abs(added.replace(tzinfo=UTC) - datetime.now(UTC)) < timedelta(minutes=1)
     assert listed["data"][0][key] == ours
     assert listed["additional_data"]["pagination"]["more_items_in_collection"] is False
     crm = PipedriveCrm(sandbox.url, API_KEY)
