@@ -2,13 +2,15 @@
 tenants with their own templates, senders and sandbox accounts (a sandbox process each,
 with its own database and API key; `north` on the HubSpot/Resend surface, `south` and
 `west` on Salesforce through the OAuth client credentials flow and the Resend surface,
-west's new prospects becoming Leads) run through a real worker process. Each item reaches
-only its own tenant's account, in its own words, from its own sender; the global account
-sees nothing. South's Salesforce session expires (its sandbox clock moves past the session
-timeout) and the next item completes anyway: the token is renewed, nothing waits for a
-person. Issue 35 on a Salesforce tenant, under each duplicate rule (none, alert, block): a
-Contact a salesperson created is the one record afterwards, and a new person becomes one
-Contact or one Lead as the policy says, with one follow-up."""
+west's new prospects becoming Leads, `east` on Pipedrive) run through a real worker
+process. Each item reaches only its own tenant's account, in its own words, from its own
+sender; the global account sees nothing. South's Salesforce session expires (its sandbox
+clock moves past the session timeout) and the next item completes anyway: the token is
+renewed, nothing waits for a person. Issue 35 on a Salesforce tenant, under each duplicate
+rule (none, alert, block): a Contact a salesperson created is the one record afterwards,
+and a new person becomes one Contact or one Lead as the policy says, with one follow-up.
+On Pipedrive (east) a person a salesperson created is adopted, and a new one is one person
+with the conversation as notes on it."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import asyncpg
 import httpx
 import pytest
 
+from inboxcrm.sandbox.pipedrive import CUSTOM_FIELD_KEY
 from inboxcrm.schemas.models import inbound_workflow_id
 from inboxcrm.stack import postgres
 from inboxcrm.stack.stack import Stack
@@ -32,7 +35,7 @@ from tests.helpers.own_worker import OwnWorker
 from tests.helpers.sandbox_process import SandboxProcess, free_port, running
 
 KEYS = {"north": "north-account-key", "south": "south-account-key",
-        "west": "west-account-key"}
+        "west": "west-account-key", "east": "east-account-key"}
 SESSION_SECONDS = 7200
 
 
@@ -60,7 +63,7 @@ def _templates(folder: Path, files: dict[str, str]) -> None:
 
 @pytest.fixture(scope="module")
 async def orgs(postgres_server_url: str) -> AsyncIterator[dict[str, SandboxProcess]]:
-    """Three accounts: a sandbox process each, with its own database and API key."""
+    """Four accounts: a sandbox process each, with its own database and API key."""
     urls = {t: await postgres.create_database(postgres_server_url, f"sandbox_{t}")
             for t in KEYS}
     processes = {t: SandboxProcess(urls[t], free_port(), args=("--api-key", KEYS[t]))
@@ -69,7 +72,8 @@ async def orgs(postgres_server_url: str) -> AsyncIterator[dict[str, SandboxProce
         async for north in running(processes["north"]):
             async for south in running(processes["south"]):
                 async for west in running(processes["west"]):
-                    yield {"north": north, "south": south, "west": west}
+                    async for east in running(processes["east"]):
+                        yield {"north": north, "south": south, "west": west, "east": east}
     finally:
         for url in urls.values():
             await postgres.drop_database(postgres_server_url, url)
@@ -97,7 +101,12 @@ def policy_dir(orgs: dict[str, SandboxProcess], tmp_path_factory: pytest.TempPat
                         "oauth": {"client_id": "west-connected-app",
                                   "client_secret": {"env": "INBOXCRM_TENANT_WEST_KEY"}}},
                    language="en")
-    for data in (north, south, west):
+    # East: Pipedrive, no upsert by external ID (the mapping is ours, creates reconciled).
+    east = _policy("east", orgs["east"].url, sender="East Sales <sales@east.test>",
+                   reply_to="deals@east.test", postal="East Oy, Satamakatu 2, 00160 Helsinki",
+                   crm={"provider": "pipedrive", "url": orgs["east"].url,
+                        "token": {"env": "INBOXCRM_TENANT_EAST_KEY"}}, language="en")
+    for data in (north, south, west, east):
         (directory / f"{data['tenant']}.json").write_text(json.dumps(data), encoding="utf-8")
     _templates(directory / "north" / "templates", {
         "hello.en.subject": "North got your note, {{ first_name or 'friend' }}",
@@ -109,6 +118,10 @@ def policy_dir(orgs: dict[str, SandboxProcess], tmp_path_factory: pytest.TempPat
                         "{{ postal_address }}\nAbmelden: {{ opt_out_url }}\n",
         "hello.en.subject": "South thanks you",
         "hello.en.txt": "Hello, South will be in touch.\n{{ postal_address }}\n"
+                        "Unsubscribe: {{ opt_out_url }}\n"})
+    _templates(directory / "east" / "templates", {
+        "hello.en.subject": "East got your note",
+        "hello.en.txt": "Hello, East will be in touch.\n{{ postal_address }}\n"
                         "Unsubscribe: {{ opt_out_url }}\n"})
     _templates(directory / "west" / "templates", {
         "hello.en.subject": "West got your note",
@@ -122,7 +135,8 @@ def worker(stack: Stack, policy_dir: Path) -> Iterator[OwnWorker]:
     own = OwnWorker(stack, INBOXCRM_POLICY_DIR=str(policy_dir),
                     INBOXCRM_TENANT_NORTH_KEY=KEYS["north"],
                     INBOXCRM_TENANT_SOUTH_KEY=KEYS["south"],
-                    INBOXCRM_TENANT_WEST_KEY=KEYS["west"])
+                    INBOXCRM_TENANT_WEST_KEY=KEYS["west"],
+                    INBOXCRM_TENANT_EAST_KEY=KEYS["east"])
     own.start()
     yield own
     own.stop_all()
@@ -266,16 +280,18 @@ async def test_each_tenants_destinations_are_audited_once(
 
 
 @pytest.mark.parametrize("tenant, rule", [("north", None), ("south", "none"),
-                                          ("south", "alert"), ("south", "block")])
+                                          ("south", "alert"), ("south", "block"),
+                                          ("east", None)])
 async def test_a_person_already_in_the_crm_is_adopted_end_to_end(
         env: StackClient, db: asyncpg.Pool, worker: OwnWorker,
         orgs: dict[str, SandboxProcess], tenant: str, rule: str | None) -> None:
     """Issue 35: the contact a salesperson created (owner, a field, no ID of ours) is the one
     record afterwards, carrying our external ID, owner and field untouched, one follow-up."""
     email = unique_email(f"{tenant}-seeded")
-    crm = "hubspot" if tenant == "north" else "salesforce"
-    owner_field, ours = (("hubspot_owner_id", "inboxcrm_contact_id") if crm == "hubspot"
-                         else ("OwnerId", "Inboxcrm_Contact_Id__c"))
+    crm = {"north": "hubspot", "east": "pipedrive"}.get(tenant, "salesforce")
+    owner_field, ours = {"hubspot": ("hubspot_owner_id", "inboxcrm_contact_id"),
+                         "salesforce": ("OwnerId", "Inboxcrm_Contact_Id__c"),
+                         "pipedrive": ("owner_id", CUSTOM_FIELD_KEY)}[crm]
     async with httpx.AsyncClient(base_url=orgs[tenant].url, timeout=10) as control:
         if rule is not None:
             (await control.post("/_sandbox/config", json={"salesforce_duplicate_rule": rule})
@@ -359,3 +375,31 @@ async def test_two_salesforce_contacts_with_the_email_send_the_item_to_review(
         assert _emails(account, email) == []
     finally:
         await handle.terminate("test over")
+
+
+async def test_a_new_person_on_pipedrive_is_one_person_with_the_conversation_on_it(
+        env: StackClient, db: asyncpg.Pool, worker: OwnWorker,
+        orgs: dict[str, SandboxProcess]) -> None:
+    """Issue 35 on the CRM without upsert by external ID, through a real worker: a person
+    no record holds becomes one Pipedrive person carrying our ID (the mapping kept in the
+    store), with one follow-up, and the inbound email and the follow-up as notes on it."""
+    email = unique_email("east-new")
+    result = await _run(env, db, worker, "east", email)
+    assert (result.state, result.reason) == ("completed", "followup_sent")
+    account = await _account(orgs["east"], "east")
+    row = await db.fetchrow(
+        "SELECT contact_id::text, crm_record_id FROM contacts WHERE tenant = 'east' AND "
+        "canonical_email = $1", email)
+    assert row is not None
+    contact_id, record_id = row["contact_id"], row["crm_record_id"]
+    [person] = _contacts(account, email)
+    assert (person["id"], person["properties"][CUSTOM_FIELD_KEY]) == (record_id, contact_id)
+    [sent] = _emails(account, email)
+    on_person = [n["properties"]["hs_note_body"] for n in account["notes"]
+                 if n["associations"]["contacts"] == [person["id"]]]
+    heads = sorted(note.split("\n", 1)[0].split(" (delivery", 1)[0] for note in on_person)
+    assert len(heads) == 3, heads  # once each, though the steps may have run again
+    assert heads[:2] == ["<p>Email received: Pricing for 20 seats",
+                         f"<p>Email sent: {sent['subject']}"]
+    assert heads[2].startswith("<p>Inbound email received via standard")
+    assert await env.crm_records_for(email) == []  # the global account
