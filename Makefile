@@ -88,9 +88,10 @@ clean-data:
 ## (CHAOS_WORKERS) and a relay restart, then a
 ## long-fault phase (the store frozen CHAOS_FREEZE s, default 330, under a send pause spanning
 ## the run), on a fresh stack of its own under .data/chaos (free ports); exit 1 on an invariant
-## violation or a failed workflow
+## violation or a failed workflow. CHAOS_CRM: the tenant's CRM (hubspot, salesforce or
+## pipedrive, on the sandbox's surface of each)
 chaos: $(STAMP)
-	$(BIN)/inboxcrm chaos --events $${CHAOS_EVENTS:-1000} --seed $${CHAOS_SEED:-1} --kills $${CHAOS_KILLS:-5} --workers $${CHAOS_WORKERS:-2} --freeze $${CHAOS_FREEZE:-330}
+	$(BIN)/inboxcrm chaos --events $${CHAOS_EVENTS:-1000} --seed $${CHAOS_SEED:-1} --kills $${CHAOS_KILLS:-5} --workers $${CHAOS_WORKERS:-2} --freeze $${CHAOS_FREEZE:-330} --crm $${CHAOS_CRM:-hubspot}
 
 ## test-ui: the review desk in a real browser (tests/ui): the Temporal Web UI driven by
 ## Playwright in Debian's headless chromium (`apt-get install chromium`; no browser download),

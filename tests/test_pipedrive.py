@@ -11,6 +11,7 @@ Counted on the sandbox's side (`/_sandbox/state`, and the create calls in `/_san
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -35,6 +36,7 @@ from inboxcrm.platform.config import Settings
 from inboxcrm.sandbox.pipedrive import CUSTOM_FIELD_KEY
 from inboxcrm.schemas.consent import ConsentSyncInput
 from inboxcrm.schemas.destinations import TenantDestinations
+from inboxcrm.schemas.models import OperationInput
 from inboxcrm.schemas.outcomes import ErrorType
 from tests.helpers.outbox import later_item, planned_item, step_env
 from tests.helpers.sandbox_process import API_KEY, SandboxProcess, own_sandbox
@@ -244,6 +246,35 @@ async def test_a_window_too_busy_to_read_holds_the_create_instead_of_repeating_i
     assert raised.value.type == ErrorType.UNKNOWN_OUTCOME
     assert [c["id"] for c in await _with_email(control, item.email)] == [created["id"]]
     assert await _creates(control) == 1 + 150  # ours that timed out, the others', no second
+
+
+async def test_two_items_of_one_contact_at_once_make_one_person(
+        company: SandboxProcess, control: httpx.AsyncClient, store: asyncpg.Pool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two emails from one new person, their CRM steps at the same moment (make chaos met
+    this: two persons with our ID, 100 ms apart): each looks up, finds none (the index
+    lags), creates. Under the contact's create lock the second waits and finds the first's
+    person. Several rounds, each a new person; counted at the sandbox."""
+    (await control.post("/_sandbox/config", json={"search_lag_seconds": 60})
+     ).raise_for_status()
+    crm = _client(company, monkeypatch)
+    activities = CrmActivities(store, crm, 300)
+    rounds = 4
+    try:
+        for _ in range(rounds):
+            first = await planned_item(store)
+            second = await _later_item(store, first.contact_id, "crm-upsert")
+            ops = [first.op("crm-upsert"),
+                   OperationInput(second, f"{second.workflow_id}:crm-upsert")]
+            results = await asyncio.gather(*(
+                step_env().run(activities.upsert_contact_in_crm, op) for op in ops))
+            assert [r.status for r in results] == ["completed", "completed"]
+            held = await _with_email(control, first.email)
+            assert len(held) == 1, [p["id"] for p in held]
+            assert {r.destination_id for r in results} == {held[0]["id"]}
+    finally:
+        await crm.aclose()
+    assert await _creates(control) == rounds
 
 
 # --- consent: Pipedrive's marketing_status, both ways (docs/consent.md) -------------------

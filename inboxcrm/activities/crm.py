@@ -58,6 +58,7 @@ from inboxcrm.activities.send import compose_intent
 from inboxcrm.adapters.base import (
     AdapterError,
     ContactFields,
+    CreatesByLookup,
     CrmClient,
     CrmMerges,
     CrmRecord,
@@ -290,13 +291,24 @@ class CrmActivities:
                                     filled.fields)
                 # The record is gone (deleted, no survivor): matched again as a new one.
         try:
-            record = await crm.upsert_contact(contact_id, fields)
+            record = await self._match_or_create(crm, contact_id, fields)
         except MatchCandidates as many:
             return await self._to_review(attempt, crm.name, many.record_ids)
         if record.adopted:
             await self._adopted(attempt, crm.name, record)
         return _written(record.record_id, contacts.CrmOrigin.ADOPTED if record.adopted
                         else contacts.CrmOrigin.CREATED, None)
+
+    async def _match_or_create(self, crm: CrmClient, contact_id: str,
+                               fields: ContactFields) -> CrmRecord:
+        """The upsert; where the CRM's is a lookup then a create, under the contact's create
+        lock, so a second item of the contact in flight at once waits and then finds the
+        first one's record instead of creating another (a connection is held meanwhile)."""
+        if not isinstance(crm, CreatesByLookup) or not crm.creates_by_lookup:
+            return await crm.upsert_contact(contact_id, fields)
+        async with self._pool.acquire() as conn, conn.transaction():
+            await contacts.lock_crm_create(conn, contact_id=contact_id)
+            return await crm.upsert_contact(contact_id, fields)
 
     async def _follow(self, attempt: Attempt, crm: CrmClient, contact_id: str,
                       record_id: str) -> tuple[str, bool] | None:

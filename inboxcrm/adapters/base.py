@@ -196,6 +196,17 @@ class Survivor:
 
 
 @runtime_checkable
+class CreatesByLookup(Protocol):
+    """A CRM without upsert by our external ID (Pipedrive): `upsert_contact` looks up, then
+    creates, so two of our writers for one contact (two emails from one person, in flight
+    at once) must not run it together: the step holds the contact's create lock around it
+    (docs/architecture.md §5, Pipedrive). HubSpot's and Salesforce's upserts are keyed by
+    our unique ID and need none."""
+
+    creates_by_lookup: bool
+
+
+@runtime_checkable
 class CrmMerges(Protocol):
     """Optional: a CRM whose merges can be told from a read by the record's own ID (HubSpot:
     the old ID answers the survivor; Salesforce: the deleted record's `MasterRecordId`;

@@ -149,6 +149,8 @@ def _split_name(name: str | None) -> tuple[str | None, str | None]:
 
 class PipedriveCrm:
     name = "pipedrive"
+    # No upsert by our ID: a lookup, then a create (base.CreatesByLookup).
+    creates_by_lookup = True
 
     def __init__(self, base_url: str, token: str | None, *,
                  external_id_field: str = DEFAULT_EXTERNAL_ID_FIELD, timeout: float = 10.0,

@@ -317,6 +317,9 @@ def chaos(
     freeze: Annotated[float, typer.Option(
         min=0, help="Long-fault phase: seconds the store is frozen (SIGSTOP) with sends "
         "paused over the run; 0 turns it off.")] = 0.0,
+    crm: Annotated[str, typer.Option(
+        help="The CRM the tenant writes to, on the sandbox's surface of it: hubspot, "
+        "salesforce or pipedrive.")] = "hubspot",
     as_json: JsonOpt = False,
 ) -> None:
     """Chaos run on a fresh stack of its own (free ports, fresh database): concurrent
@@ -325,12 +328,15 @@ def chaos(
     did not reach its targets (fault share, kills, restart, drained queue). Its phases are
     reported on stderr as they happen; stdout carries the table (or the JSON)."""
     from inboxcrm.stack.processes import StackError
-    from inboxcrm.verify.chaos import ChaosConfig, run_on_fresh_stack, summary_rows
+    from inboxcrm.verify.chaos import CRMS, ChaosConfig, run_on_fresh_stack, summary_rows
 
+    if crm not in CRMS:
+        fail(f"unknown CRM {crm!r} (known: {', '.join(CRMS)})", 2)
+        return
     config = ChaosConfig(events=events, seed=seed, kills=kills, workers=workers,
                          concurrency=concurrency,
                          rate=rate, deadline=max(1800.0, events * 3.0) + freeze * 2,
-                         freeze_seconds=freeze)
+                         freeze_seconds=freeze, crm=crm)
     try:
         result = run_on_fresh_stack(config, data_dir.resolve(), progress,
                                     keep_database=keep_database)
@@ -339,12 +345,12 @@ def chaos(
         return
     if as_json:
         out.print_json(json.dumps({
-            "events": events, "seed": seed, "exit_code": result.exit_code,
+            "events": events, "seed": seed, "crm": crm, "exit_code": result.exit_code,
             "summary": dict(summary_rows(result)), "notes": result.stats.notes,
             "violations": {r.name: sorted(r.violations) for r in result.report.results
                            if r.violations}}))
         raise typer.Exit(result.exit_code)
-    table = Table(title=f"inboxcrm chaos (events {events}, seed {seed})")
+    table = Table(title=f"inboxcrm chaos (events {events}, seed {seed}, crm {crm})")
     table.add_column("metric")
     table.add_column("value", overflow="fold")
     for metric, value in summary_rows(result):

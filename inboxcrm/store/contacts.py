@@ -144,6 +144,15 @@ async def count_by_address(conn: Conn | asyncpg.Pool, *, email: str) -> int:
     return int(await conn.fetchval(COUNT_BY_ADDRESS, email))
 
 
+# One CRM lookup-then-create at a time per contact (CRMs without upsert by our ID), for the
+# transaction: a second writer waits, then its lookup finds the first one's record.
+LOCK_CRM_CREATE = "SELECT pg_advisory_xact_lock(hashtext('crm-create/' || $1))"
+
+
+async def lock_crm_create(conn: Conn, *, contact_id: str) -> None:
+    await conn.execute(LOCK_CRM_CREATE, contact_id)
+
+
 async def lock_contact(conn: Conn, *, tenant: str, contact_id: Any) -> asyncpg.Record | None:
     """One-click unsubscribe's contact, row-locked (LOCK_CONTACT)."""
     row: asyncpg.Record | None = await conn.fetchrow(LOCK_CONTACT, tenant, contact_id)

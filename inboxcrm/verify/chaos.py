@@ -73,10 +73,76 @@ LAST_NAMES = ("Lopez", "Smith", "Tanaka", "Adeyemi", "Sharma", "Berg", "Wang", "
 # What a salesperson set on the records seeded before the run (checked untouched after it).
 SEED_OWNER = "7001"
 SEED_FIELD = ("lifecyclestage", "customer")
+CRMS = ("hubspot", "salesforce", "pipedrive")
+CONVERSATION_AS_NOTES = ("crm-note", "crm-email", "crm-sent")
 OPT_OUT_BODY = "Please unsubscribe me from all emails.\n"
 AUTO_REPLY_HEADERS = "Auto-Submitted: auto-replied\r\n"
 
 Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CrmView:
+    """How the run's CRM holds what the checks read, in the sandbox's state: the property
+    that carries our external ID, the owner's, a field a salesperson sets (its API name and
+    value, and the name the sandbox's state shows it under), and which of our logged
+    operations land as notes (Salesforce and Pipedrive log the conversation's emails as
+    notes too: Tasks, notes; HubSpot as email engagements)."""
+
+    name: str
+    id_property: str
+    owner_field: str
+    seed_field: tuple[str, str]
+    note_actions: tuple[str, ...] = ("crm-note",)
+    seed_field_shown_as: str | None = None
+    note_id_property: str = "inboxcrm_note_id"   # the unique key of our notes, where kept
+
+    @property
+    def shown_field(self) -> str:
+        return self.seed_field_shown_as or self.seed_field[0]
+
+
+def crm_view(crm: str, id_property: str | None = None) -> CrmView:
+    """The view of `crm` (`hubspot`: the stack's sandbox provider, `salesforce`,
+    `pipedrive`) as the sandbox models it. Pipedrive's `id_property` is the key Pipedrive
+    gave our custom field (`pipedrive_field_key`)."""
+    if crm == "salesforce":
+        return CrmView(crm, "Inboxcrm_Contact_Id__c", "OwnerId", ("Department", "Key accounts"),
+                       CONVERSATION_AS_NOTES, seed_field_shown_as="department",
+                       note_id_property="Inboxcrm_Note_Id__c")
+    if crm == "pipedrive":
+        if not id_property:
+            raise ValueError("the Pipedrive view needs the custom field's key")
+        return CrmView(crm, id_property, "owner_id", SEED_FIELD, CONVERSATION_AS_NOTES)
+    if crm != "hubspot":
+        raise ValueError(f"unknown CRM {crm!r} (known: {', '.join(CRMS)})")
+    return CrmView(crm, id_property or "inboxcrm_contact_id", "hubspot_owner_id", SEED_FIELD)
+
+
+async def pipedrive_field_key(sandbox_url: str, token: str) -> str:
+    """The key of our custom person field, found as the adapter finds it (by its label in
+    `GET /v1/personFields`): Pipedrive names custom fields by a hash of its own."""
+    from inboxcrm.adapters.pipedrive import PipedriveCrm
+
+    crm = PipedriveCrm(sandbox_url, token)
+    try:
+        return await crm.field_key()
+    finally:
+        await crm.aclose()
+
+
+def crm_env(crm: str, sandbox_url: str) -> dict[str, str]:
+    """The settings that make the stack's tenants (their policies name no CRM of their
+    own) use `crm` on the stack's sandbox: its Salesforce or Pipedrive surface."""
+    if crm == "salesforce":
+        return {"INBOXCRM_CRM_PROVIDER": "salesforce",
+                "INBOXCRM_SALESFORCE_INSTANCE_URL": sandbox_url,
+                "INBOXCRM_SALESFORCE_TOKEN": "chaos-salesforce-session"}
+    if crm == "pipedrive":
+        return {"INBOXCRM_CRM_PROVIDER": "pipedrive", "INBOXCRM_CRM_URL": sandbox_url,
+                "INBOXCRM_CRM_TOKEN": "chaos-pipedrive-token"}
+    crm_view(crm)  # refuses an unknown name
+    return {}
 
 
 @dataclass
@@ -107,6 +173,9 @@ class ChaosConfig:
     # ~5 min, planning ~5 min; extraction's LLM-sized budget is longer, ~10 min).
     freeze_seconds: float = 0.0
     store_dir: str | None = None      # the embedded PostgreSQL's data directory (to freeze)
+    # The CRM the run's tenant writes to (`CRMS`): the stack's own when `hubspot`; a fresh
+    # stack (`run_on_fresh_stack`) is started with `crm_env` for the others.
+    crm: str = "hubspot"
 
 
 @dataclass
@@ -292,6 +361,7 @@ class ChaosRun:
         # The review decisions are a reviewer's: acme lets only a `lead` retry an
         # ambiguous send (policy `authority`), so the run signs in as one.
         self.review_env = dict(self.cli_env)
+        self.crm = crm_view("hubspot", stack.env.get("INBOXCRM_CRM_ID_PROPERTY"))
 
     # ----- helpers
     def left(self) -> float:
@@ -315,6 +385,11 @@ class ChaosRun:
         from inboxcrm.store import db
 
         self.pool = await db.create_pool(self.stack.database_url, max_size=5)
+        if self.config.crm == "pipedrive":
+            self.crm = crm_view("pipedrive", await pipedrive_field_key(
+                self.stack.sandbox_url, self.stack.env.get("INBOXCRM_CRM_TOKEN", "")))
+        elif self.config.crm != "hubspot":
+            self.crm = crm_view(self.config.crm)
         self.client = StackClient(Endpoints(self.stack.relay_url, self.stack.sandbox_url,
                                             self.stack.temporal_address,
                                             self.stack.env["INBOXCRM_WEBHOOK_SECRET"]),
@@ -397,8 +472,8 @@ class ChaosRun:
         report = await check.check_invariants(
             self.db, self.stack.sandbox_url, settled=True,
             scope=self.scope if config.scope_to_run else None,
-            crm_id_property=self.stack.env.get("INBOXCRM_CRM_ID_PROPERTY",
-                                               "inboxcrm_contact_id"),
+            crm_id_property=self.crm.id_property, note_actions=self.crm.note_actions,
+            note_id_property=self.crm.note_id_property,
             http=self.env.http)
         report.results.append(await self._adoption(seeded))
         stats.failed_workflows = await self._failed_workflows()
@@ -413,9 +488,9 @@ class ChaosRun:
         first, last = zip(*(p.name.split(" ", 1) for p in people), strict=True)
         response = await self.env.http.post(
             f"{self.stack.sandbox_url}/_sandbox/seed",
-            json={"crm": "hubspot", "contacts": [
+            json={"crm": self.crm.name, "contacts": [
                 {"email": p.email, "firstname": f, "lastname": ln, "owner": SEED_OWNER,
-                 "properties": dict([SEED_FIELD])}
+                 "properties": dict([self.crm.seed_field])}
                 for p, f, ln in zip(people, first, last, strict=True)]})
         response.raise_for_status()
         for person, created in zip(people, response.json()["contacts"], strict=True):
@@ -434,7 +509,7 @@ class ChaosRun:
             examined=len(seeded))
         if not seeded:
             return result
-        id_property = self.stack.env.get("INBOXCRM_CRM_ID_PROPERTY", "inboxcrm_contact_id")
+        id_property = self.crm.id_property
         records: dict[str, list[dict[str, Any]]] = {}
         for record in (await self.env.sandbox_state())["contacts"]:
             email = str((record.get("properties") or {}).get("email") or "").lower()
@@ -442,7 +517,7 @@ class ChaosRun:
         rows = await chaos_runs.contacts_for_emails(self.db, tenant="acme",
                                                     emails=[p.email for p in seeded])
         ours = {r["identity"]: r for r in rows}
-        field_name, field_value = SEED_FIELD
+        field_name, field_value = self.crm.shown_field, self.crm.seed_field[1]
         for person in seeded:
             subject = f"seeded:{person.record_id}"
             held = records.get(person.email, [])
@@ -451,7 +526,7 @@ class ChaosRun:
                             + ",".join(sorted(str(r.get("id")) for r in held)))
                 continue
             props = held[0].get("properties") or {}
-            if props.get("hubspot_owner_id") != SEED_OWNER:
+            if str(props.get(self.crm.owner_field)) != SEED_OWNER:
                 result.flag(f"{subject} owner_changed")
             if props.get(field_name) != field_value:
                 result.flag(f"{subject} salesperson_field_changed")
@@ -794,23 +869,22 @@ class ChaosRun:
             return None
         op_key, action, external_ref, _ = ref
         if action == "crm-upsert":
-            id_property = self.stack.env.get("INBOXCRM_CRM_ID_PROPERTY", "inboxcrm_contact_id")
             for record in destination["contacts"]:
-                if str((record.get("properties") or {}).get(id_property)) == external_ref:
+                props = record.get("properties") or {}
+                if str(props.get(self.crm.id_property)) == external_ref:
                     return str(record["id"])
-        elif action == "crm-note":
-            try:
-                from inboxcrm.activities.crm import note_key
-            except ImportError:
-                return None
+        elif action in ("crm-note", "crm-email", "crm-sent"):
+            # The note and the conversation's email activities, keyed alike (`note_key`):
+            # by a property of theirs, or (Pipedrive's notes, which have none) in the text.
+            from inboxcrm.activities.crm import note_key
+            from inboxcrm.adapters.pipedrive import NOTE_MARK
             key = note_key(op_key)
             for note in destination.get("notes", []):
-                if key in (note.get("properties") or {}).values():
+                props = note.get("properties") or {}
+                if key in props.values() or (
+                        self.crm.name == "pipedrive"
+                        and f"{NOTE_MARK}{key}<" in str(props.get("hs_note_body") or "")):
                     return str(note["id"])
-        elif action in ("crm-email", "crm-sent"):
-            # The conversation's email activities: keyed like the note (`note_key`).
-            from inboxcrm.activities.crm import note_key
-            key = note_key(op_key)
             for logged in destination.get("activities", []):
                 if key in (logged.get("key") or {}).values():
                     return str(logged["id"])
@@ -863,12 +937,17 @@ async def run_chaos(stack: Stack, config: ChaosConfig, log: Log | None = None) -
 
 
 # --- a fresh stack of its own (`make chaos`) ---------------------------------------------
-def fresh_stack_config(data_dir: Path, database_url: str, workers: int = 1) -> Any:
+def fresh_stack_config(data_dir: Path, database_url: str, workers: int = 1,
+                       crm: str = "hubspot") -> Any:
+    """A stack of its own; with `crm` other than the sandbox's HubSpot, its tenants write
+    to that CRM's surface of the stack's sandbox (`crm_env`)."""
     from inboxcrm.stack.stack import isolated_config
 
-    return isolated_config(data_dir, database_url, queue_prefix="inboxcrm-chaos",
-                           temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None,
-                           workers=workers)
+    config = isolated_config(data_dir, database_url, queue_prefix="inboxcrm-chaos",
+                             temporal_address=os.environ.get("TEMPORAL_ADDRESS") or None,
+                             workers=workers)
+    config.extra_env.update(crm_env(crm, f"http://127.0.0.1:{config.sandbox_port}"))
+    return config
 
 
 async def _create_database(server_url: str) -> str:
@@ -916,7 +995,7 @@ def run_on_fresh_stack(config: ChaosConfig, data_dir: Path, log: Log,
         server_url = postgres.start(pg_dir, free_port())
         config.store_dir = str(pg_dir)
     database_url = asyncio.run(_create_database(server_url))
-    stack = Stack(fresh_stack_config(data_dir, database_url, config.workers))
+    stack = Stack(fresh_stack_config(data_dir, database_url, config.workers, config.crm))
     result: ChaosResult | None = None
     try:
         log(f"starting a fresh stack under {data_dir} (logs in {stack.log_dir})")

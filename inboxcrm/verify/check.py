@@ -114,9 +114,12 @@ async def check_invariants(conn: asyncpg.Pool | Conn, sandbox_url: str | None, *
                            scope: str | None = None,
                            crm_id_property: str = "inboxcrm_contact_id",
                            note_id_property: str = "inboxcrm_note_id",
+                           note_actions: tuple[str, ...] = ("crm-note",),
                            http: httpx.AsyncClient | None = None) -> CheckReport:
     """Run every check. `conn` is an asyncpg connection or pool. `settled`: items still in
     flight count as violations (use it once the system is known to be quiet).
+    `note_actions`: the operations whose side effect is a CRM note (Pipedrive logs the
+    conversation's emails as notes too; HubSpot as email engagements).
 
     The store is read in one repeatable-read snapshot, *then* the destination: whatever the
     store says exists (a record ID, a sent intent) was written at the destination before, so
@@ -140,7 +143,8 @@ async def check_invariants(conn: asyncpg.Pool | Conn, sandbox_url: str | None, *
     report.results.append(
         await _emails_per_intent(conn, contacts, intents, operations, destination, scoped))
     report.results.append(_sent_intents_confirmed(intents, destination))
-    report.results.append(_notes(contacts, operations, destination, note_id_property))
+    report.results.append(_notes(contacts, operations, destination, note_id_property,
+                                 note_actions))
     report.results.append(_suppression(contacts, intents, suppressions, destination))
     accounted, in_flight = _accounted(events, settled)
     report.results.append(accounted)
@@ -284,11 +288,11 @@ async def _emails_per_intent(conn: asyncpg.Pool | Conn, contacts: list[Any], int
 
 
 def _notes(contacts: list[Any], operations: list[Any], destination: dict[str, Any] | None,
-           id_property: str) -> CheckResult:
+           id_property: str, note_actions: tuple[str, ...] = ("crm-note",)) -> CheckResult:
     """The inbound email logged on the contact is a side effect of its own (`…:crm-note`):
     at most one note per note key, and no more notes on a contact's CRM record than note
     operations planned for that contact; a completed note operation's note exists."""
-    note_ops = [op for op in operations if op["action"] == "crm-note"]
+    note_ops = [op for op in operations if op["action"] in note_actions]
     result = CheckResult("one_note_per_note_operation",
                          "at most one CRM note per note operation; completed ones exist",
                          examined=len(note_ops))

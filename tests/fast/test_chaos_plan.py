@@ -28,3 +28,34 @@ def test_seeding_leaves_the_deliveries_and_schedule_unchanged() -> None:
     assert [(at, d.delivery_id) for at, d in first[1]] == [(at, d.delivery_id)
                                                            for at, d in second[1]]
     assert plan_existing(without, second[0]) == []
+
+
+def test_each_crm_the_run_can_use_is_a_setting_the_worker_takes() -> None:
+    """`--crm` turns the stack's tenants to that CRM's surface of the sandbox through the
+    global settings; the worker builds that adapter from them (its `from_settings`)."""
+    import asyncio
+    from unittest import mock
+
+    import pytest
+
+    from inboxcrm.adapters.registry import crm_provider
+    from inboxcrm.platform.config import Settings
+    from inboxcrm.verify.chaos import CRMS, crm_env, crm_view
+
+    assert crm_env("hubspot", "http://127.0.0.1:1") == {}
+    for crm in ("salesforce", "pipedrive"):
+        env = crm_env(crm, "http://127.0.0.1:1")
+        with mock.patch.dict("os.environ", env):
+            settings = Settings()
+        assert settings.crm_provider == crm
+        client = crm_provider(crm).from_settings(settings)
+        assert client.name == crm
+        asyncio.run(client.aclose())
+    assert crm_view("salesforce").id_property == "Inboxcrm_Contact_Id__c"
+    assert crm_view("pipedrive", "f" * 40).note_actions == ("crm-note", "crm-email",
+                                                            "crm-sent")
+    assert set(CRMS) == {"hubspot", "salesforce", "pipedrive"}
+    with pytest.raises(ValueError, match="unknown CRM"):
+        crm_env("zoho", "http://127.0.0.1:1")
+    with pytest.raises(ValueError, match="custom field"):
+        crm_view("pipedrive")
