@@ -54,7 +54,8 @@ test-stack: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/fast -m "isolated and not long" $(PYTEST_ARGS)
 
 ## test-long: the long runs, one after another on one stack: chaos at CI size, the full
-## rehearsal, the IMAP durability run and the crash loop (about 9 min); CI runs it after `make test`
+## rehearsal, the IMAP durability run and the crash loop, then chaos on Salesforce and on
+## Pipedrive on stacks of their own (about 20 min); CI runs it after `make test`
 test-long: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 --ignore=tests/fast -m long $(PYTEST_ARGS)
 
