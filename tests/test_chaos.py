@@ -70,7 +70,7 @@ def test_chaos_on_each_crm(crm: str, seed: int, tmp_path: Path) -> None:
     stay on HubSpot."""
     config = ChaosConfig(events=100, seed=seed, kills=3, workers=2, relay_restarts=1,
                          rate=8.0, crm=crm, settle_timeout=150, resolve_rounds=8,
-                         deadline=600)
+                         deadline=900)
     result = run_on_fresh_stack(config, tmp_path / "chaos", print)
     print(format_table(summary_rows(result)))
     violations = {r.name: sorted(r.violations) for r in result.report.results if r.violations}
