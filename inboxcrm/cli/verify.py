@@ -320,6 +320,9 @@ def chaos(
     crm: Annotated[str, typer.Option(
         help="The CRM the tenant writes to, on the sandbox's surface of it: hubspot, "
         "salesforce or pipedrive.")] = "hubspot",
+    salesforce_duplicate_rule: Annotated[str | None, typer.Option(
+        help="With --crm salesforce: the org's duplicate rule, none, alert (the sandbox's "
+        "default) or block.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Chaos run on a fresh stack of its own (free ports, fresh database): concurrent
@@ -333,10 +336,14 @@ def chaos(
     if crm not in CRMS:
         fail(f"unknown CRM {crm!r} (known: {', '.join(CRMS)})", 2)
         return
+    if salesforce_duplicate_rule not in (None, "none", "alert", "block"):
+        fail(f"unknown duplicate rule {salesforce_duplicate_rule!r} (none, alert, block)", 2)
+        return
     config = ChaosConfig(events=events, seed=seed, kills=kills, workers=workers,
                          concurrency=concurrency,
                          rate=rate, deadline=max(1800.0, events * 3.0) + freeze * 2,
-                         freeze_seconds=freeze, crm=crm)
+                         freeze_seconds=freeze, crm=crm,
+                         salesforce_duplicate_rule=salesforce_duplicate_rule)
     try:
         result = run_on_fresh_stack(config, data_dir.resolve(), progress,
                                     keep_database=keep_database)

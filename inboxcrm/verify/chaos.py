@@ -176,6 +176,9 @@ class ChaosConfig:
     # The CRM the run's tenant writes to (`CRMS`): the stack's own when `hubspot`; a fresh
     # stack (`run_on_fresh_stack`) is started with `crm_env` for the others.
     crm: str = "hubspot"
+    # Salesforce's duplicate rule for the run (`none`, `alert`, `block`; None: the sandbox's,
+    # `alert`): an org without one, one that reports, one that refuses the insert.
+    salesforce_duplicate_rule: str | None = None
 
 
 @dataclass
@@ -406,6 +409,10 @@ class ChaosRun:
     async def _run(self) -> ChaosResult:
         config, stats = self.config, self.stats
         await self.env.reset_faults()
+        if config.salesforce_duplicate_rule:
+            (await self.env.http.post(f"{self.stack.sandbox_url}/_sandbox/config", json={
+                "salesforce_duplicate_rule": config.salesforce_duplicate_rule})
+             ).raise_for_status()
         self.call_baseline = len(await self._calls())
         deliveries, schedule = plan_deliveries(config, stats.run_id)
         stats.deliveries = len(deliveries)
