@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 from temporalio import workflow
@@ -44,8 +45,9 @@ async def first_task_started(client: Client, workflow_id: str) -> tuple[int, int
     raise AssertionError(f"{workflow_id}: no workflow task started")
 
 
-async def late_task_place(client: Client, late_tenant: str) -> int:
-    """Where a task started after acme's BACKLOG is handed out, started for `late_tenant`."""
+async def late_task_place(client: Client, late_tenant: str, **worker_options: Any) -> int:
+    """Where a task started after acme's BACKLOG is handed out, started for `late_tenant`,
+    by a worker of 2 slots (or of `worker_options`' slots)."""
     queue = f"inboxcrm-fair-{uuid.uuid4().hex[:6]}"
     ids = [f"fair-acme-{queue}-{i:03d}" for i in range(BACKLOG)]
     for workflow_id in ids:
@@ -55,8 +57,9 @@ async def late_task_place(client: Client, late_tenant: str) -> int:
     await client.start_workflow(FairProbeWorkflow.run, id=late, task_queue=queue,
                                 priority=tenant_priority(late_tenant))
     ids.append(late)
+    options = worker_options or {"max_concurrent_workflow_tasks": 2}
     async with Worker(client, task_queue=queue, workflows=[FairProbeWorkflow],
-                      max_concurrent_workflow_tasks=2, max_cached_workflows=0):
+                      max_cached_workflows=0, **options):
         results = await asyncio.gather(*(client.get_workflow_handle(w).result() for w in ids))
     assert results == ids
     started = {w: await first_task_started(client, w) for w in ids}
@@ -86,19 +89,5 @@ async def test_item_slots_that_follow_the_cpu_serve_a_backlog_in_fair_order(
                                     max_concurrent_workflow_tasks=2))
     assert set(options) == {"tuner"}
     client = await Client.connect(stack.temporal_address)
-    queue = f"inboxcrm-fair-cpu-{uuid.uuid4().hex[:6]}"
-    ids = [f"fair-cpu-acme-{queue}-{i:03d}" for i in range(BACKLOG)]
-    for workflow_id in ids:
-        await client.start_workflow(FairProbeWorkflow.run, id=workflow_id, task_queue=queue,
-                                    priority=tenant_priority("acme"))
-    late = f"fair-cpu-late-globex-{queue}"
-    await client.start_workflow(FairProbeWorkflow.run, id=late, task_queue=queue,
-                                priority=tenant_priority("globex"))
-    async with Worker(client, task_queue=queue, workflows=[FairProbeWorkflow],
-                      max_cached_workflows=0, **options):
-        results = await asyncio.gather(*(client.get_workflow_handle(w).result()
-                                         for w in [*ids, late]))
-    assert results == [*ids, late]
-    started = {w: await first_task_started(client, w) for w in [*ids, late]}
-    place = sorted(started, key=lambda w: started[w]).index(late) + 1
+    place = await late_task_place(client, "globex", **options)
     assert place <= WITHIN, f"globex's task dispatched {place}th of {BACKLOG + 1}"
