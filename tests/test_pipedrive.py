@@ -147,23 +147,31 @@ async def test_two_persons_with_the_email_go_to_review(
     assert await _creates(control) == 0
 
 
-async def test_a_create_that_timed_out_after_commit_is_reconciled_not_repeated(
-        company: SandboxProcess, control: httpx.AsyncClient, store: asyncpg.Pool,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    item = await planned_item(store)
-    # Held 3 s after the commit; the search index takes a minute to show the new person.
+async def _create_that_timed_out(control: httpx.AsyncClient, activities: CrmActivities,
+                                 item: Any) -> dict[str, Any]:
+    """Our create, committed by Pipedrive, its answer lost (held 3 s after the commit; the
+    search index takes a minute to show the new person): an unknown outcome, the step is
+    retried. The person it made."""
     (await control.post("/_sandbox/config", json={"hang_seconds": 3,
                                                   "search_lag_seconds": 60})
      ).raise_for_status()
     (await control.post("/_sandbox/faults", json={"target": "crm.upsert",
                                                   "mode": "timeout_after_commit"})
      ).raise_for_status()
+    with pytest.raises(ApplicationError):
+        await step_env().run(activities.upsert_contact_in_crm, item.op("crm-upsert"))
+    [created] = await _with_email(control, item.email)
+    return created
+
+
+async def test_a_create_that_timed_out_after_commit_is_reconciled_not_repeated(
+        company: SandboxProcess, control: httpx.AsyncClient, store: asyncpg.Pool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    item = await planned_item(store)
     crm = _client(company, monkeypatch, timeout=1.0)
     activities = CrmActivities(store, crm, 300)
     try:
-        with pytest.raises(ApplicationError):  # unknown outcome: the step is retried
-            await step_env().run(activities.upsert_contact_in_crm, item.op("crm-upsert"))
-        [created] = await _with_email(control, item.email)  # Pipedrive committed it
+        created = await _create_that_timed_out(control, activities, item)
         result = await step_env().run(activities.upsert_contact_in_crm, item.op("crm-upsert"))
     finally:
         await crm.aclose()
@@ -176,21 +184,6 @@ async def test_a_create_that_timed_out_after_commit_is_reconciled_not_repeated(
     row = await store.fetchrow("SELECT status FROM operations WHERE op_key = $1",
                                item.op("crm-upsert").op_key)
     assert row is not None and row["status"] == "completed"
-
-
-async def _create_that_timed_out(control: httpx.AsyncClient, activities: CrmActivities,
-                                 item: Any) -> dict[str, Any]:
-    """Our create, committed by Pipedrive, its answer lost; the person it made."""
-    (await control.post("/_sandbox/config", json={"hang_seconds": 3,
-                                                  "search_lag_seconds": 60})
-     ).raise_for_status()
-    (await control.post("/_sandbox/faults", json={"target": "crm.upsert",
-                                                  "mode": "timeout_after_commit"})
-     ).raise_for_status()
-    with pytest.raises(ApplicationError):
-        await step_env().run(activities.upsert_contact_in_crm, item.op("crm-upsert"))
-    [created] = await _with_email(control, item.email)
-    return created
 
 
 async def _others_added(control: httpx.AsyncClient, count: int) -> None:
