@@ -394,6 +394,10 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                 audit_destination_changes(pool, stop),
                 report_destinations(pool, destinations, worker_identity(),
                                     settings.task_queue, stop))
+            # Every worker drains at once. Left to the exit stack, the model worker would
+            # finish its call while the item worker still took new tasks, and the step after
+            # the extraction would start on a draining process (tests/test_worker_exits.py).
+            await asyncio.gather(*(each.shutdown() for each in (*workers, *model_workers)))
     finally:
         await destinations.aclose()
         await work.close()
