@@ -51,6 +51,7 @@ import httpx
 
 from inboxcrm.domain.followup import UNCONFIRMED_THEN
 from inboxcrm.schemas.contract import WORKFLOW_TYPE, Decision
+from inboxcrm.schemas.drift import LOGGED_ACTIONS
 from inboxcrm.stack import postgres
 from inboxcrm.stack.stack import Stack, worker_name
 from inboxcrm.store import chaos_runs
@@ -74,7 +75,6 @@ LAST_NAMES = ("Lopez", "Smith", "Tanaka", "Adeyemi", "Sharma", "Berg", "Wang", "
 SEED_OWNER = "7001"
 SEED_FIELD = ("lifecyclestage", "customer")
 CRMS = ("hubspot", "salesforce", "pipedrive")
-CONVERSATION_AS_NOTES = ("crm-note", "crm-email", "crm-sent")
 OPT_OUT_BODY = "Please unsubscribe me from all emails.\n"
 AUTO_REPLY_HEADERS = "Auto-Submitted: auto-replied\r\n"
 
@@ -108,12 +108,12 @@ def crm_view(crm: str, id_property: str | None = None) -> CrmView:
     gave our custom field (`pipedrive_field_key`)."""
     if crm == "salesforce":
         return CrmView(crm, "Inboxcrm_Contact_Id__c", "OwnerId", ("Department", "Key accounts"),
-                       CONVERSATION_AS_NOTES, seed_field_shown_as="department",
+                       LOGGED_ACTIONS, seed_field_shown_as="department",
                        note_id_property="Inboxcrm_Note_Id__c")
     if crm == "pipedrive":
         if not id_property:
             raise ValueError("the Pipedrive view needs the custom field's key")
-        return CrmView(crm, id_property, "owner_id", SEED_FIELD, CONVERSATION_AS_NOTES)
+        return CrmView(crm, id_property, "owner_id", SEED_FIELD, LOGGED_ACTIONS)
     if crm != "hubspot":
         raise ValueError(f"unknown CRM {crm!r} (known: {', '.join(CRMS)})")
     return CrmView(crm, id_property or "inboxcrm_contact_id", "hubspot_owner_id", SEED_FIELD)
